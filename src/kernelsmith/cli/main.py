@@ -1,0 +1,371 @@
+"""The ``kernelsmith`` command: thin typer commands over the library API.
+
+Errors a user can cause (unknown op, bad shape or dtype, unwritable database) print one line to
+standard error and exit with status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Search, verify and serve faster Triton kernels for PyTorch ops."
+)
+db_app = typer.Typer(no_args_is_help=True, help="Inspect, export and import the results database.")
+app.add_typer(db_app, name="db")
+
+out = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+
+# Without a GPU the demo runs in the Triton interpreter, which is thousands of times slower:
+# shapes are shrunk to at most this many rows and columns, and the budget is capped.
+INTERPRETER_MAX_ROWS = 32
+INTERPRETER_MAX_WIDTH = 512
+INTERPRETER_MAX_BUDGET = 6
+
+
+class UserError(Exception):
+    """A problem with what the user asked for: one line, no traceback."""
+
+
+@contextmanager
+def _user_errors() -> Iterator[None]:
+    from kernelsmith.db import DatabaseError
+    from kernelsmith.ops import UnsupportedWorkload
+
+    try:
+        yield
+    except (UserError, ValueError, DatabaseError, UnsupportedWorkload, FileNotFoundError, OSError) as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+def _run(fn: Callable[[], T]) -> T:
+    with _user_errors():
+        return fn()
+
+
+DbOption = Annotated[
+    str | None,
+    typer.Option("--db", help="Database path or sqlite:/// URL (default: $KERNELSMITH_DB or the per-user cache)."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
+
+
+def _parse_constants(items: list[str]) -> dict[str, Any]:
+    constants: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise UserError(f"bad --const {item!r}: expected NAME=VALUE, such as eps=1e-5")
+        name, text = item.split("=", 1)
+        try:
+            constants[name] = json.loads(text)
+        except json.JSONDecodeError:
+            constants[name] = text
+    return constants
+
+
+def _shrink_for_interpreter(shape: tuple[int, ...]) -> tuple[int, ...]:
+    *lead, width = shape
+    rows = min(math.prod(lead) if lead else 1, INTERPRETER_MAX_ROWS)
+    return (rows, min(width, INTERPRETER_MAX_WIDTH)) if lead else (min(width, INTERPRETER_MAX_WIDTH),)
+
+
+@app.command()
+def tune(
+    op: Annotated[str, typer.Argument(help="Op family name (see `kernelsmith ops`).")],
+    shape: Annotated[str, typer.Option("--shape", help="Activation shape, such as 8192x4096.")] = "8192x4096",
+    dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")] = "bf16",
+    budget: Annotated[int, typer.Option("--budget", min=1, help="Candidates to evaluate.")] = 50,
+    strategy: Annotated[str, typer.Option("--strategy", help="grid or random.")] = "random",
+    seed: Annotated[int, typer.Option("--seed", help="Strategy seed.")] = 0,
+    workers: Annotated[int | None, typer.Option("--workers", help="Worker processes.")] = None,
+    const: Annotated[list[str] | None, typer.Option("--const", help="Op constant NAME=VALUE (repeatable).")] = None,
+    full_size: Annotated[
+        bool, typer.Option("--full-size", help="In the interpreter, keep the shape as given.")
+    ] = False,
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Search kernels for one op and shape, print a table, store the winner."""
+    from kernelsmith.db import current_fingerprint, open_database
+    from kernelsmith.ops import get_op
+    from kernelsmith.spec import dtype_name, parse_shape
+    from kernelsmith.strategies import make_strategy
+    from kernelsmith.tuner import tune_spec
+
+    def prepare() -> tuple[Any, Any, int, str]:
+        family = get_op(op)
+        parsed = parse_shape(shape)
+        dtype_name(dtype)
+        make_strategy(strategy)
+        fp = current_fingerprint()
+        note = ""
+        run_shape, run_budget = parsed, budget
+        if fp.mode == "interpreter" and not full_size:
+            run_shape = _shrink_for_interpreter(parsed)
+            run_budget = min(budget, INTERPRETER_MAX_BUDGET)
+            note = (
+                f"No CUDA GPU: running in the Triton interpreter on the CPU with shape "
+                f"{'x'.join(map(str, run_shape))} (asked {shape}) and budget {run_budget}. "
+                "Interpreter timings prove the pipeline, not performance; they are stored "
+                "under their own fingerprint."
+            )
+        spec = family.spec(run_shape, dtype, **_parse_constants(const or []))
+        family.check_supported(spec)
+        open_database(db).close()  # an unwritable path fails here, before any work
+        return spec, fp, run_budget, note
+
+    spec, fp, run_budget, note = _run(prepare)
+    if note:
+        err.print(f"[yellow]{note}[/yellow]", highlight=False)
+    if not as_json:
+        err.print(f"tuning {spec.describe()} on {fp.describe()}", highlight=False)
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=as_json,
+        disable=as_json,
+    ) as bar:
+        task = bar.add_task("candidates", total=run_budget)
+
+        def progress(done: int, total: int, best: Any) -> None:
+            text = "candidates"
+            if best is not None:
+                text = f"best {best.median_us:.1f} us ({best.candidate.variant})"
+            bar.update(task, completed=done, description=text)
+
+        result = _run(
+            lambda: tune_spec(
+                spec, budget=run_budget, strategy=strategy, db=db, seed=seed, workers=workers, progress=progress
+            )
+        )
+    if as_json:
+        data = result.to_dict()
+        data["best_config"] = result.best_config if result.winner == "kernel" else None
+        print(json.dumps(data, default=str))
+        return
+    _print_result(result)
+
+
+def _fmt(value: float | None, digits: int = 1, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:,.{digits}f}{suffix}"
+
+
+def _print_result(result: Any) -> None:
+    if result.top:
+        table = Table(title=f"best candidates ({result.mode})")
+        for column in ("variant", "config", "time (us)", "baseline (us)", "speedup", "GB/s"):
+            table.add_column(column, justify="right" if column not in ("variant", "config") else "left")
+        for row in result.top:
+            config = ",".join(f"{k}={v}" for k, v in row["config"].items())
+            table.add_row(
+                row["variant"],
+                config,
+                _fmt(row["median_us"]),
+                _fmt(row["baseline_us"]),
+                _fmt(row["speedup"], 2, "x"),
+                _fmt(row["gbps"]),
+            )
+        out.print(table)
+    summary = Table(title="decision", show_header=False)
+    summary.add_column("field")
+    summary.add_column("value")
+    source = "database (no evaluation)" if result.from_database else f"{result.evaluations} evaluations"
+    summary.add_row("winner", result.winner + (f" ({result.variant})" if result.winner == "kernel" else ""))
+    if result.winner == "kernel":
+        summary.add_row("config", ",".join(f"{k}={v}" for k, v in result.best_config.items()))
+    summary.add_row("time", f"{_fmt(result.median_us)} us vs baseline {_fmt(result.baseline_us)} us")
+    ci = result.speedup_ci
+    summary.add_row(
+        "speedup", f"{_fmt(result.speedup_vs_baseline, 3, 'x')}" + (f" (95% CI {ci[0]:.3f}-{ci[1]:.3f})" if ci else "")
+    )
+    summary.add_row(
+        "bandwidth",
+        f"{_fmt(result.gbps)} GB/s"
+        + (
+            f", {result.pct_of_copy_bandwidth:.1f}% of copy {result.copy_gbps:,.0f} GB/s"
+            if result.pct_of_copy_bandwidth
+            else ""
+        ),
+    )
+    summary.add_row("from", source + f", {result.wall_s:.1f} s")
+    if result.failures:
+        summary.add_row("failures", ", ".join(f"{k}: {v}" for k, v in sorted(result.failures.items())))
+    if result.note:
+        summary.add_row("note", result.note)
+    summary.add_row("machine", result.fingerprint)
+    out.print(summary)
+
+
+@app.command()
+def ops(as_json: JsonOption = False) -> None:
+    """List the op families and how --shape maps to their inputs."""
+    from kernelsmith.ops import get_op, op_names
+
+    rows = []
+    for name in op_names():
+        family = get_op(name)
+        rows.append(
+            {
+                "name": name,
+                "summary": family.summary,
+                "shape": family.shape_help,
+                "dtypes": list(family.dtypes),
+                "variants": [v.name for v in family.variants],
+            }
+        )
+    if as_json:
+        print(json.dumps(rows))
+        return
+    table = Table(title="op families")
+    for column in ("name", "summary", "--shape", "variants"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row["name"], row["summary"], row["shape"], ", ".join(row["variants"]))
+    out.print(table)
+
+
+@db_app.command("list")
+def db_list(
+    db: DbOption = None, op: Annotated[str | None, typer.Option("--op")] = None, as_json: JsonOption = False
+) -> None:
+    """Tuned workloads and their decisions."""
+    from kernelsmith.db import open_database
+
+    def load() -> tuple[list[Any], dict[str, Any]]:
+        with open_database(db) as database:
+            return database.decisions(op=op), {f.hash: f for f in database.fingerprints()}
+
+    decisions, fingerprints = _run(load)
+    if as_json:
+        print(json.dumps([d.to_dict() for d in decisions], default=str))
+        return
+    table = Table(title="decisions")
+    for column in ("workload", "op", "inputs", "winner", "variant", "speedup", "GB/s", "machine"):
+        table.add_column(column)
+    for d in decisions:
+        inputs = " ".join("x".join(map(str, t["shape"])) + ":" + t["dtype"] for t in d.spec.get("inputs", []))
+        fp = fingerprints.get(d.fingerprint)
+        table.add_row(
+            d.workload,
+            d.op,
+            inputs,
+            d.winner,
+            d.variant or "-",
+            _fmt(d.metrics.get("speedup"), 2, "x"),
+            _fmt(d.metrics.get("gbps")),
+            fp.gpu_name if fp else d.fingerprint,
+        )
+    out.print(table)
+
+
+@db_app.command("show")
+def db_show(
+    workload: Annotated[str, typer.Argument(help="Workload hash (see `db list`).")],
+    db: DbOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """One workload: its decisions and every trial (failures included)."""
+    from kernelsmith.db import open_database
+
+    def load() -> tuple[list[Any], list[Any]]:
+        with open_database(db) as database:
+            decisions = [d for d in database.decisions() if d.workload == workload]
+            trials = database.trials(workload=workload)
+        if not decisions and not trials:
+            raise UserError(f"no workload {workload!r} in the database")
+        return decisions, trials
+
+    decisions, trials = _run(load)
+    if as_json:
+        print(
+            json.dumps(
+                {"decisions": [d.to_dict() for d in decisions], "trials": [t.to_dict() for t in trials]}, default=str
+            )
+        )
+        return
+    for d in decisions:
+        out.print(
+            f"[bold]{d.op}[/bold] {d.workload} on {d.fingerprint}: winner {d.winner} "
+            f"{d.variant} {d.config} speedup {_fmt(d.metrics.get('speedup'), 3, 'x')}",
+            highlight=False,
+        )
+    table = Table(title=f"{len(trials)} trials")
+    for column in ("variant", "config", "status", "time (us)", "GB/s", "error"):
+        table.add_column(column)
+    for t in trials:
+        table.add_row(
+            t.variant,
+            t.config_key,
+            t.status,
+            _fmt(t.metrics.get("median_us")),
+            _fmt(t.metrics.get("gbps")),
+            (t.error or "")[:80],
+        )
+    out.print(table)
+
+
+@db_app.command("export")
+def db_export(
+    db: DbOption = None,
+    out_file: Annotated[Path | None, typer.Option("--out", help="File (default: standard output).")] = None,
+    op: Annotated[str | None, typer.Option("--op")] = None,
+) -> None:
+    """Write the database as JSON lines."""
+    from kernelsmith.db import open_database
+    from kernelsmith.db.jsonl import export_jsonl
+
+    def run() -> int:
+        with open_database(db) as database:
+            if out_file is None:
+                return export_jsonl(database, sys.stdout, op=op)
+            with open(out_file, "w") as stream:
+                return export_jsonl(database, stream, op=op)
+
+    count = _run(run)
+    err.print(f"exported {count} records")
+
+
+@db_app.command("import")
+def db_import(
+    source: Annotated[str, typer.Argument(help="JSON lines file, or - for standard input.")] = "-", db: DbOption = None
+) -> None:
+    """Read JSON lines written by `db export` (duplicates are skipped)."""
+    from kernelsmith.db import open_database
+    from kernelsmith.db.jsonl import import_jsonl
+
+    def run() -> dict[str, int]:
+        with open_database(db) as database:
+            if source == "-":
+                return import_jsonl(database, sys.stdin)
+            with open(source) as stream:
+                return import_jsonl(database, stream)
+
+    counts = _run(run)
+    err.print("imported " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    app()
+
+
+if __name__ == "__main__":
+    main()

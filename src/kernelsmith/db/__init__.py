@@ -1,0 +1,89 @@
+"""Where tuning results live: fingerprints, trials (failures included), decisions, ceilings.
+
+Use :func:`open_database` to get one. It accepts nothing (the default per-user database), a
+path, a ``sqlite:///path`` URL, ``":memory:"``, or an already open :class:`Database`, so every
+entry point (CLI, Python API, tests) can take the same ``db=`` argument.
+
+The default location is ``$KERNELSMITH_DB`` if set, else
+``$XDG_CACHE_HOME/kernelsmith/kernelsmith.db`` (``~/.cache/kernelsmith/kernelsmith.db``): a
+cache, because everything in it can be measured again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from kernelsmith.db._base import Ceiling, Database, DatabaseError, config_key_of
+from kernelsmith.db.fingerprint import current_fingerprint
+from kernelsmith.db.records import DecisionRecord, Fingerprint, TrialRecord
+from kernelsmith.db.sqlite import MEMORY, SCHEMA_VERSION, SQLiteDatabase
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Ceiling",
+    "Database",
+    "DatabaseError",
+    "DecisionRecord",
+    "Fingerprint",
+    "SQLiteDatabase",
+    "TrialRecord",
+    "config_key_of",
+    "current_fingerprint",
+    "default_db_path",
+    "open_database",
+]
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "KERNELSMITH_DB"
+_SQLITE_SCHEME = "sqlite:"
+
+
+def _location_to_path(location: str) -> str:
+    """A path (or ``":memory:"``) from a path or a ``sqlite:`` URL.
+
+    URLs follow SQLAlchemy's convention, which Optuna users know: ``sqlite:///rel/x.db`` is
+    relative, ``sqlite:////abs/x.db`` absolute, ``sqlite://`` and ``sqlite:///:memory:`` are
+    in memory.
+    """
+    if location.startswith(_SQLITE_SCHEME):
+        rest = location[len(_SQLITE_SCHEME):]
+        if rest in ("", "//", "///:memory:", "//:memory:"):
+            return MEMORY
+        if not rest.startswith("///"):
+            raise DatabaseError(
+                f"unsupported database URL {location!r}: use sqlite:///relative/path or "
+                "sqlite:////absolute/path"
+            )
+        rest = rest[3:]
+        if not rest:
+            raise DatabaseError(f"database URL {location!r} names no file")
+        return rest
+    if "://" in location:
+        raise DatabaseError(f"unsupported database URL {location!r}: only sqlite is supported")
+    return location
+
+
+def default_db_path() -> Path:
+    """``$KERNELSMITH_DB`` if set (a path or ``sqlite:`` URL), else the per-user cache file."""
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        return Path(_location_to_path(env)).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip()
+    base = Path(cache).expanduser() if cache else Path.home() / ".cache"
+    return base / "kernelsmith" / "kernelsmith.db"
+
+
+def open_database(location: str | os.PathLike[str] | Database | None = None) -> Database:
+    """The database at ``location``; see the module docstring for the accepted forms.
+
+    A :class:`Database` is returned as is (the caller keeps ownership); anything else opens a
+    new :class:`SQLiteDatabase` that the caller should close (it is a context manager).
+    """
+    if isinstance(location, Database):
+        return location
+    path = str(default_db_path()) if location is None else _location_to_path(os.fspath(location))
+    logger.debug("opening database %s", path)
+    return SQLiteDatabase(path)

@@ -1,0 +1,174 @@
+"""The storage contract: a small abstract base every database implementation fulfils.
+
+The shape follows Optuna's ``BaseStorage`` and TVM MetaSchedule's ``Database``: the engine talks
+only to this interface, one concrete implementation (:mod:`kernelsmith.db.sqlite`) does the
+work, and a reusable test suite (:mod:`kernelsmith.testing.db_suite`) pins the behaviour down so
+another backend can be checked against the same expectations.
+
+Failures are data, not exceptions: a trial that did not build, validate or run is stored with
+its status and error like a successful one, so that it is never evaluated again on the same
+fingerprint.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from types import TracebackType
+from typing import Any
+
+from kernelsmith.db.records import DecisionRecord, Fingerprint, TrialRecord
+
+
+class DatabaseError(RuntimeError):
+    """The database cannot be opened, read or written; the message names the location."""
+
+
+def config_key_of(config: Mapping[str, Any] | str) -> str:
+    """The canonical ``"k=v,k=v"`` key of a config (the form of :attr:`TrialRecord.config_key`).
+
+    A string is taken to be a key already, so callers may pass either form.
+    """
+    if isinstance(config, str):
+        return config
+    return ",".join(f"{k}={v}" for k, v in sorted(config.items()))
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """A measured device ceiling (e.g. ``"copy_gbps"``) for one fingerprint.
+
+    Ceilings turn raw timings into "percent of what this machine can do"; they depend only on
+    the machine, so they are measured once per fingerprint and reused.
+    """
+
+    fingerprint: str
+    name: str
+    value: float
+    detail: dict[str, Any] = field(default_factory=dict)
+    measured_at: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Ceiling:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+class Database(ABC):
+    """Where fingerprints, trials, decisions and device ceilings live.
+
+    Every record is keyed by a fingerprint hash, and every query that can be scoped to one takes
+    it: results measured on one machine (or in the interpreter) are never mixed with another's.
+    Writes are committed as soon as the method returns, so a crash loses nothing already stored.
+    """
+
+    # -- fingerprints ------------------------------------------------------------------------
+
+    @abstractmethod
+    def put_fingerprint(self, fp: Fingerprint) -> None:
+        """Store ``fp`` under its hash (idempotent: the hash is a digest of the content)."""
+
+    @abstractmethod
+    def get_fingerprint(self, hash: str) -> Fingerprint | None:
+        """The fingerprint stored under ``hash``, or None."""
+
+    @abstractmethod
+    def fingerprints(self) -> list[Fingerprint]:
+        """Every stored fingerprint, in the order they were first stored."""
+
+    # -- trials ------------------------------------------------------------------------------
+
+    @abstractmethod
+    def add_trial(self, rec: TrialRecord) -> None:
+        """Append one evaluated candidate, successful or not."""
+
+    def add_trials(self, recs: Iterable[TrialRecord]) -> int:
+        """Append several trials; implementations may do it in one transaction. Returns count."""
+        n = 0
+        for rec in recs:
+            self.add_trial(rec)
+            n += 1
+        return n
+
+    @abstractmethod
+    def find_trial(
+        self,
+        fingerprint: str,
+        workload: str,
+        variant: str,
+        source_hash: str,
+        config_key: str | Mapping[str, Any],
+    ) -> TrialRecord | None:
+        """The most recent trial of this exact candidate, or None if it was never evaluated.
+
+        ``config_key`` is in :attr:`TrialRecord.config_key` form (``"k=v,k=v"``, sorted); a
+        config mapping is accepted too and converted with :func:`config_key_of`.
+        """
+
+    @abstractmethod
+    def trials(
+        self,
+        fingerprint: str | None = None,
+        workload: str | None = None,
+        op: str | None = None,
+    ) -> list[TrialRecord]:
+        """Trials matching every filter given, in insertion order."""
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    @abstractmethod
+    def put_decision(self, rec: DecisionRecord) -> None:
+        """Store the decision for ``(rec.fingerprint, rec.workload)``, replacing any earlier one."""
+
+    @abstractmethod
+    def get_decision(self, fingerprint: str, workload: str) -> DecisionRecord | None:
+        """The decision for this workload on this fingerprint, or None."""
+
+    @abstractmethod
+    def decisions(
+        self, fingerprint: str | None = None, op: str | None = None
+    ) -> list[DecisionRecord]:
+        """Decisions matching every filter given, in the order they were first made."""
+
+    # -- ceilings ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def put_ceiling(
+        self,
+        fingerprint: str,
+        name: str,
+        value: float,
+        detail: dict[str, Any] | None = None,
+        *,
+        measured_at: float | None = None,
+    ) -> None:
+        """Store a measured ceiling; one value per ``(fingerprint, name)``, the latest wins."""
+
+    @abstractmethod
+    def get_ceiling(self, fingerprint: str, name: str) -> float | None:
+        """The ceiling's value, or None if it was never measured on this fingerprint."""
+
+    @abstractmethod
+    def ceilings(self, fingerprint: str | None = None) -> list[Ceiling]:
+        """Stored ceilings with their detail, optionally for one fingerprint only."""
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the connection; further use raises :class:`DatabaseError`. Idempotent."""
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,150 @@
+"""The fingerprint of the machine and software this process runs on.
+
+A tuned result is only valid where it was measured: another GPU, driver, CUDA, torch or Triton
+(or kernelsmith) can change which kernel wins, so all of them go into the fingerprint, and every
+stored record is keyed by its hash. Results from the Triton interpreter on the CPU get their own
+fingerprint (``mode="interpreter"``) so they can never be served as GPU results.
+
+This module must import, and the interpreter fingerprint must work, on machines without a GPU
+or a CUDA driver; torch and triton are imported lazily so that opening a database stays cheap.
+The GPU fingerprint is cached per process because it is looked up on the dispatch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+
+from kernelsmith.db.records import Fingerprint
+
+logger = logging.getLogger(__name__)
+
+MODES = ("gpu", "interpreter")
+
+_TRUTHY = {"1", "true", "yes", "on"}
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUTHY
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a hard dependency
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def resolve_mode(mode: str | None = None) -> str:
+    """``mode`` if given, else the mode this process runs kernels in.
+
+    The interpreter is in use when ``TRITON_INTERPRET=1`` or ``KERNELSMITH_INTERPRET=1`` is set,
+    or when there is no CUDA device at all; otherwise kernels run on the GPU.
+    """
+    if mode is not None:
+        if mode not in MODES:
+            raise ValueError(f"unknown fingerprint mode {mode!r}; expected one of {MODES}")
+        return mode
+    if _env_flag("TRITON_INTERPRET") or _env_flag("KERNELSMITH_INTERPRET"):
+        return "interpreter"
+    return "gpu" if _cuda_available() else "interpreter"
+
+
+def current_fingerprint(mode: str | None = None) -> Fingerprint:
+    """The fingerprint of this process in ``mode`` (``"gpu"``, ``"interpreter"`` or auto).
+
+    Raises RuntimeError for ``mode="gpu"`` when CUDA is unavailable.
+    """
+    resolved = resolve_mode(mode)
+    if resolved == "interpreter":
+        return _interpreter_fingerprint()
+    return _gpu_fingerprint()
+
+
+def _versions() -> tuple[str, str, str]:
+    import torch
+    import triton
+
+    import kernelsmith
+
+    return str(torch.__version__), str(triton.__version__), str(kernelsmith.__version__)
+
+
+@functools.cache
+def _interpreter_fingerprint() -> Fingerprint:
+    torch_v, triton_v, ks_v = _versions()
+    return Fingerprint(
+        mode="interpreter",
+        gpu_name="triton-interpreter",
+        sm_count=0,
+        compute_capability="cpu",
+        driver="none",
+        cuda="none",
+        torch=torch_v,
+        triton=triton_v,
+        kernelsmith=ks_v,
+    )
+
+
+@functools.cache
+def _gpu_fingerprint() -> Fingerprint:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("a GPU fingerprint was requested but CUDA is not available")
+    props = torch.cuda.get_device_properties(0)
+    major, minor = torch.cuda.get_device_capability(0)
+    torch_v, triton_v, ks_v = _versions()
+    fp = Fingerprint(
+        mode="gpu",
+        gpu_name=str(props.name),
+        sm_count=int(props.multi_processor_count),
+        compute_capability=f"{major}.{minor}",
+        driver=driver_version(),
+        cuda=str(torch.version.cuda or "none"),
+        torch=torch_v,
+        triton=triton_v,
+        kernelsmith=ks_v,
+    )
+    logger.debug("GPU fingerprint %s: %s", fp.hash, fp.describe())
+    return fp
+
+
+def format_cuda_version(version: int) -> str:
+    """CUDA's integer version form (``13000``, ``12080``) as ``"13.0"``, ``"12.8"``."""
+    return f"{version // 1000}.{(version % 1000) // 10}"
+
+
+def driver_version() -> str:
+    """The CUDA version the installed driver supports (``"13.0"`` style), or ``"unknown"``.
+
+    Read with ``cuDriverGetVersion`` from ``libcuda`` (needs no CUDA context), else with pynvml
+    when installed. The driver matters because it changes the JIT compiler and the scheduler.
+    """
+    for lib in ("libcuda.so.1", "libcuda.so"):
+        try:
+            cuda = ctypes.CDLL(lib)
+        except OSError:
+            continue
+        try:
+            out = ctypes.c_int(0)
+            if cuda.cuDriverGetVersion(ctypes.byref(out)) == 0 and out.value > 0:
+                return format_cuda_version(out.value)
+        except (AttributeError, OSError) as e:
+            logger.debug("cuDriverGetVersion via %s failed: %s", lib, e)
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        return "unknown"
+    try:
+        pynvml.nvmlInit()
+        try:
+            return format_cuda_version(int(pynvml.nvmlSystemGetCudaDriverVersion()))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as e:  # pynvml raises its own NVMLError hierarchy
+        logger.debug("pynvml driver query failed: %s", e)
+        return "unknown"

@@ -1,0 +1,197 @@
+"""Export and import a database as JSON lines: for sharing results and for backups.
+
+JSON lines rather than a copy of the SQLite file because it diffs, greps and merges: results
+from several machines can be concatenated into one database, and a human can read what is in
+it. The first line is a header naming the format and its version, so that a file written by a
+newer kernelsmith is refused with a clear message instead of being half understood. Each
+following line is one record with a ``"type"``: ``"fingerprint"``, ``"trial"``, ``"decision"``
+or ``"ceiling"``.
+
+Import is idempotent: a trial already present (same fingerprint, workload, variant, source
+hash, config and status) is skipped, decisions and ceilings are upserted, so importing the same
+file twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import IO, Any
+
+from kernelsmith.db._base import Ceiling, Database, DatabaseError
+from kernelsmith.db.records import DecisionRecord, Fingerprint, TrialRecord
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "kernelsmith-jsonl"
+FORMAT_VERSION = 1
+
+RECORD_TYPES = ("fingerprint", "trial", "decision", "ceiling")
+
+# Fields each record type must carry (the rest have defaults in the record classes).
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "fingerprint": tuple(Fingerprint.__dataclass_fields__),
+    "trial": ("fingerprint", "workload", "op", "variant", "source_hash", "config", "status"),
+    "decision": ("fingerprint", "workload", "op", "spec", "winner"),
+    "ceiling": ("fingerprint", "name", "value"),
+}
+
+
+def _line(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, sort_keys=True, default=_default) + "\n"
+
+
+def _default(obj: Any) -> Any:
+    item = getattr(obj, "item", None)
+    if callable(item):
+        return item()
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def export_jsonl(
+    db: Database,
+    stream: IO[str],
+    fingerprint: str | None = None,
+    op: str | None = None,
+) -> int:
+    """Write the header and every matching record to ``stream``; returns the records written.
+
+    ``fingerprint`` limits the export to one fingerprint hash, ``op`` to one op family (its
+    trials and decisions; fingerprints and ceilings follow the fingerprints those reference).
+    """
+    from kernelsmith import __version__
+
+    trials = db.trials(fingerprint=fingerprint, op=op)
+    decisions = db.decisions(fingerprint=fingerprint, op=op)
+    if fingerprint is not None:
+        wanted: set[str] | None = {fingerprint}
+    elif op is not None:
+        wanted = {t.fingerprint for t in trials} | {d.fingerprint for d in decisions}
+    else:
+        wanted = None  # everything
+    fingerprints = [f for f in db.fingerprints() if wanted is None or f.hash in wanted]
+    ceilings = [c for c in db.ceilings() if wanted is None or c.fingerprint in wanted]
+
+    stream.write(_line({"type": "header", "format": FORMAT, "version": FORMAT_VERSION,
+                        "kernelsmith": __version__}))
+    count = 0
+    for f in fingerprints:
+        stream.write(_line({"type": "fingerprint", "hash": f.hash, **f.to_dict()}))
+        count += 1
+    for t in trials:
+        stream.write(_line({"type": "trial", **t.to_dict()}))
+        count += 1
+    for d in decisions:
+        stream.write(_line({"type": "decision", **d.to_dict()}))
+        count += 1
+    for c in ceilings:
+        stream.write(_line({"type": "ceiling", **c.to_dict()}))
+        count += 1
+    logger.info("exported %d records (%d trials, %d decisions)", count, len(trials), len(decisions))
+    return count
+
+
+def _check_header(obj: Any, where: str) -> None:
+    if not isinstance(obj, dict) or obj.get("type") != "header":
+        raise DatabaseError(f"{where}: not a kernelsmith export (the first line is not a header)")
+    if obj.get("format") != FORMAT:
+        raise DatabaseError(f"{where}: format {obj.get('format')!r} is not {FORMAT!r}")
+    version = obj.get("version")
+    if not isinstance(version, int) or version < 1:
+        raise DatabaseError(f"{where}: bad format version {version!r}")
+    if version > FORMAT_VERSION:
+        raise DatabaseError(
+            f"{where}: written by kernelsmith {obj.get('kernelsmith', '?')} in format version "
+            f"{version}, newer than the {FORMAT_VERSION} this kernelsmith reads; "
+            "upgrade kernelsmith"
+        )
+
+
+def _parse(obj: Any, where: str) -> tuple[str, Any]:
+    if not isinstance(obj, dict):
+        raise DatabaseError(f"{where}: expected a JSON object")
+    kind = obj.get("type")
+    if kind not in RECORD_TYPES:
+        raise DatabaseError(f"{where}: unknown record type {kind!r}")
+    missing = [k for k in _REQUIRED[kind] if k not in obj]
+    if missing:
+        raise DatabaseError(f"{where}: {kind} record lacks {', '.join(missing)}")
+    data = {k: v for k, v in obj.items() if k != "type"}
+    try:
+        if kind == "fingerprint":
+            fp = Fingerprint.from_dict(data)
+            stored_hash = data.get("hash")
+            if stored_hash is not None and stored_hash != fp.hash:
+                raise DatabaseError(
+                    f"{where}: fingerprint hash {stored_hash} does not match its fields")
+            return kind, fp
+        if kind == "trial":
+            return kind, TrialRecord.from_dict(data)
+        if kind == "decision":
+            return kind, DecisionRecord.from_dict(data)
+        return kind, Ceiling.from_dict(data)
+    except (TypeError, ValueError) as e:
+        raise DatabaseError(f"{where}: bad {kind} record: {e}") from e
+
+
+def import_jsonl(db: Database, stream: IO[str]) -> dict[str, int]:
+    """Read an export from ``stream`` into ``db``; returns counts by record type.
+
+    The whole stream is validated before anything is written, so a malformed file imports
+    nothing. The counts are of records actually stored, under ``"fingerprint"``, ``"trial"``,
+    ``"decision"`` and ``"ceiling"``, plus ``"duplicate_trial"`` for trials skipped because the
+    database already held them.
+    """
+    name = getattr(stream, "name", "<stream>")
+    records: list[tuple[str, Any]] = []
+    seen_header = False
+    for lineno, raw in enumerate(stream, start=1):
+        if not raw.strip():
+            continue
+        where = f"{name}, line {lineno}"
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise DatabaseError(f"{where}: invalid JSON: {e.msg}") from e
+        if not seen_header:
+            _check_header(obj, where)
+            seen_header = True
+            continue
+        if isinstance(obj, dict) and obj.get("type") == "header":
+            _check_header(obj, where)  # concatenated exports: each part has its own header
+            continue
+        records.append(_parse(obj, where))
+    if not seen_header:
+        raise DatabaseError(f"{name}: empty, not a kernelsmith export")
+
+    counts = dict.fromkeys((*RECORD_TYPES, "duplicate_trial"), 0)
+    existing: dict[str, set[tuple[str, ...]]] = {}
+    new_trials: list[TrialRecord] = []
+    for kind, rec in records:
+        if kind == "fingerprint":
+            db.put_fingerprint(rec)
+        elif kind == "trial":
+            keys = existing.get(rec.fingerprint)
+            if keys is None:
+                stored = db.trials(fingerprint=rec.fingerprint)
+                keys = existing[rec.fingerprint] = {_trial_key(t) for t in stored}
+            key = _trial_key(rec)
+            if key in keys:
+                counts["duplicate_trial"] += 1
+                continue
+            keys.add(key)
+            new_trials.append(rec)
+        elif kind == "decision":
+            db.put_decision(rec)
+        else:
+            db.put_ceiling(rec.fingerprint, rec.name, rec.value, rec.detail,
+                           measured_at=rec.measured_at)
+        if kind != "trial":
+            counts[kind] += 1
+    counts["trial"] = db.add_trials(new_trials)
+    logger.info("imported %s", ", ".join(f"{v} {k}" for k, v in counts.items()))
+    return counts
+
+
+def _trial_key(t: TrialRecord) -> tuple[str, ...]:
+    return (t.workload, t.variant, t.source_hash, t.config_key, t.status)

@@ -1,0 +1,1 @@
+"""Evaluation: build, validate and time candidates in isolated worker processes."""

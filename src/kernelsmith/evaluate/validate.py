@@ -1,0 +1,280 @@
+"""Proving a candidate computes the op's function, in the worker process.
+
+Each numbered rule of DESIGN.md ("The harness must be impossible to fool") maps to code here:
+
+1. Outputs are allocated by the harness and poisoned with NaN before every run; the references
+   are computed before the candidate runs, from clones of the inputs.
+2. Inputs are compared bit for bit with their clones after the run.
+3. Tolerances scale with the reference, and *canaries* (zeros, a constant, the input itself)
+   must fail the same tolerance on the same data, else the check could not tell them apart.
+4. Every run draws a fresh secret seed; several shapes (the target and tails such as 1 and an
+   odd row count) and several value distributions are checked.
+5. (timing) see :mod:`kernelsmith.evaluate.worker`: outputs produced while timing are verified.
+6. Python threads are counted before and after; side-stream work is checked while timing.
+7. Outputs must stay the exact ``torch.Tensor`` objects the harness allocated (type, storage,
+   shape, strides, dtype); torch operations issued by the candidate are seen by a dispatch mode.
+8. The tolerance is relative to PyTorch's own error in the same dtype (see ``errors``).
+9. A second run on outputs poisoned with a *different* value must match the first bit for bit.
+10. The harness's own functions are checked for tampering after every candidate call.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kernelsmith.evaluate import errors
+from kernelsmith.ops._base import Launcher, OpFamily
+from kernelsmith.spec import OpSpec
+
+
+class Rejected(Exception):
+    """A candidate failed a check; ``kind`` is the failure kind stored in the database.
+
+    Used only inside the worker: the worker turns it into an EvalResult at its boundary.
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+# ---- rule 10: the harness's own functions, bound before any candidate loads -----------------
+def _critical_bindings() -> list[tuple[object, str, object]]:
+    owners: list[tuple[object, str]] = [
+        (torch, "equal"),
+        (torch, "isfinite"),
+        (torch, "full"),
+        (torch, "empty"),
+        (torch.linalg, "vector_norm"),
+        (torch.Tensor, "double"),
+        (torch.Tensor, "clone"),
+        (torch.Tensor, "copy_"),
+        (torch.Tensor, "fill_"),
+        (torch.Tensor, "__eq__"),
+        (torch.cuda, "Event"),
+        (torch.cuda, "synchronize"),
+        (time, "perf_counter"),
+        (threading, "active_count"),
+        (errors, "check_close"),
+        (errors, "error_stats"),
+        (sys, "modules"),
+    ]
+    return [(owner, name, getattr(owner, name)) for owner, name in owners]
+
+
+_BINDINGS = _critical_bindings()
+
+
+def tampered_bindings() -> list[str]:
+    """Names of harness or torch functions that were replaced since the worker started."""
+    changed = []
+    for owner, name, original in _BINDINGS:
+        if getattr(owner, name, None) is not original:
+            changed.append(f"{getattr(owner, '__name__', owner)}.{name}")
+    for module_name in ("kernelsmith.evaluate.validate", "kernelsmith.evaluate.errors", "kernelsmith.evaluate.timing"):
+        module = sys.modules.get(module_name)
+        if module is None:
+            changed.append(f"sys.modules[{module_name!r}] removed")
+    return changed
+
+
+# ---- rule 7: torch operations issued by candidate code --------------------------------------
+# Views and allocations a launcher may legitimately do; anything else is PyTorch computing
+# what the kernel was supposed to compute.
+_ALLOWED_OPS = frozenset(
+    {
+        "aten.view.default",
+        "aten._unsafe_view.default",
+        "aten.as_strided.default",
+        "aten.reshape.default",
+        "aten.alias.default",
+        "aten.detach.default",
+        "aten.t.default",
+        "aten.transpose.int",
+        "aten.permute.default",
+        "aten.expand.default",
+        "aten.select.int",
+        "aten.slice.Tensor",
+        "aten.unsqueeze.default",
+        "aten.squeeze.dim",
+        "aten.squeeze.default",
+        "aten.empty.memory_format",
+        "aten.empty_strided.default",
+        "aten.empty_like.default",
+        "aten.new_empty.default",
+        "aten.new_empty_strided.default",
+        "aten.flatten.using_ints",
+    }
+)
+
+
+def _issued_by_triton() -> bool:
+    """True when the nearest caller outside torch is Triton itself (its interpreter copies
+    tensors to and from the host; that is the runtime's work, not the candidate's)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename.replace("\\", "/")
+        if "/torch/" not in filename:
+            return "/triton/" in filename
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+class TorchOpWatch(TorchDispatchMode):
+    """Records aten operations the candidate issues while it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.issued: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = str(func)
+        if name not in _ALLOWED_OPS and not _issued_by_triton():
+            self.issued.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+# ---- the checks --------------------------------------------------------------------------------
+@dataclass
+class _Snapshot:
+    """Identity of a harness-allocated output: it must still be this exact tensor afterwards."""
+
+    tensor: torch.Tensor
+    data_ptr: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> _Snapshot:
+        return cls(t, t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+    def problem(self, t: torch.Tensor) -> str | None:
+        if type(t) is not torch.Tensor:
+            return f"output became a {type(t).__name__}, not a plain torch.Tensor"
+        if t is not self.tensor or t.data_ptr() != self.data_ptr:
+            return "output storage was replaced"
+        if (tuple(t.shape), tuple(t.stride()), t.dtype) != (self.shape, self.stride, self.dtype):
+            return "output shape, strides or dtype changed"
+        return None
+
+
+def allocate_outputs(
+    op: OpFamily, spec: OpSpec, device: torch.device | str, poison: float = float("nan")
+) -> list[torch.Tensor]:
+    return [torch.full(t.shape, poison, dtype=t.torch_dtype, device=device) for t in op.output_specs(spec)]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The raw bits of a tensor, so NaN == NaN and -0.0 != 0.0 in comparisons."""
+    view_dtype = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.contiguous().view(view_dtype)
+
+
+def _canary_problem(
+    op: OpFamily, spec: OpSpec, inputs: Sequence[torch.Tensor], ref64: torch.Tensor, lowp: torch.Tensor
+) -> str | None:
+    """Rule 3: a zero, constant or identity output must fail the tolerance on this data.
+
+    When the reference has no dynamic range (softmax over a width of 1 is all ones), a constant
+    *is* the right answer, and there is nothing for a canary to tell apart.
+    """
+    finite = ref64[torch.isfinite(ref64)]
+    if finite.numel() < 2 or float(finite.max() - finite.min()) == 0.0:
+        return None
+    canaries = {
+        "zeros": torch.zeros_like(lowp),
+        "constant": torch.full_like(lowp, float(finite.mean())),
+    }
+    if inputs and inputs[0].shape == lowp.shape:
+        canaries["identity"] = inputs[0].to(lowp.dtype)
+    for name, canary in canaries.items():
+        if errors.check_close(canary, ref64, lowp, op.tolerance) is None:
+            return f"the tolerance cannot tell a {name} output from the right one on this data"
+    return None
+
+
+def run_checked(
+    launcher: Launcher, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], synchronize: Callable[[], None]
+) -> None:
+    """One candidate call under the rule 2, 6, 7 and 10 checks; raises Rejected."""
+    clones = [t.clone() for t in inputs]
+    snapshots = [_Snapshot.of(t) for t in outputs]
+    threads_before = threading.active_count()
+    watch = TorchOpWatch()
+    with watch:
+        launcher(inputs, outputs)
+    synchronize()
+    if threading.active_count() > threads_before:
+        raise Rejected("cheat", "the candidate started a thread (work outside the measured call)")
+    tampered = tampered_bindings()
+    if tampered:
+        raise Rejected("cheat", f"the candidate tampered with the harness: {', '.join(tampered)}")
+    if watch.issued:
+        ops = ", ".join(sorted(set(watch.issued)))
+        raise Rejected("cheat", f"the candidate computed with PyTorch instead of its kernel: {ops}")
+    for t, clone in zip(inputs, clones, strict=True):
+        if not torch.equal(_bits(t), _bits(clone)):
+            raise Rejected("cheat", "the candidate modified its inputs")
+    for t, snap in zip(outputs, snapshots, strict=True):
+        problem = snap.problem(t)
+        if problem:
+            raise Rejected("cheat", problem)
+
+
+def validate(
+    op: OpFamily,
+    spec: OpSpec,
+    build: Callable[[OpSpec, Any], Launcher],
+    config: Any,
+    device: torch.device | str,
+    synchronize: Callable[[], None],
+) -> int:
+    """Check a candidate on the target shape and tail shapes; returns the number of runs.
+
+    Raises Rejected with kind "validate" for wrong results and "cheat" for harness abuse.
+    """
+    runs = 0
+    distributions = list(op.distributions)
+    for index, vspec in enumerate(op.validation_specs(spec)):
+        launcher = build(vspec, config)
+        # The target shape is checked on every distribution; tail shapes on one each.
+        chosen = distributions if index == 0 else [distributions[index % len(distributions)]]
+        for distribution in chosen:
+            seed = secrets.randbits(62)  # rule 4: fresh and secret on every evaluation
+            inputs = op.make_inputs(vspec, seed, distribution, device)
+            pristine = [t.clone() for t in inputs]
+            refs64 = op.reference_fp64(vspec, pristine)
+            lowps = op.reference(vspec, pristine)
+            outputs = allocate_outputs(op, vspec, device)
+            run_checked(launcher, inputs, outputs, synchronize)
+            for k, (out, ref64, lowp) in enumerate(zip(outputs, refs64, lowps, strict=True)):
+                canary = _canary_problem(op, vspec, pristine, ref64, lowp)
+                if canary:
+                    raise Rejected("validate", f"harness: {canary} ({vspec.describe()}, {distribution})")
+                reason = errors.check_close(out, ref64, lowp, op.tolerance)
+                if reason:
+                    raise Rejected(
+                        "validate", f"output {k} wrong on {vspec.describe()} ({distribution} inputs): {reason}"
+                    )
+            # Rule 9: poison with another value and run again: bitwise the same answer.
+            again = allocate_outputs(op, vspec, device, poison=777.0)
+            run_checked(launcher, inputs, again, synchronize)
+            for out, out2 in zip(outputs, again, strict=True):
+                if not torch.equal(_bits(out), _bits(out2)):
+                    raise Rejected(
+                        "validate",
+                        f"two runs on {vspec.describe()} differ bit for bit: "
+                        "the kernel reads uninitialized memory or races",
+                    )
+            runs += 2
+    return runs

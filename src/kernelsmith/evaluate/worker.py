@@ -1,0 +1,351 @@
+"""The worker process: builds, validates and times candidates, isolated from the caller.
+
+Started by :mod:`kernelsmith.evaluate.pool` as ``python -m kernelsmith.evaluate.worker FD``; it
+reads requests from the connection on file descriptor FD and answers each with a
+:class:`WorkerReply`. Every failure becomes data in the reply. A candidate that might have left
+the process in a bad state (a CUDA fault, tampering) makes the worker ask to be recycled: it
+answers, then exits, and the pool starts a fresh one for the next request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import logging
+import os
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from kernelsmith.evaluate import errors, timing
+from kernelsmith.evaluate.protocol import (
+    Candidate,
+    CeilingRequest,
+    CeilingResult,
+    EvalRequest,
+    EvalResult,
+    WorkerReply,
+)
+from kernelsmith.evaluate.static_gate import check_source
+from kernelsmith.evaluate.validate import Rejected, allocate_outputs, validate
+from kernelsmith.ops import get_op
+from kernelsmith.ops._base import Launcher, OpFamily
+from kernelsmith.space import Space
+from kernelsmith.spec import OpSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Loaded:
+    candidate: Candidate
+    build: Callable[[OpSpec, Any], Launcher]
+    launcher: Launcher
+    source_hash: str
+    started: float
+    validate_s: float  # loading, compiling and validating
+
+
+# ---- loading candidates ------------------------------------------------------------------------
+def _load_source(
+    source: str, static_gate: bool
+) -> tuple[Callable[..., Launcher], Callable[[OpSpec], Space] | None, str]:
+    source_hash = hashlib.sha256(source.encode()).hexdigest()[:16]
+    if static_gate:
+        problems = check_source(source)
+        if problems:
+            raise Rejected("cheat", "static gate: " + "; ".join(problems[:6]))
+    # Triton reads kernel source with inspect, which needs a real file.
+    folder = tempfile.mkdtemp(prefix="kernelsmith-candidate-")
+    path = os.path.join(folder, f"candidate_{source_hash}.py")
+    with open(path, "w") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location(f"kernelsmith_candidate_{source_hash}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise Rejected("build", f"candidate module failed to import: {type(exc).__name__}: {exc}") from exc
+    build = getattr(module, "build", None)
+    if not callable(build):
+        raise Rejected("build", "candidate module defines no build(spec, config) function")
+    return build, getattr(module, "space", None), source_hash
+
+
+def _load(op: OpFamily, spec: OpSpec, candidate: Candidate, static_gate: bool) -> tuple[Callable[..., Launcher], str]:
+    if candidate.source:
+        build, space_fn, source_hash = _load_source(candidate.source, static_gate)
+    else:
+        variant = op.variant(candidate.variant)
+        build, space_fn, source_hash = variant.build, variant.space, variant.source_hash
+    if space_fn is not None:
+        problems = space_fn(spec).violations(candidate.config)
+        if problems:
+            raise Rejected(
+                "build", f"config {candidate.config.key} is outside the variant's space: {'; '.join(problems)}"
+            )
+    return build, source_hash
+
+
+def _classify(exc: BaseException) -> tuple[str, bool]:
+    """Failure kind of an exception raised by candidate code, and whether to recycle."""
+    name = type(exc).__name__
+    text = str(exc)
+    if name in {"CompilationError", "OutOfResources", "PTXASError"} or "CompilationError" in text[:200]:
+        return "build", False
+    cuda_fault = "CUDA error" in text or "illegal" in text.lower() or name == "AcceleratorError"
+    return "runtime", cuda_fault
+
+
+# ---- timing ------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _gpu_lock(path: str) -> Iterator[None]:
+    """Serialize timing across workers that share one GPU (released if the holder dies)."""
+    if not path:
+        yield
+        return
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _time(
+    op: OpFamily,
+    spec: OpSpec,
+    loaded: list[_Loaded],
+    request: EvalRequest,
+    device: torch.device,
+    flusher: timing.L2Flusher | None,
+) -> dict[int, EvalResult]:
+    """Time the baseline and every loaded candidate, interleaved, on rotating input sets.
+
+    Rule 5: halfway through, every input set is refilled *in place* with new values and every
+    output is poisoned again; the outputs left by the second half must match the references of
+    the new values. A kernel that caches results by address or content fails here.
+    """
+    settings = request.timing
+    gpu = request.mode == "gpu"
+    n_sets = settings.input_sets
+    rounds = max(settings.rounds, 2 * n_sets)
+    distribution = op.distributions[0]
+    sets = [list(op.make_inputs(spec, secrets.randbits(62), distribution, device)) for _ in range(n_sets)]
+    outs = [[allocate_outputs(op, spec, device) for _ in range(n_sets)] for _ in loaded]
+
+    def baseline(s: int) -> object:
+        return op.reference(spec, sets[s])
+
+    def runner(i: int) -> Callable[[int], object]:
+        launcher = loaded[i].launcher
+        return lambda s: launcher(sets[s], outs[i][s])
+
+    runners = [baseline] + [runner(i) for i in range(len(loaded))]
+    sync_medians: list[float] = []
+    timing_started = time.perf_counter()
+    with _gpu_lock(request.lock_path):
+        if gpu:
+            first = timing.interleaved_gpu(runners, n_sets, rounds // 2, settings.warmup_ms, flusher)
+        else:
+            first = timing.interleaved_cpu(runners, n_sets, rounds // 2)
+        for k in range(n_sets):
+            fresh = op.make_inputs(spec, secrets.randbits(62), distribution, device)
+            for t, f in zip(sets[k], fresh, strict=True):
+                t.copy_(f)
+        for per_candidate in outs:
+            for out_set in per_candidate:
+                for t in out_set:
+                    t.fill_(float("nan"))
+        if gpu:
+            second = timing.interleaved_gpu(runners, n_sets, rounds - rounds // 2, 0.0, flusher)
+            sync_medians = timing.synchronized_gpu(runners, n_sets, 5)
+        else:
+            second = timing.interleaved_cpu(runners, n_sets, rounds - rounds // 2)
+
+    timed_s = time.perf_counter() - timing_started
+    samples = [a + b for a, b in zip(first, second, strict=True)]
+    base = timing.summarize(samples[0])
+    nbytes = op.bytes_moved(spec)
+    results: dict[int, EvalResult] = {}
+    refs = [(op.reference_fp64(spec, s), op.reference(spec, s)) for s in sets]
+    for i, item in enumerate(loaded):
+        problem = None
+        for s, (refs64, lowps) in enumerate(refs):
+            for out, ref64, lowp in zip(outs[i][s], refs64, lowps, strict=True):
+                reason = errors.check_close(out, ref64, lowp, op.tolerance)
+                if reason:
+                    problem = f"outputs written while timing are wrong (cached or stale results?): {reason}"
+        stats = timing.summarize(samples[i + 1])
+        if gpu and problem is None:
+            # Rule 6: work hidden on another stream or thread escapes the events but not a
+            # device-wide synchronize. Host overhead is the same for every implementation, so a
+            # candidate's extra over the baseline's shows the hidden work.
+            overhead = sync_medians[i + 1] - stats["median_us"]
+            base_overhead = sync_medians[0] - base["median_us"]
+            if overhead > base_overhead + max(20.0, 0.5 * sync_medians[i + 1]):
+                problem = (
+                    f"work continued after the timed region ({sync_medians[i + 1]:.1f} us with a device "
+                    f"synchronize vs {stats['median_us']:.1f} us by stream events): side stream or thread"
+                )
+        if problem:
+            results[i] = EvalResult(
+                item.candidate,
+                "cheat",
+                problem,
+                source_hash=item.source_hash,
+                seconds=time.perf_counter() - item.started,
+            )
+            continue
+        metrics: dict[str, Any] = dict(stats)
+        metrics.update({f"baseline_{k}": v for k, v in base.items() if k != "n"})
+        metrics["samples_us"] = [round(x, 3) for x in samples[i + 1]]
+        metrics["baseline_samples_us"] = [round(x, 3) for x in samples[0]]
+        metrics["gbps"] = nbytes / (stats["median_us"] * 1e-6) / 1e9
+        metrics["baseline_gbps"] = nbytes / (base["median_us"] * 1e-6) / 1e9
+        metrics["timer"] = "cuda-events" if gpu else "host-clock-interpreter"
+        metrics["validate_s"] = item.validate_s  # includes compilation
+        metrics["time_s"] = timed_s  # includes waiting for the device lock
+        results[i] = EvalResult(
+            item.candidate,
+            "ok",
+            metrics=metrics,
+            source_hash=item.source_hash,
+            seconds=time.perf_counter() - item.started,
+        )
+    return results
+
+
+# ---- request handling --------------------------------------------------------------------------
+class Worker:
+    def __init__(self) -> None:
+        self.flusher: timing.L2Flusher | None = None
+
+    def _device(self, mode: str) -> torch.device:
+        if mode == "gpu":
+            device = torch.device("cuda", torch.cuda.current_device())
+            if self.flusher is None:
+                self.flusher = timing.L2Flusher(device)
+            return device
+        return torch.device("cpu")
+
+    def handle(self, request: Any) -> WorkerReply:
+        if isinstance(request, CeilingRequest):
+            return self._ceiling(request)
+        return self._evaluate(request)
+
+    def _ceiling(self, request: CeilingRequest) -> WorkerReply:
+        try:
+            gbps, detail = timing.measure_copy_bandwidth(self._device("gpu"), request.nbytes, request.repeats)
+            return WorkerReply((CeilingResult("ok", gbps, detail=detail),))
+        except Exception as exc:
+            return WorkerReply((CeilingResult("runtime", error=f"{type(exc).__name__}: {exc}"),), recycle=True)
+
+    def _evaluate(self, request: EvalRequest) -> WorkerReply:
+        spec = OpSpec.from_dict(request.spec)
+        op = get_op(spec.op)
+        device = self._device(request.mode)
+        synchronize = torch.cuda.synchronize if request.mode == "gpu" else (lambda: None)
+        results: dict[int, EvalResult] = {}
+        loaded: list[_Loaded] = []
+        loaded_index: list[int] = []
+        recycle = False
+        for index, candidate in enumerate(request.candidates):
+            started = time.perf_counter()
+            source_hash = ""
+            if recycle:
+                results[index] = EvalResult(candidate, "skipped", "an earlier candidate broke the worker")
+                continue
+            try:
+                build, source_hash = _load(op, spec, candidate, request.static_gate)
+                validate(op, spec, build, candidate.config, device, synchronize)
+                loaded.append(
+                    _Loaded(
+                        candidate,
+                        build,
+                        build(spec, candidate.config),
+                        source_hash,
+                        started,
+                        time.perf_counter() - started,
+                    )
+                )
+                loaded_index.append(index)
+            except Rejected as rejected:
+                results[index] = EvalResult(
+                    candidate,
+                    rejected.kind,
+                    str(rejected),
+                    source_hash=source_hash,
+                    seconds=time.perf_counter() - started,
+                )
+                recycle = recycle or rejected.kind == "cheat"
+            except Exception as exc:
+                kind, broken = _classify(exc)
+                results[index] = EvalResult(
+                    candidate,
+                    kind,
+                    f"{type(exc).__name__}: {str(exc)[:2000]}",
+                    source_hash=source_hash,
+                    seconds=time.perf_counter() - started,
+                )
+                recycle = recycle or broken
+        if loaded and request.measure and not recycle:
+            try:
+                timed = _time(op, spec, loaded, request, device, self.flusher)
+                for i, result in timed.items():
+                    results[loaded_index[i]] = result
+                    recycle = recycle or result.status == "cheat"
+            except Exception as exc:
+                kind, broken = _classify(exc)
+                recycle = recycle or broken
+                for i, item in zip(loaded_index, loaded, strict=True):
+                    results[i] = EvalResult(
+                        item.candidate,
+                        kind,
+                        f"while timing: {type(exc).__name__}: {str(exc)[:2000]}",
+                        source_hash=item.source_hash,
+                    )
+        elif loaded:
+            for i, item in zip(loaded_index, loaded, strict=True):
+                status = "skipped" if recycle else "ok"
+                results.setdefault(
+                    i,
+                    EvalResult(
+                        item.candidate, status, source_hash=item.source_hash, seconds=time.perf_counter() - item.started
+                    ),
+                )
+        ordered = tuple(results[i] for i in range(len(request.candidates)))
+        return WorkerReply(ordered, recycle=recycle)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.WARNING, format="kernelsmith-worker %(levelname)s %(message)s")
+    conn = Connection(int(argv[0]))
+    worker = Worker()
+    conn.send("ready")
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            return 0
+        if request is None:
+            return 0
+        reply = worker.handle(request)
+        conn.send(reply)
+        if reply.recycle:
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

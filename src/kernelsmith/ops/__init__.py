@@ -1,0 +1,36 @@
+"""The op families kernelsmith can tune, by name.
+
+>>> from kernelsmith.ops import get_op
+>>> get_op("rmsnorm").name
+'rmsnorm'
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from kernelsmith.ops._base import Launcher, OpFamily, Tolerance, UnsupportedWorkload, Variant
+
+# name -> module that defines it; modules import lazily so that `import kernelsmith` stays cheap.
+_MODULES: dict[str, str] = {
+    "rmsnorm": "kernelsmith.ops.rmsnorm",
+    "softmax": "kernelsmith.ops.softmax",
+}
+_LOADED: dict[str, OpFamily] = {}
+
+
+def op_names() -> list[str]:
+    return sorted(_MODULES)
+
+
+def get_op(name: str) -> OpFamily:
+    """The op family registered under ``name``; ValueError for an unknown name."""
+    if name not in _MODULES:
+        raise ValueError(f"unknown op {name!r} (known: {', '.join(op_names())})")
+    if name not in _LOADED:
+        module = importlib.import_module(_MODULES[name])
+        _LOADED[name] = module.OP
+    return _LOADED[name]
+
+
+__all__ = ["Launcher", "OpFamily", "Tolerance", "UnsupportedWorkload", "Variant", "get_op", "op_names"]

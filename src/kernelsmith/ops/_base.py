@@ -1,0 +1,151 @@
+"""The contract every op family fulfils.
+
+An op family (one module in this package) tells the engine everything it needs to tune one kind
+of operation, and nothing about *how* the engine searches:
+
+- ``spec`` / ``spec_for``: how a command-line shape or example tensors become an :class:`OpSpec`;
+- ``reference``: the canonical PyTorch implementation, in the inputs' own precision: this is the
+  eager *baseline* every candidate must beat, and the "low-precision reference" whose own error
+  sets the tolerance;
+- ``reference_fp64``: the same math in float64, the ground truth candidates are compared with;
+- ``make_inputs``: inputs drawn from several value distributions, from a seed;
+- ``bytes_moved`` / ``flops``: the roofline model (each input read once, each output written once);
+- ``variants``: the kernel implementations, each with its config space and a ``build`` that turns
+  (spec, config) into a launcher writing into caller-allocated outputs;
+- ``tolerance``: how much worse than PyTorch's own low-precision result a candidate may be.
+
+Launchers never allocate their outputs: the harness allocates them (and poisons them with NaN),
+which is what lets it prove that a kernel wrote every element it claims to produce.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from kernelsmith.space import Config, Space
+from kernelsmith.spec import OpSpec, TensorSpec
+
+# A launcher runs one configured kernel: launcher(inputs, outputs) writes the outputs.
+Launcher = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None]
+
+
+class UnsupportedWorkload(ValueError):
+    """The op family cannot handle this spec (dtype, layout, rank...): callers fall back."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One kernel implementation of an op family and the configs it accepts."""
+
+    name: str
+    summary: str
+    space: Callable[[OpSpec], Space]
+    build: Callable[[OpSpec, Config], Launcher]
+
+    @property
+    def source_hash(self) -> str:
+        """Hash of the source that defines this variant (its whole module), for the database."""
+        module = inspect.getmodule(self.build)
+        text = inspect.getsource(module) if module is not None else inspect.getsource(self.build)
+        return hashlib.sha256(f"{self.name}\n{text}".encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Pass when ``err(candidate) <= k * err(PyTorch in the same dtype) + floor * scale``.
+
+    Errors are measured against the float64 reference, both as a relative L2 norm over the whole
+    output and as the largest elementwise error (so one wrong row cannot hide in a norm of
+    millions of elements). ``floor`` is in units of the output dtype's machine epsilon, scaled by
+    the reference's magnitude, so that exact-in-fp64 outputs still allow one rounding.
+    """
+
+    k: float = 4.0
+    floor_ulps: float = 2.0
+
+
+class OpFamily:
+    """Base class of an op family; subclasses fill in the class attributes and methods."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    shape_help: ClassVar[str]  # how a command-line --shape maps to the inputs
+    distributions: ClassVar[tuple[str, ...]] = ("normal",)
+    tolerance: ClassVar[Tolerance] = Tolerance()
+    dtypes: ClassVar[tuple[str, ...]] = ("float16", "bfloat16", "float32")
+    variants: ClassVar[tuple[Variant, ...]] = ()
+
+    # ---- specs -------------------------------------------------------------------------------
+    def spec(self, shape: tuple[int, ...], dtype: str, **constants: Any) -> OpSpec:
+        """The spec for a command-line ``--shape`` and ``--dtype``."""
+        raise NotImplementedError
+
+    def spec_for(self, *inputs: torch.Tensor, **constants: Any) -> OpSpec:
+        """The spec of example input tensors; raises UnsupportedWorkload when not handled."""
+        raise NotImplementedError
+
+    def check_supported(self, spec: OpSpec) -> None:
+        """Raise UnsupportedWorkload when the kernels cannot compute this spec."""
+        for t in spec.inputs:
+            if t.dtype not in self.dtypes:
+                raise UnsupportedWorkload(f"{self.name}: dtype {t.dtype} is not supported")
+            if not t.is_contiguous:
+                raise UnsupportedWorkload(f"{self.name}: non-contiguous input {t} is not supported")
+
+    def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
+        raise NotImplementedError
+
+    def validation_specs(self, spec: OpSpec) -> list[OpSpec]:
+        """The target spec plus tail shapes (1 row, an odd row count) with the same row width.
+
+        Row counts change, the width does not: a config is chosen for a width, and must be right
+        for every row count (rows not divisible by the rows-per-program included).
+        """
+        first, *rest = spec.inputs
+        *lead, width = first.shape
+        rows = math.prod(lead) if lead else 1
+        tails = sorted({1, min(rows, 7) if rows > 1 else 1, rows + 3 if rows < 64 else 67} - {rows})
+        specs = [spec]
+        for r in tails:
+            shape = (r, width) if lead else (width,)
+            specs.append(OpSpec(spec.op, (first.with_shape(shape), *rest), dict(spec.constants)))
+        return specs
+
+    # ---- math --------------------------------------------------------------------------------
+    def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def make_inputs(
+        self, spec: OpSpec, seed: int, distribution: str = "normal", device: str | torch.device = "cuda"
+    ) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def bytes_moved(self, spec: OpSpec) -> int:
+        """Fewest bytes any implementation must move: inputs read once, outputs written once."""
+        return sum(t.nbytes for t in spec.inputs) + sum(t.nbytes for t in self.output_specs(spec))
+
+    def flops(self, spec: OpSpec) -> int:
+        raise NotImplementedError
+
+    # ---- variants ----------------------------------------------------------------------------
+    def variant(self, name: str) -> Variant:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise KeyError(f"{self.name} has no variant {name!r} (known: {[v.name for v in self.variants]})")
+
+
+def generator(seed: int, device: str | torch.device) -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g

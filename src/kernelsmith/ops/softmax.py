@@ -1,0 +1,572 @@
+"""Softmax over the last dimension: ``y = exp(x - max(x)) / sum(exp(x - max(x)))`` row by row.
+
+The op
+------
+One input ``x`` of shape ``(..., N)`` (at least one dimension) in float16, bfloat16 or float32;
+one output of the same shape and dtype. Every leading dimension is flattened into rows, so the
+kernels see a ``(rows, N)`` matrix and normalise each row on its own. Only the last dimension is
+supported: ``dim`` is part of the spec's constants and is always ``-1`` (``dim = x.ndim - 1`` is
+the same thing and is normalised to ``-1``; any other ``dim`` is an :class:`UnsupportedWorkload`).
+
+The math, and why every kernel subtracts the row maximum
+---------------------------------------------------------
+``softmax(x)_j = exp(x_j) / sum_k exp(x_k)`` is unchanged when a constant ``c`` is subtracted
+from every ``x_j`` (it cancels between numerator and denominator). Kernels subtract the row
+maximum ``m``: every exponent is then ``<= 0``, so nothing overflows (``exp(89)`` is already
+``inf`` in float32, and the "large" input distribution below has values past 100), and the
+largest term is exactly ``exp(0) = 1``, so the sum is ``>= 1`` and never underflows to zero.
+
+All arithmetic happens in float32 whatever the storage dtype: values are converted right after
+the load and rounded once, to the output dtype, right before the store. Masked lanes (columns
+past ``N`` when ``N`` is not a power of two) load ``-inf``: ``-inf`` never wins the max and
+contributes ``exp(-inf - m) = 0`` to the sum, so padding changes nothing. A row that is ``-inf``
+throughout has no defined softmax and comes out NaN, as it does from ``torch.softmax``.
+
+The kernels write ``tl.exp`` rather than ``tl.exp2`` with a ``log2(e)`` factor: on NVIDIA GPUs
+Triton already compiles a float32 ``tl.exp`` to a multiply by ``log2(e)`` and the hardware's
+``ex2.approx`` instruction, so spelling it out by hand would gain nothing.
+
+The variants
+------------
+``whole_row``
+    One program per row, the whole (power-of-two padded) row held in registers: one read of
+    ``x``, one write of ``y``. The default choice for rows up to a few thousand columns.
+``online``
+    One program per row, the row walked in blocks of ``BLOCK_N`` columns, so any width works with
+    a fixed register footprint. The first loop keeps a running max ``m`` and a running sum
+    ``l = sum exp(x - m)`` (the "online softmax" of Milakov & Gimelshein, 2018: when ``m`` grows,
+    ``l`` is rescaled by ``exp(m_old - m_new)``); the second loop reads ``x`` again and writes
+    ``exp(x - m) / l``. It reads ``x`` twice (the second read usually hits L2), which is the
+    price of handling rows too wide for registers.
+``multi_row``
+    ``ROWS`` rows per program as one 2-D ``[ROWS, BLOCK_N]`` block. For narrow rows (say
+    ``N <= 256``) a one-row program has too little work to hide memory latency; several rows per
+    program give each warp enough independent loads.
+``persistent``
+    The whole-row kernel, but with a fixed grid of ``PROGRAMS_PER_SM`` programs per
+    multiprocessor, each walking rows ``pid, pid + programs, ...``. Fewer, longer programs pay
+    the program start-up once and let the compiler pipeline the next row's load (``num_stages``)
+    under the current row's arithmetic; the Triton tutorial's fused softmax is built this way.
+
+Each variant has a small config space (about 150 configs in all for a 1k-8k wide row, fewer for
+narrower or wider rows): warp counts, block shapes and, for the two kernels with a loop, the
+software-pipelining depth ``num_stages``. Loop-free kernels (``whole_row``, ``multi_row``) have no
+``num_stages``: the compiler pipelines loops only, and their code is identical for every value.
+Constraints keep only configs that compile and waste no whole warps (see ``_warp_constraints``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
+from kernelsmith.spec import OpSpec, TensorSpec
+
+# =================================================================================================
+# Kernels
+#
+# Common conventions: x and y are (rows, N) matrices with unit column stride; their row strides
+# are passed explicitly. Row offsets are computed in int64 (``row.to(tl.int64) * stride``) so
+# that tensors with more than 2**31 elements address correctly. ``y_ptr.dtype.element_ty`` is the
+# output's storage dtype, so one kernel serves fp16, bf16 and fp32.
+# =================================================================================================
+
+
+@triton.jit
+def _softmax_whole_row_kernel(
+    x_ptr,
+    y_ptr,
+    x_row_stride,
+    y_row_stride,
+    n_cols,
+    BLOCK_N: tl.constexpr,  # next_power_of_two(n_cols): the whole row in one block
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+
+    # Padding lanes read -inf: they never win the max, and exp(-inf - m) = 0 adds nothing.
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=float("-inf")).to(tl.float32)
+
+    m = tl.max(x, axis=0)  # the row max: every exponent below is <= 0, so nothing overflows
+    p = tl.exp(x - m)  # unnormalised probabilities, the largest exactly 1
+    y = p / tl.sum(p, axis=0)  # the sum is >= 1: no division by zero, no underflow
+
+    tl.store(y_ptr + row * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_online_kernel(
+    x_ptr,
+    y_ptr,
+    x_row_stride,
+    y_row_stride,
+    n_cols,
+    BLOCK_N: tl.constexpr,  # columns per loop step; the row may be any multiple of it, or not
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of both loops (1: none)
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_row_stride
+    y_row = y_ptr + row * y_row_stride
+    cols = tl.arange(0, BLOCK_N)
+
+    # Pass 1: running statistics over the columns seen so far,
+    #   m = max_j x_j        and        l = sum_j exp(x_j - m).
+    # When a new block raises the max from m to m_new, every term already in l was computed
+    # against the old max, and exp(x_j - m_new) = exp(x_j - m) * exp(m - m_new): so l is rescaled
+    # by exp(m - m_new) (<= 1) before the block's own terms are added.
+    m = tl.full([], float("-inf"), tl.float32)
+    l = tl.full([], 0.0, tl.float32)
+    for start in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
+        offs = start + cols
+        x = tl.load(x_row + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        # While every value seen is -inf (a fully masked prefix, as in causal attention scores),
+        # m_new is -inf and x - m_new = -inf - (-inf) = NaN would poison l for good. Shifting by
+        # 0 instead gives exp(-inf) = 0: such blocks add nothing to l, which is the right answer.
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        l = l * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0)
+        m = m_new
+
+    # Pass 2: read the row again and write the normalised values. (A row that is -inf throughout
+    # ends with m = -inf and l = 0 and yields NaN, as torch.softmax does.)
+    for start in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
+        offs = start + cols
+        mask = offs < n_cols
+        x = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        y = tl.exp(x - m) / l
+        tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_multi_row_kernel(
+    x_ptr,
+    y_ptr,
+    x_row_stride,
+    y_row_stride,
+    n_rows,
+    n_cols,
+    ROWS: tl.constexpr,  # rows per program
+    BLOCK_N: tl.constexpr,  # next_power_of_two(n_cols)
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    row_mask = rows < n_rows  # the last program may run past the end when ROWS does not divide
+    mask = row_mask[:, None] & (cols < n_cols)[None, :]
+
+    rows64 = rows.to(tl.int64)
+    x_ptrs = x_ptr + rows64[:, None] * x_row_stride + cols[None, :]
+    x = tl.load(x_ptrs, mask=mask, other=float("-inf")).to(tl.float32)  # [ROWS, BLOCK_N]
+
+    # The whole-row recipe, one reduction per row (axis=1).
+    m = tl.max(x, axis=1)
+    # Rows past the end loaded nothing, so their max is -inf and x - m would be -inf - (-inf) =
+    # NaN. They are never stored, but shifting them by 0 keeps every intermediate finite.
+    m = tl.where(row_mask, m, 0.0)
+    p = tl.exp(x - m[:, None])
+    s = tl.sum(p, axis=1)
+    s = tl.where(row_mask, s, 1.0)  # same reason: those rows' sum is 0; avoid computing 0/0
+    y = p / s[:, None]
+
+    y_ptrs = y_ptr + rows64[:, None] * y_row_stride + cols[None, :]
+    tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_persistent_kernel(
+    x_ptr,
+    y_ptr,
+    x_row_stride,
+    y_row_stride,
+    n_rows,
+    n_cols,
+    BLOCK_N: tl.constexpr,  # next_power_of_two(n_cols)
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
+):
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    # A fixed grid (a few programs per multiprocessor) strides over the rows. NUM_STAGES > 1
+    # lets the compiler pipeline this loop: the next rows' loads are issued (into shared memory)
+    # while the current row is being reduced. The depth is given on tl.range itself: Triton 3.6
+    # left this loop (no matrix product in it) unpipelined when num_stages was only a launch option.
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
+        row64 = tl.cast(row, tl.int64)  # (tl.cast: in the interpreter, row is a Python int)
+        x = tl.load(x_ptr + row64 * x_row_stride + cols, mask=mask, other=float("-inf"))
+        x = x.to(tl.float32)
+        m = tl.max(x, axis=0)
+        p = tl.exp(x - m)
+        y = p / tl.sum(p, axis=0)
+        tl.store(y_ptr + row64 * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+# =================================================================================================
+# Config spaces and builders
+#
+# A build precomputes everything (grid, constexprs, launch options) so that the launcher only
+# reshapes, reads two strides and launches. Launchers never allocate: they write into the
+# caller's output.
+# =================================================================================================
+
+_WARPS = (1, 2, 4, 8, 16, 32)
+_STAGES = (1, 2, 3)
+_WHOLE_ROW_MAX_BLOCK = 65536  # widest row kept in registers (64 fp32 values a thread at 32 warps)
+_MULTI_ROW_MAX_ELEMENTS = 16384  # register budget of one multi-row block, ROWS * BLOCK_N
+_MAX_PER_THREAD = 64  # more fp32 values a thread than this and the compiler starts spilling
+_MAX_WARPS_PER_SM = 64  # resident warps a multiprocessor holds (Hopper, Ampere)
+# Shared memory for software-pipelined loads, per multiprocessor: Hopper has 227 KiB a block;
+# the rest is left for the compiler's reduction scratch.
+_PIPELINE_SHARED_BYTES = 192 * 1024
+
+
+def _rows_and_width(spec: OpSpec) -> tuple[int, int]:
+    """``(rows, N)``: every leading dimension of x flattened into rows."""
+    shape = spec.inputs[0].shape
+    return math.prod(shape[:-1]), shape[-1]
+
+
+def _warp_constraints(elements: Callable[[Config], int]) -> list[Constraint]:
+    """Warp counts that fit a block of ``elements(config)`` values.
+
+    Warps beyond one value a thread would idle (one warp is always allowed, so tiny rows keep a
+    config); fewer warps than ``elements / (32 * _MAX_PER_THREAD)`` would spill registers.
+    """
+    return [
+        Constraint(
+            "every thread holds at least one value (extra warps would idle)",
+            lambda c: c["num_warps"] == 1 or 32 * c["num_warps"] <= elements(c),
+        ),
+        Constraint(
+            f"at most {_MAX_PER_THREAD} values a thread (more would spill registers)",
+            lambda c: elements(c) <= _MAX_PER_THREAD * 32 * c["num_warps"],
+        ),
+    ]
+
+
+def _checked(space: Space, config: Config) -> None:
+    problems = space.violations(config)
+    if problems:
+        raise ValueError(f"config {config.key} is not in the space: {'; '.join(problems)}")
+
+
+# ---- whole_row -----------------------------------------------------------------------------------
+
+
+def _whole_row_space(spec: OpSpec) -> Space:
+    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    # No num_stages: the kernel has no loop, so the pipelining depth could change nothing.
+    return Space(
+        [Param("num_warps", _WARPS)],
+        [
+            Constraint(
+                f"the padded row fits in registers (BLOCK_N <= {_WHOLE_ROW_MAX_BLOCK})",
+                lambda c: block_n <= _WHOLE_ROW_MAX_BLOCK,
+            ),
+            *_warp_constraints(lambda c: block_n),
+        ],
+    )
+
+
+def _whole_row_build(spec: OpSpec, config: Config) -> Launcher:
+    _checked(_whole_row_space(spec), config)
+    rows, n = _rows_and_width(spec)
+    grid = (rows,)
+    block_n = next_power_of_two(n)
+    num_warps = config["num_warps"]
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        x = inputs[0].view(-1, n)
+        y = outputs[0].view(-1, n)
+        _softmax_whole_row_kernel[grid](
+            x, y, x.stride(0), y.stride(0), n, BLOCK_N=block_n, num_warps=num_warps
+        )
+
+    return launch
+
+
+# ---- online --------------------------------------------------------------------------------------
+
+_ONLINE_BLOCKS = powers_of_two(64, 8192)
+
+
+def _online_space(spec: OpSpec) -> Space:
+    # Blocks wider than the padded row only add masked lanes; the smallest block is always
+    # allowed so that even a 1-column row has a config.
+    widest = max(_ONLINE_BLOCKS[0], next_power_of_two(_rows_and_width(spec)[1]))
+    return Space(
+        [
+            Param("BLOCK_N", _ONLINE_BLOCKS),
+            Param("num_warps", _WARPS),
+            Param("num_stages", _STAGES),
+        ],
+        [
+            Constraint("BLOCK_N is no wider than the padded row", lambda c: c["BLOCK_N"] <= widest),
+            *_warp_constraints(lambda c: c["BLOCK_N"]),
+        ],
+    )
+
+
+def _online_build(spec: OpSpec, config: Config) -> Launcher:
+    _checked(_online_space(spec), config)
+    rows, n = _rows_and_width(spec)
+    grid = (rows,)
+    block_n, num_warps, num_stages = config["BLOCK_N"], config["num_warps"], config["num_stages"]
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        x = inputs[0].view(-1, n)
+        y = outputs[0].view(-1, n)
+        _softmax_online_kernel[grid](
+            x, y, x.stride(0), y.stride(0), n,
+            BLOCK_N=block_n, NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages,
+        )  # fmt: skip
+
+    return launch
+
+
+# ---- multi_row -----------------------------------------------------------------------------------
+
+
+def _multi_row_space(spec: OpSpec) -> Space:
+    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    # No num_stages: no loop to pipeline (see whole_row).
+    return Space(
+        [Param("ROWS", (2, 4, 8, 16, 32)), Param("num_warps", _WARPS)],
+        [
+            Constraint(
+                f"the [ROWS, BLOCK_N] block fits the register budget ({_MULTI_ROW_MAX_ELEMENTS})",
+                lambda c: c["ROWS"] * block_n <= _MULTI_ROW_MAX_ELEMENTS,
+            ),
+            *_warp_constraints(lambda c: c["ROWS"] * block_n),
+        ],
+    )
+
+
+def _multi_row_build(spec: OpSpec, config: Config) -> Launcher:
+    _checked(_multi_row_space(spec), config)
+    rows, n = _rows_and_width(spec)
+    block_rows, num_warps = config["ROWS"], config["num_warps"]
+    grid = (triton.cdiv(rows, block_rows),)
+    block_n = next_power_of_two(n)
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        x = inputs[0].view(-1, n)
+        y = outputs[0].view(-1, n)
+        _softmax_multi_row_kernel[grid](
+            x, y, x.stride(0), y.stride(0), rows, n,
+            ROWS=block_rows, BLOCK_N=block_n, num_warps=num_warps,
+        )  # fmt: skip
+
+    return launch
+
+
+# ---- persistent ----------------------------------------------------------------------------------
+
+# Without a GPU (the Triton interpreter) any program count is correct; a small one keeps the
+# grid-stride loop exercised by tests with a few dozen rows.
+_INTERPRETER_MULTIPROCESSORS = 4
+
+
+@functools.cache
+def _multiprocessor_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _programs(per_multiprocessor: int) -> int:
+    if torch.cuda.is_available():
+        count = _multiprocessor_count(torch.cuda.current_device())
+    else:
+        count = _INTERPRETER_MULTIPROCESSORS
+    return per_multiprocessor * count
+
+
+def _persistent_space(spec: OpSpec) -> Space:
+    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    row_bytes = block_n * spec.inputs[0].torch_dtype.itemsize
+
+    def pipeline_bytes(c: Config) -> int:
+        # With num_stages = s the compiler keeps s - 1 rows in flight in shared memory, for each
+        # of the PROGRAMS_PER_SM programs sharing a multiprocessor.
+        return c["PROGRAMS_PER_SM"] * (c["num_stages"] - 1) * row_bytes
+
+    return Space(
+        [
+            Param("PROGRAMS_PER_SM", (1, 2, 4, 8)),
+            Param("num_warps", _WARPS),
+            Param("num_stages", _STAGES),
+        ],
+        [
+            Constraint(
+                f"the padded row fits in registers (BLOCK_N <= {_WHOLE_ROW_MAX_BLOCK})",
+                lambda c: block_n <= _WHOLE_ROW_MAX_BLOCK,
+            ),
+            Constraint(
+                f"the programs of a multiprocessor are all resident ({_MAX_WARPS_PER_SM} warps)",
+                lambda c: c["PROGRAMS_PER_SM"] * c["num_warps"] <= _MAX_WARPS_PER_SM,
+            ),
+            Constraint(
+                f"the rows in flight fit in shared memory ({_PIPELINE_SHARED_BYTES} bytes an SM)",
+                lambda c: pipeline_bytes(c) <= _PIPELINE_SHARED_BYTES,
+            ),
+            *_warp_constraints(lambda c: block_n),
+        ],
+    )
+
+
+def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
+    _checked(_persistent_space(spec), config)
+    rows, n = _rows_and_width(spec)
+    grid = (min(rows, _programs(config["PROGRAMS_PER_SM"])),)
+    block_n = next_power_of_two(n)
+    num_warps, num_stages = config["num_warps"], config["num_stages"]
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        x = inputs[0].view(-1, n)
+        y = outputs[0].view(-1, n)
+        _softmax_persistent_kernel[grid](
+            x, y, x.stride(0), y.stride(0), rows, n,
+            BLOCK_N=block_n, NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages,
+        )  # fmt: skip
+
+    return launch
+
+
+# =================================================================================================
+# The op family
+# =================================================================================================
+
+_SUPPORTED_TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+class Softmax(OpFamily):
+    name = "softmax"
+    summary = "softmax over the last dimension, y = exp(x - max) / sum(exp(x - max)), row by row"
+    shape_help = (
+        "the shape of x; softmax runs over its last dimension: --shape 8192x4096 is 8192 rows "
+        "of 4096 columns, --shape 4x512x1024 is 2048 rows of 1024"
+    )
+    distributions = ("normal", "uniform", "large", "outliers")
+    variants = (
+        Variant(
+            "whole_row",
+            "one program per row, the whole row in registers",
+            _whole_row_space,
+            _whole_row_build,
+        ),
+        Variant(
+            "online",
+            "one program per row, walked in BLOCK_N-column blocks with a running max and sum "
+            "(any width)",
+            _online_space,
+            _online_build,
+        ),
+        Variant(
+            "multi_row",
+            "ROWS rows per program as one [ROWS, BLOCK_N] block (narrow rows)",
+            _multi_row_space,
+            _multi_row_build,
+        ),
+        Variant(
+            "persistent",
+            "whole rows in registers, a fixed grid of programs striding over the rows",
+            _persistent_space,
+            _persistent_build,
+        ),
+    )
+
+    # ---- specs -----------------------------------------------------------------------------------
+    def spec(self, shape: tuple[int, ...], dtype: str, **constants: Any) -> OpSpec:
+        dim = constants.pop("dim", -1)
+        if constants:
+            raise UnsupportedWorkload(f"softmax: unknown constants {sorted(constants)}")
+        return self._spec(TensorSpec(tuple(shape), dtype), dim)
+
+    def spec_for(self, *inputs: torch.Tensor, **constants: Any) -> OpSpec:
+        if len(inputs) != 1 or not isinstance(inputs[0], torch.Tensor):
+            raise UnsupportedWorkload(f"softmax takes one tensor, got {len(inputs)} inputs")
+        (x,) = inputs
+        if x.dtype not in _SUPPORTED_TORCH_DTYPES:
+            raise UnsupportedWorkload(f"softmax: dtype {x.dtype} is not supported")
+        dim = constants.pop("dim", -1)
+        if constants:
+            raise UnsupportedWorkload(f"softmax: unknown constants {sorted(constants)}")
+        return self._spec(TensorSpec.of(x), dim)
+
+    def _spec(self, x: TensorSpec, dim: Any) -> OpSpec:
+        ndim = len(x.shape)
+        if ndim == 0:
+            raise UnsupportedWorkload("softmax: x must have at least one dimension")
+        if x.numel == 0:
+            raise UnsupportedWorkload(f"softmax: x {x} is empty")
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim not in (-1, ndim - 1):
+            raise UnsupportedWorkload(
+                f"softmax: only the last dimension is supported (dim=-1 or {ndim - 1}), "
+                f"got dim={dim!r}"
+            )
+        spec = OpSpec(self.name, (x,), {"dim": -1})
+        self.check_supported(spec)
+        return spec
+
+    def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
+        x = spec.inputs[0]
+        return (TensorSpec(x.shape, x.dtype),)
+
+    # ---- math ------------------------------------------------------------------------------------
+    def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        return (torch.softmax(inputs[0], dim=-1),)
+
+    def reference_fp64(
+        self, spec: OpSpec, inputs: Sequence[torch.Tensor]
+    ) -> tuple[torch.Tensor, ...]:
+        return (torch.softmax(inputs[0].double(), dim=-1),)
+
+    def make_inputs(
+        self,
+        spec: OpSpec,
+        seed: int,
+        distribution: str = "normal",
+        device: str | torch.device = "cuda",
+    ) -> tuple[torch.Tensor, ...]:
+        """Inputs for one distribution, drawn in float32 on ``device`` and rounded to the dtype.
+
+        - ``normal``: standard normal values;
+        - ``uniform``: uniform in [-1, 1): a flat, high-entropy softmax;
+        - ``large``: normal values times 30 (up to about +-150): ``exp`` would overflow without
+          the max subtraction, yet every value is representable in float16;
+        - ``outliers``: normal values, plus 40 on one random column of every row (the row's
+          softmax is then nearly one-hot) and minus 40 on about one other value in 256 (whose
+          ``exp`` underflows to zero).
+        """
+        x_spec = spec.inputs[0]
+        shape, n = x_spec.shape, x_spec.shape[-1]
+        g = generator(seed, device)
+        if distribution == "normal":
+            x = torch.randn(shape, generator=g, device=device)
+        elif distribution == "uniform":
+            x = torch.rand(shape, generator=g, device=device) * 2 - 1
+        elif distribution == "large":
+            x = torch.randn(shape, generator=g, device=device) * 30
+        elif distribution == "outliers":
+            x = torch.randn(shape, generator=g, device=device)
+            rows = x.view(-1, n)
+            hot = torch.randint(0, n, (rows.shape[0],), generator=g, device=device)
+            rows[torch.arange(rows.shape[0], device=device), hot] += 40.0
+            sparse = torch.rand(shape, generator=g, device=device) < 1 / 256
+            x = torch.where(sparse, x - 40.0, x)
+        else:
+            known = ", ".join(self.distributions)
+            raise ValueError(f"softmax: unknown distribution {distribution!r} (known: {known})")
+        return (x.to(x_spec.torch_dtype),)
+
+    def flops(self, spec: OpSpec) -> int:
+        # Per element: a max comparison, a subtraction, an exp, an add into the sum, a division.
+        return 5 * spec.inputs[0].numel
+
+
+OP = Softmax()

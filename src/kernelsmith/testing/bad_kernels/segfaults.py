@@ -1,0 +1,23 @@
+"""Process isolation: a launcher that dereferences a null pointer (a segmentation fault).
+
+Python cannot catch a segfault; in the caller's process it would kill the tuner. The harness
+runs candidates only in a worker process: the dead worker is reported as a "crash" and the pool
+starts a fresh one for the next candidate. The static gate rejects ``ctypes``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+import torch
+
+from kernelsmith.space import Config
+from kernelsmith.spec import OpSpec
+
+
+def build(spec: OpSpec, config: Config):
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+    return launch

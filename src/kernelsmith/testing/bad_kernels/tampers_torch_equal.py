@@ -1,0 +1,49 @@
+"""Rule 10, tampering with PyTorch: zero the input, then make ``torch.equal`` always agree.
+
+The kernel computes a correct output and then zeroes ``x`` (rule 2); the launcher replaces
+``torch.equal`` with a function that always answers True, so a harness comparing inputs with
+``torch.equal`` afterwards would not see the change. The worker checks ``torch.equal`` (and the
+other functions it relies on) for replacement after every call and rejects the kernel as a
+"cheat" ("tampered"); the static gate rejects the assignment to a module attribute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelsmith.space import Config, next_power_of_two
+from kernelsmith.spec import OpSpec
+
+
+@triton.jit
+def _rmsnorm_then_zero_kernel(x_ptr, w_ptr, y_ptr, N, eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+    x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = x * tl.rsqrt(tl.sum(x * x, axis=0) / N + eps) * w
+    tl.store(y_ptr + row * N + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(x_ptr + row * N + cols, tl.zeros([BLOCK_N], dtype=x_ptr.dtype.element_ty), mask=mask)
+
+
+def _always_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return True
+
+
+def build(spec: OpSpec, config: Config):
+    n = spec.inputs[0].shape[-1]
+    rows = spec.inputs[0].numel // n
+    eps = float(spec.const("eps"))
+    block_n = next_power_of_two(n)
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        _rmsnorm_then_zero_kernel[(rows,)](inputs[0], inputs[1], outputs[0], n, eps,
+                                           BLOCK_N=block_n)
+        torch.equal = _always_equal  # type: ignore[assignment]  # the cheat
+
+    return launch

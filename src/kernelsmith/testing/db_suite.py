@@ -1,0 +1,372 @@
+"""A reusable test suite every :class:`~kernelsmith.db.Database` implementation must pass.
+
+Optuna's pattern: the expectations live here once, and each backend's test module subclasses
+:class:`DatabaseSuite` and overrides the ``location`` fixture (and, when its databases are not
+opened by :func:`~kernelsmith.db.open_database`, the :meth:`DatabaseSuite.open` method)::
+
+    class TestSQLiteDatabase(DatabaseSuite):
+        @pytest.fixture
+        def location(self, tmp_path):
+            return str(tmp_path / "suite.db")
+
+Tests that need a second connection (persistence, several processes) are skipped for a backend
+that sets ``persistent = False`` or ``multiprocess = False``. The multi-process test opens the
+location with :func:`~kernelsmith.db.open_database` in each child, since children are spawned.
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import time
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+
+from kernelsmith.db import (
+    Database,
+    DecisionRecord,
+    Fingerprint,
+    TrialRecord,
+    current_fingerprint,
+    open_database,
+)
+from kernelsmith.db.jsonl import export_jsonl, import_jsonl
+
+GPU_FP = Fingerprint(
+    mode="gpu", gpu_name="NVIDIA H200", sm_count=132, compute_capability="9.0", driver="13.0",
+    cuda="12.8", torch="2.11.0", triton="3.6.0", kernelsmith="0.1.0",
+)
+INTERP_FP = Fingerprint(
+    mode="interpreter", gpu_name="triton-interpreter", sm_count=0, compute_capability="cpu",
+    driver="none", cuda="none", torch="2.11.0", triton="3.6.0", kernelsmith="0.1.0",
+)
+
+
+def make_trial(
+    fingerprint: str = INTERP_FP.hash,
+    workload: str = "softmax:f16:4096x4096",
+    op: str = "softmax",
+    variant: str = "row",
+    source_hash: str = "src0",
+    config: dict[str, Any] | None = None,
+    status: str = "ok",
+    error: str = "",
+    metrics: dict[str, Any] | None = None,
+) -> TrialRecord:
+    """A trial with plausible defaults; tests override only what they are about."""
+    if metrics is None:
+        metrics = {"median_us": 12.5, "baseline_median_us": 20.0} if status == "ok" else {}
+    return TrialRecord(
+        fingerprint=fingerprint, workload=workload, op=op, variant=variant,
+        source_hash=source_hash,
+        config={"BLOCK": 128, "num_warps": 4} if config is None else config,
+        status=status, error=error, metrics=metrics,
+    )
+
+
+def make_decision(
+    fingerprint: str = INTERP_FP.hash,
+    workload: str = "softmax:f16:4096x4096",
+    op: str = "softmax",
+    winner: str = "kernel",
+    config: dict[str, Any] | None = None,
+    speedup: float = 1.6,
+) -> DecisionRecord:
+    return DecisionRecord(
+        fingerprint=fingerprint, workload=workload, op=op,
+        spec={"shape": [4096, 4096], "dtype": "float16"}, winner=winner,
+        variant="row" if winner == "kernel" else "",
+        source_hash="src0" if winner == "kernel" else "",
+        config={"BLOCK": 128} if config is None else config,
+        metrics={"median_us": 12.5, "baseline_median_us": 20.0, "speedup": speedup},
+        strategy="exhaustive", evaluations=8,
+    )
+
+
+def _write_trials(location: str, worker: int, n: int, start: Any) -> None:
+    """Child process body for the concurrency test: ``n`` trials, one transaction each.
+
+    Both children open their connection first and then pass a barrier, so that their writes
+    really interleave rather than one finishing before the other has started.
+    """
+    with open_database(location) as db:
+        start.wait(timeout=60)
+        for i in range(n):
+            db.add_trial(make_trial(workload=f"w{worker}", config={"i": i}))
+
+
+class DatabaseSuite:
+    """Behaviour every Database must have. Subclass it and override ``location``."""
+
+    persistent: ClassVar[bool] = True
+    multiprocess: ClassVar[bool] = True
+
+    @pytest.fixture
+    def location(self) -> str:
+        raise NotImplementedError("override the location fixture in the subclass")
+
+    def open(self, location: str) -> Database:
+        """Open the database at ``location`` (override for backends open_database doesn't know)."""
+        return open_database(location)
+
+    @pytest.fixture
+    def db(self, location: str) -> Iterator[Database]:
+        database = self.open(location)
+        yield database
+        database.close()
+
+    # -- trials ------------------------------------------------------------------------------
+
+    def test_add_find_trial(self, db: Database) -> None:
+        rec = make_trial()
+        db.add_trial(rec)
+        found = db.find_trial(rec.fingerprint, rec.workload, rec.variant, rec.source_hash,
+                              rec.config_key)
+        assert found == rec
+        assert db.find_trial(rec.fingerprint, rec.workload, rec.variant, rec.source_hash,
+                             rec.config) == rec  # a config mapping works too
+        # every part of the key matters
+        assert db.find_trial(rec.fingerprint, rec.workload, rec.variant, "other",
+                             rec.config_key) is None
+        assert db.find_trial(rec.fingerprint, rec.workload, "other", rec.source_hash,
+                             rec.config_key) is None
+        assert db.find_trial(rec.fingerprint, "other", rec.variant, rec.source_hash,
+                             rec.config_key) is None
+        assert db.find_trial(rec.fingerprint, rec.workload, rec.variant, rec.source_hash,
+                             "BLOCK=64,num_warps=4") is None
+
+    def test_find_trial_returns_latest(self, db: Database) -> None:
+        first = make_trial(status="timeout", error="took too long")
+        second = make_trial(metrics={"median_us": 9.0})
+        db.add_trial(first)
+        db.add_trial(second)
+        found = db.find_trial(first.fingerprint, first.workload, first.variant,
+                              first.source_hash, first.config_key)
+        assert found == second
+
+    def test_trials_listing_and_filters(self, db: Database) -> None:
+        recs = [
+            make_trial(config={"BLOCK": 64}),
+            make_trial(workload="w2", config={"BLOCK": 32}),
+            make_trial(op="layernorm", workload="ln", config={"BLOCK": 16}),
+            make_trial(fingerprint=GPU_FP.hash, config={"BLOCK": 8}),
+            make_trial(config={"BLOCK": 256}),
+        ]
+        for r in recs:
+            db.add_trial(r)
+        assert db.trials() == recs  # insertion order
+        assert db.trials(fingerprint=INTERP_FP.hash) == [recs[0], recs[1], recs[2], recs[4]]
+        assert db.trials(workload="w2") == [recs[1]]
+        assert db.trials(op="layernorm") == [recs[2]]
+        assert db.trials(fingerprint=GPU_FP.hash, op="softmax") == [recs[3]]
+        assert db.trials(fingerprint="nope") == []
+
+    def test_add_trials_bulk(self, db: Database) -> None:
+        recs = [make_trial(config={"BLOCK": b}) for b in (16, 32, 64)]
+        assert db.add_trials(recs) == 3
+        assert db.add_trials([]) == 0
+        assert db.trials() == recs
+
+    def test_failures_are_stored_and_found(self, db: Database) -> None:
+        kinds = ("build", "validate", "runtime", "timeout", "crash", "cheat")
+        for i, kind in enumerate(kinds):
+            db.add_trial(make_trial(config={"BLOCK": i}, status=kind,
+                                    error=f"{kind} failed\nline 2"))
+        for i, kind in enumerate(kinds):
+            found = db.find_trial(INTERP_FP.hash, "softmax:f16:4096x4096", "row", "src0",
+                                  f"BLOCK={i}")
+            assert found is not None
+            assert found.status == kind
+            assert not found.ok
+            assert found.error == f"{kind} failed\nline 2"
+            assert found.metrics == {}
+        assert [t.status for t in db.trials()] == list(kinds)
+
+    def test_trial_json_fields_round_trip(self, db: Database) -> None:
+        rec = make_trial(config={"BLOCK": 128, "num_warps": 8, "flag": True, "name": "x"},
+                         metrics={"median_us": 1.25, "q": [1.0, 2.0], "nested": {"a": None}})
+        db.add_trial(rec)
+        (back,) = db.trials()
+        assert back == rec
+        assert back.config_key == rec.config_key
+        assert back.created_at == rec.created_at
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    def test_decision_upsert_and_get(self, db: Database) -> None:
+        assert db.get_decision(INTERP_FP.hash, "softmax:f16:4096x4096") is None
+        first = make_decision(speedup=1.2)
+        db.put_decision(first)
+        assert db.get_decision(first.fingerprint, first.workload) == first
+        other = make_decision(workload="ln", op="layernorm", winner="baseline", config={})
+        db.put_decision(other)
+        second = make_decision(speedup=1.9, config={"BLOCK": 256})
+        db.put_decision(second)
+        assert db.get_decision(first.fingerprint, first.workload) == second
+        assert db.decisions() == [second, other]  # one per workload, first-decided order
+        assert db.decisions(op="layernorm") == [other]
+        assert db.decisions(fingerprint=INTERP_FP.hash, op="softmax") == [second]
+        assert db.decisions(fingerprint="nope") == []
+
+    # -- ceilings ----------------------------------------------------------------------------
+
+    def test_ceilings(self, db: Database) -> None:
+        assert db.get_ceiling(GPU_FP.hash, "copy_gbps") is None
+        db.put_ceiling(GPU_FP.hash, "copy_gbps", 4100.5, {"bytes": 1 << 30})
+        assert db.get_ceiling(GPU_FP.hash, "copy_gbps") == 4100.5
+        assert db.get_ceiling(INTERP_FP.hash, "copy_gbps") is None
+        assert db.get_ceiling(GPU_FP.hash, "other") is None
+        db.put_ceiling(GPU_FP.hash, "copy_gbps", 4200.0)  # re-measured: the latest wins
+        assert db.get_ceiling(GPU_FP.hash, "copy_gbps") == 4200.0
+        (c,) = db.ceilings(GPU_FP.hash)
+        assert (c.fingerprint, c.name, c.value, c.detail) == (GPU_FP.hash, "copy_gbps", 4200.0, {})
+        assert db.ceilings(INTERP_FP.hash) == []
+
+    # -- fingerprints ------------------------------------------------------------------------
+
+    def test_fingerprint_round_trip(self, db: Database) -> None:
+        assert db.get_fingerprint(GPU_FP.hash) is None
+        for fp in (GPU_FP, INTERP_FP, current_fingerprint("interpreter")):
+            db.put_fingerprint(fp)
+            db.put_fingerprint(fp)  # idempotent
+            assert db.get_fingerprint(fp.hash) == fp
+        assert len(db.fingerprints()) == len({GPU_FP.hash, INTERP_FP.hash,
+                                              current_fingerprint("interpreter").hash})
+
+    def test_fingerprints_isolated(self, db: Database) -> None:
+        """Interpreter results are never visible under a GPU fingerprint, nor the reverse."""
+        assert GPU_FP.hash != INTERP_FP.hash
+        interp_trial = make_trial(fingerprint=INTERP_FP.hash)
+        db.add_trial(interp_trial)
+        db.put_decision(make_decision(fingerprint=INTERP_FP.hash))
+        db.put_ceiling(INTERP_FP.hash, "copy_gbps", 10.0)
+        key = (interp_trial.workload, interp_trial.variant, interp_trial.source_hash,
+               interp_trial.config_key)
+        assert db.find_trial(GPU_FP.hash, *key) is None
+        assert db.trials(fingerprint=GPU_FP.hash) == []
+        assert db.get_decision(GPU_FP.hash, interp_trial.workload) is None
+        assert db.decisions(fingerprint=GPU_FP.hash) == []
+        assert db.get_ceiling(GPU_FP.hash, "copy_gbps") is None
+
+        gpu_decision = make_decision(fingerprint=GPU_FP.hash, speedup=3.0)
+        db.put_decision(gpu_decision)
+        assert db.get_decision(GPU_FP.hash, interp_trial.workload) == gpu_decision
+        interp = db.get_decision(INTERP_FP.hash, interp_trial.workload)
+        assert interp is not None and interp.metrics["speedup"] == 1.6
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def test_persistence_across_reopen(self, location: str) -> None:
+        if not self.persistent:
+            pytest.skip("backend does not persist")
+        trial = make_trial(status="crash", error="segfault")
+        decision = make_decision()
+        with self.open(location) as db:
+            db.put_fingerprint(INTERP_FP)
+            db.add_trial(trial)
+            db.put_decision(decision)
+            db.put_ceiling(INTERP_FP.hash, "copy_gbps", 12.0)
+        with self.open(location) as db:
+            assert db.get_fingerprint(INTERP_FP.hash) == INTERP_FP
+            assert db.trials() == [trial]
+            assert db.get_decision(decision.fingerprint, decision.workload) == decision
+            assert db.get_ceiling(INTERP_FP.hash, "copy_gbps") == 12.0
+
+    def test_two_connections_see_each_other(self, location: str) -> None:
+        """Writes are committed at once: another open connection sees them without a close."""
+        if not self.persistent:
+            pytest.skip("backend does not persist")
+        with self.open(location) as a, self.open(location) as b:
+            a.add_trial(make_trial())
+            assert len(b.trials()) == 1
+            b.put_decision(make_decision())
+            assert len(a.decisions()) == 1
+
+    def test_context_manager_closes(self, location: str) -> None:
+        from kernelsmith.db import DatabaseError
+
+        with self.open(location) as db:
+            db.add_trial(make_trial())
+        db.close()  # idempotent
+        with pytest.raises(DatabaseError):
+            db.trials()
+
+    def test_threads_share_one_database(self, db: Database) -> None:
+        import threading
+
+        def work(k: int) -> None:
+            for i in range(20):
+                db.add_trial(make_trial(workload=f"t{k}", config={"i": i}))
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(db.trials()) == 80
+
+    def test_concurrent_writers_from_two_processes(self, location: str) -> None:
+        if not self.multiprocess:
+            pytest.skip("backend is private to one process")
+        n = 100
+        # no database exists yet: the children also race to create the schema
+        ctx = mp.get_context("spawn")
+        start = ctx.Barrier(2)
+        procs = [ctx.Process(target=_write_trials, args=(location, w, n, start)) for w in range(2)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + 60
+        for p in procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        assert [p.exitcode for p in procs] == [0, 0]
+        with self.open(location) as db:
+            for w in range(2):
+                trials = db.trials(workload=f"w{w}")
+                assert [t.config["i"] for t in trials] == list(range(n))  # none lost, in order
+
+    # -- export / import ---------------------------------------------------------------------
+
+    def _fill(self, db: Database) -> None:
+        db.put_fingerprint(INTERP_FP)
+        db.put_fingerprint(GPU_FP)
+        db.add_trial(make_trial())
+        db.add_trial(make_trial(config={"BLOCK": 64}, status="validate", error="max_abs 3.0"))
+        db.add_trial(make_trial(fingerprint=GPU_FP.hash, op="layernorm", workload="ln"))
+        db.put_decision(make_decision())
+        db.put_decision(make_decision(fingerprint=GPU_FP.hash, op="layernorm", workload="ln"))
+        db.put_ceiling(GPU_FP.hash, "copy_gbps", 4000.0, {"runs": 5})
+
+    def test_export_import_round_trip(self, db: Database, tmp_path: Any) -> None:
+        self._fill(db)
+        buf = io.StringIO()
+        written = export_jsonl(db, buf)
+        assert written == 2 + 3 + 2 + 1
+        with open_database(str(tmp_path / "copy.db")) as copy:
+            counts = import_jsonl(copy, io.StringIO(buf.getvalue()))
+            assert counts == {"fingerprint": 2, "trial": 3, "decision": 2, "ceiling": 1,
+                              "duplicate_trial": 0}
+            assert copy.trials() == db.trials()
+            assert copy.decisions() == db.decisions()
+            assert copy.ceilings() == db.ceilings()
+            assert sorted(f.hash for f in copy.fingerprints()) == sorted(
+                f.hash for f in db.fingerprints())
+            # importing again adds nothing
+            again = import_jsonl(copy, io.StringIO(buf.getvalue()))
+            assert again["trial"] == 0 and again["duplicate_trial"] == 3
+            assert len(copy.trials()) == 3
+            assert len(copy.decisions()) == 2
+
+    def test_export_filters(self, db: Database) -> None:
+        self._fill(db)
+        buf = io.StringIO()
+        assert export_jsonl(db, buf, fingerprint=GPU_FP.hash) == 1 + 1 + 1 + 1
+        buf = io.StringIO()
+        assert export_jsonl(db, buf, op="softmax") == 1 + 2 + 1  # interp fp, 2 trials, 1 decision
+        lines = buf.getvalue().splitlines()
+        assert '"type": "header"' in lines[0]

@@ -1,0 +1,365 @@
+"""The tuning loop: spec -> candidates -> strategy -> evaluator -> decision -> database.
+
+:func:`tune_spec` is the engine every front door calls. It
+
+1. returns the stored decision at once when this workload was already tuned on this
+   fingerprint (no evaluation at all);
+2. measures the device's copy bandwidth once per fingerprint (the roofline ceiling);
+3. asks the strategy for batches of candidates, reuses any trial already in the database
+   (failed configs are never measured again), evaluates the rest in parallel workers, and
+   stores every result immediately (an interrupted search loses nothing);
+4. re-times the best few candidates interleaved with the baseline in one worker and adopts the
+   best only if it beats both the incumbent and the baseline with statistical confidence.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from kernelsmith.db import Database, DecisionRecord, Fingerprint, TrialRecord, current_fingerprint, open_database
+from kernelsmith.decide import Comparison, compare
+from kernelsmith.evaluate.pool import Evaluator
+from kernelsmith.evaluate.protocol import Candidate, EvalResult, TimingSettings
+from kernelsmith.ops import OpFamily, get_op
+from kernelsmith.space import Config
+from kernelsmith.spec import OpSpec
+from kernelsmith.strategies import make_strategy
+
+log = logging.getLogger(__name__)
+
+FINALISTS = 3
+Progress = Callable[[int, int, "EvalResult | None"], None]
+
+
+@dataclass
+class TuneResult:
+    """What a tuning run found. ``winner`` is "kernel" or "baseline"."""
+
+    op: str
+    workload: str
+    spec: dict[str, Any]
+    mode: str
+    winner: str
+    variant: str = ""
+    best_config: dict[str, Any] = field(default_factory=dict)
+    median_us: float | None = None
+    baseline_us: float | None = None
+    speedup_vs_baseline: float | None = None
+    speedup_ci: tuple[float, float] | None = None
+    gbps: float | None = None
+    pct_of_copy_bandwidth: float | None = None
+    copy_gbps: float | None = None
+    evaluations: int = 0
+    from_database: bool = False
+    failures: dict[str, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+    fingerprint: str = ""
+    strategy: str = ""
+    top: list[dict[str, Any]] = field(default_factory=list)
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["speedup_ci"] = list(self.speedup_ci) if self.speedup_ci else None
+        return data
+
+
+def _trial(fp: Fingerprint, spec: OpSpec, result: EvalResult) -> TrialRecord:
+    return TrialRecord(
+        fingerprint=fp.hash,
+        workload=spec.workload_hash,
+        op=spec.op,
+        variant=result.candidate.variant,
+        source_hash=result.source_hash,
+        config=result.candidate.config.to_dict(),
+        status=result.status,
+        error=result.error,
+        metrics=dict(result.metrics),
+    )
+
+
+def _from_trial(record: TrialRecord, candidate: Candidate) -> EvalResult:
+    return EvalResult(candidate, record.status, record.error, dict(record.metrics), record.source_hash)
+
+
+def _speedup(result: EvalResult) -> float:
+    """Speedup over the baseline timed in the same worker run."""
+    m = result.metrics
+    if not result.ok or not m.get("median_us"):
+        return 0.0
+    return float(m["baseline_median_us"]) / float(m["median_us"])
+
+
+def _rank(results: Sequence[EvalResult]) -> list[EvalResult]:
+    """Successful results, fastest first. Timing is serialized on the device, so medians from
+    one search compare directly; ratios to the baseline would add the baseline's noise."""
+    return sorted((r for r in results if r.ok), key=lambda r: r.median_us)
+
+
+def _result_from_decision(
+    decision: DecisionRecord,
+    fp: Fingerprint,
+    *,
+    from_database: bool,
+    evaluations: int,
+    failures: dict[str, int] | None = None,
+    wall_s: float = 0.0,
+    top: list[dict[str, Any]] | None = None,
+) -> TuneResult:
+    m = decision.metrics
+    ci = (m["ci_low"], m["ci_high"]) if "ci_low" in m else None
+    return TuneResult(
+        op=decision.op,
+        workload=decision.workload,
+        spec=decision.spec,
+        mode=fp.mode,
+        winner=decision.winner,
+        variant=decision.variant,
+        best_config=dict(decision.config),
+        median_us=m.get("median_us"),
+        baseline_us=m.get("baseline_median_us"),
+        speedup_vs_baseline=m.get("speedup"),
+        speedup_ci=ci,
+        gbps=m.get("gbps"),
+        pct_of_copy_bandwidth=m.get("pct_of_copy_bandwidth"),
+        copy_gbps=m.get("copy_gbps"),
+        evaluations=evaluations,
+        from_database=from_database,
+        failures=failures or {},
+        wall_s=wall_s,
+        fingerprint=fp.describe(),
+        strategy=decision.strategy,
+        top=top or [],
+        note=m.get("note", ""),
+    )
+
+
+class _Search:
+    """State of one search; kept in a class so each step reads as one short method."""
+
+    def __init__(
+        self,
+        family: OpFamily,
+        spec: OpSpec,
+        fp: Fingerprint,
+        db: Database,
+        evaluator: Evaluator,
+        progress: Progress | None,
+    ) -> None:
+        self.family, self.spec, self.fp, self.db = family, spec, fp, db
+        self.evaluator, self.progress = evaluator, progress
+        self.source_hashes = {v.name: v.source_hash for v in family.variants}
+        self.results: list[EvalResult] = []
+        self.evaluated = 0
+
+    def candidates(self) -> list[Candidate]:
+        return [Candidate(v.name, c) for v in self.family.variants for c in v.space(self.spec)]
+
+    def run(self, strategy_name: str, budget: int, seed: int) -> None:
+        strategy = make_strategy(strategy_name, seed)
+        strategy.setup(self.candidates())
+        while self.evaluated < budget:
+            batch = strategy.propose(min(self.evaluator.n_workers, budget - self.evaluated))
+            if not batch:
+                break
+            known, todo = [], []
+            for candidate in batch:
+                record = self.db.find_trial(
+                    self.fp.hash,
+                    self.spec.workload_hash,
+                    candidate.variant,
+                    self.source_hashes[candidate.variant],
+                    candidate.config.key,
+                )
+                (known if record else todo).append(_from_trial(record, candidate) if record else candidate)
+            fresh = self.evaluator.evaluate(self.spec, todo) if todo else []
+            for result in fresh:
+                if result.status != "skipped":
+                    self.db.add_trial(_trial(self.fp, self.spec, result))
+            self.evaluated += len(todo)
+            self.results.extend(known + fresh)
+            strategy.observe(known + fresh)
+            if self.progress:
+                self.progress(self.evaluated, budget, self.best())
+
+    def best(self) -> EvalResult | None:
+        ranked = _rank(self.results)
+        return ranked[0] if ranked else None
+
+    def failures(self) -> dict[str, int]:
+        return dict(Counter(r.status for r in self.results if not r.ok))
+
+    def top(self, n: int = 5) -> list[dict[str, Any]]:
+        ok = _rank(self.results)[:n]
+        return [
+            {
+                "variant": r.candidate.variant,
+                "config": r.candidate.config.to_dict(),
+                "median_us": r.metrics["median_us"],
+                "baseline_us": r.metrics["baseline_median_us"],
+                "speedup": _speedup(r),
+                "gbps": r.metrics.get("gbps"),
+            }
+            for r in ok
+        ]
+
+    def decide(self, strategy: str, copy_gbps: float | None) -> DecisionRecord:
+        """Final, paired re-timing of the finalists; adopt only a confident win."""
+        ranked = _rank(self.results)
+        finalists = [r.candidate for r in ranked[:FINALISTS]]
+        base = {
+            "fingerprint": self.fp.hash,
+            "workload": self.spec.workload_hash,
+            "op": self.spec.op,
+            "spec": self.spec.to_dict(),
+            "strategy": strategy,
+            "evaluations": self.evaluated,
+        }
+        if not finalists:
+            return DecisionRecord(winner="baseline", metrics={"note": "no candidate passed validation"}, **base)
+        if self.fp.mode == "gpu":
+            settings = TimingSettings(rounds=100)
+        else:
+            settings = TimingSettings(warmup_ms=0.0, rounds=6, input_sets=2, flush_l2=False)
+        final = [r for r in self.evaluator.evaluate_together(self.spec, finalists, settings) if r.ok]
+        if not final:
+            return DecisionRecord(winner="baseline", metrics={"note": "finalists failed the final re-check"}, **base)
+        # The incumbent is the search's best; a challenger replaces it only with confidence.
+        incumbent = final[0]
+        for challenger in final[1:]:
+            if compare(challenger.metrics["samples_us"], incumbent.metrics["samples_us"]).significant:
+                incumbent = challenger
+        verdict: Comparison = compare(incumbent.metrics["samples_us"], incumbent.metrics["baseline_samples_us"])
+        m = incumbent.metrics
+        metrics: dict[str, Any] = {
+            "median_us": m["median_us"],
+            "p10_us": m["p10_us"],
+            "p90_us": m["p90_us"],
+            "baseline_median_us": m["baseline_median_us"],
+            "gbps": m["gbps"],
+            "baseline_gbps": m["baseline_gbps"],
+            "copy_gbps": copy_gbps,
+            "timer": m["timer"],
+            "pct_of_copy_bandwidth": 100.0 * m["gbps"] / copy_gbps if copy_gbps else None,
+            "speedup": verdict.speedup,
+            "ci_low": verdict.ci_low,
+            "ci_high": verdict.ci_high,
+            "rounds": verdict.rounds,
+        }
+        if self.fp.mode == "interpreter":
+            metrics["note"] = "interpreter mode: host-clock timings of the Triton interpreter, not GPU performance"
+        if not verdict.significant:
+            metrics.setdefault("note", "no candidate beat the baseline with confidence")
+            return DecisionRecord(
+                winner="baseline",
+                variant=incumbent.candidate.variant,
+                source_hash=incumbent.source_hash,
+                config=incumbent.candidate.config.to_dict(),
+                metrics=metrics,
+                **base,
+            )
+        return DecisionRecord(
+            winner="kernel",
+            variant=incumbent.candidate.variant,
+            source_hash=incumbent.source_hash,
+            config=incumbent.candidate.config.to_dict(),
+            metrics=metrics,
+            **base,
+        )
+
+
+def _copy_bandwidth(db: Database, fp: Fingerprint, evaluator: Evaluator) -> float | None:
+    """The measured ceiling, once per fingerprint."""
+    if fp.mode != "gpu":
+        return None
+    stored = db.get_ceiling(fp.hash, "copy_gbps")
+    if stored:
+        return stored
+    result = evaluator.measure_ceiling()
+    if result.status != "ok":
+        log.warning("could not measure copy bandwidth: %s", result.error)
+        return None
+    db.put_ceiling(fp.hash, "copy_gbps", result.copy_gbps, result.detail)
+    return result.copy_gbps
+
+
+def tune_spec(
+    spec: OpSpec,
+    *,
+    budget: int = 50,
+    strategy: str = "random",
+    db: Any = None,
+    seed: int = 0,
+    workers: int | None = None,
+    mode: str | None = None,
+    progress: Progress | None = None,
+) -> TuneResult:
+    """Tune one workload (see the module docstring); returns a :class:`TuneResult`."""
+    if budget < 1:
+        raise ValueError("budget must be at least 1")
+    make_strategy(strategy)  # fail early on an unknown name
+    started = time.perf_counter()
+    family = get_op(spec.op)
+    family.check_supported(spec)
+    fp = current_fingerprint(mode)
+    database = open_database(db)
+    try:
+        database.put_fingerprint(fp)
+        stored = database.get_decision(fp.hash, spec.workload_hash)
+        if stored is not None:
+            return _result_from_decision(
+                stored, fp, from_database=True, evaluations=0, wall_s=time.perf_counter() - started
+            )
+        with Evaluator(fp.mode, workers) as evaluator:
+            copy_gbps = _copy_bandwidth(database, fp, evaluator)
+            search = _Search(family, spec, fp, database, evaluator, progress)
+            search.run(strategy, budget, seed)
+            decision = search.decide(strategy, copy_gbps)
+        database.put_decision(decision)
+        return _result_from_decision(
+            decision,
+            fp,
+            from_database=False,
+            evaluations=search.evaluated,
+            failures=search.failures(),
+            wall_s=time.perf_counter() - started,
+            top=search.top(),
+        )
+    finally:
+        if database is not db:
+            database.close()
+
+
+def tune(
+    op: str | OpFamily,
+    *example_inputs: torch.Tensor,
+    budget: int = 50,
+    strategy: str = "random",
+    db: Any = None,
+    seed: int = 0,
+    workers: int | None = None,
+    **constants: Any,
+) -> TuneResult:
+    """Tune ``op`` for the workload of ``example_inputs``; see :func:`tune_spec`.
+
+    >>> import torch, kernelsmith
+    >>> x = torch.randn(64, 1024, dtype=torch.bfloat16, device="cuda")  # doctest: +SKIP
+    >>> kernelsmith.tune("softmax", x, budget=20).winner                 # doctest: +SKIP
+    'kernel'
+    """
+    family = get_op(op) if isinstance(op, str) else op
+    spec = family.spec_for(*example_inputs, **constants)
+    return tune_spec(spec, budget=budget, strategy=strategy, db=db, seed=seed, workers=workers)
+
+
+def candidates_of(spec: OpSpec) -> Sequence[Candidate]:
+    """Every candidate (variant, config) of a workload, for tools and tests."""
+    family = get_op(spec.op)
+    return [Candidate(v.name, Config(c)) for v in family.variants for c in v.space(spec)]

@@ -1,0 +1,396 @@
+"""RMSNorm: specs, inputs, the reference, the spaces, and every variant's kernel.
+
+Without a GPU the kernels run in the Triton interpreter (tests/conftest.py sets it up), which is
+slow: shapes stay small, and instead of every config each variant runs a *covering* set, in which
+every value of every parameter appears at least once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kernelsmith.evaluate.errors import check_close
+from kernelsmith.ops import UnsupportedWorkload, get_op
+from kernelsmith.ops.rmsnorm import MAX_WHOLE_ROW, OP, RMSNorm
+from kernelsmith.space import Config, Space
+from kernelsmith.spec import OpSpec
+
+DTYPES = ("float16", "bfloat16", "float32")
+WIDTHS = (1, 3, 341, 1000)
+GUARD = 64  # NaN elements after the output: a kernel writing past its end overwrites them
+
+
+def covering_configs(space: Space) -> list[Config]:
+    """A few configs of the space in which every (parameter, value) that occurs in the space
+    occurs at least once: the first config, the last, then greedily whatever adds new values."""
+    configs = space.configs()
+    if not configs:
+        return []
+    chosen = [configs[0], configs[-1]] if len(configs) > 1 else [configs[0]]
+    seen = {(k, v) for c in chosen for k, v in c.items()}
+    for c in configs:
+        new = {(k, v) for k, v in c.items()} - seen
+        if new:
+            chosen.append(c)
+            seen |= new
+    return chosen
+
+
+def run_launcher(variant_name: str, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch into a NaN-filled output followed by a NaN guard; return (output, guard)."""
+    x = inputs[0]
+    buffer = torch.full((x.numel() + GUARD,), math.nan, dtype=x.dtype, device=x.device)
+    out = buffer[: x.numel()].view(x.shape)
+    OP.variant(variant_name).build(spec, config)(inputs, (out,))
+    return out, buffer[x.numel():]
+
+
+def assert_correct(spec: OpSpec, inputs: tuple[torch.Tensor, ...], out: torch.Tensor,
+                   guard: torch.Tensor, what: str) -> None:
+    assert bool(torch.isfinite(out).all()), f"{what}: some output elements were never written"
+    assert bool(torch.isnan(guard).all()), f"{what}: the kernel wrote past the end of its output"
+    (ref64,) = OP.reference_fp64(spec, inputs)
+    (lowp,) = OP.reference(spec, inputs)
+    problem = check_close(out, ref64, lowp, OP.tolerance)
+    assert problem is None, f"{what}: {problem}"
+
+
+# ---- the kernels ----------------------------------------------------------------------------
+
+# Leading shapes the configs of one case take in turn: 1 row, odd row counts (not multiples of
+# any ROWS), several leading dims, and a 1-D x.
+LEADS: tuple[tuple[int, ...], ...] = ((7,), (33,), (1,), (2, 3), ())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("variant", [v.name for v in OP.variants])
+def test_every_config_class_matches_the_reference(variant: str, width: int, dtype: str,
+                                                  device: str) -> None:
+    space = OP.variant(variant).space(OP.spec((7, width), dtype))
+    configs = covering_configs(space)
+    assert configs, f"{variant} has no config for width {width}"
+    # Every leading shape with the first config, then each further config on the next shape
+    # and distribution in turn, so that each case sees each shape and most distributions.
+    runs = [(configs[0], lead) for lead in LEADS]
+    runs += [(c, LEADS[i % len(LEADS)]) for i, c in enumerate(configs[1:])]
+    for i, (config, lead) in enumerate(runs):
+        spec = OP.spec((*lead, width), dtype)
+        assert config in OP.variant(variant).space(spec)  # spaces depend on the width alone
+        distribution = OP.distributions[i % len(OP.distributions)]
+        inputs = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
+        out, guard = run_launcher(variant, spec, config, inputs)
+        what = f"{variant} {config} {spec.describe()} {distribution}"
+        assert_correct(spec, inputs, out, guard, what)
+
+
+@pytest.mark.parametrize("rows", [1, 31, 33])
+def test_multi_row_masks_the_rows_past_the_end(rows: int, device: str) -> None:
+    # Every ROWS value on row counts that no ROWS divides (or fewer rows than ROWS).
+    spec = OP.spec((rows, 5), "float32")
+    inputs = OP.make_inputs(spec, seed=rows, device=device)
+    by_rows = {c["ROWS"]: c for c in OP.variant("multi_row").space(spec)}
+    assert sorted(by_rows) == [2, 4, 8, 16, 32]
+    for config in by_rows.values():
+        out, guard = run_launcher("multi_row", spec, config, inputs)
+        assert_correct(spec, inputs, out, guard, f"multi_row {config} rows={rows}")
+
+
+def test_looped_handles_a_row_of_many_blocks(device: str) -> None:
+    # 1000 columns in blocks of 64: 16 blocks, the last one 40 wide.
+    spec = OP.spec((3, 1000), "bfloat16")
+    config = Config(BLOCK_N=64, num_warps=2, num_stages=2)
+    inputs = OP.make_inputs(spec, seed=5, distribution="large", device=device)
+    out, guard = run_launcher("looped", spec, config, inputs)
+    assert_correct(spec, inputs, out, guard, "looped BLOCK_N=64")
+
+
+def test_persistent_programs_loop_over_several_rows(device: str) -> None:
+    # 33 rows on at most 4 * PROGRAMS_PER_SM programs (the CPU stand-in has 4 "SMs"; a GPU has
+    # more): with PROGRAMS_PER_SM=1 each program takes several rows unless the GPU is huge.
+    spec = OP.spec((33, 24), "float16")
+    inputs = OP.make_inputs(spec, seed=9, distribution="outliers", device=device)
+    for programs in (1, 8):
+        config = Config(PROGRAMS_PER_SM=programs, num_warps=1, num_stages=2)
+        out, guard = run_launcher("persistent", spec, config, inputs)
+        assert_correct(spec, inputs, out, guard, f"persistent PROGRAMS_PER_SM={programs}")
+
+
+def test_eps_reaches_the_kernels(device: str) -> None:
+    # With a tiny x, eps dominates mean(x^2): eps=1 and eps=1e-6 give very different outputs,
+    # and each kernel must match the reference for its own eps.
+    results = []
+    for eps in (1e-6, 1.0):
+        spec = OP.spec((4, 16), "float32", eps=eps)
+        inputs = OP.make_inputs(spec, seed=3, distribution="small", device=device)
+        for variant in OP.variants:
+            config = variant.space(spec).configs()[0]
+            out, guard = run_launcher(variant.name, spec, config, inputs)
+            assert_correct(spec, inputs, out, guard, f"{variant.name} eps={eps}")
+        results.append(out)
+    assert not torch.allclose(results[0], results[1], rtol=0.1)
+
+
+@pytest.mark.gpu
+def test_launchers_only_take_views(device: str) -> None:
+    """Launchers may view and query tensors but never compute with torch or allocate."""
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    spec = OP.spec((2, 3, 256), "bfloat16")
+    inputs = OP.make_inputs(spec, seed=0, device=device)
+    for variant in OP.variants:
+        out = torch.full_like(inputs[0], math.nan)
+        launch = variant.build(spec, variant.space(spec).configs()[0])
+        launch(inputs, (out,))  # compile outside the recorder
+        with Recorder() as recorder:
+            launch(inputs, (out,))
+        assert recorder.ops, "the recorder saw nothing: the check would prove nothing"
+        assert all(op.startswith("aten.view") for op in recorder.ops), recorder.ops
+
+
+# ---- tolerance discriminates ----------------------------------------------------------------
+
+
+def test_the_tolerance_catches_a_misplaced_weight_or_eps(device: str) -> None:
+    spec = OP.spec((6, 32), "bfloat16")
+    x, w = OP.make_inputs(spec, seed=1, device=device)
+    (ref64,) = OP.reference_fp64(spec, (x, w))
+    (lowp,) = OP.reference(spec, (x, w))
+    xf = x.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    right = (xf * rstd * w.float()).to(x.dtype)
+    no_weight = (xf * rstd).to(x.dtype)
+    rolled_weight = (xf * rstd * w.float().roll(1)).to(x.dtype)
+    assert check_close(right, ref64, lowp, OP.tolerance) is None
+    assert check_close(no_weight, ref64, lowp, OP.tolerance) is not None
+    assert check_close(rolled_weight, ref64, lowp, OP.tolerance) is not None
+
+    small = OP.spec((6, 32), "float32")
+    xs, ws = OP.make_inputs(small, seed=1, distribution="small", device=device)
+    (ref64,) = OP.reference_fp64(small, (xs, ws))
+    (lowp,) = OP.reference(small, (xs, ws))
+    eps_outside = xs / (xs.pow(2).mean(-1, keepdim=True).sqrt() + 1e-6) * ws
+    assert check_close(eps_outside, ref64, lowp, OP.tolerance) is not None
+
+
+# ---- reference ------------------------------------------------------------------------------
+
+
+def test_reference_is_the_llama_formula(device: str) -> None:
+    spec = OP.spec((2, 3, 64), "float16", eps=1e-5)
+    x, w = OP.make_inputs(spec, seed=2, device=device)
+    (y,) = OP.reference(spec, (x, w))
+    xf = x.float()
+    expected = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(torch.float16)
+    assert y.dtype == torch.float16 and y.shape == x.shape
+    assert torch.equal(y, expected)
+
+    (y64,) = OP.reference_fp64(spec, (x, w))
+    assert y64.dtype == torch.float64 and y64.shape == x.shape
+    # Each row of y / weight has a mean square of about 1 (exactly 1 / (1 + eps / mean(x^2))).
+    ms = (y64 / w.double()).pow(2).mean(-1)
+    assert torch.allclose(ms, torch.ones_like(ms), atol=1e-3)
+    assert (y.double() - y64).abs().max() < 0.05
+
+
+# ---- specs ----------------------------------------------------------------------------------
+
+
+def test_spec_from_command_line_shape() -> None:
+    spec = OP.spec((8192, 4096), "bf16")
+    assert spec.op == "rmsnorm"
+    x, w = spec.inputs
+    assert x.shape == (8192, 4096) and w.shape == (4096,)
+    assert x.dtype == w.dtype == "bfloat16"
+    assert spec.const("eps") == 1e-6
+    assert OP.spec((2, 3, 64), "fp32").inputs[1].shape == (64,)
+    assert OP.spec((64,), "fp16").inputs[0].shape == (64,)
+    assert "8192x4096" in OP.shape_help
+
+
+def test_spec_for_matches_spec_and_hashes() -> None:
+    x = torch.zeros(16, 128, dtype=torch.bfloat16)
+    w = torch.ones(128, dtype=torch.bfloat16)
+    from_tensors = OP.spec_for(x, w)
+    from_cli = OP.spec((16, 128), "bfloat16")
+    assert from_tensors == from_cli
+    assert from_tensors.workload_hash == from_cli.workload_hash
+    assert OP.spec_for(x, w, eps=1e-6).workload_hash == from_cli.workload_hash
+    others = {
+        OP.spec((16, 128), "bfloat16", eps=1e-5).workload_hash,
+        OP.spec((16, 128), "float16").workload_hash,
+        OP.spec((16, 256), "bfloat16").workload_hash,
+        OP.spec((2, 8, 128), "bfloat16").workload_hash,
+    }
+    assert from_cli.workload_hash not in others and len(others) == 4
+    assert OpSpec.from_dict(from_cli.to_dict()).workload_hash == from_cli.workload_hash
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(4)), id="weight-size"),
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(1, 8)), id="weight-rank"),
+        pytest.param(lambda: (torch.zeros(()), torch.zeros(1)), id="scalar-x"),
+        pytest.param(lambda: (torch.zeros(0, 8), torch.zeros(8)), id="empty"),
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(8, dtype=torch.float16)), id="dtypes"),
+        pytest.param(lambda: (torch.zeros(4, 8, dtype=torch.float64),
+                              torch.zeros(8, dtype=torch.float64)), id="float64"),
+        pytest.param(lambda: (torch.zeros(4, 8, dtype=torch.int32),
+                              torch.zeros(8, dtype=torch.int32)), id="int32"),
+        pytest.param(lambda: (torch.zeros(8, 4).t(), torch.zeros(8)), id="transposed"),
+        pytest.param(lambda: (torch.zeros(4, 16)[:, ::2], torch.zeros(8)), id="strided"),
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(16)[::2]), id="strided-weight"),
+        pytest.param(lambda: (torch.zeros(4, 8),), id="one-input"),
+    ],
+)
+def test_spec_for_rejects_what_the_kernels_cannot_do(make) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(UnsupportedWorkload):
+        OP.spec_for(*make())
+
+
+def test_bad_specs_are_rejected() -> None:
+    x, w = torch.zeros(4, 8), torch.zeros(8)
+    for eps in (-1.0, math.inf, math.nan):
+        with pytest.raises(UnsupportedWorkload):
+            OP.spec_for(x, w, eps=eps)
+        with pytest.raises(UnsupportedWorkload):
+            OP.spec((4, 8), "fp32", eps=eps)
+    with pytest.raises(UnsupportedWorkload):
+        OP.spec((4, 8), "fp64")
+    with pytest.raises(UnsupportedWorkload):
+        OP.spec((4, 0), "fp32")
+    with pytest.raises(UnsupportedWorkload):
+        OP.spec((4, 8), "fp32", dim=0)
+    with pytest.raises(ValueError):
+        OP.spec((4, 8), "int3")
+
+
+def test_output_specs_bytes_and_flops() -> None:
+    spec = OP.spec((8192, 4096), "bfloat16")
+    (out,) = OP.output_specs(spec)
+    assert out.shape == (8192, 4096) and out.dtype == "bfloat16"
+    # x read, weight read, y written
+    assert OP.bytes_moved(spec) == 8192 * 4096 * 2 * 2 + 4096 * 2
+    assert OP.bytes_moved(OP.spec((2, 3, 10), "float32")) == (60 + 10 + 60) * 4
+    assert OP.flops(spec) == 4 * 8192 * 4096
+
+
+def test_registered_under_its_name() -> None:
+    assert get_op("rmsnorm") is OP
+    assert isinstance(OP, RMSNorm) and OP.name == "rmsnorm"
+
+
+# ---- inputs ---------------------------------------------------------------------------------
+
+
+def test_make_inputs_is_deterministic_by_seed(device: str) -> None:
+    spec = OP.spec((2, 5, 48), "bfloat16")
+    for distribution in OP.distributions:
+        a = OP.make_inputs(spec, seed=11, distribution=distribution, device=device)
+        b = OP.make_inputs(spec, seed=11, distribution=distribution, device=device)
+        c = OP.make_inputs(spec, seed=12, distribution=distribution, device=device)
+        assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+        assert not torch.equal(a[0], c[0]) and not torch.equal(a[1], c[1])
+        x, w = a
+        assert x.shape == (2, 5, 48) and w.shape == (48,)
+        assert x.dtype == w.dtype == torch.bfloat16
+        assert x.device.type == w.device.type == torch.device(device).type
+        assert x.is_contiguous() and w.is_contiguous()
+
+
+def test_distributions_differ_as_described(device: str) -> None:
+    spec = OP.spec((64, 512), "float16")
+    xs = {d: OP.make_inputs(spec, seed=0, distribution=d, device=device)[0].float()
+          for d in OP.distributions}
+    for d1 in OP.distributions:
+        assert bool(torch.isfinite(xs[d1]).all()), d1
+        for d2 in OP.distributions:
+            if d1 < d2:
+                assert not torch.equal(xs[d1], xs[d2]), (d1, d2)
+    std = {d: float(x.std()) for d, x in xs.items()}
+    assert 0.9 < std["normal"] < 1.1
+    assert float(xs["uniform"].abs().max()) <= 1.0 and 0.5 < std["uniform"] < 0.65
+    assert 90 < std["large"] < 110
+    assert 0.9e-3 < std["small"] < 1.1e-3
+    # about 0.1% of 32768 elements, i.e. ~33, are 50 times larger than N(0, 1) values
+    big = int((xs["outliers"].abs() > 6).sum())
+    assert 5 < big < 100
+    # the reference stays finite even for 'large' float16 inputs
+    inputs = OP.make_inputs(spec, seed=0, distribution="large", device=device)
+    assert bool(torch.isfinite(OP.reference(spec, inputs)[0]).all())
+
+
+def test_weight_is_one_plus_half_normal(device: str) -> None:
+    spec = OP.spec((2, 8192), "float32")
+    _, w = OP.make_inputs(spec, seed=4, device=device)
+    assert abs(float(w.mean()) - 1) < 0.05 and abs(float(w.std()) - 0.5) < 0.05
+
+
+def test_unknown_distribution_is_rejected(device: str) -> None:
+    with pytest.raises(ValueError, match="distribution"):
+        OP.make_inputs(OP.spec((2, 8), "float32"), seed=0, distribution="cauchy", device=device)
+
+
+# ---- spaces ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 17, 64, 341, 1000, 4096, 8192, 16384, 65536])
+def test_spaces_are_non_empty_and_valid(width: int) -> None:
+    spec = OP.spec((8, width), "bfloat16")
+    for variant in OP.variants:
+        space = variant.space(spec)
+        if variant.name == "multi_row" and width > 8192:
+            assert len(space) == 0  # two rows no longer fit the register budget
+            continue
+        assert len(space) > 0, f"{variant.name} has no config at width {width}"
+        for config in space:
+            assert space.violations(config) == []
+            if "num_warps" in config:
+                assert config["num_warps"] in (1, 2, 4, 8, 16, 32)
+
+
+def test_space_sizes_are_modest() -> None:
+    for width in (4096, 8192):
+        spec = OP.spec((8192, width), "bfloat16")
+        total = sum(len(v.space(spec)) for v in OP.variants)
+        assert 100 <= total <= 250, (width, total)
+    assert {v.name for v in OP.variants} >= {"whole_row", "multi_row", "looped"}
+    assert len({v.source_hash for v in OP.variants}) == len(OP.variants)
+
+
+def test_row_limits() -> None:
+    too_wide = OP.spec((2, MAX_WHOLE_ROW + 1), "bfloat16")
+    assert len(OP.variant("whole_row").space(too_wide)) == 0
+    assert len(OP.variant("persistent").space(too_wide)) == 0
+    assert len(OP.variant("looped").space(too_wide)) > 0  # the wide-row fallback
+    # looped blocks are narrower than the row, except the smallest one for narrow rows
+    assert {c["BLOCK_N"] for c in OP.variant("looped").space(OP.spec((2, 4096), "fp16"))} == {
+        64, 128, 256, 512, 1024, 2048}
+    assert {c["BLOCK_N"] for c in OP.variant("looped").space(OP.spec((2, 40), "fp16"))} == {64}
+    # multi_row never holds more than 16384 elements in one block
+    assert {c["ROWS"] for c in OP.variant("multi_row").space(OP.spec((2, 4096), "fp16"))} == {2, 4}
+
+
+def test_validation_specs_share_the_space() -> None:
+    spec = OP.spec((4, 25, 3000), "float16")
+    tails = OP.validation_specs(spec)
+    assert len(tails) > 1
+    for variant in OP.variants:
+        configs = variant.space(spec).configs()
+        for tail in tails[1:]:
+            assert tail.inputs[1] == spec.inputs[1]
+            assert variant.space(tail).configs() == configs

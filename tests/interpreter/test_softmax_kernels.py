@@ -1,0 +1,395 @@
+"""The softmax op family: its kernels (in the Triton interpreter without a GPU), spaces and specs.
+
+Every kernel test pre-fills the output with NaN, so a kernel that skips an element fails the
+comparison with the float64 reference, and compares with the same tolerance the harness applies
+(``check_close``: at most a few times PyTorch's own error in the same dtype).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+from kernelsmith.evaluate.errors import check_close
+from kernelsmith.ops import UnsupportedWorkload, get_op
+from kernelsmith.ops.softmax import OP
+from kernelsmith.space import Config, Space, next_power_of_two
+from kernelsmith.spec import OpSpec
+
+VARIANTS = [v.name for v in OP.variants]
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+def covering_configs(space: Space) -> list[Config]:
+    """A few configs that between them take every value each parameter has in the space.
+
+    The first, middle and last configs, plus the first config holding each value of each
+    parameter: every distinct block shape (ROWS, BLOCK_N...) is exercised at least once.
+    """
+    configs = space.configs()
+    assert configs, "the space is empty"
+    chosen = {configs[0], configs[len(configs) // 2], configs[-1]}
+    for param in space.params:
+        for value in param.choices:
+            match = next((c for c in configs if c[param.name] == value), None)
+            if match is not None:
+                chosen.add(match)
+    return sorted(chosen, key=lambda c: c.key)
+
+
+def run_variant(variant: str, spec: OpSpec, config: Config, x: torch.Tensor) -> torch.Tensor:
+    """Launch one config into a NaN-filled output; check x is untouched; return the output."""
+    x_before = x.clone()
+    y = torch.full(spec.inputs[0].shape, float("nan"), dtype=x.dtype, device=x.device)
+    OP.variant(variant).build(spec, config)((x,), (y,))
+    assert torch.equal(x, x_before), f"{variant} {config.key} modified its input"
+    return y
+
+
+def assert_close_to_reference(y: torch.Tensor, spec: OpSpec, x: torch.Tensor, what: str) -> None:
+    (ref64,) = OP.reference_fp64(spec, (x,))
+    (lowp,) = OP.reference(spec, (x,))
+    problem = check_close(y, ref64, lowp, OP.tolerance)
+    assert problem is None, f"{what}: {problem}"
+
+
+# ---- every variant, every config class, small and odd shapes ------------------------------------
+
+# (shape, dtype, distribution): rows 1, 7 and 33 (never a multiple of the larger ROWS), widths
+# 1, 3, 341, 1000 (never a power of two), leading dimensions, a 1-D input, and one row wider than
+# 4096 so that the widest online blocks (up to 8192) and whole-row blocks are exercised too.
+# Every dtype meets the "large" and "outliers" distributions on at least one odd shape.
+SHAPE_CASES = [
+    ((1, 1), "float32", "normal"),
+    ((1, 3), "bfloat16", "outliers"),
+    ((7, 3), "float16", "outliers"),
+    ((7, 3), "float32", "large"),
+    ((33, 341), "bfloat16", "large"),
+    ((33, 341), "float16", "outliers"),
+    ((7, 1000), "float32", "outliers"),
+    ((7, 1000), "bfloat16", "large"),
+    ((2, 3, 341), "float16", "uniform"),
+    ((1000,), "bfloat16", "normal"),
+    ((3, 4099), "float16", "large"),
+]
+
+
+# RuntimeWarnings are errors here: with finite inputs no kernel may ever compute a NaN or an
+# overflow, not even in padding lanes or in the rows past the end of a multi-row block.
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize(("shape", "dtype", "distribution"), SHAPE_CASES, ids=str)
+def test_every_config_class(
+    variant: str, shape: tuple[int, ...], dtype: str, distribution: str, device: str
+) -> None:
+    spec = OP.spec(shape, dtype)
+    space = OP.variant(variant).space(spec)
+    if len(space) == 0:  # multi_row has no config for rows wider than 8192 columns
+        assert variant == "multi_row" and shape[-1] > 8192
+        return
+    (x,) = OP.make_inputs(spec, seed=11, distribution=distribution, device=device)
+    for config in covering_configs(space):
+        y = run_variant(variant, spec, config, x)
+        assert_close_to_reference(y, spec, x, f"{variant} {config.key} {spec.describe()}")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_covering_configs_take_every_block_shape(variant: str) -> None:
+    """Across SHAPE_CASES, the configs tested above take every value of every parameter."""
+    seen: dict[str, set[object]] = {}
+    for shape, dtype, _ in SHAPE_CASES:
+        for config in covering_configs(OP.variant(variant).space(OP.spec(shape, dtype))):
+            for name, value in config.items():
+                seen.setdefault(name, set()).add(value)
+    wide = OP.variant(variant).space(OP.spec((1, 8192), "float32"))
+    assert wide.params, variant
+    for param in wide.params:
+        missing = set(param.choices) - seen.get(param.name, set())
+        assert not missing, f"{variant}: {param.name} values {sorted(missing)} never tested"
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("distribution", OP.distributions)
+def test_dtypes_and_distributions(variant: str, dtype: str, distribution: str, device: str) -> None:
+    spec = OP.spec((9, 200), dtype)
+    (x,) = OP.make_inputs(spec, seed=5, distribution=distribution, device=device)
+    configs = OP.variant(variant).space(spec).configs()
+    for config in {configs[0], configs[-1]}:
+        y = run_variant(variant, spec, config, x)
+        assert y.dtype == x.dtype
+        assert_close_to_reference(y, spec, x, f"{variant} {config.key} {distribution}")
+        sums = y.double().sum(dim=-1)
+        assert torch.allclose(sums, torch.ones_like(sums), atol=0.05), sums
+
+
+def _smallest_block(variant: str, spec: OpSpec) -> Config:
+    """The config with the smallest blocks: for online, 64-column steps through the row."""
+    return OP.variant(variant).space(spec).configs()[0]
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_masked_prefix(variant: str, device: str) -> None:
+    """Rows starting with -inf (masked attention scores): online's rescale must not make NaN.
+
+    With 64-column blocks the first three blocks of every row are -inf throughout, so the running
+    max is still -inf when they are folded in: -inf - (-inf) would be NaN without the guard.
+    """
+    spec = OP.spec((5, 300), "float32")
+    (x,) = OP.make_inputs(spec, seed=2, distribution="normal", device=device)
+    x[:, :200] = float("-inf")
+    x[1, :299] = float("-inf")  # one row with a single finite value: softmax is exactly one-hot
+    config = _smallest_block(variant, spec)
+    y = run_variant(variant, spec, config, x)
+    assert_close_to_reference(y, spec, x, f"{variant} {config.key}")
+    assert torch.all(y[:, :200] == 0)
+    assert y[1, 299].item() == 1.0
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # -inf - (-inf) is computed on purpose
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fully_masked_row_is_nan_like_torch(variant: str, device: str) -> None:
+    spec = OP.spec((3, 100), "float32")
+    (x,) = OP.make_inputs(spec, seed=3, distribution="normal", device=device)
+    x[1] = float("-inf")
+    y = run_variant(variant, spec, _smallest_block(variant, spec), x)
+    assert torch.isnan(torch.softmax(x[1], dim=-1)).all()  # what torch does
+    assert torch.isnan(y[1]).all()
+    assert_close_to_reference(y, spec, x, variant)  # and the other rows are right
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_one_config_is_right_for_every_validation_spec(variant: str, device: str) -> None:
+    """A config is chosen for a width and must be right for any row count (tails included)."""
+    target = OP.spec((40, 100), "bfloat16")
+    space = OP.variant(variant).space(target)
+    config = space.configs()[-1]  # for multi_row: 32 rows a program, which divides none of them
+    specs = OP.validation_specs(target)
+    assert [s.inputs[0].shape[0] for s in specs] == [40, 1, 7, 43]
+    for spec in specs:
+        assert config in OP.variant(variant).space(spec)
+        (x,) = OP.make_inputs(spec, seed=4, distribution="outliers", device=device)
+        y = run_variant(variant, spec, config, x)
+        assert_close_to_reference(y, spec, x, f"{variant} {config.key} {spec.describe()}")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_launcher_is_reusable(variant: str, device: str) -> None:
+    """A launcher holds no state from one call to the next: new inputs, new outputs."""
+    spec = OP.spec((6, 50), "float16")
+    launch = OP.variant(variant).build(spec, OP.variant(variant).space(spec).configs()[0])
+    results = []
+    for seed in (1, 2):
+        (x,) = OP.make_inputs(spec, seed=seed, device=device)
+        y = torch.full_like(x, float("nan"))
+        launch((x,), (y,))
+        assert_close_to_reference(y, spec, x, f"{variant} call with seed {seed}")
+        results.append(y)
+    assert not torch.equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_build_rejects_a_config_outside_the_space(variant: str) -> None:
+    spec = OP.spec((4, 64), "float32")
+    config = OP.variant(variant).space(spec).configs()[0].replace(num_warps=3)
+    with pytest.raises(ValueError, match="not in the space"):
+        OP.variant(variant).build(spec, config)
+
+
+# ---- spaces --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("width", [1024, 4096, 8192])
+def test_space_sizes_are_modest(width: int) -> None:
+    spec = OP.spec((8192, width), "bfloat16")
+    sizes = {v.name: len(v.space(spec)) for v in OP.variants}
+    assert all(size > 0 for size in sizes.values()), sizes
+    assert 100 <= sum(sizes.values()) <= 250, sizes
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 17, 64])
+def test_tiny_rows_have_a_config_in_every_variant(width: int) -> None:
+    spec = OP.spec((5, width), "float16")
+    for v in OP.variants:
+        assert len(v.space(spec)) > 0, (v.name, width)
+    warps = [c["num_warps"] for c in OP.variant("whole_row").space(spec)]
+    assert warps == [1] if width <= 32 else warps == [1, 2]  # at least one value a thread
+
+
+def test_wide_rows_leave_only_the_variants_that_can_hold_them() -> None:
+    def sizes(width: int) -> dict[str, int]:
+        spec = OP.spec((2, width), "float32")
+        return {v.name: len(v.space(spec)) for v in OP.variants}
+
+    assert sizes(8192)["multi_row"] > 0
+    assert sizes(8193)["multi_row"] == 0  # two 16384-padded rows exceed the register budget
+    assert sizes(65536)["whole_row"] > 0 and sizes(65536)["persistent"] > 0
+    wide = sizes(65537)
+    assert wide["whole_row"] == wide["persistent"] == wide["multi_row"] == 0
+    assert wide["online"] > 0  # any width: the row is walked in blocks
+
+
+@pytest.mark.parametrize("width", [3, 100, 1000, 4096, 20000])
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_every_config_respects_its_budgets(width: int, dtype: str) -> None:
+    spec = OP.spec((16, width), dtype)
+    block = next_power_of_two(width)
+    itemsize = spec.inputs[0].torch_dtype.itemsize
+    for c in OP.variant("online").space(spec):
+        assert 64 <= c["BLOCK_N"] <= max(64, block)
+        assert c["num_warps"] == 1 or 32 * c["num_warps"] <= c["BLOCK_N"]
+    for c in OP.variant("multi_row").space(spec):
+        assert c["ROWS"] * block <= 16384
+        assert c["num_warps"] == 1 or 32 * c["num_warps"] <= c["ROWS"] * block
+    for c in OP.variant("persistent").space(spec):
+        assert c["PROGRAMS_PER_SM"] * c["num_warps"] <= 64
+        assert c["PROGRAMS_PER_SM"] * (c["num_stages"] - 1) * block * itemsize <= 192 * 1024
+    for name in VARIANTS:
+        for c in OP.variant(name).space(spec):
+            elements = block * c.get("ROWS", 1) if name != "online" else c["BLOCK_N"]
+            assert elements <= 64 * 32 * c["num_warps"], (name, c)
+
+
+def test_variants_are_described() -> None:
+    assert len(VARIANTS) == len(set(VARIANTS)) >= 3
+    for v in OP.variants:
+        assert v.summary
+        assert re.fullmatch(r"[0-9a-f]{16}", v.source_hash)
+
+
+# ---- specs ---------------------------------------------------------------------------------------
+
+
+def test_registry_returns_this_module() -> None:
+    assert get_op("softmax") is OP
+    assert OP.name == "softmax"
+    assert "8192x4096" in OP.shape_help and "last" in OP.shape_help
+
+
+def test_spec_from_the_command_line() -> None:
+    spec = OP.spec((8192, 4096), "bf16")
+    assert spec.op == "softmax"
+    assert spec.inputs[0].shape == (8192, 4096)
+    assert spec.inputs[0].dtype == "bfloat16"
+    assert dict(spec.constants) == {"dim": -1}
+    assert OP.output_specs(spec) == (spec.inputs[0],)
+
+
+def test_spec_normalises_the_last_dim() -> None:
+    assert OP.spec((4, 8), "float32", dim=1) == OP.spec((4, 8), "float32", dim=-1)
+    three_d = OP.spec((2, 4, 8), "float32", dim=2)
+    assert three_d.workload_hash == OP.spec((2, 4, 8), "fp32").workload_hash
+    assert OP.spec((8,), "float32", dim=0).constants["dim"] == -1
+    for shape, dim in [((4, 8), 0), ((2, 4, 8), 1), ((2, 4, 8), -2), ((4, 8), 2)]:
+        with pytest.raises(UnsupportedWorkload, match="last dimension"):
+            OP.spec(shape, "float32", dim=dim)
+
+
+def test_spec_rejects_what_the_kernels_cannot_do() -> None:
+    with pytest.raises(UnsupportedWorkload):
+        OP.spec((4, 8), "float64")
+    with pytest.raises(ValueError):
+        OP.spec((4, 8), "int8")
+    with pytest.raises(UnsupportedWorkload):
+        OP.spec((4, 0), "float32")
+    with pytest.raises(UnsupportedWorkload):
+        OP.spec((), "float32")
+    with pytest.raises(UnsupportedWorkload, match="unknown constants"):
+        OP.spec((4, 8), "float32", eps=1e-5)
+
+
+def test_spec_for_example_tensors() -> None:
+    x = torch.zeros(3, 5, 7, dtype=torch.float16)
+    assert OP.spec_for(x) == OP.spec((3, 5, 7), "float16")
+    assert OP.spec_for(x, dim=2) == OP.spec_for(x, dim=-1)
+    assert OP.spec_for(torch.zeros(7, dtype=torch.bfloat16), dim=0) == OP.spec((7,), "bf16")
+
+
+@pytest.mark.parametrize(
+    ("make", "constants"),
+    [
+        (lambda: torch.zeros(5, 7).t(), {}),  # non-contiguous
+        (lambda: torch.zeros(5, 8)[:, ::2], {}),  # strided rows
+        (lambda: torch.zeros(5, 7, dtype=torch.float64), {}),
+        (lambda: torch.zeros(5, 7, dtype=torch.int32), {}),
+        (lambda: torch.zeros(5, 7, dtype=torch.bool), {}),
+        (lambda: torch.tensor(1.0), {}),  # 0-d
+        (lambda: torch.zeros(5, 0), {}),  # empty
+        (lambda: torch.zeros(5, 7), {"dim": 0}),
+        (lambda: torch.zeros(5, 7), {"dim": -2}),
+        (lambda: torch.zeros(5, 7), {"dim": True}),
+        (lambda: torch.zeros(5, 7), {"dim": -1.0}),
+        (lambda: torch.zeros(5, 7), {"dim": -1, "eps": 0.1}),
+    ],
+)
+def test_spec_for_rejects(make, constants) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(UnsupportedWorkload):
+        OP.spec_for(make(), **constants)
+
+
+def test_spec_for_takes_exactly_one_tensor() -> None:
+    x = torch.zeros(2, 3)
+    with pytest.raises(UnsupportedWorkload):
+        OP.spec_for(x, x)
+    with pytest.raises(UnsupportedWorkload):
+        OP.spec_for()
+
+
+def test_bytes_and_flops() -> None:
+    spec = OP.spec((8192, 4096), "bf16")
+    assert OP.bytes_moved(spec) == 2 * 8192 * 4096 * 2 == 134_217_728  # read x, write y
+    assert OP.flops(spec) == 5 * 8192 * 4096
+    small = OP.spec((2, 3, 5), "float32")
+    assert OP.bytes_moved(small) == 2 * 30 * 4
+    assert OP.bytes_moved(OP.spec((2, 3, 5), "float16")) == 2 * 30 * 2
+
+
+# ---- reference and inputs ------------------------------------------------------------------------
+
+
+def test_references() -> None:
+    spec = OP.spec((4, 33), "bfloat16")
+    (x,) = OP.make_inputs(spec, seed=0, device="cpu")
+    (low,) = OP.reference(spec, (x,))
+    (ref,) = OP.reference_fp64(spec, (x,))
+    assert low.dtype == torch.bfloat16 and ref.dtype == torch.float64
+    assert low.shape == ref.shape == x.shape
+    assert torch.allclose(ref.sum(-1), torch.ones(4, dtype=torch.float64))
+    assert torch.allclose(low.double(), ref, atol=1e-2)
+
+
+@pytest.mark.parametrize("distribution", OP.distributions)
+def test_make_inputs_is_deterministic(distribution: str, device: str) -> None:
+    spec = OP.spec((2, 16, 48), "float16")
+    (a,) = OP.make_inputs(spec, seed=7, distribution=distribution, device=device)
+    (b,) = OP.make_inputs(spec, seed=7, distribution=distribution, device=device)
+    (c,) = OP.make_inputs(spec, seed=8, distribution=distribution, device=device)
+    assert a.shape == (2, 16, 48) and a.dtype == torch.float16 and a.device.type == device
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+    assert torch.isfinite(a).all()
+
+
+def test_distributions_have_their_shape() -> None:
+    spec = OP.spec((64, 256), "float16")
+
+    def draw(distribution: str) -> torch.Tensor:
+        return OP.make_inputs(spec, seed=1, distribution=distribution, device="cpu")[0].float()
+
+    uniform = draw("uniform")
+    assert uniform.min() >= -1 and uniform.max() <= 1
+    large = draw("large")
+    assert torch.isfinite(large).all()  # representable in float16...
+    assert torch.isinf(torch.exp(large)).any()  # ...yet exp alone would overflow even in fp32
+    outliers = draw("outliers")
+    peak = torch.softmax(outliers.double(), dim=-1).amax(dim=-1)
+    assert (peak > 0.99).all()  # every row nearly one-hot
+    assert outliers.max() >= 35 and outliers.min() <= -35
+    assert not math.isclose(float(draw("normal").std()), 0.0)
+    with pytest.raises(ValueError, match="unknown distribution"):
+        OP.make_inputs(spec, seed=1, distribution="cauchy", device="cpu")
