@@ -18,6 +18,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,7 +31,7 @@ from kernelsmith.evaluate.protocol import Candidate, EvalResult, TimingSettings
 from kernelsmith.ops import OpFamily, get_op
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
-from kernelsmith.strategies import make_strategy
+from kernelsmith.strategies import Strategy, make_strategy
 
 log = logging.getLogger(__name__)
 
@@ -163,31 +164,46 @@ class _Search:
         return [Candidate(v.name, c) for v in self.family.variants for c in v.space(self.spec)]
 
     def run(self, strategy_name: str, budget: int, seed: int) -> None:
+        """Keep every worker busy: each finished evaluation makes room for the next proposal."""
         strategy = make_strategy(strategy_name, seed)
         strategy.setup(self.candidates())
-        while self.evaluated < budget:
-            batch = strategy.propose(min(self.evaluator.n_workers, budget - self.evaluated))
-            if not batch:
+        running: set[Future[EvalResult]] = set()
+        exhausted = False
+        while True:
+            while not exhausted and len(running) < self.evaluator.n_workers and self.evaluated + len(running) < budget:
+                proposal = strategy.propose(1)
+                if not proposal:
+                    exhausted = True
+                    break
+                known = self._known(proposal[0])
+                if known is not None:  # measured (or failed) before: reuse, free of budget
+                    self._record(strategy, known, fresh=False, budget=budget)
+                else:
+                    running.add(self.evaluator.submit(self.spec, proposal[0]))
+            if not running:
                 break
-            known, todo = [], []
-            for candidate in batch:
-                record = self.db.find_trial(
-                    self.fp.hash,
-                    self.spec.workload_hash,
-                    candidate.variant,
-                    self.source_hashes[candidate.variant],
-                    candidate.config.key,
-                )
-                (known if record else todo).append(_from_trial(record, candidate) if record else candidate)
-            fresh = self.evaluator.evaluate(self.spec, todo) if todo else []
-            for result in fresh:
-                if result.status != "skipped":
-                    self.db.add_trial(_trial(self.fp, self.spec, result))
-            self.evaluated += len(todo)
-            self.results.extend(known + fresh)
-            strategy.observe(known + fresh)
-            if self.progress:
-                self.progress(self.evaluated, budget, self.best())
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                self.evaluated += 1
+                self._record(strategy, future.result(), fresh=True, budget=budget)
+
+    def _known(self, candidate: Candidate) -> EvalResult | None:
+        record = self.db.find_trial(
+            self.fp.hash,
+            self.spec.workload_hash,
+            candidate.variant,
+            self.source_hashes[candidate.variant],
+            candidate.config.key,
+        )
+        return None if record is None else _from_trial(record, candidate)
+
+    def _record(self, strategy: Strategy, result: EvalResult, *, fresh: bool, budget: int) -> None:
+        if fresh and result.status != "skipped":
+            self.db.add_trial(_trial(self.fp, self.spec, result))  # at once: a crash loses nothing
+        self.results.append(result)
+        strategy.observe([result])
+        if self.progress:
+            self.progress(self.evaluated, budget, self.best())
 
     def best(self) -> EvalResult | None:
         ranked = _rank(self.results)
@@ -214,7 +230,7 @@ class _Search:
         """Final, paired re-timing of the finalists; adopt only a confident win."""
         ranked = _rank(self.results)
         finalists = [r.candidate for r in ranked[:FINALISTS]]
-        base = {
+        base: dict[str, Any] = {
             "fingerprint": self.fp.hash,
             "workload": self.spec.workload_hash,
             "op": self.spec.op,

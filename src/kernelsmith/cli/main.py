@@ -219,7 +219,7 @@ def ops(as_json: JsonOption = False) -> None:
     """List the op families and how --shape maps to their inputs."""
     from kernelsmith.ops import get_op, op_names
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in op_names():
         family = get_op(name)
         rows.append(

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -170,10 +170,20 @@ class Evaluator:
         else:
             env.pop("TRITON_INTERPRET", None)
         self._slots: queue.Queue[WorkerProcess] = queue.Queue()
-        for _ in range(self.n_workers):
-            self._slots.put(WorkerProcess(env, self._tmp.name))
         self._executor = ThreadPoolExecutor(max_workers=self.n_workers, thread_name_prefix="kernelsmith-eval")
+        for _ in range(self.n_workers):
+            # Interpreters start in the background while the caller prepares; a slot joins the
+            # queue only once its worker is ready (or failed to start: the first call retries).
+            self._executor.submit(self._prestart, WorkerProcess(env, self._tmp.name))
         self._closed = threading.Event()
+
+    def _prestart(self, slot: WorkerProcess) -> None:
+        try:
+            slot.start()
+        except WorkerLost as lost:
+            log.warning("worker failed to start: %s", lost)
+        finally:
+            self._slots.put(slot)
 
     def _call(self, request: Any) -> Any:
         slot = self._slots.get()
@@ -213,12 +223,29 @@ class Evaluator:
         Candidates that came back "skipped" (an earlier candidate in the same worker broke it)
         are retried once in a fresh worker.
         """
-        requests = [self._request(spec, [c], timing, measure, static_gate) for c in candidates]
-        results = [r[0] for r in self._executor.map(self._run, requests)]
-        retry = [i for i, r in enumerate(results) if r.status == "skipped"]
-        for i in retry:
-            results[i] = self._run(requests[i])[0]
-        return results
+        futures = [self.submit(spec, c, timing, measure, static_gate) for c in candidates]
+        return [f.result() for f in futures]
+
+    def submit(
+        self,
+        spec: OpSpec,
+        candidate: Candidate,
+        timing: TimingSettings | None = None,
+        measure: bool = True,
+        static_gate: bool = True,
+    ) -> Future[EvalResult]:
+        """Evaluate one candidate on the next free worker; the future never raises.
+
+        A candidate that came back "skipped" (an earlier candidate broke its worker) is retried
+        once in a fresh worker.
+        """
+        request = self._request(spec, [candidate], timing, measure, static_gate)
+
+        def run() -> EvalResult:
+            result = self._run(request)[0]
+            return self._run(request)[0] if result.status == "skipped" else result
+
+        return self._executor.submit(run)
 
     def evaluate_together(
         self, spec: OpSpec, candidates: Sequence[Candidate], timing: TimingSettings | None = None
