@@ -127,6 +127,7 @@ SOFTMAX_CASES: dict[str, Case] = {
     "gate_torch_softmax": Case("torch_softmax", "cheat", ("static gate", "torch.softmax")),
     "gate_try_except": Case("torch_fallback", "cheat", ("static gate", "try/except")),
     "gate_lazy_subclass": Case("lazy_subclass", "cheat", ("static gate", "torch._C")),
+    "rule7_torch_in_joined_thread": Case("torch_in_joined_thread", "cheat"),
 }
 
 SOFTMAX_UNGATED_CASES: dict[str, Case] = {
@@ -218,7 +219,22 @@ def test_rmsnorm_planted_without_gate(name: str,
     _assert_result(rmsnorm_ungated_results[name], RMSNORM_UNGATED_CASES[name])
 
 
-@pytest.mark.parametrize("name", list(SOFTMAX_CASES))
+# Cases the harness gets wrong today: strict xfails, so that a fix asks for their removal.
+KNOWN_HOLES: dict[str, str] = {
+    "rule7_torch_in_joined_thread": (
+        "harness bug: PyTorch computing on a thread that the launcher starts and joins passes "
+        "the static gate (torch aliased, threading reached through dataclasses.inspect.importlib)"
+        " and the run-time checks (TorchOpWatch is thread-local; the thread count is unchanged "
+        "after the join): the candidate comes back 'ok'"),
+}
+
+
+def _params(cases: dict[str, Case]) -> list[object]:
+    return [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_HOLES[name]))
+            if name in KNOWN_HOLES else name for name in cases]
+
+
+@pytest.mark.parametrize("name", _params(SOFTMAX_CASES))
 def test_softmax_planted(name: str, softmax_results: dict[str, EvalResult]) -> None:
     _assert_result(softmax_results[name], SOFTMAX_CASES[name])
 
@@ -294,6 +310,26 @@ def test_softmax_large_distribution_overflows_exp_at_any_width() -> None:
 
 
 @pytest.fixture(scope="module")
+def frame_tampering_result() -> EvalResult:
+    """In an evaluator of its own: when the hole below is open, this candidate leaves its
+    worker's harness rewired, and no other test's candidate should be judged there."""
+    with Evaluator("interpreter", workers=1, timeout_s=120) as ev:
+        [result] = ev.evaluate(RMSNORM, [Case("rewrites_harness_globals", "cheat").candidate()])
+    return result
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "harness bug: a launcher can reach its callers' frames (generator gi_frame.f_back, not "
+    "caught by the static gate) and replace the global name `errors` in the validate and "
+    "worker modules; tampered_bindings only compares attributes of the original module "
+    "objects, so a kernel writing zeros comes back 'ok' with the gate on"))
+def test_rewiring_the_harness_through_its_frames_is_rejected(
+        frame_tampering_result: EvalResult) -> None:
+    assert frame_tampering_result.status != "ok", "a kernel that writes zeros was accepted"
+    assert frame_tampering_result.status == "cheat", frame_tampering_result.error
+
+
+@pytest.fixture(scope="module")
 def compile_error_results(evaluator: Evaluator) -> dict[str, EvalResult]:
     cases = {
         "gated_syntax_error": Case("correct_rmsnorm", "build", text=_syntax_error_source()),
@@ -327,7 +363,8 @@ def test_every_planted_kernel_is_exercised() -> None:
     """No planted kernel is left without a test (here or, for GPU-only ones, in tests/gpu)."""
     covered = {c.kernel for group in (RMSNORM_CASES, RMSNORM_UNGATED_CASES, SOFTMAX_CASES,
                                       SOFTMAX_UNGATED_CASES) for c in group.values()}
-    covered |= {c.kernel for _, c in ISOLATION_SEQUENCE} | {"undefined_name"}
+    covered |= {c.kernel for _, c in ISOLATION_SEQUENCE}
+    covered |= {"undefined_name", "rewrites_harness_globals"}
     assert covered | GPU_ONLY == set(NAMES)
 
 

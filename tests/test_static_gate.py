@@ -237,8 +237,8 @@ def test_builtin_kernels_and_launchers_pass_the_gate(module: ModuleType) -> None
 
 
 # ---- known gaps ------------------------------------------------------------------------------------
-# Each of these passes the gate today (see the report in tests/test_harness_rules.py's
-# rewrites_harness_globals case for one that leads to a wrong kernel being accepted).
+# Each of these passes the gate today. tests/test_harness_rules.py shows, with the planted
+# kernel rewrites_harness_globals, how frame introspection gets a wrong kernel accepted.
 GAPS: list[tuple[str, str]] = [
     ("torch_under_an_alias", """
         import torch as T

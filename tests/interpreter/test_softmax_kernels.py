@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from kernelsmith.evaluate.errors import check_close
+from kernelsmith.evaluate.validate import TorchOpWatch
 from kernelsmith.ops import UnsupportedWorkload, get_op
 from kernelsmith.ops.softmax import OP
 from kernelsmith.space import Config, Space, next_power_of_two
@@ -191,6 +192,20 @@ def test_launcher_is_reusable(variant: str, device: str) -> None:
         assert_close_to_reference(y, spec, x, f"{variant} call with seed {seed}")
         results.append(y)
     assert not torch.equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_launcher_issues_no_torch_compute(variant: str, device: str) -> None:
+    """The harness watches candidates with a dispatch mode: a launcher may only take views."""
+    spec = OP.spec((2, 3, 100), "bfloat16")
+    (x,) = OP.make_inputs(spec, seed=9, device=device)
+    y = torch.full_like(x, float("nan"))
+    launch = OP.variant(variant).build(spec, OP.variant(variant).space(spec).configs()[-1])
+    watch = TorchOpWatch()
+    with watch:
+        launch((x,), (y,))
+    assert watch.issued == []
+    assert_close_to_reference(y, spec, x, variant)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

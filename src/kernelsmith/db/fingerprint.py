@@ -119,11 +119,35 @@ def format_cuda_version(version: int) -> str:
 
 
 def driver_version() -> str:
-    """The CUDA version the installed driver supports (``"13.0"`` style), or ``"unknown"``.
+    """The driver build (``"580.159.04"``) and the CUDA version it supports (``"13.0"``).
 
-    Read with ``cuDriverGetVersion`` from ``libcuda`` (needs no CUDA context), else with pynvml
-    when installed. The driver matters because it changes the JIT compiler and the scheduler.
+    The build comes from NVML (nvidia-ml-py) when installed, since two builds that support the
+    same CUDA version can still differ in their JIT compiler and scheduler; the CUDA version
+    from ``cuDriverGetVersion`` in ``libcuda`` (needs no CUDA context). ``"unknown"`` when
+    neither answers.
     """
+    parts = [p for p in (_nvml_driver_build(), _libcuda_version()) if p]
+    return " / CUDA ".join(parts) if parts else "unknown"
+
+
+def _nvml_driver_build() -> str:
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        return ""
+    try:
+        pynvml.nvmlInit()
+        try:
+            build = pynvml.nvmlSystemGetDriverVersion()
+            return build.decode() if isinstance(build, bytes) else str(build)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as e:  # pynvml raises its own NVMLError hierarchy
+        logger.debug("pynvml driver query failed: %s", e)
+        return ""
+
+
+def _libcuda_version() -> str:
     for lib in ("libcuda.so.1", "libcuda.so"):
         try:
             cuda = ctypes.CDLL(lib)
@@ -135,10 +159,7 @@ def driver_version() -> str:
                 return format_cuda_version(out.value)
         except (AttributeError, OSError) as e:
             logger.debug("cuDriverGetVersion via %s failed: %s", lib, e)
-    try:
-        import pynvml  # type: ignore[import-not-found]
-    except ImportError:
-        return "unknown"
+    return ""
     try:
         pynvml.nvmlInit()
         try:

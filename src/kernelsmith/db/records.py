@@ -50,8 +50,10 @@ class Fingerprint:
     def describe(self) -> str:
         if self.mode == "interpreter":
             return f"Triton interpreter on the CPU (torch {self.torch}, triton {self.triton})"
-        return (f"{self.gpu_name} (sm_{self.compute_capability.replace('.', '')}, {self.sm_count} SMs), "
-                f"driver {self.driver}, CUDA {self.cuda}, torch {self.torch}, triton {self.triton}")
+        return (
+            f"{self.gpu_name} (sm_{self.compute_capability.replace('.', '')}, {self.sm_count} SMs), "
+            f"driver {self.driver}, CUDA {self.cuda}, torch {self.torch}, triton {self.triton}"
+        )
 
 
 @dataclass(frozen=True)

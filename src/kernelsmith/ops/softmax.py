@@ -122,9 +122,15 @@ def _softmax_online_kernel(
     #   m = max_j x_j        and        l = sum_j exp(x_j - m).
     # When a new block raises the max from m to m_new, every term already in l was computed
     # against the old max, and exp(x_j - m_new) = exp(x_j - m) * exp(m - m_new): so l is rescaled
-    # by exp(m - m_new) (<= 1) before the block's own terms are added.
+    # by alpha = exp(m - m_new) (<= 1) before the block's own terms are added.
+    #
+    # m is one number, but l is kept as BLOCK_N partial sums, one a lane, added up once after the
+    # loop. A single float32 sum taking one block total a step loses accuracy as it grows (a
+    # 65536-wide row in 64-wide blocks is 1024 sequential additions, about 10x PyTorch's own
+    # error); each lane's sum is BLOCK_N times smaller, and the final tree reduction is accurate.
+    # It is cheaper too: one cross-lane reduction a step (the max) instead of two.
     m = tl.full([], float("-inf"), tl.float32)
-    l = tl.full([], 0.0, tl.float32)
+    l = tl.zeros([BLOCK_N], tl.float32)
     for start in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
         offs = start + cols
         x = tl.load(x_row + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32)
@@ -133,16 +139,20 @@ def _softmax_online_kernel(
         # m_new is -inf and x - m_new = -inf - (-inf) = NaN would poison l for good. Shifting by
         # 0 instead gives exp(-inf) = 0: such blocks add nothing to l, which is the right answer.
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        l = l * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0)
+        # alpha is exactly 1 when the max did not move, rather than the GPU's approximate exp(0):
+        # a factor a hair off 1 at every step would compound over a long row.
+        alpha = tl.where(m_new == m, 1.0, tl.exp(m - shift))
+        l = l * alpha + tl.exp(x - shift)
         m = m_new
+    l_total = tl.sum(l, axis=0)
 
     # Pass 2: read the row again and write the normalised values. (A row that is -inf throughout
-    # ends with m = -inf and l = 0 and yields NaN, as torch.softmax does.)
+    # ends with m = -inf and l_total = 0 and yields NaN, as torch.softmax does.)
     for start in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
         offs = start + cols
         mask = offs < n_cols
         x = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
-        y = tl.exp(x - m) / l
+        y = tl.exp(x - m) / l_total
         tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
