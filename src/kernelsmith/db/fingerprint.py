@@ -160,12 +160,3 @@ def _libcuda_version() -> str:
         except (AttributeError, OSError) as e:
             logger.debug("cuDriverGetVersion via %s failed: %s", lib, e)
     return ""
-    try:
-        pynvml.nvmlInit()
-        try:
-            return format_cuda_version(int(pynvml.nvmlSystemGetCudaDriverVersion()))
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception as e:  # pynvml raises its own NVMLError hierarchy
-        logger.debug("pynvml driver query failed: %s", e)
-        return "unknown"
