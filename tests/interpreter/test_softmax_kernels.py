@@ -232,8 +232,8 @@ def test_tiny_rows_have_a_config_in_every_variant(width: int) -> None:
     spec = OP.spec((5, width), "float16")
     for v in OP.variants:
         assert len(v.space(spec)) > 0, (v.name, width)
-    warps = [c["num_warps"] for c in OP.variant("whole_row").space(spec)]
-    assert warps == [1] if width <= 32 else warps == [1, 2]  # at least one value a thread
+    warps = sorted({c["num_warps"] for c in OP.variant("whole_row").space(spec)})
+    assert warps == ([1] if width <= 32 else [1, 2])  # at least one value a thread
 
 
 def test_wide_rows_leave_only_the_variants_that_can_hold_them() -> None:

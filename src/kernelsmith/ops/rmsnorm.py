@@ -86,6 +86,9 @@ MAX_VALUES_PER_THREAD = 128
 
 WARPS = (1, 2, 4, 8, 16, 32)
 STAGES = (1, 2, 3)  # for kernels with a loop to pipeline
+# Cache hint for the activation load: "" (the default policy) or "evict_first" (streamed data,
+# read once; leaves L2 to the weight). Which is faster depends on the device: a search parameter.
+EVICTION = ("", "evict_first")
 NO_LOOP_STAGES = (1,)  # for kernels without one: num_stages would change nothing
 
 
@@ -104,6 +107,7 @@ def _rmsnorm_whole_row_kernel(
     N,
     eps,
     BLOCK_N: tl.constexpr,
+    EVICT_X: tl.constexpr,  # "" or "evict_first": x is read once, so it need not stay in L2
 ):
     """One program normalises one row held entirely in registers (BLOCK_N >= N)."""
     row = tl.program_id(0).to(tl.int64)  # 64-bit, so that row * stride cannot overflow
@@ -111,7 +115,7 @@ def _rmsnorm_whole_row_kernel(
     mask = cols < N
 
     # Padding lanes load 0.0, which adds nothing to the sum of squares.
-    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0, eviction_policy=EVICT_X).to(tl.float32)
     # mean(x^2) over the N real elements (divide by N, not BLOCK_N), then 1/sqrt(. + eps).
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
 
@@ -261,7 +265,7 @@ def _launch_kwargs(config: Config) -> dict[str, Any]:
 def _whole_row_space(spec: OpSpec) -> Space:
     block_n = next_power_of_two(_rows_and_width(spec)[1])
     return Space(
-        [Param("num_warps", WARPS), Param("num_stages", NO_LOOP_STAGES)],
+        [Param("num_warps", WARPS), Param("num_stages", NO_LOOP_STAGES), Param("EVICT_X", EVICTION)],
         [
             Constraint(f"the whole row must fit: BLOCK_N <= {MAX_WHOLE_ROW}",
                        lambda c: block_n <= MAX_WHOLE_ROW),
@@ -277,12 +281,13 @@ def _whole_row_build(spec: OpSpec, config: Config) -> Launcher:
     block_n = next_power_of_two(n)
     eps = float(spec.const("eps"))
     kwargs = _launch_kwargs(config)
+    evict_x = str(config["EVICT_X"])
     kernel = _rmsnorm_whole_row_kernel[grid]
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         x = inputs[0].view(-1, n)
         y = outputs[0].view(-1, n)
-        kernel(x, inputs[1], y, x.stride(0), y.stride(0), n, eps, BLOCK_N=block_n, **kwargs)
+        kernel(x, inputs[1], y, x.stride(0), y.stride(0), n, eps, BLOCK_N=block_n, EVICT_X=evict_x, **kwargs)
 
     return launch
 

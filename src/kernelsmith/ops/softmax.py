@@ -88,13 +88,15 @@ def _softmax_whole_row_kernel(
     y_row_stride,
     n_cols,
     BLOCK_N: tl.constexpr,  # next_power_of_two(n_cols): the whole row in one block
+    EVICT_X: tl.constexpr,  # "" or "evict_first": x is read once, so it need not stay in L2
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
 
     # Padding lanes read -inf: they never win the max, and exp(-inf - m) = 0 adds nothing.
-    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=float("-inf")).to(tl.float32)
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=float("-inf"), eviction_policy=EVICT_X)
+    x = x.to(tl.float32)
 
     m = tl.max(x, axis=0)  # the row max: every exponent below is <= 0, so nothing overflows
     p = tl.exp(x - m)  # unnormalised probabilities, the largest exactly 1
@@ -272,8 +274,9 @@ def _checked(space: Space, config: Config) -> None:
 def _whole_row_space(spec: OpSpec) -> Space:
     block_n = next_power_of_two(_rows_and_width(spec)[1])
     # No num_stages: the kernel has no loop, so the pipelining depth could change nothing.
+    # EVICT_X: the cache hint for the read-once input ("" is the default policy).
     return Space(
-        [Param("num_warps", _WARPS)],
+        [Param("num_warps", _WARPS), Param("EVICT_X", ("", "evict_first"))],
         [
             Constraint(
                 f"the padded row fits in registers (BLOCK_N <= {_WHOLE_ROW_MAX_BLOCK})",
@@ -290,12 +293,13 @@ def _whole_row_build(spec: OpSpec, config: Config) -> Launcher:
     grid = (rows,)
     block_n = next_power_of_two(n)
     num_warps = config["num_warps"]
+    evict_x = str(config["EVICT_X"])
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         x = inputs[0].view(-1, n)
         y = outputs[0].view(-1, n)
         _softmax_whole_row_kernel[grid](
-            x, y, x.stride(0), y.stride(0), n, BLOCK_N=block_n, num_warps=num_warps
+            x, y, x.stride(0), y.stride(0), n, BLOCK_N=block_n, EVICT_X=evict_x, num_warps=num_warps
         )
 
     return launch
