@@ -12,6 +12,10 @@ gate catches them too. The interpreter is slow and every worker costs a process 
 group of candidates is evaluated once, in parallel, by a module-scoped fixture, and the tests
 look their results up by name. Rules that need a GPU (side streams, CUDA faults, real timings)
 are in tests/gpu/test_harness_gpu.py.
+
+Where the harness is fooled today, the test states the right outcome and is a strict xfail
+whose reason describes the hole: fixing the harness turns it into a failure that asks for the
+marker to be removed.
 """
 
 from __future__ import annotations
@@ -142,7 +146,7 @@ SOFTMAX_UNGATED_CASES: dict[str, Case] = {
 
 # Process isolation, in one worker, in this order: each failure must leave the evaluator able
 # to evaluate the next candidate correctly.
-ISOLATION_TIMEOUT_S = 10.0
+ISOLATION_TIMEOUT_S = 15.0
 ISOLATION_SEQUENCE: list[tuple[str, Case]] = [
     ("hang", Case("hangs", "timeout", (f"no answer within {ISOLATION_TIMEOUT_S:.0f} s",))),
     ("exit", Case("exits", "crash", ("exit code 3",))),
