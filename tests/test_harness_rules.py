@@ -13,9 +13,8 @@ group of candidates is evaluated once, in parallel, by a module-scoped fixture, 
 look their results up by name. Rules that need a GPU (side streams, CUDA faults, real timings)
 are in tests/gpu/test_harness_gpu.py.
 
-Where the harness is fooled today, the test states the right outcome and is a strict xfail
-whose reason describes the hole: fixing the harness turns it into a failure that asks for the
-marker to be removed.
+Holes the planted kernels once found (frame tampering, PyTorch on a joined thread, a too-tame
+"large" distribution, failure kinds) stay here as regression tests.
 """
 
 from __future__ import annotations
@@ -119,7 +118,7 @@ RMSNORM_UNGATED_CASES: dict[str, Case] = {
                                  ("outputs written while timing are wrong",)),
     "rule6_thread": Case("background_thread", "cheat", ("started a thread",)),
     "rule10_torch_equal": Case("tampers_torch_equal", "cheat", ("tampered", "torch.equal")),
-    "build_syntax_error": Case("correct_rmsnorm", "build", ("failed to import", "SyntaxError"),
+    "build_syntax_error": Case("correct_rmsnorm", "build", ("syntax error", "never closed"),
                                text=_syntax_error_source()),
 }
 
@@ -223,19 +222,8 @@ def test_rmsnorm_planted_without_gate(name: str,
     _assert_result(rmsnorm_ungated_results[name], RMSNORM_UNGATED_CASES[name])
 
 
-# Cases the harness gets wrong today: strict xfails, so that a fix asks for their removal.
-KNOWN_HOLES: dict[str, str] = {
-    "rule7_torch_in_joined_thread": (
-        "harness bug: PyTorch computing on a thread that the launcher starts and joins passes "
-        "the static gate (torch aliased, threading reached through dataclasses.inspect.importlib)"
-        " and the run-time checks (TorchOpWatch is thread-local; the thread count is unchanged "
-        "after the join): the candidate comes back 'ok'"),
-}
-
-
 def _params(cases: dict[str, Case]) -> list[object]:
-    return [pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_HOLES[name]))
-            if name in KNOWN_HOLES else name for name in cases]
+    return list(cases)
 
 
 @pytest.mark.parametrize("name", _params(SOFTMAX_CASES))
@@ -301,10 +289,6 @@ def test_softmax_large_distribution_overflows_exp_in_the_validated_shapes() -> N
         assert max(float(target.max()), float(tail.max())) > 88.8
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "harness bug: softmax's 'large' distribution (randn * 30) reaches exp's float32 overflow "
-    "(88.7) only by chance at small widths, so a kernel without max subtraction passes "
-    "validation in a large fraction of evaluations (seen here: softmax_no_max 'ok' at 16x48)"))
 def test_softmax_large_distribution_overflows_exp_at_any_width() -> None:
     op = get_op("softmax")
     spec = op.spec((16, 48), "float32")
@@ -322,11 +306,6 @@ def frame_tampering_result() -> EvalResult:
     return result
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "harness bug: a launcher can reach its callers' frames (generator gi_frame.f_back, not "
-    "caught by the static gate) and replace the global name `errors` in the validate and "
-    "worker modules; tampered_bindings only compares attributes of the original module "
-    "objects, so a kernel writing zeros comes back 'ok' with the gate on"))
 def test_rewiring_the_harness_through_its_frames_is_rejected(
         frame_tampering_result: EvalResult) -> None:
     assert frame_tampering_result.status != "ok", "a kernel that writes zeros was accepted"
@@ -342,9 +321,6 @@ def compile_error_results(evaluator: Evaluator) -> dict[str, EvalResult]:
     return _evaluate(evaluator, RMSNORM, cases)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "harness bug: with the static gate on, a syntax error is reported as 'cheat' "
-    "(static gate: syntax error) instead of a 'build' failure"))
 def test_syntax_error_is_a_build_failure_with_the_gate_on(
         compile_error_results: dict[str, EvalResult]) -> None:
     result = compile_error_results["gated_syntax_error"]
@@ -352,9 +328,6 @@ def test_syntax_error_is_a_build_failure_with_the_gate_on(
     assert "syntax" in result.error.lower()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "harness bug: in the interpreter a kernel that fails to compile (undefined name) raises "
-    "triton's InterpreterError, which worker._classify reports as 'runtime', not 'build'"))
 def test_undefined_name_in_a_kernel_is_a_build_failure(
         compile_error_results: dict[str, EvalResult]) -> None:
     result = compile_error_results["undefined_name"]

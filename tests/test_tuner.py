@@ -88,3 +88,16 @@ def test_bad_requests_fail_early(db_path):
         tune_spec(spec, strategy="nope", db=db_path)
     with pytest.raises(UnsupportedWorkload):
         kernelsmith.tune("softmax", torch.randn(8, 4).t(), db=db_path)
+
+
+def test_bandwidth_above_the_copy_ceiling_is_a_cheat():
+    from kernelsmith.evaluate.protocol import Candidate, EvalResult
+    from kernelsmith.space import Config
+    from kernelsmith.tuner import plausible
+
+    fast = EvalResult(Candidate("v", Config(a=1)), "ok", metrics={"gbps": 5000.0, "median_us": 1.0})
+    judged = plausible(fast, copy_gbps=4200.0)
+    assert judged.status == "cheat" and "copy bandwidth" in judged.error
+    fine = EvalResult(Candidate("v", Config(a=1)), "ok", metrics={"gbps": 4000.0, "median_us": 1.0})
+    assert plausible(fine, copy_gbps=4200.0) is fine
+    assert plausible(fast, copy_gbps=None) is fast  # interpreter mode has no ceiling

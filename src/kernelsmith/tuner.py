@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -36,6 +36,8 @@ from kernelsmith.strategies import Strategy, make_strategy
 log = logging.getLogger(__name__)
 
 FINALISTS = 3
+# Achieved bandwidth above this multiple of the measured copy bandwidth is not believable.
+IMPLAUSIBLE_FRACTION_OF_COPY = 1.1
 Progress = Callable[[int, int, "EvalResult | None"], None]
 
 
@@ -98,6 +100,22 @@ def _speedup(result: EvalResult) -> float:
     return float(m["baseline_median_us"]) / float(m["median_us"])
 
 
+def plausible(result: EvalResult, copy_gbps: float | None) -> EvalResult:
+    """The result, or a "cheat" failure when it claims more bandwidth than the device has.
+
+    No kernel moves its bytes faster than the device copies them (L2 is flushed before every
+    timed call): a claim above the measured ceiling means work escaped the timed region.
+    """
+    gbps = result.metrics.get("gbps") if result.ok else None
+    if copy_gbps and gbps and gbps > IMPLAUSIBLE_FRACTION_OF_COPY * copy_gbps:
+        error = (
+            f"{gbps:.0f} GB/s is above the device's measured copy bandwidth ({copy_gbps:.0f} GB/s): "
+            "work escaped the timed region"
+        )
+        return replace(result, status="cheat", error=error)
+    return result
+
+
 def _rank(results: Sequence[EvalResult]) -> list[EvalResult]:
     """Successful results, fastest first. Timing is serialized on the device, so medians from
     one search compare directly; ratios to the baseline would add the baseline's noise."""
@@ -153,9 +171,11 @@ class _Search:
         db: Database,
         evaluator: Evaluator,
         progress: Progress | None,
+        copy_gbps: float | None = None,
     ) -> None:
         self.family, self.spec, self.fp, self.db = family, spec, fp, db
         self.evaluator, self.progress = evaluator, progress
+        self.copy_gbps = copy_gbps
         self.source_hashes = {v.name: v.source_hash for v in family.variants}
         self.results: list[EvalResult] = []
         self.evaluated = 0
@@ -198,6 +218,7 @@ class _Search:
         return None if record is None else _from_trial(record, candidate)
 
     def _record(self, strategy: Strategy, result: EvalResult, *, fresh: bool, budget: int) -> None:
+        result = plausible(result, self.copy_gbps)
         if fresh and result.status != "skipped":
             self.db.add_trial(_trial(self.fp, self.spec, result))  # at once: a crash loses nothing
         self.results.append(result)
@@ -335,7 +356,7 @@ def tune_spec(
             )
         with Evaluator(fp.mode, workers) as evaluator:
             copy_gbps = _copy_bandwidth(database, fp, evaluator)
-            search = _Search(family, spec, fp, database, evaluator, progress)
+            search = _Search(family, spec, fp, database, evaluator, progress, copy_gbps)
             search.run(strategy, budget, seed)
             decision = search.decide(strategy, copy_gbps)
         database.put_decision(decision)

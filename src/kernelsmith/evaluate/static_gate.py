@@ -21,6 +21,8 @@ caught when it acts.
 from __future__ import annotations
 
 import ast
+import importlib
+import types
 
 ALLOWED_IMPORTS = frozenset(
     {
@@ -140,11 +142,79 @@ ALLOWED_TORCH_ATTRIBUTES = frozenset(
 )
 
 
+# Reaching into frames, code objects or the import system is never needed to launch a kernel,
+# inside a kernel or outside: it is how a candidate would rebind the harness's own names.
+INTROSPECTION_ATTRIBUTES = frozenset(
+    {
+        "f_back",
+        "f_globals",
+        "f_locals",
+        "f_builtins",
+        "f_code",
+        "gi_frame",
+        "gi_code",
+        "cr_frame",
+        "ag_frame",
+        "tb_frame",
+        "tb_next",
+        "currentframe",
+        "import_module",
+        "settrace",
+        "setprofile",
+    }
+)
+
+DTYPE_NAMES = frozenset(
+    {
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "float",
+        "half",
+        "double",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "bool",
+        "int1",
+        "float8e4nv",
+        "float8e5",
+    }
+)
+
+
 class _Gate(ast.NodeVisitor):
-    def __init__(self) -> None:
+    def __init__(self, tree: ast.Module) -> None:
         self.problems: list[str] = []
-        self.module_names: set[str] = set()
         self._jit_depth = 0
+        # Names bound by imports, resolved before the walk so that uses anywhere are judged.
+        self.module_names: set[str] = set()
+        self.torch_names: set[str] = set()  # import torch [as T]
+        self.triton_names: set[str] = set()  # import triton [as t]
+        self.language_names: set[str] = set()  # import triton.language as tl / from triton import language
+        self.jit_names: set[str] = set()  # from triton import jit [as j]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    bound = a.asname or a.name.split(".")[0]
+                    self.module_names.add(bound)
+                    if a.name == "torch":
+                        self.torch_names.add(bound)
+                    elif a.name == "triton":
+                        self.triton_names.add(bound)
+                    elif a.name == "triton.language":
+                        self.language_names.add(a.asname or "triton")
+            elif isinstance(node, ast.ImportFrom):
+                for a in node.names:
+                    bound = a.asname or a.name
+                    self.module_names.add(bound)
+                    if node.module == "triton" and a.name == "language":
+                        self.language_names.add(bound)
+                    if node.module == "triton" and a.name in ("jit", "autotune", "heuristics"):
+                        self.jit_names.add(bound)
 
     def _flag(self, node: ast.AST, message: str) -> None:
         self.problems.append(f"line {getattr(node, 'lineno', '?')}: {message}")
@@ -157,11 +227,18 @@ class _Gate(ast.NodeVisitor):
             self.module_names.add((alias.asname or alias.name).split(".")[0])
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        if node.level or (node.module or "") not in ALLOWED_IMPORTS:
+        module = node.module or ""
+        if node.level or module not in ALLOWED_IMPORTS:
             self._flag(node, f"import from {node.module!r} is not allowed")
+            return
         for alias in node.names:
             if alias.name == "*":
                 self._flag(node, "star imports are not allowed")
+            elif module == "torch" and alias.name not in ALLOWED_TORCH_ATTRIBUTES:
+                self._flag(node, f"torch.{alias.name} is not allowed: compute in the Triton kernel")
+            elif _is_module(module, alias.name) and f"{module}.{alias.name}" not in ALLOWED_IMPORTS:
+                # An allowed module re-exporting another (dataclasses.inspect, say) is no way in.
+                self._flag(node, f"import of module {module}.{alias.name} is not allowed")
 
     # statements ---------------------------------------------------------------------------
     def visit_Try(self, node: ast.Try) -> None:
@@ -177,7 +254,7 @@ class _Gate(ast.NodeVisitor):
         self._flag(node, "nonlocal state is not allowed")
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
-        is_jit = any(_is_triton_decorator(d) for d in node.decorator_list)
+        is_jit = any(self._is_triton_decorator(d) for d in node.decorator_list)
         self._jit_depth += is_jit
         self.generic_visit(node)
         self._jit_depth -= is_jit
@@ -204,11 +281,26 @@ class _Gate(ast.NodeVisitor):
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         inside_kernel = self._jit_depth > 0
-        if node.attr.startswith("__") or (node.attr in FORBIDDEN_ATTRIBUTES and not inside_kernel):
+        base = node.value.id if isinstance(node.value, ast.Name) else ""
+        is_dtype = base in self.torch_names | self.language_names and node.attr in DTYPE_NAMES
+        host_only = node.attr in FORBIDDEN_ATTRIBUTES and not inside_kernel and not is_dtype
+        if node.attr.startswith("__") or node.attr in INTROSPECTION_ATTRIBUTES or host_only:
             self._flag(node, f"use of attribute {node.attr!r} is not allowed")
-        if isinstance(node.value, ast.Name) and node.value.id == "torch" and node.attr not in ALLOWED_TORCH_ATTRIBUTES:
+        if base in self.torch_names and node.attr not in ALLOWED_TORCH_ATTRIBUTES | DTYPE_NAMES:
             self._flag(node, f"torch.{node.attr} is not allowed: compute in the Triton kernel")
         self.generic_visit(node)
+
+    def _is_triton_decorator(self, node: ast.expr) -> bool:
+        """Only Triton's own decorators mark a kernel body (a home-made ``jit`` does not)."""
+        target = node.func if isinstance(node, ast.Call) else node
+        if isinstance(target, ast.Name):
+            return target.id in self.jit_names
+        return (
+            isinstance(target, ast.Attribute)
+            and isinstance(target.value, ast.Name)
+            and target.value.id in self.triton_names
+            and target.attr in ("jit", "autotune", "heuristics")
+        )
 
 
 def _root_name(node: ast.expr) -> str:
@@ -217,10 +309,13 @@ def _root_name(node: ast.expr) -> str:
     return node.id if isinstance(node, ast.Name) else ""
 
 
-def _is_triton_decorator(node: ast.expr) -> bool:
-    target = node.func if isinstance(node, ast.Call) else node
-    text = ast.unparse(target)
-    return text in {"triton.jit", "jit", "triton.autotune", "triton.heuristics"}
+def _is_module(module: str, name: str) -> bool:
+    """Whether ``from module import name`` binds a module (``module`` is on the allowlist)."""
+    try:
+        value = getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return False
+    return isinstance(value, types.ModuleType)
 
 
 def check_source(source: str) -> list[str]:
@@ -235,12 +330,6 @@ def check_source(source: str) -> list[str]:
         tree = ast.parse(source)
     except SyntaxError as exc:
         return [f"syntax error: {exc}"]
-    gate = _Gate()
-    # Collect imported module names first, so assignments anywhere are judged.
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            gate.module_names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            gate.module_names.update(a.asname or a.name for a in node.names)
+    gate = _Gate(tree)
     gate.visit(tree)
     return gate.problems

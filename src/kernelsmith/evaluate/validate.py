@@ -20,6 +20,8 @@ Each numbered rule of DESIGN.md ("The harness must be impossible to fool") maps 
 
 from __future__ import annotations
 
+import _thread
+import os
 import secrets
 import sys
 import threading
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import triton
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernelsmith.evaluate import errors
@@ -74,16 +77,41 @@ def _critical_bindings() -> list[tuple[object, str, object]]:
 _BINDINGS = _critical_bindings()
 
 
+# Every top-level name of the harness's own modules, by identity. A candidate that reaches a
+# harness module (through a frame, say) and rebinds a name there (``errors`` to a fake) changes
+# one of these identities. Sealed by the worker once everything is imported.
+_HARNESS_MODULES = (
+    "__main__",
+    "kernelsmith.evaluate.validate",
+    "kernelsmith.evaluate.errors",
+    "kernelsmith.evaluate.timing",
+    "kernelsmith.evaluate.worker",
+    "kernelsmith.ops._base",
+)
+_SEALED: dict[str, dict[str, int]] = {}
+
+
+def seal_harness() -> None:
+    """Remember the identity of every global of the harness modules (called before candidates load)."""
+    for module_name in _HARNESS_MODULES:
+        module = sys.modules.get(module_name)
+        if module is not None:
+            _SEALED[module_name] = {k: id(v) for k, v in vars(module).items()}
+
+
 def tampered_bindings() -> list[str]:
     """Names of harness or torch functions that were replaced since the worker started."""
     changed = []
     for owner, name, original in _BINDINGS:
         if getattr(owner, name, None) is not original:
             changed.append(f"{getattr(owner, '__name__', owner)}.{name}")
-    for module_name in ("kernelsmith.evaluate.validate", "kernelsmith.evaluate.errors", "kernelsmith.evaluate.timing"):
+    for module_name, identities in _SEALED.items():
         module = sys.modules.get(module_name)
         if module is None:
             changed.append(f"sys.modules[{module_name!r}] removed")
+            continue
+        current = vars(module)
+        changed.extend(f"{module_name}.{k}" for k, ident in identities.items() if id(current.get(k)) != ident)
     return changed
 
 
@@ -117,16 +145,67 @@ _ALLOWED_OPS = frozenset(
 )
 
 
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_TRITON_DIR = os.path.dirname(triton.__file__) + os.sep
+_STDLIB_DIR = os.path.dirname(threading.__file__) + os.sep
+
+
+def _is_stdlib(filename: str) -> bool:
+    return filename.startswith(_STDLIB_DIR) and "-packages" not in filename
+
+
+def _nearest_caller_is(package_dirs: tuple[str, ...], skip: Callable[[str], bool]) -> bool:
+    """True when the nearest caller frame that ``skip`` does not pass over belongs to one of
+    ``package_dirs`` (this module's own frames are always passed over).
+
+    Files are matched by the installed packages' real directories (not by a path fragment such
+    as "/torch/", which a virtual environment's own path can contain).
+    """
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename != __file__ and not skip(filename):
+            return filename.startswith(package_dirs)
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
 def _issued_by_triton() -> bool:
     """True when the nearest caller outside torch is Triton itself (its interpreter copies
     tensors to and from the host; that is the runtime's work, not the candidate's)."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        filename = frame.f_code.co_filename.replace("\\", "/")
-        if "/torch/" not in filename:
-            return "/triton/" in filename
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
+    return _nearest_caller_is((_TRITON_DIR,), lambda f: f.startswith(_TORCH_DIR))
+
+
+# ---- rule 6: threads started during a candidate call ------------------------------------------
+class _ThreadStarts:
+    """Counts threads started by anything but torch and Triton themselves.
+
+    Counting starts (not live threads) also catches a thread that the candidate starts *and*
+    joins inside its call, whose work no per-thread watch would see.
+    """
+
+    count = 0
+
+    @classmethod
+    def install(cls) -> None:
+        def counted(original: Callable[..., Any]) -> Callable[..., Any]:
+            def start(*args: Any, **kwargs: Any) -> Any:
+                # Threads that torch or Triton start (through the standard library or not)
+                # are the runtime's; any other is the candidate's.
+                if not _nearest_caller_is((_TORCH_DIR, _TRITON_DIR), _is_stdlib):
+                    cls.count += 1
+                return original(*args, **kwargs)
+
+            return start
+
+        threading.Thread.start = counted(threading.Thread.start)  # type: ignore[method-assign]
+        _thread.start_new_thread = counted(_thread.start_new_thread)
+        for private in ("_start_new_thread", "_start_joinable_thread"):
+            if hasattr(threading, private):
+                setattr(threading, private, counted(getattr(threading, private)))
+
+
+_ThreadStarts.install()
 
 
 class TorchOpWatch(TorchDispatchMode):
@@ -210,11 +289,12 @@ def run_checked(
     clones = [t.clone() for t in inputs]
     snapshots = [_Snapshot.of(t) for t in outputs]
     threads_before = threading.active_count()
+    starts_before = _ThreadStarts.count
     watch = TorchOpWatch()
     with watch:
         launcher(inputs, outputs)
     synchronize()
-    if threading.active_count() > threads_before:
+    if threading.active_count() > threads_before or _ThreadStarts.count > starts_before:
         raise Rejected("cheat", "the candidate started a thread (work outside the measured call)")
     tampered = tampered_bindings()
     if tampered:

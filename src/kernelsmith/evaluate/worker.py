@@ -36,7 +36,7 @@ from kernelsmith.evaluate.protocol import (
     WorkerReply,
 )
 from kernelsmith.evaluate.static_gate import check_source
-from kernelsmith.evaluate.validate import Rejected, allocate_outputs, validate
+from kernelsmith.evaluate.validate import Rejected, allocate_outputs, seal_harness, validate
 from kernelsmith.ops import get_op
 from kernelsmith.ops._base import Launcher, OpFamily
 from kernelsmith.space import Space
@@ -60,6 +60,10 @@ def _load_source(
     source: str, static_gate: bool
 ) -> tuple[Callable[..., Launcher], Callable[[OpSpec], Space] | None, str]:
     source_hash = hashlib.sha256(source.encode()).hexdigest()[:16]
+    try:
+        compile(source, "<candidate>", "exec")
+    except SyntaxError as exc:
+        raise Rejected("build", f"syntax error in candidate source: {exc}") from exc
     if static_gate:
         problems = check_source(source)
         if problems:
@@ -101,7 +105,11 @@ def _classify(exc: BaseException) -> tuple[str, bool]:
     """Failure kind of an exception raised by candidate code, and whether to recycle."""
     name = type(exc).__name__
     text = str(exc)
-    if name in {"CompilationError", "OutOfResources", "PTXASError"} or "CompilationError" in text[:200]:
+    # InterpreterError is how the Triton interpreter reports what the compiler would reject.
+    if (
+        name in {"CompilationError", "OutOfResources", "PTXASError", "InterpreterError"}
+        or "CompilationError" in text[:200]
+    ):
         return "build", False
     cuda_fault = "CUDA error" in text or "illegal" in text.lower() or name == "AcceleratorError"
     return "runtime", cuda_fault
@@ -333,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="kernelsmith-worker %(levelname)s %(message)s")
     conn = Connection(int(argv[0]))
     worker = Worker()
+    seal_harness()  # from here on, any rebinding of a harness global is tampering
     conn.send("ready")
     while True:
         try:
