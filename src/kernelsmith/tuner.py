@@ -294,16 +294,9 @@ class _Search:
             metrics["note"] = "interpreter mode: host-clock timings of the Triton interpreter, not GPU performance"
         if not verdict.significant:
             metrics.setdefault("note", "no candidate beat the baseline with confidence")
-            return DecisionRecord(
-                winner="baseline",
-                variant=incumbent.candidate.variant,
-                source_hash=incumbent.source_hash,
-                config=incumbent.candidate.config.to_dict(),
-                metrics=metrics,
-                **base,
-            )
+        # A baseline decision keeps the best candidate's identity and figures, for the record.
         return DecisionRecord(
-            winner="kernel",
+            winner="kernel" if verdict.significant else "baseline",
             variant=incumbent.candidate.variant,
             source_hash=incumbent.source_hash,
             config=incumbent.candidate.config.to_dict(),

@@ -100,7 +100,9 @@ class OpFamily:
                 raise UnsupportedWorkload(f"{self.name}: non-contiguous input {t} is not supported")
 
     def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
-        raise NotImplementedError
+        """Shapes and dtypes of the outputs; by default one output shaped like the first input."""
+        x = spec.inputs[0]
+        return (TensorSpec(x.shape, x.dtype),)
 
     def validation_specs(self, spec: OpSpec) -> list[OpSpec]:
         """The target spec plus tail shapes (1 row, an odd row count) with the same row width.

@@ -460,10 +460,6 @@ class RMSNorm(OpFamily):
         self.check_supported(spec)
         return spec
 
-    def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
-        x = spec.inputs[0]
-        return (TensorSpec(x.shape, x.dtype),)
-
     # ---- math --------------------------------------------------------------------------------
     def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Hugging Face's LlamaRMSNorm.forward, verbatim in substance."""

@@ -527,10 +527,6 @@ class Softmax(OpFamily):
         self.check_supported(spec)
         return spec
 
-    def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
-        x = spec.inputs[0]
-        return (TensorSpec(x.shape, x.dtype),)
-
     # ---- math ------------------------------------------------------------------------------------
     def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         return (torch.softmax(inputs[0], dim=-1),)
