@@ -161,6 +161,25 @@ class SQLiteDatabase(Database):
     # -- connection management ---------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
+        """Open and set up a connection, retrying while another process holds the lock.
+
+        Switching to WAL and creating the schema take locks that SQLite's busy timeout does not
+        always wait for (two processes opening a brand-new file at once get "database is
+        locked" at once), so set-up is retried with backoff until the timeout.
+        """
+        deadline = time.monotonic() + self._timeout_ms / 1000
+        delay = 0.01
+        while True:
+            try:
+                return self._connect_once()
+            except DatabaseError as e:
+                locked = "locked" in str(e) or "busy" in str(e)
+                if not locked or time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    def _connect_once(self) -> sqlite3.Connection:
         try:
             # isolation_level=None: no implicit transactions; every write opens its own.
             conn = sqlite3.connect(

@@ -92,7 +92,7 @@ def _write_trials(location: str, worker: int, n: int, start: Any) -> None:
     really interleave rather than one finishing before the other has started.
     """
     with open_database(location) as db:
-        start.wait(timeout=180)
+        start.wait(timeout=60)
         for i in range(n):
             db.add_trial(make_trial(workload=f"w{worker}", config={"i": i}))
 
@@ -317,7 +317,7 @@ class DatabaseSuite:
         procs = [ctx.Process(target=_write_trials, args=(location, w, n, start)) for w in range(2)]
         for p in procs:
             p.start()
-        deadline = time.monotonic() + 180  # generous: CI machines are small and busy
+        deadline = time.monotonic() + 120  # generous: CI machines are small and busy
         for p in procs:
             p.join(timeout=max(0.0, deadline - time.monotonic()))
         for p in procs:
