@@ -4,6 +4,13 @@
 >>> kernelsmith.ops()
 ['rmsnorm', 'softmax']
 
+Decorate the function you already wrote; calls on CUDA tensors tune once, store the winner, and
+run it from then on (falling back to your function wherever a kernel does not win):
+
+>>> @kernelsmith.optimize(budget=50)
+... def softmax(x):
+...     return torch.softmax(x, dim=-1)
+
 Tune one op ahead of time (on a machine without a GPU, set TRITON_INTERPRET=1 to run the
 kernels in the Triton interpreter; its timings are not performance):
 
@@ -17,9 +24,16 @@ Importing kernelsmith needs no GPU; the engine's modules load on first use.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# KERNELSMITH_INTERPRET=1 asks for kernels on CPU tensors through the Triton interpreter. Triton
+# reads TRITON_INTERPRET when a kernel is defined, so it is set here, before any op module loads;
+# it is never switched on without the user asking.
+if os.environ.get("KERNELSMITH_INTERPRET") == "1":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 if TYPE_CHECKING:
     from kernelsmith.tuner import TuneResult
@@ -34,6 +48,14 @@ def tune(
     return _tune(op, *example_inputs, budget=budget, strategy=strategy, db=db, **kwargs)
 
 
+def optimize(fn: Any = None, **options: Any) -> Any:
+    """Decorate a function so its calls run a tuned kernel where one wins; see
+    :mod:`kernelsmith.frontends.decorator`. Use as ``@optimize`` or ``@optimize(budget=50)``."""
+    from kernelsmith.frontends.decorator import optimize as _optimize
+
+    return _optimize(fn, **options)
+
+
 def ops() -> list[str]:
     """Names of the op families kernelsmith can tune."""
     from kernelsmith.ops import op_names
@@ -41,4 +63,4 @@ def ops() -> list[str]:
     return op_names()
 
 
-__all__ = ["__version__", "ops", "tune"]
+__all__ = ["__version__", "ops", "optimize", "tune"]

@@ -104,6 +104,27 @@ class OpFamily:
         x = spec.inputs[0]
         return (TensorSpec(x.shape, x.dtype),)
 
+    # Row-wise ops (one independent computation per row of the last dimension) choose their
+    # configs for a row width, not for a row count: their workloads are bucketed by rows.
+    rowwise: ClassVar[bool] = False
+
+    def bucket(self, spec: OpSpec) -> OpSpec:
+        """The workload a call is tuned and looked up as.
+
+        For row-wise ops the leading dimensions are flattened and the row count is rounded up
+        to a power of two, so that a batch-size change (rows 5000 -> 6000) reuses the tuned
+        config of its bucket (8192 rows) instead of starting a new search. Every config is
+        validated on row counts of 1, 7 and an odd tail, so it is correct for any count in the
+        bucket; only its speed was measured at the bucket's top. Other ops tune exact shapes.
+        """
+        if not self.rowwise:
+            return spec
+        first, *rest = spec.inputs
+        *lead, width = first.shape
+        rows = math.prod(lead) if lead else 1
+        bucketed = first.with_shape((1 << max(rows - 1, 0).bit_length(), width))
+        return OpSpec(spec.op, (bucketed, *rest), dict(spec.constants))
+
     def validation_specs(self, spec: OpSpec) -> list[OpSpec]:
         """The target spec plus tail shapes (1 row, an odd row count) with the same row width.
 

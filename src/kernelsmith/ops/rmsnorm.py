@@ -409,6 +409,7 @@ class RMSNorm(OpFamily):
         "the shape of x, e.g. 8192x4096 for x of shape (8192, 4096) (rows x hidden size); "
         "weight has the last size, (4096,); more leading sizes are allowed (2x1024x4096)"
     )
+    rowwise = True  # configs depend on the row width only: calls are bucketed by row count
     distributions = ("normal", "uniform", "large", "small", "outliers")
     tolerance = Tolerance()
     variants = (

@@ -465,6 +465,7 @@ class Softmax(OpFamily):
         "the shape of x; softmax runs over its last dimension: --shape 8192x4096 is 8192 rows "
         "of 4096 columns, --shape 4x512x1024 is 2048 rows of 1024"
     )
+    rowwise = True  # configs depend on the row width only: calls are bucketed by row count
     distributions = ("normal", "uniform", "large", "outliers")
     variants = (
         Variant(

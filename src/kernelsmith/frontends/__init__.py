@@ -1,0 +1,1 @@
+"""Front ends: recognize which tuned op a user's PyTorch function computes (see ``recognize``)."""

@@ -1,0 +1,935 @@
+"""Capture the dataflow graph of one call of a user's function, in normalized form.
+
+Why a :class:`~torch.overrides.TorchFunctionMode` and not ``torch.fx`` or dynamo: the recognizer
+must see exactly what the user's code calls, on the real arguments, once (the call's output is
+reused as the call's result), without compiling anything and without failing on Python the
+tracers reject. A function mode sees every top-level torch function and Tensor method call,
+including ``nn.Module`` bodies, and calling ``func`` inside the handler runs with the mode
+popped, so the internals of ``F.rms_norm`` or ``F.softmax`` are not recorded: only the user's
+own calls. Tensors are tracked by identity (``id``); every tensor that flows into a call is
+
+- an *argument* of the function (a positional index or a keyword name),
+- the output of an earlier recorded call (a :class:`Node`),
+- an *external* tensor that existed before the call and can be reached from the function (a
+  closure cell, a global it names, a module's parameter or buffer...), with the path that
+  reaches it, so that a later call can check it is still the same tensor, or
+- *unknown*: made by code the mode cannot see (``torch.from_numpy``, a C extension, code under
+  ``torch._C.DisableTorchFunction``) or hidden inside a container argument. Unknown tensors are
+  never bound to a kernel: holding one by reference would replay a stale value.
+
+Calls are normalized so that each pattern is written once: ``x*x``, ``x**2``, ``x.pow(2)``,
+``torch.square(x)`` are all SQUARE; ``torch.rsqrt(a)``, ``1/torch.sqrt(a)``, ``a**-0.5`` and
+``torch.sqrt(a).reciprocal()`` are RSQRT; ``x / torch.sqrt(a)`` is ``x * RSQRT(a)``; ``s.sum(d)
+/ N`` with ``N`` the size of ``d`` is a MEAN; ``a * (1/b)`` is ``a / b``; ``.float()``,
+``.to(torch.float32)``, ``.type(...)``, ``.to(other)`` are all CAST to the dtype the call
+actually produced. A node folded into another by normalization is listed in its ``absorbs``, so
+that "every computation is part of the op" can still be checked.
+
+What the capture refuses to vouch for (recorded in :attr:`Graph.problems`, which makes every
+pattern fail): in-place mutation of any tensor (``add_``, ``x[...] = v``, ``out=``,
+``inplace=True``), and reading tensor values into Python (``item``, ``bool(t)``, ``print``):
+the function could branch on data, and one captured call would not describe the next.
+Control flow on non-tensor values is invisible; :class:`CallSignature` therefore pins every
+non-tensor argument and every tensor argument's shape, dtype and device, so a later call that
+differs is re-recognized instead of trusting this graph.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+import math
+import types
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode, resolve_name
+
+logger = logging.getLogger(__name__)
+
+
+class Kind(enum.StrEnum):
+    """Normalized node kinds (see the module docstring for what each one covers)."""
+
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    POW = "pow"  # any exponent not folded into SQUARE / SQRT / RSQRT / RECIPROCAL
+    SQUARE = "square"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    RECIPROCAL = "reciprocal"
+    EXP = "exp"
+    MEAN = "mean"
+    SUM = "sum"
+    MAX = "max"  # amax, or max(dim=...) whose outputs are (values, indices)
+    CAST = "cast"
+    SOFTMAX = "softmax"
+    LOG_SOFTMAX = "log_softmax"
+    RMS_NORM = "rms_norm"
+    CONST = "const"  # torch.tensor(<python number>) made inside the function
+    OTHER = "other"  # anything else: no pattern looks through it
+
+
+# ---------------------------------------------------------------------------------------------
+# Values
+# ---------------------------------------------------------------------------------------------
+
+# A path from a root to an object: ("fn", None) | ("arg", i) | ("kwarg", name), then steps
+# ("attr", dotted name), ("cell", i), ("global", name), ("item", key), ("self", None),
+# ("func", None), ("default", i), ("kwdefault", name).
+Path = tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class ArgSource:
+    """The tensor is an argument of the captured call: a positional index or a keyword name."""
+
+    index: int | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class ExternalSource:
+    """The tensor existed before the call and is reached from the function by ``path``."""
+
+    tensor: torch.Tensor = field(repr=False)
+    path: Path
+
+
+@dataclass(frozen=True)
+class NodeSource:
+    """The tensor is output ``item`` of node ``node`` (``item`` is None for a single output)."""
+
+    node: int
+    item: int | None = None
+
+
+@dataclass(frozen=True)
+class UnknownSource:
+    """The capture cannot say where the tensor comes from; ``why`` says it in words."""
+
+    why: str
+
+
+Source = ArgSource | ExternalSource | NodeSource | UnknownSource
+
+
+@dataclass(frozen=True, eq=False)
+class TensorValue:
+    """One tensor of the captured call, with its metadata; compared by identity."""
+
+    vid: int
+    source: Source
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    plain: bool  # a torch.Tensor or nn.Parameter, not some other tensor subclass
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def describe(self) -> str:
+        """Where the tensor comes from, its shape and dtype, for messages."""
+        src = self.source
+        if isinstance(src, ArgSource):
+            where = f"argument {src.index if src.index is not None else repr(src.name)}"
+        elif isinstance(src, ExternalSource):
+            where = f"the external tensor {format_path(src.path)}"
+        elif isinstance(src, NodeSource):
+            where = f"the output of node {src.node}"
+        else:
+            where = f"a tensor that {src.why}"
+        dims = "x".join(str(s) for s in self.shape) or "scalar"
+        return f"{where} ({dims}, {str(self.dtype).removeprefix('torch.')})"
+
+
+@dataclass(frozen=True)
+class Const:
+    """A non-tensor value passed to a call (a Python number, a dtype, None...)."""
+
+    value: Any
+
+    @property
+    def number(self) -> float | None:
+        """The value as a float when it is a real Python number (bools are not numbers here)."""
+        v = self.value
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            return None
+        return float(v)
+
+
+Value = TensorValue | Const
+
+
+@dataclass(eq=False)
+class Node:
+    """One recorded (and normalized) call."""
+
+    index: int
+    kind: Kind
+    name: str  # what the user's code called, e.g. "torch.Tensor.mul"
+    inputs: tuple[Value, ...]
+    params: dict[str, Any]
+    outputs: tuple[TensorValue, ...] = ()
+    absorbs: tuple[Node, ...] = ()  # nodes folded into this one by normalization
+    synthetic: bool = False  # made by normalization, not called by the user
+
+    @property
+    def out(self) -> TensorValue:
+        return self.outputs[0]
+
+    def __repr__(self) -> str:
+        return f"Node({self.index}, {self.kind.value}, {self.name}, params={self.params})"
+
+
+@dataclass
+class Graph:
+    """The normalized dataflow of one call and everything the patterns need to judge it."""
+
+    nodes: list[Node] = field(default_factory=list)
+    output: Any = None  # the function's actual return value
+    output_value: TensorValue | None = None  # set when the output is a single tracked tensor
+    problems: list[str] = field(default_factory=list)  # reasons no pattern may match
+    signature: CallSignature | None = None
+
+    def producer(self, value: Value | None) -> Node | None:
+        """The node that produced ``value``; None for arguments, externals and constants."""
+        if isinstance(value, TensorValue) and isinstance(value.source, NodeSource):
+            return self.nodes[value.source.node]
+        return None
+
+    def produced_by(self, value: Value | None, *kinds: Kind) -> Node | None:
+        """The producer of ``value`` when it is one of ``kinds``."""
+        node = self.producer(value)
+        return node if node is not None and node.kind in kinds else None
+
+    def uncovered(self, used: Iterable[Node]) -> list[Node]:
+        """Recorded computations that are not part of ``used`` (absorbed nodes included)."""
+        covered: set[int] = set()
+        stack = list(used)
+        while stack:
+            node = stack.pop()
+            if node.index not in covered:
+                covered.add(node.index)
+                stack.extend(node.absorbs)
+        return [n for n in self.nodes if n.index not in covered and not n.synthetic]
+
+
+# ---------------------------------------------------------------------------------------------
+# The call signature a match is valid for
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """What a later tensor must share with the captured one."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> TensorMeta:
+        return cls(tuple(t.shape), t.dtype, t.device, t.requires_grad)
+
+    def mismatch(self, value: Any) -> str | None:
+        if not isinstance(value, torch.Tensor):
+            return f"expected a tensor, got {type(value).__name__}"
+        now = TensorMeta.of(value)
+        return None if now == self else f"tensor {now} differs from the captured {self}"
+
+
+def _freeze(value: Any, depth: int = 0) -> Any:
+    """A comparable snapshot of plain data, or raise TypeError for anything else."""
+    if depth > 4:
+        raise TypeError("too deep")
+    if value is None or isinstance(value, bool | int | float | complex | str | bytes | enum.Enum):
+        return (type(value), value)
+    if isinstance(value, torch.dtype | torch.device | torch.layout | torch.memory_format):
+        return (type(value), value)
+    if isinstance(value, tuple | list | frozenset | set):
+        items = sorted(value, key=repr) if isinstance(value, set | frozenset) else value
+        return (type(value), tuple(_freeze(v, depth + 1) for v in items))
+    if isinstance(value, dict):
+        return (type(value), tuple((_freeze(k, depth + 1), _freeze(v, depth + 1)) for k, v in value.items()))
+    raise TypeError(type(value).__name__)
+
+
+class _ArgGuard:
+    """How one non-tensor argument must look on a later call."""
+
+    def __init__(self, value: Any) -> None:
+        self.frozen: Any = None
+        self.ref: Callable[[], Any] | None = None
+        try:
+            self.frozen = _freeze(value)
+        except TypeError:
+            # Not plain data (a module, a callable...): the very same object must be passed.
+            try:
+                self.ref = weakref.ref(value)
+            except TypeError:
+                self.ref = functools.partial(lambda v: v, value)  # strong reference
+
+    def mismatch(self, value: Any) -> str | None:
+        if self.ref is not None:
+            return None if self.ref() is value else f"a different {type(value).__name__} object"
+        try:
+            same = _freeze(value) == self.frozen
+        except TypeError:
+            same = False
+        return None if same else f"{value!r} differs from the captured value"
+
+
+@dataclass(frozen=True, eq=False)
+class CallSignature:
+    """The call a graph was captured from: what a later call must share for a match to hold.
+
+    Every non-tensor argument is pinned (plain data by value, other objects by identity), as
+    are the positional count, the keyword names, and each tensor argument's shape, dtype, device
+    and ``requires_grad``: Python control flow on any of them is invisible to the capture.
+    External tensors are re-reached by their path from the function (or from an argument), so
+    a module whose weight was replaced or a rebound global no longer matches.
+    """
+
+    fn: Callable[..., Any]
+    positional: tuple[TensorMeta | _ArgGuard, ...]
+    keywords: Mapping[str, TensorMeta | _ArgGuard]
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> CallSignature:
+        def guard(v: Any) -> TensorMeta | _ArgGuard:
+            return TensorMeta.of(v) if isinstance(v, torch.Tensor) else _ArgGuard(v)
+
+        return cls(fn, tuple(guard(a) for a in args), {k: guard(v) for k, v in kwargs.items()})
+
+    def mismatch(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+        """None when ``(args, kwargs)`` is a call like the captured one, else why not."""
+        if len(args) != len(self.positional):
+            return f"{len(args)} positional arguments instead of {len(self.positional)}"
+        if set(kwargs) != set(self.keywords):
+            return f"keyword arguments {sorted(kwargs)} instead of {sorted(self.keywords)}"
+        for i, (g, a) in enumerate(zip(self.positional, args, strict=True)):
+            why = g.mismatch(a)
+            if why:
+                return f"argument {i}: {why}"
+        for name, g in self.keywords.items():
+            why = g.mismatch(kwargs[name])
+            if why:
+                return f"argument {name!r}: {why}"
+        return None
+
+    def external_mismatch(
+        self, tensor: torch.Tensor, path: Path, meta: TensorMeta, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> str | None:
+        """None when ``path`` still reaches ``tensor``, unchanged in shape, dtype and device."""
+        try:
+            now = resolve_path(path, self.fn, args, kwargs)
+        except Exception:  # an attribute deleted, a cell emptied...: the path is gone
+            return f"the external tensor at {format_path(path)} can no longer be reached"
+        if now is not tensor:
+            return f"{format_path(path)} is now a different tensor"
+        return meta.mismatch(now)
+
+
+def resolve_path(path: Path, fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """Follow ``path`` from its root (the function, or an argument of this call)."""
+    (root, key), *steps = path
+    obj: Any = fn if root == "fn" else args[key] if root == "arg" else kwargs[key]
+    for step, key in steps:
+        if step == "attr":
+            for part in str(key).split("."):
+                obj = getattr(obj, part)
+        elif step == "cell":
+            obj = obj.__closure__[key].cell_contents
+        elif step == "global":
+            obj = obj.__globals__[key]
+        elif step == "item":
+            obj = obj[key]
+        elif step == "self":
+            obj = obj.__self__
+        elif step == "func":
+            obj = obj.func if isinstance(obj, functools.partial) else obj.__func__
+        elif step == "default":
+            obj = obj.__defaults__[key]
+        elif step == "kwdefault":
+            obj = obj.__kwdefaults__[key]
+        else:
+            raise ValueError(f"unknown path step {step!r}")
+    return obj
+
+
+def format_path(path: Path) -> str:
+    (root, key), *steps = path
+    text = "fn" if root == "fn" else f"args[{key}]" if root == "arg" else f"kwargs[{key!r}]"
+    for step, k in steps:
+        text += {
+            "attr": f".{k}",
+            "cell": f".<closure {k}>",
+            "global": f".<global {k}>",
+            "item": f"[{k!r}]",
+            "self": ".__self__",
+            "func": ".<func>",
+            "default": f".<default {k}>",
+            "kwdefault": f".<default {k}>",
+        }.get(step, f".<{step}>")
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Which tensors existed before the call and can be reached from the function
+# ---------------------------------------------------------------------------------------------
+
+_MAX_DEPTH = 6  # steps from a root: fn -> global helper -> its closure -> a module -> ...
+_MAX_OBJECTS = 20000  # objects visited; a function reaching a huge object graph is cut short
+_MAX_ITEMS = 256  # elements looked at in one container
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
+
+
+def _code_names(code: types.CodeType) -> Iterator[str]:
+    """Global names a code object (and the code objects nested in it) may read."""
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_names(const)
+
+
+def _children(obj: Any) -> Iterator[tuple[tuple[str, Any], Any]]:
+    """(step, child) pairs to walk from ``obj``: where a function's tensors can live."""
+    if isinstance(obj, torch.nn.Module):
+        for name, p in obj.named_parameters():
+            yield ("attr", name), p
+        for name, b in obj.named_buffers():
+            yield ("attr", name), b
+        for name, v in vars(obj).items():
+            if name not in _MODULE_INTERNALS:
+                yield ("attr", name), v
+        for name, sub in obj._modules.items():
+            yield ("attr", name), sub
+    elif isinstance(obj, types.MethodType):
+        yield ("self", None), obj.__self__
+        yield ("func", None), obj.__func__
+    elif isinstance(obj, functools.partial):
+        yield ("func", None), obj.func
+        yield ("attr", "args"), obj.args
+        yield ("attr", "keywords"), obj.keywords
+    elif isinstance(obj, types.FunctionType):
+        for i, cell in enumerate(obj.__closure__ or ()):
+            try:
+                yield ("cell", i), cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+        for name in dict.fromkeys(_code_names(obj.__code__)):
+            if name in obj.__globals__:
+                yield ("global", name), obj.__globals__[name]
+        for i, d in enumerate(obj.__defaults__ or ()):
+            yield ("default", i), d
+        for k, d in (obj.__kwdefaults__ or {}).items():
+            yield ("kwdefault", k), d
+        if hasattr(obj, "__wrapped__"):
+            yield ("attr", "__wrapped__"), obj.__wrapped__
+    elif isinstance(obj, list | tuple):
+        for i, v in enumerate(obj[:_MAX_ITEMS]):
+            yield ("item", i), v
+    elif isinstance(obj, dict):
+        for k, v in list(obj.items())[:_MAX_ITEMS]:
+            if isinstance(k, str | int):
+                yield ("item", k), v
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type | types.ModuleType | types.BuiltinFunctionType):
+        # A callable object or a plain object holding tensors (a config, a cache).
+        for name, v in list(vars(obj).items())[:_MAX_ITEMS]:
+            yield ("attr", name), v
+
+
+def _walkable(obj: Any) -> bool:
+    if obj is None or isinstance(obj, bool | int | float | complex | str | bytes | torch.Tensor):
+        return False
+    return not isinstance(obj, type | types.ModuleType | types.BuiltinFunctionType | torch.dtype | torch.device)
+
+
+def reachable_tensors(roots: Iterable[tuple[Path, Any]]) -> dict[int, tuple[torch.Tensor, Path]]:
+    """Tensors reachable from ``roots`` (breadth first, so each gets its shortest path)."""
+    found: dict[int, tuple[torch.Tensor, Path]] = {}
+    seen: set[int] = set()
+    queue: deque[tuple[Path, Any]] = deque(roots)
+    while queue and len(seen) < _MAX_OBJECTS:
+        path, obj = queue.popleft()
+        if isinstance(obj, torch.Tensor):
+            found.setdefault(id(obj), (obj, path))
+            continue
+        if id(obj) in seen or not _walkable(obj) or len(path) > _MAX_DEPTH:
+            continue
+        seen.add(id(obj))
+        try:
+            for step, child in _children(obj):
+                if isinstance(child, torch.Tensor) or _walkable(child):
+                    queue.append(((*path, step), child))
+        except Exception:  # an object whose attributes misbehave: leave it out
+            logger.debug("not walking %s", type(obj).__name__, exc_info=True)
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Recording
+# ---------------------------------------------------------------------------------------------
+
+_MUL = {"torch.mul", "torch.multiply", "torch.Tensor.mul", "torch.Tensor.multiply", "torch.Tensor.__mul__",
+        "torch.Tensor.__rmul__"}  # fmt: skip
+_ADD = {"torch.add", "torch.Tensor.add", "torch.Tensor.__add__", "torch.Tensor.__radd__"}
+_SUB = {"torch.sub", "torch.subtract", "torch.Tensor.sub", "torch.Tensor.subtract", "torch.Tensor.__sub__"}
+_RSUB = {"torch.rsub", "torch.Tensor.__rsub__"}  # (self, other) means other - self
+_DIV = {"torch.div", "torch.divide", "torch.true_divide", "torch.Tensor.div", "torch.Tensor.divide",
+        "torch.Tensor.true_divide", "torch.Tensor.__truediv__", "torch.Tensor.__div__"}  # fmt: skip
+_RDIV = {"torch.Tensor.__rtruediv__", "torch.Tensor.__rdiv__"}  # (self, other) means other / self
+_POW = {"torch.pow", "torch.Tensor.pow", "torch.Tensor.__pow__"}
+_UNARY = {
+    **dict.fromkeys(("torch.exp", "torch.Tensor.exp"), Kind.EXP),
+    **dict.fromkeys(("torch.sqrt", "torch.Tensor.sqrt"), Kind.SQRT),
+    **dict.fromkeys(("torch.rsqrt", "torch.Tensor.rsqrt"), Kind.RSQRT),
+    **dict.fromkeys(("torch.reciprocal", "torch.Tensor.reciprocal"), Kind.RECIPROCAL),
+    **dict.fromkeys(("torch.square", "torch.Tensor.square"), Kind.SQUARE),
+}
+_REDUCE = {
+    **dict.fromkeys(("torch.mean", "torch.Tensor.mean"), Kind.MEAN),
+    **dict.fromkeys(("torch.sum", "torch.Tensor.sum"), Kind.SUM),
+    **dict.fromkeys(("torch.amax", "torch.Tensor.amax", "torch.max", "torch.Tensor.max"), Kind.MAX),
+}
+_SOFTMAX_ARGS = ("input", "dim", "dtype")
+_SOFTMAX = {
+    "torch.nn.functional.softmax": (Kind.SOFTMAX, ("input", "dim", "_stacklevel", "dtype")),
+    "torch.softmax": (Kind.SOFTMAX, _SOFTMAX_ARGS),
+    "torch.Tensor.softmax": (Kind.SOFTMAX, _SOFTMAX_ARGS),
+    "torch.special.softmax": (Kind.SOFTMAX, _SOFTMAX_ARGS),
+    "torch.nn.functional.log_softmax": (Kind.LOG_SOFTMAX, ("input", "dim", "_stacklevel", "dtype")),
+    "torch.log_softmax": (Kind.LOG_SOFTMAX, _SOFTMAX_ARGS),
+    "torch.Tensor.log_softmax": (Kind.LOG_SOFTMAX, _SOFTMAX_ARGS),
+    "torch.special.log_softmax": (Kind.LOG_SOFTMAX, _SOFTMAX_ARGS),
+}
+_RMS_NORM = {"torch.nn.functional.rms_norm", "torch.rms_norm"}
+_CASTS = {"torch.Tensor.to", "torch.Tensor.type", "torch.Tensor.type_as", "torch.Tensor.float",
+          "torch.Tensor.half", "torch.Tensor.bfloat16", "torch.Tensor.double"}  # fmt: skip
+_CONSTANTS = {"torch.tensor", "torch.scalar_tensor", "torch.as_tensor"}
+# Calls that only read metadata (shape, dtype, layout): not computations, not data reads.
+_METADATA = {"size", "dim", "ndimension", "stride", "numel", "nelement", "is_contiguous", "element_size",
+             "get_device", "is_floating_point", "is_complex", "is_signed", "storage_offset", "data_ptr",
+             "__len__", "type", "result_type", "can_cast", "is_same_size", "__hash__", "is_inference",
+             "is_pinned", "is_shared", "has_names", "dim_order", "is_nonzero_size"}  # fmt: skip
+
+
+_INPLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__idiv__",
+                    "__ifloordiv__", "__imod__", "__ipow__", "__imatmul__", "__iand__", "__ior__", "__ixor__",
+                    "__ilshift__", "__irshift__"}  # fmt: skip
+_BINARY = _MUL | _ADD | _SUB | _RSUB | _DIV | _RDIV
+_BINARY_KIND = {
+    **dict.fromkeys(_MUL, Kind.MUL),
+    **dict.fromkeys(_ADD, Kind.ADD),
+    **dict.fromkeys(_SUB | _RSUB, Kind.SUB),
+    **dict.fromkeys(_DIV | _RDIV, Kind.DIV),
+}
+
+
+def _function_name(func: Any) -> str:
+    """A stable dotted name for an overridable torch function, across torch versions."""
+    try:
+        name = resolve_name(func)
+    except Exception:
+        name = None
+    if name:
+        return str(name)
+    qualname = getattr(func, "__qualname__", None) or getattr(func, "__name__", None)
+    return str(qualname) if qualname else repr(func)
+
+
+def _mutates(name: str, kwargs: Mapping[str, Any]) -> bool:
+    """Whether a call writes into an existing tensor (in-place method, setitem, out=, inplace=)."""
+    last = name.rsplit(".", 1)[-1]
+    if last.startswith("__"):
+        return last in _INPLACE_DUNDERS
+    return last.endswith("_") or kwargs.get("out") is not None or kwargs.get("inplace") is True
+
+
+def _has_tensor(obj: Any, depth: int = 0) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return True
+    if depth < 3 and isinstance(obj, list | tuple):
+        return any(_has_tensor(o, depth + 1) for o in obj)
+    if depth < 3 and isinstance(obj, dict):
+        return any(_has_tensor(o, depth + 1) for o in obj.values())
+    return False
+
+
+def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth < 3 and isinstance(obj, list | tuple):
+        for o in obj:
+            yield from _tensors(o, depth + 1)
+    elif depth < 3 and isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o, depth + 1)
+
+
+def _bind(names: Sequence[str], args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Map positional and keyword arguments to parameter names; None when they do not fit."""
+    if len(args) > len(names):
+        return None
+    bound = dict(zip(names, args, strict=False))
+    for k, v in kwargs.items():
+        if k in bound or k not in names:
+            return None
+        bound[k] = v
+    return bound
+
+
+def _dims(dim: Any, ndim: int) -> tuple[int, ...] | None:
+    """Reduction dims normalized to sorted non-negative ints; None means every dim."""
+    if dim is None or (isinstance(dim, list | tuple) and len(dim) == 0):
+        return None
+    items = dim if isinstance(dim, list | tuple) else (dim,)
+    out = []
+    for d in items:
+        if isinstance(d, bool) or not isinstance(d, int):
+            raise ValueError(f"dim {d!r}")
+        rank = max(ndim, 1)
+        if not -rank <= d < rank:
+            raise ValueError(f"dim {d} out of range")
+        out.append(d % rank)
+    return tuple(sorted(set(out)))
+
+
+def _softmax_dim(dim: Any, ndim: int) -> int:
+    """The dim softmax normalizes over; ``dim=None`` is torch's legacy implicit choice."""
+    if dim is None:
+        return 0 if ndim in (0, 1, 3) else 1
+    dims = _dims(dim, ndim)
+    if dims is None or len(dims) != 1:
+        raise ValueError(f"dim {dim!r}")
+    return dims[0]
+
+
+class _Unnormalized(Exception):
+    """A call that looks like a known one but is used in a way no pattern handles."""
+
+
+class Recorder:
+    """Builds a :class:`Graph` from the calls a capture mode reports."""
+
+    def __init__(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        self.graph = Graph(signature=CallSignature.of(fn, args, kwargs))
+        self._values: dict[int, TensorValue] = {}
+        self._alive: list[Any] = []  # keeps every seen tensor alive, so that no id is reused
+        self._container_ids: set[int] = set()
+        for i, a in enumerate(args):
+            self._register_arg(a, ArgSource(index=i))
+        for k, v in kwargs.items():
+            self._register_arg(v, ArgSource(name=k))
+        roots: list[tuple[Path, Any]] = [((("fn", None),), fn)]
+        roots += [((("arg", i),), a) for i, a in enumerate(args) if isinstance(a, torch.nn.Module)]
+        roots += [((("kwarg", k),), v) for k, v in kwargs.items() if isinstance(v, torch.nn.Module)]
+        self._reachable = reachable_tensors(roots)
+
+    # ---- values ------------------------------------------------------------------------------
+    def _register_arg(self, obj: Any, source: ArgSource) -> None:
+        if isinstance(obj, torch.Tensor):
+            if id(obj) not in self._values:
+                self._new_value(obj, source)
+        else:
+            for t in _tensors(obj):
+                self._container_ids.add(id(t))
+                self._alive.append(t)
+
+    def _new_value(self, t: torch.Tensor, source: Source) -> TensorValue:
+        value = TensorValue(
+            vid=len(self._alive),
+            source=source,
+            shape=tuple(t.shape),
+            dtype=t.dtype,
+            device=t.device,
+            plain=type(t) in (torch.Tensor, torch.nn.Parameter),
+        )
+        self._alive.append(t)
+        self._values[id(t)] = value
+        return value
+
+    def value(self, obj: Any) -> Value:
+        """The graph value of a call argument (a tensor met for the first time is classified)."""
+        if not isinstance(obj, torch.Tensor):
+            return Const(obj)
+        known = self._values.get(id(obj))
+        if known is not None:
+            return known
+        if id(obj) in self._reachable:
+            tensor, path = self._reachable[id(obj)]
+            return self._new_value(obj, ExternalSource(tensor, path))
+        if id(obj) in self._container_ids:
+            return self._new_value(obj, UnknownSource("is inside a container argument"))
+        return self._new_value(obj, UnknownSource("was made by code the capture cannot see (not a torch call)"))
+
+    def tensor_value(self, obj: Any) -> TensorValue:
+        v = self.value(obj)
+        if not isinstance(v, TensorValue):
+            raise _Unnormalized(f"expected a tensor, got {type(obj).__name__}")
+        return v
+
+    # ---- nodes -------------------------------------------------------------------------------
+    def _add(
+        self,
+        kind: Kind,
+        name: str,
+        inputs: Sequence[Value],
+        params: dict[str, Any] | None = None,
+        result: Any = None,
+        absorbs: Sequence[Node] = (),
+        like: TensorValue | None = None,
+    ) -> Node:
+        """Append a node; its outputs come from ``result`` or, for a synthetic node, ``like``."""
+        node = Node(len(self.graph.nodes), kind, name, tuple(inputs), dict(params or {}), absorbs=tuple(absorbs))
+        self.graph.nodes.append(node)
+        if like is not None:
+            node.synthetic = True
+            node.outputs = (
+                TensorValue(-1 - node.index, NodeSource(node.index), like.shape, like.dtype, like.device, like.plain),
+            )
+        elif isinstance(result, torch.Tensor):
+            node.outputs = (self._output(result, NodeSource(node.index)),)
+        else:
+            outs = []
+            for i, r in enumerate(result if isinstance(result, list | tuple) else ()):
+                if isinstance(r, torch.Tensor):
+                    outs.append(self._output(r, NodeSource(node.index, i)))
+            node.outputs = tuple(outs)
+        return node
+
+    def _output(self, t: torch.Tensor, source: NodeSource) -> TensorValue:
+        known = self._values.get(id(t))
+        return known if known is not None else self._new_value(t, source)
+
+    def fail(self, err: BaseException) -> None:
+        logger.debug("capture could not record a call", exc_info=err)
+        self.problem(f"internal capture error ({type(err).__name__}: {err})")
+
+    def problem(self, text: str) -> None:
+        if text not in self.graph.problems:
+            self.graph.problems.append(text)
+
+    def record(self, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any], result: Any) -> None:
+        """Record one call the user's code made (after it ran)."""
+        name = _function_name(func)
+        if name.endswith(".__get__") or getattr(func, "__name__", "") == "__get__":
+            # A property read: x.dtype, x.shape are not computations; x.T, x.data make tensors
+            # through a path no pattern looks through.
+            if isinstance(result, torch.Tensor):
+                self._add(Kind.OTHER, name.removesuffix(".__get__"), [self.value(t) for t in _tensors(args)],
+                          result=result)  # fmt: skip
+            return
+        if _mutates(name, kwargs):
+            self.problem(f"mutates a tensor in place ({name})")
+            return
+        tensors_in = list(_tensors(args)) + list(_tensors(kwargs))
+        if not _has_tensor(result):
+            if tensors_in and name.rsplit(".", 1)[-1] not in _METADATA:
+                self.problem(f"reads tensor values into Python ({name}): it may branch on data")
+            return
+        if isinstance(result, torch.Tensor) and any(result is t for t in tensors_in):
+            return  # returns an input as it is (x.float() of a float32 x, x.contiguous()...)
+        try:
+            self._normalized(name, args, kwargs, result)
+        except (_Unnormalized, ValueError, TypeError, IndexError) as err:
+            logger.debug("%s recorded as an opaque call: %s", name, err)
+            self._add(Kind.OTHER, name, [self.value(t) for t in tensors_in], result=result)
+
+    # ---- normalization -----------------------------------------------------------------------
+    def _normalized(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any], result: Any) -> None:
+        single = isinstance(result, torch.Tensor)
+        if name in _BINARY and single:
+            extra = "rounding_mode" if name in _DIV | _RDIV else "alpha"
+            b = _bind(("input", "other", extra), args, kwargs)
+            if b is None or "other" not in b:
+                raise _Unnormalized("arguments")
+            if b.get("alpha", 1) != 1 or b.get("rounding_mode") is not None:
+                raise _Unnormalized("alpha or rounding_mode")
+            a, o = self.value(b["input"]), self.value(b["other"])
+            if name in _RSUB | _RDIV:
+                a, o = o, a
+            self._binary(_BINARY_KIND[name], name, a, o, result)
+        elif name in _POW and single:
+            b = _bind(("input", "exponent"), args, kwargs)
+            if b is None or "exponent" not in b or isinstance(b["exponent"], torch.Tensor):
+                raise _Unnormalized("exponent")
+            self._pow(name, self.tensor_value(b["input"]), Const(b["exponent"]), result)
+        elif name in _UNARY and single:
+            b = _bind(("input",), args, kwargs)
+            if b is None or set(b) != {"input"}:
+                raise _Unnormalized("arguments")
+            self._unary(_UNARY[name], name, self.tensor_value(b["input"]), result)
+        elif name in _REDUCE:
+            self._reduce(_REDUCE[name], name, args, kwargs, result)
+        elif name in _SOFTMAX and single:
+            kind, names = _SOFTMAX[name]
+            b = _bind(names, args, kwargs)
+            if b is None or not set(b) <= {*names, "_stacklevel"}:
+                raise _Unnormalized("arguments")
+            x = self.tensor_value(b["input"])
+            dim = _softmax_dim(b.get("dim"), x.ndim)
+            self._add(kind, name, [x], {"dim": dim, "dtype": b.get("dtype")}, result)
+        elif name in _RMS_NORM and single:
+            b = _bind(("input", "normalized_shape", "weight", "eps"), args, kwargs)
+            if b is None or "normalized_shape" not in b:
+                raise _Unnormalized("arguments")
+            shape = b["normalized_shape"]
+            shape = (shape,) if isinstance(shape, int) else tuple(shape)
+            x, w = self.tensor_value(b["input"]), self.value(b.get("weight"))
+            self._add(Kind.RMS_NORM, name, [x, w], {"normalized_shape": shape, "eps": b.get("eps")}, result)
+        elif name in _CASTS and single and args and isinstance(args[0], torch.Tensor):
+            src = args[0]
+            if tuple(result.shape) != tuple(src.shape) or result.device != src.device or result.dtype == src.dtype:
+                raise _Unnormalized("not a pure dtype change")
+            self._add(Kind.CAST, name, [self.tensor_value(src)], {"dtype": result.dtype}, result)
+        elif name in _CONSTANTS and single:
+            data = args[0] if args else kwargs.get("data")
+            if Const(data).number is None or result.dim() != 0 or _has_tensor(list(args) + list(kwargs.values())):
+                raise _Unnormalized("not a constant number")
+            self._add(Kind.CONST, name, [], {"value": data}, result)
+        else:
+            raise _Unnormalized("no normalization")
+
+    def _binary(self, kind: Kind, name: str, a: Value, b: Value, result: Any) -> Node:
+        if kind is Kind.MUL:
+            if a is b and isinstance(a, TensorValue):
+                return self._add(Kind.SQUARE, name, [a], result=result)
+            for t, other in ((a, b), (b, a)):
+                # a * (1 / b) is a / b (one rounding fewer; the recognized op rounds once anyway).
+                recip = self.graph.produced_by(t, Kind.RECIPROCAL)
+                if recip is not None and isinstance(other, TensorValue):
+                    return self._add(Kind.DIV, name, [other, recip.inputs[0]], result=result, absorbs=[recip])
+                # s.sum(d) * (1 / N) is s.mean(d).
+                mean = self._mean_from_sum(t, other, reciprocal=True)
+                if mean is not None:
+                    return self._add(Kind.MEAN, name, mean.inputs, mean.params, result, absorbs=[mean])
+        if kind is Kind.DIV:
+            if isinstance(b, TensorValue) and Const(getattr(a, "value", None)).number == 1.0:
+                return self._unary(Kind.RECIPROCAL, name, b, result)
+            sqrt = self.graph.produced_by(b, Kind.SQRT)
+            if sqrt is not None and isinstance(a, TensorValue):
+                # x / sqrt(v) is x * rsqrt(v): a synthetic RSQRT stands for the division.
+                rsqrt = self._add(Kind.RSQRT, "rsqrt", sqrt.inputs, absorbs=[sqrt], like=sqrt.out)
+                return self._add(Kind.MUL, name, [a, rsqrt.out], result=result, absorbs=[rsqrt])
+            mean = self._mean_from_sum(a, b, reciprocal=False)
+            if mean is not None:
+                return self._add(Kind.MEAN, name, mean.inputs, mean.params, result, absorbs=[mean])
+        return self._add(kind, name, [a, b], result=result)
+
+    def _mean_from_sum(self, s: Value, n: Value, reciprocal: bool) -> Node | None:
+        """The SUM node when ``s / n`` (or ``s * n`` with ``n = 1/N``) is a mean over its dim."""
+        node = self.graph.produced_by(s, Kind.SUM)
+        number = n.number if isinstance(n, Const) else None
+        if node is None or number is None or node.params["dims"] is None or len(node.params["dims"]) != 1:
+            return None
+        x = node.inputs[0]
+        assert isinstance(x, TensorValue)
+        size = x.shape[node.params["dims"][0]] if x.ndim else 1
+        ok = math.isclose(number * size, 1.0, rel_tol=1e-12) if reciprocal else number == size
+        return node if ok else None
+
+    def _pow(self, name: str, a: TensorValue, exponent: Const, result: Any) -> Node:
+        e = exponent.number
+        folded = {2.0: Kind.SQUARE, 0.5: Kind.SQRT, -0.5: Kind.RSQRT, -1.0: Kind.RECIPROCAL}.get(e)  # type: ignore[arg-type]
+        if folded is None:
+            return self._add(Kind.POW, name, [a], {"exponent": exponent.value}, result)
+        return self._unary(folded, name, a, result)
+
+    def _unary(self, kind: Kind, name: str, a: TensorValue, result: Any) -> Node:
+        if kind is Kind.RECIPROCAL:
+            sqrt = self.graph.produced_by(a, Kind.SQRT)
+            if sqrt is not None:  # 1 / sqrt(v) is rsqrt(v)
+                return self._add(Kind.RSQRT, name, sqrt.inputs, result=result, absorbs=[sqrt])
+        return self._add(kind, name, [a], result=result)
+
+    def _reduce(self, kind: Kind, name: str, args: Sequence[Any], kwargs: Mapping[str, Any], result: Any) -> None:
+        names = ("input", "dim", "keepdim") if kind is Kind.MAX else ("input", "dim", "keepdim", "dtype")
+        b = _bind(names, args, kwargs)
+        if b is None or isinstance(b.get("dim"), torch.Tensor):  # torch.max(a, b) is a maximum
+            raise _Unnormalized("arguments")
+        x = self.tensor_value(b["input"])
+        keepdim = b.get("keepdim", False)
+        if not isinstance(keepdim, bool):
+            raise _Unnormalized("keepdim")
+        params = {"dims": _dims(b.get("dim"), x.ndim), "keepdim": keepdim, "dtype": b.get("dtype")}
+        # max(dim=...) returns (values, indices); amax and max() return the values alone.
+        if isinstance(result, torch.Tensor) or (kind is Kind.MAX and isinstance(result, tuple)):
+            self._add(kind, name, [x], params, result)
+        else:
+            raise _Unnormalized("result")
+
+
+class _CaptureMode(TorchFunctionMode):
+    """Reports every top-level torch call to a :class:`Recorder`, then returns its result.
+
+    Calling ``func`` here runs with this mode popped, so what ``func`` calls internally is not
+    reported. Recording errors never reach the user's code: they become a graph problem.
+    """
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)  # the user's computation: its errors are the user's
+        try:
+            self.recorder.record(func, args, kwargs, result)
+        except Exception as err:
+            self.recorder.fail(err)
+        return result
+
+
+def capture(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Graph:
+    """Run ``fn(*args, **kwargs)`` once under a capture mode and return the graph of the call.
+
+    ``graph.output`` is the function's actual return value. Exceptions raised by ``fn`` propagate
+    unchanged. Failures of the capture itself never raise: the function still runs, once, and
+    the graph lists the failure in ``problems``.
+    """
+    try:
+        recorder: Recorder | None = Recorder(fn, args, kwargs)
+    except Exception as err:
+        logger.debug("capture set-up failed", exc_info=True)
+        recorder = None
+        setup_error = f"capture set-up failed ({type(err).__name__}: {err})"
+    if recorder is None:
+        graph = Graph(output=fn(*args, **kwargs), problems=[setup_error])
+        return graph
+    mode = _CaptureMode(recorder)
+    try:
+        mode.__enter__()
+    except Exception as err:
+        logger.debug("could not enter the capture mode", exc_info=True)
+        return Graph(output=fn(*args, **kwargs), problems=[f"capture mode unavailable ({err})"])
+    try:
+        output = fn(*args, **kwargs)
+    finally:
+        mode.__exit__(None, None, None)
+    graph = recorder.graph
+    graph.output = output
+    try:
+        if isinstance(output, torch.Tensor):
+            graph.output_value = recorder.tensor_value(output)
+    except Exception as err:
+        recorder.fail(err)
+    recorder._alive.clear()  # the graph keeps metadata only (and external tensors' references)
+    recorder._reachable.clear()
+    return graph

@@ -1,0 +1,273 @@
+"""``@kernelsmith.optimize``: make a user's own function faster without changing it.
+
+>>> import torch, kernelsmith
+>>> @kernelsmith.optimize(budget=50)
+... def rmsnorm(x, weight, eps=1e-6):
+...     xf = x.float()
+...     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+>>> y = rmsnorm(torch.randn(8, 64), torch.ones(64))  # CPU tensors: the original function runs
+>>> rmsnorm.kernelsmith.stats["fallback_calls"]
+1
+
+The first call with a new key (shapes, dtypes, strides, device, non-tensor arguments) takes the
+slow path, once:
+
+1. fall back to the original function where kernels cannot help: inputs that need gradients
+   (no backward kernels for these ops yet), CPU tensors (unless interpreter mode was asked for
+   with ``KERNELSMITH_INTERPRET=1`` or ``TRITON_INTERPRET=1``), no recognized op, a workload the
+   op's kernels do not support (dtype, layout);
+2. recognize the op from the function's captured graph (:mod:`kernelsmith.frontends.recognize`)
+   and check, on this call's real inputs, that the function really computes it: its output must
+   be as close to the op's float64 reference as PyTorch's own formulation is. A recognizer
+   mistake is caught here and the original function keeps running;
+3. look the workload's bucket up in the database; by ``mode``: ``"tune"`` (default) tunes a
+   missing workload now, ``"db"`` never tunes (a stored winner or the original function),
+   ``"background"`` runs the original function while a tuning thread drives worker processes,
+   and picks up the winner once it is stored;
+4. build the winner's launcher, run it once on this call's inputs and check the result like a
+   candidate's; any failure is logged once and the original function is used.
+
+Later calls with the same key find a ready entry in an in-process table: a tuple of shapes and
+strides, a dict lookup and the kernel launch. Under ``torch.compile`` a tuned entry is emitted
+as the ``kernelsmith::kernel`` custom op; everything else traces the original function.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+
+from kernelsmith import dispatch
+from kernelsmith.db import open_database
+from kernelsmith.evaluate.errors import check_close
+from kernelsmith.frontends.recognize import Match, recognize
+from kernelsmith.ops import OpFamily, UnsupportedWorkload, get_op
+from kernelsmith.spec import OpSpec
+
+log = logging.getLogger(__name__)
+
+MODES = ("tune", "db", "background")
+F = TypeVar("F", bound=Callable[..., Any])
+Entry = Callable[[tuple[Any, ...], dict[str, Any]], Any]
+
+
+def _call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """What makes two calls the same workload: tensor metadata and the other arguments' values.
+
+    Raises TypeError for unhashable non-tensor arguments (such calls are never cached).
+    """
+
+    def part(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return (value.shape, value.dtype, value.stride(), value.device, value.requires_grad)
+        hash(value)
+        return value
+
+    key = [torch.is_grad_enabled(), *(part(a) for a in args)]
+    for name in sorted(kwargs):
+        key += [name, part(kwargs[name])]
+    return tuple(key)
+
+
+@dataclass
+class Optimized:
+    """The state behind one decorated function; reachable as ``fn.kernelsmith``."""
+
+    fn: Callable[..., Any]
+    budget: int = 50
+    strategy: str = "random"
+    mode: str | None = None
+    db: Any = None
+    table: dict[tuple[Any, ...], Entry] = field(default_factory=dict)
+    stats: dict[str, int] = field(
+        default_factory=lambda: {"calls": 0, "kernel_calls": 0, "fallback_calls": 0, "tunes": 0, "evaluations": 0}
+    )
+    reasons: dict[tuple[Any, ...], str] = field(default_factory=dict)
+    background: threading.Thread | None = None  # the tuning thread of background mode, if any
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _logged: set[str] = field(default_factory=set)
+
+    # ---- the call -------------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.stats["calls"] += 1
+        try:
+            key = _call_key(args, kwargs)
+        except TypeError:
+            return self._fallback(args, kwargs)
+        entry = self.table.get(key)
+        if entry is None:
+            return self._first_call(key, args, kwargs)
+        return entry(args, kwargs)
+
+    def _fallback(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.stats["fallback_calls"] += 1
+        return self.fn(*args, **kwargs)
+
+    def _use_original(self, key: tuple[Any, ...], reason: str) -> None:
+        self._log_once(reason)
+        self.reasons[key] = reason
+        self.table[key] = self._fallback
+
+    def _log_once(self, message: str) -> None:
+        if message not in self._logged:
+            self._logged.add(message)
+            log.info("%s: %s", getattr(self.fn, "__qualname__", self.fn), message)
+
+    @property
+    def effective_mode(self) -> str:
+        mode = self.mode or os.environ.get("KERNELSMITH_MODE", "tune")
+        if mode not in MODES:
+            raise ValueError(f"kernelsmith mode {mode!r} is not one of {MODES}")
+        return mode
+
+    # ---- the slow path, once per key ------------------------------------------------------------
+    def _first_call(self, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
+        if torch.compiler.is_compiling():
+            return self.fn(*args, **kwargs)  # never tune while being traced
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            self._use_original(key, "inputs require grad and these ops have no backward kernels yet")
+            return self._fallback(args, kwargs)
+        device_mode = dispatch.mode_for(tensors) if tensors else None
+        if device_mode is None:
+            self._use_original(key, "not CUDA tensors (set KERNELSMITH_INTERPRET=1 to run kernels on the CPU)")
+            return self._fallback(args, kwargs)
+        self.stats["fallback_calls"] += 1  # this call's result is the original function's
+        recognition = recognize(self.fn, args, kwargs)
+        if recognition.match is None:
+            self._use_original(key, f"no op recognized ({recognition.reason})")
+            return recognition.output
+        match = recognition.match
+        family = get_op(match.op)
+        try:
+            inputs = match.bind(args, kwargs)
+            spec = family.spec_for(*inputs, **match.constants)
+        except UnsupportedWorkload as exc:
+            self._use_original(key, f"{match.op} recognized but not supported: {exc}")
+            return recognition.output
+        problem = _differs_from_op(family, spec, inputs, recognition.output)
+        if problem:
+            self._use_original(key, f"looks like {match.op} but computes something else: {problem}")
+            return recognition.output
+        self._resolve(key, family, spec, match, device_mode, inputs, recognition.output)
+        return recognition.output
+
+    def _resolve(self, key: tuple[Any, ...], family: OpFamily, spec: OpSpec, match: Match, device_mode: str,
+                 inputs: tuple[torch.Tensor, ...], reference_output: Any) -> None:
+        bucket = family.bucket(spec)
+        with open_database(self.db) as db:
+            decision = dispatch.stored_decision(db, device_mode, bucket)
+        if decision is None:
+            mode = self.effective_mode
+            if mode == "db":
+                self._use_original(key, f"{match.op} {bucket.describe()} is not tuned (database-only mode)")
+                return
+            if mode == "background":
+                self._tune_in_background(key, bucket, device_mode)
+                self.table[key] = self._fallback
+                return
+            decision = self._tune(bucket, device_mode)
+        if decision.winner != "kernel":
+            self._use_original(key, f"the baseline wins for {bucket.describe()}")
+            return
+        try:
+            runner = dispatch.build_runner(family, spec, decision)
+            trial = runner(inputs)[0]
+            problem = _differs_from_op(family, spec, inputs, trial)
+        except Exception as exc:  # a stored kernel that fails here must never break the call
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem:
+            self._use_original(key, f"stored kernel for {bucket.describe()} not used: {problem}")
+            return
+        self.table[key] = self._kernel_entry(match, runner)
+
+    def _kernel_entry(self, match: Match, runner: dispatch.KernelRunner) -> Entry:
+        bind = match.bind
+        op = match.op
+        constants = dispatch.constants_json(dict(match.constants))
+        stats = self.stats
+
+        def entry(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            inputs = bind(args, kwargs)
+            if torch.compiler.is_compiling():
+                return torch.ops.kernelsmith.kernel(op, list(inputs), constants)[0]
+            stats["kernel_calls"] += 1
+            return runner(inputs)[0]
+
+        return entry
+
+    def _tune(self, bucket: OpSpec, device_mode: str) -> Any:
+        from kernelsmith.tuner import tune_spec
+
+        self.stats["tunes"] += 1
+        result = tune_spec(bucket, budget=self.budget, strategy=self.strategy, db=self.db, mode=device_mode)
+        self.stats["evaluations"] += result.evaluations
+        with open_database(self.db) as db:
+            return dispatch.stored_decision(db, device_mode, bucket)
+
+    def _tune_in_background(self, key: tuple[Any, ...], bucket: OpSpec, device_mode: str) -> None:
+        """Tune in a thread (candidates still run only in worker processes); when the decision
+        is stored, drop the key's fallback entry so the next call resolves it again."""
+
+        def work() -> None:
+            try:
+                self._tune(bucket, device_mode)
+            except Exception as exc:
+                self._log_once(f"background tuning of {bucket.describe()} failed: {exc}")
+                return
+            with self._lock:
+                self.table.pop(key, None)
+
+        thread = threading.Thread(target=work, name=f"kernelsmith-tune-{bucket.op}", daemon=True)
+        self.background = thread
+        thread.start()
+
+
+def _differs_from_op(family: OpFamily, spec: OpSpec, inputs: tuple[torch.Tensor, ...], output: Any) -> str | None:
+    """None when ``output`` computes the op on ``inputs`` as well as PyTorch's own formulation."""
+    if not isinstance(output, torch.Tensor):
+        return f"the function returned {type(output).__name__}, not a tensor"
+    expected = family.output_specs(spec)[0]
+    if tuple(output.shape) != expected.shape or output.dtype != expected.torch_dtype:
+        return f"output {tuple(output.shape)} {output.dtype} differs from {expected}"
+    with torch.no_grad():
+        ref64 = family.reference_fp64(spec, inputs)[0]
+        lowp = family.reference(spec, inputs)[0]
+        return check_close(output.detach(), ref64, lowp, family.tolerance)
+
+
+def optimize(
+    fn: F | None = None,
+    *,
+    budget: int = 50,
+    strategy: str = "random",
+    mode: str | None = None,
+    db: Any = None,
+) -> Any:
+    """Decorate a function so that calls run a tuned kernel when one beats it.
+
+    Use as ``@optimize`` or ``@optimize(budget=..., strategy=..., mode=..., db=...)``. ``mode``
+    is "tune" (default; also ``KERNELSMITH_MODE``), "db" or "background"; ``db`` a database
+    path or URL (default: ``KERNELSMITH_DB`` or the per-user cache).
+    """
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+
+    def decorate(function: F) -> F:
+        state = Optimized(function, budget=budget, strategy=strategy, mode=mode, db=db)
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return state(*args, **kwargs)
+
+        wrapper.kernelsmith = state  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate(fn) if fn is not None else decorate

@@ -1,0 +1,139 @@
+"""Softmax over the last dim: ``exp(x - max(x)) / sum(exp(x - max(x)))``, however written.
+
+Recognized (after the capture's normalization, see :mod:`kernelsmith.frontends.capture`):
+
+- ``torch.softmax(x, -1)``, ``F.softmax(x, dim=-1)``, ``x.softmax(-1)``,
+  ``torch.special.softmax``, ``torch.nn.Softmax(dim=-1)`` modules (which call ``F.softmax``);
+  the dim may be written ``-1`` or ``x.ndim - 1`` (``dim=None`` is torch's legacy implicit
+  choice, recognized only where that choice is the last dim, as for a 1-D ``x``);
+- the explicit ``e = torch.exp(x - m); e / e.sum(-1, keepdim=True)`` with ``m`` being
+  ``x.amax(-1, keepdim=True)``, ``x.max(-1, keepdim=True).values`` or ``[0]``, or
+  ``torch.max(x, dim=-1, keepdim=True)[0]``; ``e * (1 / s)`` counts as ``e / s``;
+- the same without the max subtraction, ``exp(x) / sum(exp(x))``: it is mathematically the
+  same function (softmax is shift invariant), and the kernels subtract the max anyway, so they
+  only overflow less than the user's code;
+- a float32 computation cast back to ``x``'s dtype: ``softmax(x.float(), -1).to(x.dtype)`` or
+  ``F.softmax(x, -1, dtype=torch.float32).to(x.dtype)`` (Hugging Face attention), or the
+  explicit form on ``x.float()``: the kernels compute in float32 and round once, like these.
+
+Refused, with a reason: any other dim (``dim=0``, ``dim=1`` of a 3-D ``x``), reductions without
+keepdim, ``log_softmax``, an output dtype other than ``x``'s (``softmax(x, -1,
+dtype=torch.float32)`` of a bfloat16 ``x`` returns float32: a different function), a
+computation in a lower precision than ``x`` then cast back, the max's indices, and anything
+computed besides the op (``softmax(x) * 2``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from kernelsmith.frontends.capture import Graph, Kind, Node, TensorValue, Value
+from kernelsmith.frontends.recognize import (
+    Match,
+    NoMatch,
+    input_ref,
+    reduces_last_dim,
+    require_only,
+    single_tensor_output,
+)
+
+logger = logging.getLogger(__name__)
+
+OP = "softmax"
+
+
+def match(graph: Graph) -> Match | None:
+    """The softmax match of ``graph``; None when it has nothing softmax-like at all."""
+    if not any(n.kind in (Kind.SOFTMAX, Kind.LOG_SOFTMAX, Kind.EXP) for n in graph.nodes):
+        return None
+    out = single_tensor_output(graph)
+    used: list[Node] = []
+    node = graph.producer(out)
+    assert node is not None  # single_tensor_output checked it
+    if node.kind is Kind.CAST:  # a float32 softmax cast back to x's dtype (checked below)
+        used.append(node)
+        inner = graph.producer(node.inputs[0])
+        if inner is None:
+            raise NoMatch("the output is a cast of an input, not a softmax")
+        node = inner
+    if node.kind is Kind.LOG_SOFTMAX:
+        raise NoMatch("log_softmax is not softmax")
+    if node.kind is Kind.SOFTMAX:
+        x, casts = _source(graph, node.inputs[0])
+        if node.params["dim"] != x.ndim - 1:
+            raise NoMatch(f"softmax over dim {node.params['dim']} of a {x.ndim}-D tensor, not the last dim")
+        used += [node, *casts]
+    elif node.kind is Kind.DIV:
+        x, nodes = _explicit(graph, node)
+        used += nodes
+    else:
+        raise NoMatch(f"the output comes from {node.name} after the softmax")
+    computed = node.out.dtype  # the precision the softmax itself ran in
+    if computed != x.dtype and not (computed == torch.float32 and x.dtype in (torch.float16, torch.bfloat16)):
+        raise NoMatch(f"the softmax is computed in {computed}, less precise than x's {x.dtype}")
+    if out.dtype != x.dtype:
+        raise NoMatch(f"the output is {out.dtype}, but x is {x.dtype}")
+    if out.shape != x.shape:
+        raise NoMatch(f"the output has shape {out.shape}, but x has {x.shape}")
+    x_ref = input_ref(x, "input x")
+    require_only(graph, used, OP)
+    return Match(OP, (x_ref,), {"dim": -1})
+
+
+def _source(graph: Graph, value: Value) -> tuple[TensorValue, list[Node]]:
+    """``x`` for ``x`` or ``x.float()`` (an input tensor, perhaps upcast to float32)."""
+    cast = graph.produced_by(value, Kind.CAST)
+    if cast is not None:
+        if cast.params["dtype"] != torch.float32:
+            raise NoMatch(f"x is cast to {cast.params['dtype']}; only an upcast to float32 is allowed")
+        value = cast.inputs[0]
+    if not isinstance(value, TensorValue) or graph.producer(value) is not None:
+        node = graph.producer(value)
+        what = node.name if node is not None else repr(getattr(value, "value", value))
+        raise NoMatch(f"the softmax input is computed by {what}, not an input tensor")
+    return value, [cast] if cast is not None else []
+
+
+def _explicit(graph: Graph, div: Node) -> tuple[TensorValue, list[Node]]:
+    """``(x, nodes)`` for ``div = e / e.sum(-1, keepdim=True)`` with ``e = exp(x [- max])``."""
+    e, s = div.inputs
+    exp = graph.produced_by(e, Kind.EXP)
+    if exp is None:
+        raise NoMatch("divides something other than exp(...) by its sum")
+    total = graph.produced_by(s, Kind.SUM)
+    if total is None or total.inputs[0] is not e:
+        raise NoMatch("does not divide exp(...) by its own sum")
+    if total.params.get("dtype") is not None:
+        raise NoMatch("the sum has a dtype argument")
+    assert isinstance(e, TensorValue)
+    if not reduces_last_dim(total, e.ndim):
+        raise NoMatch(
+            f"the sum is over dims {total.params['dims']} with keepdim={total.params['keepdim']}, "
+            f"not the last dim with keepdim=True"
+        )
+    used = [div, exp, total]
+    shifted = exp.inputs[0]
+    sub = graph.produced_by(shifted, Kind.SUB)
+    if sub is None:
+        # exp(x) / sum(exp(x)): softmax without the max subtraction, the same function.
+        x, casts = _source(graph, shifted)
+        return x, used + casts
+    xs, m = sub.inputs
+    x, casts = _source(graph, xs)
+    mx = graph.produced_by(m, Kind.MAX)
+    if mx is None:
+        raise NoMatch("subtracts something other than the row max before exp")
+    assert isinstance(m, TensorValue)
+    if getattr(m.source, "item", None) not in (None, 0):
+        raise NoMatch("subtracts the max's indices, not its values")
+    x_max, max_casts = _source(graph, mx.inputs[0])
+    if x_max is not x:
+        raise NoMatch("subtracts the max of another tensor")
+    if not reduces_last_dim(mx, x.ndim):
+        raise NoMatch(
+            f"the max is over dims {mx.params['dims']} with keepdim={mx.params['keepdim']}, "
+            f"not the last dim with keepdim=True"
+        )
+    return x, [*used, sub, mx, *casts, *max_casts]

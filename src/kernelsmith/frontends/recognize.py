@@ -1,0 +1,302 @@
+"""Recognize which tuned op a user's function computes, by the structure of one captured call.
+
+``@kernelsmith.optimize`` must know, for a function it has never seen, whether it computes one
+of the op families kernelsmith tunes, which of its arguments are that op's inputs, and with
+which constants. Counting calls or matching names would be fooled by the many ways people
+write the same op and, worse, would accept functions that differ in a detail that changes the
+result (softmax over another dim, a weight broadcast along the wrong axis, an extra ``+ 1``).
+So :func:`recognize` runs the function once under :func:`~kernelsmith.frontends.capture.capture`
+and hands the normalized graph to the patterns each op family registers in
+:data:`kernelsmith.frontends.patterns.PATTERNS`. A pattern checks the argument roles, the
+reduction dim and keepdim, the casts, the constants, and that the function computes nothing
+but the op.
+
+A :class:`Match` says where each op input comes from on a call (:class:`InputRef`) and is
+valid for calls like the captured one: :meth:`Match.bind` checks the call signature first
+(positional count, keyword names, every non-tensor argument, each tensor argument's shape,
+dtype, device and ``requires_grad``, and that external tensors such as a module's weight are
+still the ones reached from the function) and raises :class:`MatchDoesNotApply` otherwise, so
+a caller re-recognizes instead of replaying a graph that Python control flow could have
+changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from kernelsmith.frontends.capture import (
+    ArgSource,
+    CallSignature,
+    Const,
+    ExternalSource,
+    Graph,
+    Kind,
+    Node,
+    Path,
+    TensorMeta,
+    TensorValue,
+    Value,
+    capture,
+    format_path,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class NoMatch(Exception):
+    """Raised by a pattern that recognizes its op family's shape but refuses this function."""
+
+
+class MatchDoesNotApply(ValueError):
+    """A new call differs from the captured one in a way that could change what it computes."""
+
+
+@dataclass(frozen=True, eq=False)
+class InputRef:
+    """Where one of the op's inputs comes from on each call.
+
+    ``kind`` is ``"arg"`` (positional ``index``), ``"kwarg"`` (keyword ``name``) or
+    ``"external"`` (``tensor``, held by reference: a module's weight, a closure tensor).
+    ``reshape``, when set, is applied on binding (a ``(1, N)`` weight is the op's ``(N,)``).
+    ``path`` and ``meta`` let a later call check an external tensor is still the one the
+    function reaches, unchanged.
+    """
+
+    kind: str
+    index: int | None = None
+    name: str | None = None
+    tensor: torch.Tensor | None = field(default=None, repr=False)
+    reshape: tuple[int, ...] | None = None
+    path: Path | None = field(default=None, repr=False)
+    meta: TensorMeta | None = field(default=None, repr=False)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, InputRef):
+            return NotImplemented
+        return (self.kind, self.index, self.name, self.reshape) == (
+            other.kind,
+            other.index,
+            other.name,
+            other.reshape,
+        ) and self.tensor is other.tensor
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.index, self.name, self.reshape, id(self.tensor)))
+
+    def resolve(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> torch.Tensor:
+        """The tensor this input is on the call ``(args, kwargs)``."""
+        if self.kind == "arg":
+            assert self.index is not None
+            t = args[self.index]
+        elif self.kind == "kwarg":
+            assert self.name is not None
+            t = kwargs[self.name]
+        elif self.kind == "external":
+            t = self.tensor
+        else:
+            raise ValueError(f"unknown input kind {self.kind!r}")
+        if not isinstance(t, torch.Tensor):
+            raise MatchDoesNotApply(f"input {self} is not a tensor on this call")
+        return t.reshape(self.reshape) if self.reshape is not None else t
+
+
+@dataclass(frozen=True)
+class Match:
+    """A recognized op: its name, where its inputs come from, and its constants.
+
+    ``op`` names an op family (``kernelsmith.ops.get_op(op)``); ``inputs`` follow that family's
+    input order (rmsnorm: x, weight; softmax: x); ``constants`` are the family's constants
+    (rmsnorm: ``{"eps": float}``; softmax: ``{"dim": -1}``), ready for ``spec_for``.
+    """
+
+    op: str
+    inputs: tuple[InputRef, ...]
+    constants: dict[str, Any]
+    signature: CallSignature | None = field(default=None, compare=False, repr=False)
+
+    def mismatch(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+        """None when this match holds for the call ``(args, kwargs)``, else why it does not."""
+        if self.signature is None:
+            return None
+        why = self.signature.mismatch(args, kwargs)
+        if why:
+            return why
+        for ref in self.inputs:
+            if ref.kind == "external" and ref.path is not None and ref.meta is not None:
+                assert ref.tensor is not None
+                why = self.signature.external_mismatch(ref.tensor, ref.path, ref.meta, args, kwargs)
+                if why:
+                    return why
+        return None
+
+    def applies_to(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+        """Whether :meth:`bind` accepts this call."""
+        return self.mismatch(args, kwargs) is None
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, check: bool = True) -> tuple[torch.Tensor, ...]:
+        """The op's inputs for a new call with the same signature as the captured one.
+
+        Raises :class:`MatchDoesNotApply` when the call differs from the captured one (see
+        :meth:`mismatch`); ``check=False`` skips that check, for callers that made it already.
+        """
+        if check:
+            why = self.mismatch(args, kwargs)
+            if why:
+                raise MatchDoesNotApply(why)
+        return tuple(ref.resolve(args, kwargs) for ref in self.inputs)
+
+
+@dataclass(frozen=True)
+class Recognition:
+    """What :func:`recognize` found.
+
+    ``output`` is the function's return value from the captured call (callers return it as that
+    call's result: the function has run once already). ``reason`` says why nothing matched,
+    for a log line; it is ``""`` on a match.
+    """
+
+    match: Match | None
+    output: Any
+    reason: str
+
+
+def recognize(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Recognition:
+    """Run ``fn(*args, **kwargs)`` once, capturing it, and match it against every pattern.
+
+    Exceptions raised by ``fn`` itself propagate unchanged. Nothing else raises: a function the
+    capture cannot follow, or a bug in a pattern, gives ``match=None`` with a reason.
+    """
+    args = tuple(args)
+    kwargs = dict(kwargs or {})
+    graph = capture(fn, args, kwargs)
+    try:
+        match, reason = _match(graph)
+    except Exception as err:  # a pattern's bug must never break the user's call
+        logger.debug("recognition failed", exc_info=True)
+        match, reason = None, f"internal recognizer error ({type(err).__name__}: {err})"
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    if match is None:
+        logger.debug("%s: no op recognized: %s", name, reason)
+    else:
+        logger.debug("%s: recognized %s %s", name, match.op, match.constants)
+    return Recognition(match, graph.output, reason)
+
+
+def _match(graph: Graph) -> tuple[Match | None, str]:
+    from kernelsmith.frontends.patterns import PATTERNS  # here: the patterns import this module
+
+    if graph.problems:
+        return None, "; ".join(graph.problems)
+    try:
+        single_tensor_output(graph)
+    except NoMatch as err:
+        return None, str(err)
+    found: list[Match] = []
+    refusals: list[str] = []
+    for op, pattern in PATTERNS.items():
+        try:
+            m = pattern(graph)
+        except NoMatch as err:
+            refusals.append(f"{op}: {err}")
+            continue
+        if m is not None:
+            found.append(replace(m, signature=graph.signature))
+    if len(found) > 1:
+        logger.warning("several patterns match one function (%s); using %s", [m.op for m in found], found[0].op)
+    if found:
+        return found[0], ""
+    if refusals:
+        return None, "; ".join(refusals)
+    node = graph.producer(graph.output_value)
+    made_by = f" (its output comes from {node.name})" if node is not None else ""
+    return None, f"no registered pattern recognizes it{made_by}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers shared by the patterns
+# ---------------------------------------------------------------------------------------------
+
+
+def single_tensor_output(graph: Graph) -> TensorValue:
+    """The function's output, which must be one tensor computed by the captured call."""
+    if graph.problems:
+        raise NoMatch("; ".join(graph.problems))
+    out = graph.output
+    if isinstance(out, tuple | list):
+        raise NoMatch(f"returns {len(out)} values, not a single tensor")
+    if not isinstance(out, torch.Tensor):
+        raise NoMatch(f"returns a {type(out).__name__}, not a tensor")
+    if graph.output_value is None:
+        raise NoMatch("the output tensor could not be traced")
+    if graph.producer(graph.output_value) is None:
+        raise NoMatch(f"returns {graph.output_value.describe()} without computing it")
+    return graph.output_value
+
+
+def input_ref(value: Value | None, role: str) -> InputRef:
+    """The :class:`InputRef` for a tensor that is an op input, or NoMatch if it cannot be one.
+
+    An op input must come from outside the function (an argument or an external tensor) on
+    every call: a tensor the function computes would have to be recomputed, and one of unknown
+    origin could be stale.
+    """
+    if not isinstance(value, TensorValue):
+        raise NoMatch(f"the {role} is {value!r}, not a tensor")
+    if not value.plain:
+        raise NoMatch(f"the {role} is a tensor subclass, which the kernels do not take")
+    src = value.source
+    if isinstance(src, ArgSource):
+        if src.index is not None:
+            return InputRef("arg", index=src.index)
+        return InputRef("kwarg", name=src.name)
+    if isinstance(src, ExternalSource):
+        meta = TensorMeta(value.shape, value.dtype, value.device, src.tensor.requires_grad)
+        logger.debug("%s is the external tensor %s", role, format_path(src.path))
+        return InputRef("external", tensor=src.tensor, path=src.path, meta=meta)
+    raise NoMatch(f"the {role} is {value.describe()}: not an argument or a tensor the function holds")
+
+
+def require_only(graph: Graph, used: Iterable[Node], op: str) -> None:
+    """NoMatch unless every computation of the call is part of the recognized op."""
+    extra = graph.uncovered(used)
+    if extra:
+        names = ", ".join(dict.fromkeys(n.name for n in extra))
+        raise NoMatch(f"also computes things that are not part of the {op} ({names})")
+
+
+def reduces_last_dim(node: Node, ndim: int) -> bool:
+    """Whether a reduction node runs over the last dim only, keeping it so that it broadcasts.
+
+    A 1-D input may also be reduced whole, without keepdim: the 0-d result broadcasts the same.
+    """
+    dims, keepdim = node.params.get("dims"), node.params.get("keepdim")
+    if ndim == 1 and dims in (None, (0,)):
+        return True
+    return ndim >= 1 and dims == (ndim - 1,) and keepdim is True
+
+
+def constant_number(graph: Graph, value: Value | None) -> tuple[float, Node | None] | None:
+    """A constant's value (a Python number, or ``torch.tensor(number)`` made in the function).
+
+    Returns the value and the node that made it (to count as part of the op), or None when
+    ``value`` is not such a constant: a tensor from an argument or from outside could change
+    between calls without the call signature noticing.
+    """
+    if isinstance(value, Const):
+        number = value.number
+        return (number, None) if number is not None else None
+    node = graph.producer(value)
+    if node is not None and node.kind is Kind.CONST:
+        number = Const(node.params["value"]).number
+        return (number, node) if number is not None else None
+    return None
+
+
+def finite_non_negative(number: float) -> bool:
+    return math.isfinite(number) and number >= 0.0
