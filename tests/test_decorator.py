@@ -274,3 +274,17 @@ def test_fresh_process_serves_the_winner_with_zero_evaluations(db, tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1", "0", "0"]
+
+
+def test_a_replaced_module_weight_is_noticed(db):
+    x = torch.randn(4, 64)
+    norm = torch.nn.RMSNorm(64, eps=1e-5)
+    store_decision(db, get_op("rmsnorm").spec_for(x, norm.weight.detach(), eps=1e-5))
+    fn = kernelsmith.optimize(lambda a: norm(a), mode="db", db=db)
+    with torch.no_grad():
+        fn(x)
+        fn(x)
+        assert fn.kernelsmith.stats["kernel_calls"] == 1
+        norm.weight = torch.nn.Parameter(torch.randn(64))  # a new tensor object, not an in-place update
+        y = fn(x)
+        assert torch.allclose(y, norm(x), atol=1e-5)  # the new weight, never the stale one

@@ -138,6 +138,20 @@ def rms_cast_after_weight(x, w):
     return (w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS))).to(x.dtype)
 
 
+def _meta_norm(x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
+
+
+def rms_meta_llama(x, w):
+    # Meta's reference Llama: output = self._norm(x.float()).type_as(x); return output * self.weight
+    output = _meta_norm(x.float()).type_as(x)
+    return output * w
+
+
+def rms_functional_then_weight(x, w):
+    return F.rms_norm(x, (x.shape[-1],), eps=EPS) * w
+
+
 def rms_functional(x, w):
     return F.rms_norm(x, (x.shape[-1],), w, EPS)
 
@@ -163,6 +177,8 @@ RMS_FORMS = [
     rms_eps_first,
     rms_t5_style,
     rms_cast_after_weight,
+    rms_meta_llama,
+    rms_functional_then_weight,
     rms_functional,
     rms_functional_kwargs,
     rms_torch_namespace,
@@ -490,6 +506,11 @@ def test_rmsnorm_without_weight_is_refused():
     norm = nn.RMSNorm(N, elementwise_affine=False)
     _refused(norm, (_x(),), reason="no weight")
     _refused(lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS), (_x(),), reason="no weight")
+
+
+def test_rms_norm_with_weight_times_another_weight_is_refused():
+    x, w = _x(), _w()
+    _refused(lambda x, w: F.rms_norm(x, (N,), w, EPS) * w, (x, w), reason="already has a weight")
 
 
 def test_rms_norm_over_two_dims_is_refused():
@@ -826,3 +847,34 @@ def test_match_equality_and_bind_of_externals():
     x = _x()
     bx, bw = a.bind((x,), {})
     assert bx is x and bw is w
+
+
+def test_rebinding_a_global_weight_invalidates_the_match(monkeypatch: pytest.MonkeyPatch):
+    import sys
+
+    x = _x()
+    rec = recognize(rms_via_helper, (x,), {})
+    assert rec.match is not None and rec.match.applies_to((x,), {})
+    monkeypatch.setattr(sys.modules[__name__], "GLOBAL_WEIGHT", _w(seed=9))
+    assert not rec.match.applies_to((x,), {})
+
+
+class _Holder:
+    def scale(self) -> float:
+        return 1.0
+
+
+def test_non_tensor_arguments_are_pinned():
+    """Python control flow on a non-tensor argument is invisible: such arguments must repeat."""
+
+    def f(x, callback, flag=True):
+        return torch.softmax(x, -1) if flag else x
+
+    x, holder = _x(), _Holder()
+    rec = recognize(f, (x, holder.scale), {"flag": True})
+    assert rec.match is not None
+    assert rec.match.applies_to((x, holder.scale), {"flag": True})  # a new bound method, same one
+    assert not rec.match.applies_to((x, _Holder().scale), {"flag": True})
+    assert not rec.match.applies_to((x, holder.scale), {"flag": False})
+    assert not rec.match.applies_to((x, holder.scale), {"flag": 1})  # 1 is not True here
+    assert not rec.match.applies_to((x, holder.scale), {})

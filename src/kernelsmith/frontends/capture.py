@@ -270,18 +270,23 @@ class _ArgGuard:
     def __init__(self, value: Any) -> None:
         self.frozen: Any = None
         self.ref: Callable[[], Any] | None = None
+        self.method = False
         try:
             self.frozen = _freeze(value)
         except TypeError:
-            # Not plain data (a module, a callable...): the very same object must be passed.
+            # Not plain data (a module, a callable...): the very same object must be passed (a
+            # bound method is made anew on each attribute read, so it is compared by ==).
+            self.method = isinstance(value, types.MethodType)
             try:
-                self.ref = weakref.ref(value)
+                self.ref = weakref.WeakMethod(value) if self.method else weakref.ref(value)
             except TypeError:
                 self.ref = functools.partial(lambda v: v, value)  # strong reference
 
     def mismatch(self, value: Any) -> str | None:
         if self.ref is not None:
-            return None if self.ref() is value else f"a different {type(value).__name__} object"
+            held = self.ref()
+            same = held == value if self.method else held is value
+            return None if same else f"a different {type(value).__name__} object"
         try:
             same = _freeze(value) == self.frozen
         except TypeError:

@@ -47,7 +47,7 @@ import torch
 from kernelsmith import dispatch
 from kernelsmith.db import open_database
 from kernelsmith.evaluate.errors import check_close
-from kernelsmith.frontends.recognize import Match, recognize
+from kernelsmith.frontends.recognize import Match, MatchDoesNotApply, recognize
 from kernelsmith.ops import OpFamily, UnsupportedWorkload, get_op
 from kernelsmith.spec import OpSpec
 
@@ -68,7 +68,7 @@ def _call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         if isinstance(value, torch.Tensor):
             return (value.shape, value.dtype, value.stride(), value.device, value.requires_grad)
         hash(value)
-        return value
+        return (type(value), value)  # 1, 1.0 and True are equal but may compute differently
 
     key = [torch.is_grad_enabled(), *(part(a) for a in args)]
     for name in sorted(kwargs):
@@ -186,16 +186,24 @@ class Optimized:
         if problem:
             self._use_original(key, f"stored kernel for {bucket.describe()} not used: {problem}")
             return
-        self.table[key] = self._kernel_entry(match, runner)
+        self.table[key] = self._kernel_entry(key, match, runner)
 
-    def _kernel_entry(self, match: Match, runner: dispatch.KernelRunner) -> Entry:
+    def _kernel_entry(self, key: tuple[Any, ...], match: Match, runner: dispatch.KernelRunner) -> Entry:
         bind = match.bind
         op = match.op
         constants = dispatch.constants_json(dict(match.constants))
         stats = self.stats
+        # The call key already pins every argument (tensor metadata, other values and types);
+        # what it cannot see is a tensor the function reaches by reference (a module's weight),
+        # which may have been replaced: only then is the full check worth its microseconds.
+        check = any(ref.kind == "external" for ref in match.inputs)
 
         def entry(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            inputs = bind(args, kwargs)
+            try:
+                inputs = bind(args, kwargs, check=check)
+            except MatchDoesNotApply:
+                self.table.pop(key, None)  # recognize again, as on a first call
+                return self._first_call(key, args, kwargs)
             if torch.compiler.is_compiling():
                 return torch.ops.kernelsmith.kernel(op, list(inputs), constants)[0]
             stats["kernel_calls"] += 1

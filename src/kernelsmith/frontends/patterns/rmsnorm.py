@@ -7,6 +7,8 @@ Recognized (after the capture's normalization, see :mod:`kernelsmith.frontends.c
   computation ("opmath") type: ``finfo(float32).eps`` for float16, bfloat16 and float32 inputs,
   ``finfo(float64).eps`` for float64 (as the ``nn.RMSNorm`` docs say and torch computes; not
   ``finfo(x.dtype).eps``, which for bfloat16 would be 65536 times larger);
+- the same without a weight, times a weight: ``F.rms_norm(x, (N,), eps=eps) * weight`` (or an
+  ``nn.RMSNorm(N, elementwise_affine=False)`` output times a weight);
 - the explicit product of ``x``, ``1/rms`` and ``weight`` in any order and association, where
   ``1/rms`` is ``rsqrt(ms + eps)``, ``1/sqrt(ms + eps)``, ``(ms + eps) ** -0.5``, or a division
   by ``sqrt(ms + eps)`` / ``(ms + eps) ** 0.5``; ``ms`` is ``mean(x*x)``, ``mean(x**2)``,
@@ -14,8 +16,9 @@ Recognized (after the capture's normalization, see :mod:`kernelsmith.frontends.c
   keepdim; ``eps`` is a Python number (or ``torch.tensor(number)``) added in either order, or
   absent (an RMSNorm with ``eps = 0.0``, which is what that formula computes);
 - the Hugging Face Llama form: ``x`` upcast to float32 before the square (and the product), the
-  normalized value cast back to ``x``'s dtype before or after the weight multiply; also the
-  older T5 form that squares the upcast but multiplies the raw ``x``.
+  normalized value cast back to ``x``'s dtype before or after the weight multiply; also Meta's
+  Llama form ``self._norm(x.float()).type_as(x) * self.weight`` and the older T5 form that
+  squares the upcast but multiplies the raw ``x``.
 
 Refused, with a reason: a reduction over another dim or without keepdim (``mean(-1)`` then
 ``unsqueeze`` is not followed through views, so it is refused too), a weight that does not
@@ -36,6 +39,7 @@ import torch
 
 from kernelsmith.frontends.capture import Const, Graph, Kind, Node, TensorValue, Value
 from kernelsmith.frontends.recognize import (
+    InputRef,
     Match,
     NoMatch,
     constant_number,
@@ -76,31 +80,64 @@ def _is_mean_square(graph: Graph, node: Node) -> bool:
 
 def _functional(graph: Graph, node: Node, out: TensorValue) -> Match:
     """``F.rms_norm`` / ``torch.rms_norm`` / ``nn.RMSNorm``."""
-    x, weight = node.inputs
-    x_ref = input_ref(x, "input x")
-    assert isinstance(x, TensorValue)
-    if x.ndim < 1:
-        raise NoMatch("x is 0-d")
+    x, eps = _functional_parts(node)
+    weight = node.inputs[1]
+    if not isinstance(weight, TensorValue):
+        raise NoMatch("no weight (elementwise_affine=False): the rmsnorm op needs one")
+    if weight.shape != (x.shape[-1],):
+        raise NoMatch(f"the weight has shape {weight.shape}, not ({x.shape[-1]},)")
+    refs = (input_ref(x, "input x"), input_ref(weight, "weight"))
+    _check_output(out, x)
+    require_only(graph, [node], OP)
+    return Match(OP, refs, {"eps": eps})
+
+
+def _functional_parts(node: Node) -> tuple[TensorValue, float]:
+    """``(x, eps)`` of an ``rms_norm`` call over the last dim of x."""
+    x = node.inputs[0]
+    if not isinstance(x, TensorValue) or x.ndim < 1:
+        raise NoMatch("rms_norm of a 0-d tensor")
     n = x.shape[-1]
     shape = tuple(node.params["normalized_shape"])
     if shape != (n,):
         raise NoMatch(f"normalized_shape {shape} is not the last dim alone ({n},)")
-    if not isinstance(weight, TensorValue):
-        raise NoMatch("no weight (elementwise_affine=False): the rmsnorm op needs one")
-    if weight.shape != (n,):
-        raise NoMatch(f"the weight has shape {weight.shape}, not ({n},)")
-    w_ref = input_ref(weight, "weight")
     eps = node.params["eps"]
     if eps is None:
-        eps_value = default_eps(x.dtype)
-    else:
-        number = Const(eps).number
-        if number is None or not finite_non_negative(number):
-            raise NoMatch(f"eps {eps!r} is not a finite non-negative number")
-        eps_value = number
+        return x, default_eps(x.dtype)
+    number = Const(eps).number
+    if number is None or not finite_non_negative(number):
+        raise NoMatch(f"eps {eps!r} is not a finite non-negative number")
+    return x, number
+
+
+def _functional_times_weight(
+    graph: Graph, out: TensorValue, factors: list[Value], muls: list[Node], casts: list[tuple[Node, list[Value]]]
+) -> Match:
+    """``F.rms_norm(x, (N,), eps=eps) * weight`` (or ``nn.RMSNorm(N, elementwise_affine=False)``)."""
+    norms = [f for f in factors if graph.produced_by(f, Kind.RMS_NORM) is not None]
+    weights = [f for f in factors if isinstance(f, TensorValue) and graph.producer(f) is None]
+    if len(norms) != 1 or len(weights) != 1 or len(factors) != 2:
+        names = [_describe(graph, f) for f in factors]
+        raise NoMatch(f"multiplies rms_norm(x) by {names}, not by one weight")
+    node = graph.producer(norms[0])
+    assert node is not None
+    if isinstance(node.inputs[1], TensorValue):
+        raise NoMatch("scales an rms_norm that already has a weight by a second one")
+    if casts:
+        raise NoMatch("casts around rms_norm(x) * weight")
+    x, eps = _functional_parts(node)
+    weight = weights[0]
+    _check_weight(weight, x)
+    refs = (input_ref(x, "input x"), _weight_ref(weight))
     _check_output(out, x)
-    require_only(graph, [node], OP)
-    return Match(OP, (x_ref, w_ref), {"eps": eps_value})
+    require_only(graph, [*muls, node], OP)
+    return Match(OP, refs, {"eps": eps})
+
+
+def _weight_ref(weight: TensorValue) -> InputRef:
+    """The op's 1-D weight: a ``(1, ..., N)`` weight is bound reshaped to ``(N,)``."""
+    ref = input_ref(weight, "weight")
+    return replace(ref, reshape=(weight.shape[-1],)) if weight.ndim != 1 else ref
 
 
 def _flatten(graph: Graph, value: Value, muls: list[Node], casts: list[tuple[Node, list[Value]]]) -> list[Value]:
@@ -185,6 +222,8 @@ def _explicit(graph: Graph, out: TensorValue) -> Match:
     casts: list[tuple[Node, list[Value]]] = []
     factors = _flatten(graph, out, muls, casts)
     rstds = [f for f in factors if graph.produced_by(f, Kind.RSQRT) is not None]
+    if not rstds and any(graph.produced_by(f, Kind.RMS_NORM) is not None for f in factors):
+        return _functional_times_weight(graph, out, factors, muls, casts)
     if len(rstds) != 1:
         raise NoMatch(f"the product has {len(rstds)} factors of the form 1/sqrt(...), not one")
     rstd_node = graph.producer(rstds[0])
@@ -205,7 +244,7 @@ def _explicit(graph: Graph, out: TensorValue) -> Match:
     if x.ndim < 1:
         raise NoMatch("x is 0-d")
     _check_weight(weight, x)
-    w_ref = input_ref(weight, "weight")
+    w_ref = _weight_ref(weight)
     for cast, leaves in casts:
         target = cast.params["dtype"]
         under = {id(v) for v in leaves}
@@ -219,9 +258,6 @@ def _explicit(graph: Graph, out: TensorValue) -> Match:
         else:
             raise NoMatch(f"casts {'the weight' if under == {id(weight)} else 'a factor'} to {target}")
     _check_output(out, x)
-    weight_reshape = (x.shape[-1],) if weight.ndim != 1 else None
-    if weight_reshape is not None:
-        w_ref = replace(w_ref, reshape=weight_reshape)
     require_only(graph, [*muls, *(c for c, _ in casts), rstd_node, *used], OP)
     return Match(OP, (x_ref, w_ref), {"eps": eps})
 
