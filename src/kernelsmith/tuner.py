@@ -29,7 +29,6 @@ from kernelsmith.decide import Comparison, compare
 from kernelsmith.evaluate.pool import Evaluator
 from kernelsmith.evaluate.protocol import Candidate, EvalResult, TimingSettings
 from kernelsmith.ops import OpFamily, get_op
-from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
 from kernelsmith.strategies import Strategy, make_strategy
 
@@ -387,9 +386,3 @@ def tune(
     family = get_op(op) if isinstance(op, str) else op
     spec = family.spec_for(*example_inputs, **constants)
     return tune_spec(spec, budget=budget, strategy=strategy, db=db, seed=seed, workers=workers)
-
-
-def candidates_of(spec: OpSpec) -> Sequence[Candidate]:
-    """Every candidate (variant, config) of a workload, for tools and tests."""
-    family = get_op(spec.op)
-    return [Candidate(v.name, Config(c)) for v in family.variants for c in v.space(spec)]
