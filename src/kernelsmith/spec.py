@@ -22,6 +22,8 @@ DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float32": torch.float32,
     "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
 }
 DTYPE_ALIASES: dict[str, str] = {
     "fp16": "float16",
@@ -33,6 +35,10 @@ DTYPE_ALIASES: dict[str, str] = {
     "f32": "float32",
     "fp64": "float64",
     "double": "float64",
+    "long": "int64",
+    "i64": "int64",
+    "int": "int32",
+    "i32": "int32",
 }
 
 

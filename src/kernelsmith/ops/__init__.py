@@ -11,7 +11,8 @@ import importlib
 
 from kernelsmith.ops._base import Launcher, OpFamily, Tolerance, UnsupportedWorkload, Variant
 
-# name -> module that defines it; modules import lazily so that `import kernelsmith` stays cheap.
+# name -> "module" (which defines OP) or "module:ATTR" for modules holding several families.
+# Modules import lazily so that `import kernelsmith` stays cheap.
 _MODULES: dict[str, str] = {
     "rmsnorm": "kernelsmith.ops.rmsnorm",
     "softmax": "kernelsmith.ops.softmax",
@@ -28,8 +29,8 @@ def get_op(name: str) -> OpFamily:
     if name not in _MODULES:
         raise ValueError(f"unknown op {name!r} (known: {', '.join(op_names())})")
     if name not in _LOADED:
-        module = importlib.import_module(_MODULES[name])
-        _LOADED[name] = module.OP
+        module_name, _, attribute = _MODULES[name].partition(":")
+        _LOADED[name] = getattr(importlib.import_module(module_name), attribute or "OP")
     return _LOADED[name]
 
 
