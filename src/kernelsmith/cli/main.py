@@ -196,15 +196,16 @@ def _print_result(result: Any) -> None:
     summary.add_row(
         "speedup", f"{_fmt(result.speedup_vs_baseline, 3, 'x')}" + (f" (95% CI {ci[0]:.3f}-{ci[1]:.3f})" if ci else "")
     )
-    summary.add_row(
-        "bandwidth",
-        f"{_fmt(result.gbps)} GB/s"
-        + (
-            f", {result.pct_of_copy_bandwidth:.1f}% of copy {result.copy_gbps:,.0f} GB/s"
-            if result.pct_of_copy_bandwidth
-            else ""
-        ),
-    )
+    if result.mode == "gpu":
+        summary.add_row(
+            "bandwidth",
+            f"{_fmt(result.gbps)} GB/s"
+            + (
+                f", {result.pct_of_copy_bandwidth:.1f}% of copy {result.copy_gbps:,.0f} GB/s"
+                if result.pct_of_copy_bandwidth
+                else ""
+            ),
+        )
     summary.add_row("from", source + f", {result.wall_s:.1f} s")
     if result.failures:
         summary.add_row("failures", ", ".join(f"{k}: {v}" for k, v in sorted(result.failures.items())))
