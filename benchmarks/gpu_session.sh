@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One GPU session on the lent H200: environment facts, GPU tests, then the benchmark suite.
+# One GPU session on the lent H200: environment facts, GPU tests, then the benchmarks (core ops and the
+# decorator's call overhead).
 # Usage (on the GPU machine, repository root): bash benchmarks/gpu_session.sh [pytest args...]
 # Writes logs and bench.json under $OUT (or ./out).
 set -uo pipefail
@@ -13,4 +14,5 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   python3 benchmarks/core.py --out "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -12
+  python3 benchmarks/dispatch_overhead.py --out "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.log" | tail -4
 fi
