@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,9 +30,7 @@ err = Console(stderr=True)
 T = TypeVar("T")
 
 # Without a GPU the demo runs in the Triton interpreter, which is thousands of times slower:
-# shapes are shrunk to at most this many rows and columns, and the budget is capped.
-INTERPRETER_MAX_ROWS = 32
-INTERPRETER_MAX_WIDTH = 512
+# shapes shrink to each op family's small_shape, and the budget is capped.
 INTERPRETER_MAX_BUDGET = 6
 
 
@@ -78,12 +75,6 @@ def _parse_constants(items: list[str]) -> dict[str, Any]:
     return constants
 
 
-def _shrink_for_interpreter(shape: tuple[int, ...]) -> tuple[int, ...]:
-    *lead, width = shape
-    rows = min(math.prod(lead) if lead else 1, INTERPRETER_MAX_ROWS)
-    return (rows, min(width, INTERPRETER_MAX_WIDTH)) if lead else (min(width, INTERPRETER_MAX_WIDTH),)
-
-
 @app.command()
 def tune(
     op: Annotated[str, typer.Argument(help="Op family name (see `kernelsmith ops`).")],
@@ -116,7 +107,7 @@ def tune(
         note = ""
         run_shape, run_budget = parsed, budget
         if fp.mode == "interpreter" and not full_size:
-            run_shape = _shrink_for_interpreter(parsed)
+            run_shape = family.small_shape(parsed)
             run_budget = min(budget, INTERPRETER_MAX_BUDGET)
             note = (
                 f"No CUDA GPU: running in the Triton interpreter on the CPU with shape "

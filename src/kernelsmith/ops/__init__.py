@@ -16,6 +16,7 @@ from kernelsmith.ops._base import Launcher, OpFamily, Tolerance, UnsupportedWork
 _MODULES: dict[str, str] = {
     "rmsnorm": "kernelsmith.ops.rmsnorm",
     "softmax": "kernelsmith.ops.softmax",
+    "rope": "kernelsmith.ops.rope",
 }
 _LOADED: dict[str, OpFamily] = {}
 

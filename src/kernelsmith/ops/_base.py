@@ -91,6 +91,14 @@ class OpFamily:
         """The spec of example input tensors; raises UnsupportedWorkload when not handled."""
         raise NotImplementedError
 
+    def small_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """A command-line ``--shape`` the Triton interpreter runs in seconds (for demos without a
+        GPU): leading sizes flattened and capped at 32 rows, the last size capped at 512."""
+        *lead, width = shape
+        if not lead:
+            return (min(width, 512),)
+        return (min(math.prod(lead), 32), min(width, 512))
+
     def check_supported(self, spec: OpSpec) -> None:
         """Raise UnsupportedWorkload when the kernels cannot compute this spec."""
         for t in spec.inputs:

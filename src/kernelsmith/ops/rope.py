@@ -1,0 +1,934 @@
+"""Rotary position embedding (RoPE): rotate the query and key of every head by position angles.
+
+The op
+------
+Inputs ``(q, k, cos, sin)``; outputs ``(q_out, k_out)`` with q's and k's shapes and dtype.
+
+- ``q`` has ``H`` heads and ``k`` has ``Hk`` heads, ``Hk`` dividing ``H`` (grouped-query
+  attention; ``Hk == H`` is plain multi-head attention). Both are 4-D, in the spec's ``layout``:
+  ``"bhsd"`` (``(B, H, S, D)``, the Hugging Face layout after ``.transpose(1, 2)``) or ``"bshd"``
+  (``(B, S, H, D)``, the layout of the projection's output, as in flash-attention). Hugging Face
+  attention layers build q and k as ``proj(x).view(B, S, H, D).transpose(1, 2)``, a ``bhsd``
+  tensor whose *memory* is ``bshd``: either memory order is accepted for either layout, and the
+  spec's strides say which one (any other strides are an :class:`UnsupportedWorkload`).
+- ``cos`` and ``sin`` are the Hugging Face caches after indexing by the position ids, of shape
+  ``(S, R)``, or ``(B, S, R)`` when every sequence has its own positions (``spec_for`` also takes
+  ``(1, S, R)`` and a batch-expanded ``(B, S, R)`` with batch stride 0, and records them as the
+  ``(S, R)`` they are). ``R``, the rotary dimension, is normally the head dimension ``D``; with
+  ``R < D`` (partial rotary, as in GPT-NeoX, Phi or GLM) only the first ``R`` channels of each
+  head rotate and the other ``D - R`` pass through unchanged. All four tensors share one dtype.
+
+The constant ``style`` says which channels form the rotation pairs, and how the caches are laid
+out (for a pair rotated by the angle ``a = position * base ** (-2 i / R)``):
+
+``"half"`` (Hugging Face ``rotate_half``, Llama, Mistral, Qwen...)
+    Channel ``j < R/2`` pairs with channel ``j + R/2``; ``cos[..., j] == cos[..., j + R/2] ==
+    cos(a_j)`` (the cache is ``cat(freqs, freqs)``), and
+    ``out = x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x[R/2:], x[:R/2])``.
+``"interleaved"`` (GPT-J, Meta's original Llama, Megatron's ``rotary_interleaved``)
+    Channel ``2i`` pairs with channel ``2i + 1``; the caches hold each angle twice in a row,
+    ``cos[..., 2i] == cos[..., 2i + 1] == cos(a_i)`` (``repeat_interleave(freqs, 2)``, exactly
+    what Hugging Face's GPT-J builds before rotating), and
+    ``out = x * cos + rotate_every_two(x) * sin`` with ``rotate_every_two(x)[2i] = -x[2i + 1]``
+    and ``rotate_every_two(x)[2i + 1] = x[2i]``.
+
+The kernels compute exactly these formulas with the caches as given, both entries of a pair
+read from the cache (``out1 = x1 * cos1 - x2 * sin1``, ``out2 = x2 * cos2 + x1 * sin2``), so
+they agree with the reference for any caches, not only for caches whose halves are equal.
+
+The reference is Hugging Face's ``apply_rotary_pos_emb`` (``cos.unsqueeze`` on the head
+dimension, then the formula above in the inputs' dtype: three roundings per element in bf16 and
+fp16). The kernels load in the storage dtype, compute in float32 and round once on the store,
+which is more accurate.
+
+The variants
+------------
+RoPE reads q, k, cos and sin once and writes q_out and k_out once, with three flops an element:
+it is bound by memory bandwidth, and the tuning question is how to cut ``B * S * (H + Hk)`` head
+rows of ``D`` channels into programs, and how to share each cos/sin row among the heads that use
+it.
+
+``per_head``
+    One program per (batch, position, block of ``BLOCK_H`` heads): a 1-D grid over every token
+    and, fastest-varying, the q head blocks followed by the k head blocks, so that q and k are
+    rotated by one launch and the programs sharing a cos/sin row run next to each other.
+``per_token``
+    One program per (batch, position): it loads the cos/sin row once and loops over all the
+    heads of q, then of k, ``BLOCK_H`` at a time (``num_stages`` pipelines the loop). Fewer,
+    longer programs; the cos/sin row is read once per token instead of once per head block.
+``blocked_seq``
+    One program per (block of ``BLOCK_S`` positions, head, batch): a ``[BLOCK_S, D]`` tile of one
+    head, with its ``[BLOCK_S, R]`` tile of cos and sin (re-read by every head, from L2). In the
+    ``bhsd`` memory order such a tile is one contiguous run of memory.
+
+For the interleaved style every variant has a ``PAIRS`` parameter: ``"strided"`` loads the even
+and the odd channels with two stride-2 loads, ``"split"`` loads the row contiguously and splits
+the pairs in registers (``tl.reshape`` + ``tl.split``, and ``tl.join`` before the store), which
+vectorises the memory access at the price of a register shuffle the compiler may route through
+shared memory. Which one wins depends on the compiler and device.
+
+The spaces depend on the heads, head and rotary dimensions, style and dtype only, never on ``B``
+or ``S``: a config is validated on 1, 7 and 67 (or an odd count above ``S``) positions and is
+correct for every batch and sequence length, so calls are bucketed by ``B`` and ``S`` rounded up
+to powers of two (see :meth:`RoPE.bucket`).
+
+All offsets are computed in 64-bit integers (tensors past 2**31 elements address correctly);
+launchers pass every stride explicitly (inputs and outputs separately, since the outputs are
+always contiguous and the inputs need not be), and require unit stride along the head dimension.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
+from kernelsmith.spec import OpSpec, TensorSpec, contiguous_strides, dtype_name
+
+LAYOUTS = ("bhsd", "bshd")
+STYLES = ("half", "interleaved")
+ROPE_BASE = 10000.0  # the frequency base of make_inputs' caches (Llama's; any base is supported)
+MAX_HEAD_DIM = 1024  # widest head the spaces are sized for (real models use 64 to 256)
+MAX_PROGRAMS = 2**31 - 1  # a CUDA grid's first dimension
+
+# =================================================================================================
+# Kernels
+#
+# Common conventions. A "row" is the D channels of one head at one position; the kernels address
+# a row by the int64 offset of its first element, with channels at unit stride. The rotated part
+# of a row is R = 2 * R_HALF channels; a row holds R_HALF rotation pairs (x1, x2), padded to
+# BLOCK_HALF (a power of two) with masked lanes. The D - R = PASS channels after them are copied
+# unchanged. Arithmetic is float32 whatever the storage dtype; the store rounds once.
+# =================================================================================================
+
+
+@triton.jit
+def _load_pairs(
+    ptr,
+    rows,  # int64 [ROWS]: offset of each row's first element
+    row_mask,  # [ROWS]: which rows exist
+    ROWS: tl.constexpr,
+    R_HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    SPLIT_PAIRS: tl.constexpr,
+):
+    """The two members of every rotation pair of ROWS rows, as two [ROWS, BLOCK_HALF] float32
+    blocks: (x[j], x[j + R/2]) in the half style, (x[2i], x[2i + 1]) in the interleaved one."""
+    if SPLIT_PAIRS:  # interleaved only: one contiguous load, pairs split in registers
+        j = tl.arange(0, 2 * BLOCK_HALF)
+        mask = row_mask[:, None] & (j < 2 * R_HALF)[None, :]
+        x = tl.load(ptr + rows[:, None] + j[None, :], mask=mask, other=0.0).to(tl.float32)
+        first, second = tl.split(tl.reshape(x, [ROWS, BLOCK_HALF, 2]))
+    else:
+        i = tl.arange(0, BLOCK_HALF)
+        mask = row_mask[:, None] & (i < R_HALF)[None, :]
+        if INTERLEAVED:
+            offsets = rows[:, None] + 2 * i[None, :]
+            partner = 1
+        else:
+            offsets = rows[:, None] + i[None, :]
+            partner = R_HALF
+        first = tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        second = tl.load(ptr + offsets + partner, mask=mask, other=0.0).to(tl.float32)
+    return first, second
+
+
+@triton.jit
+def _store_pairs(
+    ptr,
+    rows,
+    row_mask,
+    first,
+    second,
+    ROWS: tl.constexpr,
+    R_HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    SPLIT_PAIRS: tl.constexpr,
+):
+    """Store the pairs where _load_pairs found them, rounded to the output's dtype."""
+    if SPLIT_PAIRS:
+        j = tl.arange(0, 2 * BLOCK_HALF)
+        mask = row_mask[:, None] & (j < 2 * R_HALF)[None, :]
+        x = tl.reshape(tl.join(first, second), [ROWS, 2 * BLOCK_HALF])
+        tl.store(ptr + rows[:, None] + j[None, :], x.to(ptr.dtype.element_ty), mask=mask)
+    else:
+        i = tl.arange(0, BLOCK_HALF)
+        mask = row_mask[:, None] & (i < R_HALF)[None, :]
+        if INTERLEAVED:
+            offsets = rows[:, None] + 2 * i[None, :]
+            partner = 1
+        else:
+            offsets = rows[:, None] + i[None, :]
+            partner = R_HALF
+        tl.store(ptr + offsets, first.to(ptr.dtype.element_ty), mask=mask)
+        tl.store(ptr + offsets + partner, second.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotate_rows(
+    x_ptr,
+    o_ptr,
+    x_rows,  # int64 [ROWS]: first element of each input row
+    o_rows,  # int64 [ROWS]: first element of each output row
+    row_mask,
+    cos1,  # float32, broadcastable to [ROWS, BLOCK_HALF]: the cache entries of each pair
+    cos2,
+    sin1,
+    sin2,
+    ROWS: tl.constexpr,
+    R_HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    PASS: tl.constexpr,  # D - R channels copied unchanged (0: every channel rotates)
+    BLOCK_PASS: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    SPLIT_PAIRS: tl.constexpr,
+):
+    """Rotate ROWS rows: out = x * cos + rotate(x) * sin, channel by channel, in float32."""
+    x1, x2 = _load_pairs(x_ptr, x_rows, row_mask, ROWS, R_HALF, BLOCK_HALF, INTERLEAVED, SPLIT_PAIRS)
+    # rotate(x) is -x2 at x1's place and x1 at x2's place (rotate_half and rotate_every_two alike).
+    o1 = x1 * cos1 - x2 * sin1
+    o2 = x2 * cos2 + x1 * sin2
+    _store_pairs(o_ptr, o_rows, row_mask, o1, o2, ROWS, R_HALF, BLOCK_HALF, INTERLEAVED, SPLIT_PAIRS)
+    if PASS > 0:  # partial rotary: the channels past R are copied bit for bit
+        p = 2 * R_HALF + tl.arange(0, BLOCK_PASS)
+        mask = row_mask[:, None] & (p < 2 * R_HALF + PASS)[None, :]
+        v = tl.load(x_ptr + x_rows[:, None] + p[None, :], mask=mask)
+        tl.store(o_ptr + o_rows[:, None] + p[None, :], v, mask=mask)
+
+
+@triton.jit
+def _rope_per_head_kernel(
+    q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
+    S, HQ, HK,
+    q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,  # input strides (batch, head, position)
+    qo_sb, qo_sh, qo_ss, ko_sb, ko_sh, ko_ss,  # output strides
+    c_sb, c_ss,  # cos/sin strides (batch: 0 when shared by the batch, position)
+    Q_BLOCKS,  # cdiv(HQ, BLOCK_H): head blocks of q; those of k follow
+    HEAD_BLOCKS,  # Q_BLOCKS + cdiv(HK, BLOCK_H)
+    BLOCK_H: tl.constexpr,
+    R_HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    PASS: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    SPLIT_PAIRS: tl.constexpr,
+):  # fmt: skip
+    """One program rotates BLOCK_H heads of q (or of k) at one (batch, position)."""
+    pid = tl.program_id(0).to(tl.int64)  # 64-bit: every offset below is then 64-bit
+    token = pid // HEAD_BLOCKS
+    block = pid % HEAD_BLOCKS
+    b = token // S
+    s = token % S
+
+    # The cos/sin row of this position, as [1, BLOCK_HALF] blocks broadcast over the heads.
+    one = tl.arange(0, 1)
+    c_rows = b * c_sb + s * c_ss + one
+    cos1, cos2 = _load_pairs(cos_ptr, c_rows, one < 1, 1, R_HALF, BLOCK_HALF, INTERLEAVED, SPLIT_PAIRS)
+    sin1, sin2 = _load_pairs(sin_ptr, c_rows, one < 1, 1, R_HALF, BLOCK_HALF, INTERLEAVED, SPLIT_PAIRS)
+
+    heads = tl.arange(0, BLOCK_H)
+    if block < Q_BLOCKS:
+        h = block * BLOCK_H + heads
+        _rotate_rows(q_ptr, qo_ptr, b * q_sb + s * q_ss + h * q_sh, b * qo_sb + s * qo_ss + h * qo_sh, h < HQ,
+                     cos1, cos2, sin1, sin2, BLOCK_H, R_HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED,
+                     SPLIT_PAIRS)
+    else:
+        h = (block - Q_BLOCKS) * BLOCK_H + heads
+        _rotate_rows(k_ptr, ko_ptr, b * k_sb + s * k_ss + h * k_sh, b * ko_sb + s * ko_ss + h * ko_sh, h < HK,
+                     cos1, cos2, sin1, sin2, BLOCK_H, R_HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED,
+                     SPLIT_PAIRS)
+
+
+@triton.jit
+def _rope_per_token_kernel(
+    q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
+    S, HQ, HK,
+    q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
+    qo_sb, qo_sh, qo_ss, ko_sb, ko_sh, ko_ss,
+    c_sb, c_ss,
+    Q_BLOCKS,
+    K_BLOCKS,
+    BLOCK_H: tl.constexpr,
+    R_HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    PASS: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    SPLIT_PAIRS: tl.constexpr,
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the head loops (1: none)
+):  # fmt: skip
+    """One program rotates every head of q and k at one (batch, position), BLOCK_H at a time,
+    with the cos/sin row loaded once."""
+    token = tl.program_id(0).to(tl.int64)
+    b = token // S
+    s = token % S
+
+    one = tl.arange(0, 1)
+    c_rows = b * c_sb + s * c_ss + one
+    cos1, cos2 = _load_pairs(cos_ptr, c_rows, one < 1, 1, R_HALF, BLOCK_HALF, INTERLEAVED, SPLIT_PAIRS)
+    sin1, sin2 = _load_pairs(sin_ptr, c_rows, one < 1, 1, R_HALF, BLOCK_HALF, INTERLEAVED, SPLIT_PAIRS)
+
+    heads = tl.arange(0, BLOCK_H)
+    q_token = b * q_sb + s * q_ss
+    qo_token = b * qo_sb + s * qo_ss
+    # The depth is given on tl.range itself (as in softmax: Triton 3.6 leaves a loop without a
+    # matrix product unpipelined when num_stages is only a launch option). In the interpreter the
+    # loop variable is a Python int; `block * BLOCK_H + heads` is a tensor either way.
+    for block in tl.range(0, Q_BLOCKS, num_stages=NUM_STAGES):
+        h = (block * BLOCK_H + heads).to(tl.int64)
+        _rotate_rows(q_ptr, qo_ptr, q_token + h * q_sh, qo_token + h * qo_sh, h < HQ,
+                     cos1, cos2, sin1, sin2, BLOCK_H, R_HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED,
+                     SPLIT_PAIRS)
+    k_token = b * k_sb + s * k_ss
+    ko_token = b * ko_sb + s * ko_ss
+    for block in tl.range(0, K_BLOCKS, num_stages=NUM_STAGES):
+        h = (block * BLOCK_H + heads).to(tl.int64)
+        _rotate_rows(k_ptr, ko_ptr, k_token + h * k_sh, ko_token + h * ko_sh, h < HK,
+                     cos1, cos2, sin1, sin2, BLOCK_H, R_HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED,
+                     SPLIT_PAIRS)
+
+
+@triton.jit
+def _rope_blocked_seq_kernel(
+    q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
+    S, HQ, HK,
+    q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
+    qo_sb, qo_sh, qo_ss, ko_sb, ko_sh, ko_ss,
+    c_sb, c_ss,
+    S_BLOCKS,  # cdiv(S, BLOCK_S)
+    BLOCK_S: tl.constexpr,
+    R_HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    PASS: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    SPLIT_PAIRS: tl.constexpr,
+):  # fmt: skip
+    """One program rotates BLOCK_S positions of one head (of q, or of k) of one sequence."""
+    pid = tl.program_id(0).to(tl.int64)
+    s_block = pid % S_BLOCKS  # fastest: consecutive programs walk one head along the sequence
+    rest = pid // S_BLOCKS
+    head = rest % (HQ + HK)  # q heads first, then k heads
+    b = rest // (HQ + HK)
+
+    pos = s_block * BLOCK_S + tl.arange(0, BLOCK_S)
+    pos_mask = pos < S  # the last block may run past the end of the sequence
+    c_rows = b * c_sb + pos * c_ss
+    cos1, cos2 = _load_pairs(cos_ptr, c_rows, pos_mask, BLOCK_S, R_HALF, BLOCK_HALF, INTERLEAVED, SPLIT_PAIRS)
+    sin1, sin2 = _load_pairs(sin_ptr, c_rows, pos_mask, BLOCK_S, R_HALF, BLOCK_HALF, INTERLEAVED, SPLIT_PAIRS)
+
+    if head < HQ:
+        _rotate_rows(q_ptr, qo_ptr, b * q_sb + head * q_sh + pos * q_ss, b * qo_sb + head * qo_sh + pos * qo_ss,
+                     pos_mask, cos1, cos2, sin1, sin2, BLOCK_S, R_HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED,
+                     SPLIT_PAIRS)
+    else:
+        kh = head - HQ
+        _rotate_rows(k_ptr, ko_ptr, b * k_sb + kh * k_sh + pos * k_ss, b * ko_sb + kh * ko_sh + pos * ko_ss,
+                     pos_mask, cos1, cos2, sin1, sin2, BLOCK_S, R_HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED,
+                     SPLIT_PAIRS)
+
+
+# =================================================================================================
+# Shapes
+# =================================================================================================
+
+
+@dataclass(frozen=True)
+class _Dims:
+    """The sizes of one workload, whatever the layout."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    seq: int
+    head_dim: int
+    rotary_dim: int
+    batched_cos: bool  # cos/sin are (B, S, R) rather than (S, R)
+
+
+def _logical_shape(layout: str, b: int, h: int, s: int, d: int) -> tuple[int, int, int, int]:
+    return (b, h, s, d) if layout == "bhsd" else (b, s, h, d)
+
+
+def _other(layout: str) -> str:
+    return "bshd" if layout == "bhsd" else "bhsd"
+
+
+def _strides(shape: tuple[int, ...], layout: str, memory: str) -> tuple[int, ...]:
+    """Strides of a 4-D tensor of ``shape`` (in ``layout``) whose memory is in order ``memory``:
+    contiguous when they agree, else the contiguous tensor of the other order with dims 1 and 2
+    swapped (what ``.transpose(1, 2)`` of it gives)."""
+    if memory == layout:
+        return contiguous_strides(shape)
+    a, b, c, d = contiguous_strides((shape[0], shape[2], shape[1], shape[3]))
+    return (a, c, b, d)
+
+
+def _same_strides(shape: tuple[int, ...], s1: tuple[int, ...], s2: tuple[int, ...]) -> bool:
+    """Equal strides on every dimension of size > 1 (the stride of a size-1 dim never matters)."""
+    return all(n == 1 or x == y for n, x, y in zip(shape, s1, s2, strict=True))
+
+
+def _memory_of(t: TensorSpec, layout: str) -> str | None:
+    """The memory order of a q or k spec: the layout (contiguous), the other order, or None.
+
+    When both fit (a size-1 head or sequence dimension makes them the same memory), the
+    contiguous reading wins.
+    """
+    if len(t.shape) != 4:
+        return None
+    for memory in (layout, _other(layout)):
+        if _same_strides(t.shape, t.strides, _strides(t.shape, layout, memory)):
+            return memory
+    return None
+
+
+def _head_tensor(shape: tuple[int, ...], dtype: str, layout: str, memory: str) -> TensorSpec:
+    """The canonical spec of q or k: exact strides of the (simplest equivalent) memory order."""
+    if _same_strides(shape, _strides(shape, layout, memory), contiguous_strides(shape)):
+        memory = layout
+    return TensorSpec(shape, dtype, _strides(shape, layout, memory))
+
+
+def _dims(spec: OpSpec) -> _Dims:
+    q, k, cos = spec.inputs[0], spec.inputs[1], spec.inputs[2]
+    if spec.const("layout") == "bhsd":
+        b, h, s, d = q.shape
+        hk = k.shape[1]
+    else:
+        b, s, h, d = q.shape
+        hk = k.shape[2]
+    return _Dims(b, h, hk, s, d, cos.shape[-1], len(cos.shape) == 3)
+
+
+def _make_spec(dims: _Dims, dtype: str, layout: str, style: str, q_memory: str, k_memory: str) -> OpSpec:
+    d = dims
+    q = _head_tensor(_logical_shape(layout, d.batch, d.heads, d.seq, d.head_dim), dtype, layout, q_memory)
+    k = _head_tensor(_logical_shape(layout, d.batch, d.kv_heads, d.seq, d.head_dim), dtype, layout, k_memory)
+    cos_shape = (d.batch, d.seq, d.rotary_dim) if d.batched_cos else (d.seq, d.rotary_dim)
+    cos = TensorSpec(cos_shape, dtype)
+    return OpSpec("rope", (q, k, cos, cos), {"layout": layout, "style": style})
+
+
+def _resized(spec: OpSpec, batch: int, seq: int) -> OpSpec:
+    """The same workload (layout, memory orders, heads, dims) at another batch and length."""
+    layout = spec.const("layout")
+    d = _dims(spec)
+    memories = [_memory_of(t, layout) or layout for t in spec.inputs[:2]]
+    batched = d.batched_cos and batch > 1
+    new = _Dims(batch, d.heads, d.kv_heads, seq, d.head_dim, d.rotary_dim, batched)
+    return _make_spec(new, spec.inputs[0].dtype, layout, spec.const("style"), memories[0], memories[1])
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise UnsupportedWorkload(f"rope: {name} must be a positive integer, not {value!r}")
+    return value
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise UnsupportedWorkload(f"rope: {name} must be one of {', '.join(choices)}, not {value!r}")
+    return str(value)
+
+
+# =================================================================================================
+# Config spaces and builders
+# =================================================================================================
+
+_WARPS = (1, 2, 4, 8)
+_STAGES = (1, 2, 3)
+_BLOCK_H = powers_of_two(1, 64)
+_BLOCK_S = powers_of_two(2, 64)
+_PAIRS = ("strided", "split")
+# Values of x a thread holds (each with its partner, its cos and its sin live: about four float32
+# registers): more than this and registers spill.
+_MAX_PER_THREAD = 32
+
+
+def _rotated_width(spec: OpSpec) -> int:
+    """Lanes of one row's rotated part as the kernels hold it: 2 * BLOCK_HALF."""
+    return 2 * next_power_of_two(_dims(spec).rotary_dim // 2)
+
+
+def _warp_constraints(elements: Callable[[Config], int]) -> list[Constraint]:
+    """Warp counts that suit a block of ``elements(config)`` values (as in softmax)."""
+    return [
+        Constraint(
+            "every thread holds at least one value (extra warps would idle)",
+            lambda c: c["num_warps"] == 1 or 32 * c["num_warps"] <= elements(c),
+        ),
+        Constraint(
+            f"at most {_MAX_PER_THREAD} values a thread (more would spill registers)",
+            lambda c: elements(c) <= _MAX_PER_THREAD * 32 * c["num_warps"],
+        ),
+    ]
+
+
+def _pairs_params(spec: OpSpec) -> list[Param]:
+    """PAIRS for the interleaved style; the half style has one way to load its pairs."""
+    return [Param("PAIRS", _PAIRS)] if spec.const("style") == "interleaved" else []
+
+
+def _checked(space: Space, config: Config) -> None:
+    problems = space.violations(config)
+    if problems:
+        raise ValueError(f"config {config.key} is not in the space: {'; '.join(problems)}")
+
+
+@dataclass(frozen=True)
+class _Common:
+    """What every launcher needs from the spec, computed once at build time."""
+
+    dims: _Dims
+    layout: str
+    constexprs: dict[str, Any]
+
+
+def _common(spec: OpSpec, config: Config) -> _Common:
+    d = _dims(spec)
+    interleaved = spec.const("style") == "interleaved"
+    passthrough = d.head_dim - d.rotary_dim
+    constexprs = {
+        "R_HALF": d.rotary_dim // 2,
+        "BLOCK_HALF": next_power_of_two(d.rotary_dim // 2),
+        "PASS": passthrough,
+        "BLOCK_PASS": next_power_of_two(passthrough),
+        "INTERLEAVED": interleaved,
+        "SPLIT_PAIRS": interleaved and config.get("PAIRS") == "split",
+    }
+    return _Common(d, spec.const("layout"), constexprs)
+
+
+def _stride_args(common: _Common, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> list[int]:
+    """(batch, head, position) strides of q, k, q_out, k_out, then cos/sin's (batch, position)."""
+    b_dim, h_dim, s_dim = (0, 1, 2) if common.layout == "bhsd" else (0, 2, 1)
+    args: list[int] = []
+    for t in (inputs[0], inputs[1], outputs[0], outputs[1]):
+        args += [t.stride(b_dim), t.stride(h_dim), t.stride(s_dim)]
+    cos = inputs[2]
+    # Shared caches, (S, R) or a (1, S, R) / batch-expanded (B, S, R) view of one: batch stride 0.
+    args += [cos.stride(0) if common.dims.batched_cos else 0, cos.stride(-2)]
+    return args
+
+
+# ---- per_head -----------------------------------------------------------------------------------
+
+
+def _per_head_space(spec: OpSpec) -> Space:
+    d = _dims(spec)
+    width = _rotated_width(spec)
+    most_heads = next_power_of_two(d.heads)
+    return Space(
+        [Param("BLOCK_H", _BLOCK_H), *_pairs_params(spec), Param("num_warps", _WARPS)],
+        [
+            Constraint("BLOCK_H is no larger than q's head count (rounded up to a power of two)",
+                       lambda c: c["BLOCK_H"] <= most_heads),
+            *_warp_constraints(lambda c: c["BLOCK_H"] * width),
+        ],
+    )
+
+
+def _per_head_build(spec: OpSpec, config: Config) -> Launcher:
+    _checked(_per_head_space(spec), config)
+    common = _common(spec, config)
+    d = common.dims
+    block_h = int(config["BLOCK_H"])
+    q_blocks = triton.cdiv(d.heads, block_h)
+    head_blocks = q_blocks + triton.cdiv(d.kv_heads, block_h)
+    kernel = _rope_per_head_kernel[(d.batch * d.seq * head_blocks,)]
+    constexprs = common.constexprs
+    num_warps = int(config["num_warps"])
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        kernel(inputs[0], inputs[1], inputs[2], inputs[3], outputs[0], outputs[1], d.seq, d.heads, d.kv_heads,
+               *_stride_args(common, inputs, outputs), q_blocks, head_blocks,
+               BLOCK_H=block_h, **constexprs, num_warps=num_warps)
+
+    return launch
+
+
+# ---- per_token ----------------------------------------------------------------------------------
+
+
+def _per_token_space(spec: OpSpec) -> Space:
+    d = _dims(spec)
+    width = _rotated_width(spec)
+    most_heads = next_power_of_two(d.heads)
+    return Space(
+        [Param("BLOCK_H", _BLOCK_H), *_pairs_params(spec), Param("num_warps", _WARPS), Param("num_stages", _STAGES)],
+        [
+            Constraint("BLOCK_H is no larger than q's head count (rounded up to a power of two)",
+                       lambda c: c["BLOCK_H"] <= most_heads),
+            # One block covers every head: each loop runs once, and there is nothing to pipeline.
+            Constraint("num_stages is 1 when one head block covers all the heads",
+                       lambda c: c["num_stages"] == 1 or c["BLOCK_H"] < d.heads),
+            *_warp_constraints(lambda c: c["BLOCK_H"] * width),
+        ],
+    )
+
+
+def _per_token_build(spec: OpSpec, config: Config) -> Launcher:
+    _checked(_per_token_space(spec), config)
+    common = _common(spec, config)
+    d = common.dims
+    block_h = int(config["BLOCK_H"])
+    q_blocks = triton.cdiv(d.heads, block_h)
+    k_blocks = triton.cdiv(d.kv_heads, block_h)
+    kernel = _rope_per_token_kernel[(d.batch * d.seq,)]
+    constexprs = common.constexprs
+    num_warps, num_stages = int(config["num_warps"]), int(config["num_stages"])
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        kernel(inputs[0], inputs[1], inputs[2], inputs[3], outputs[0], outputs[1], d.seq, d.heads, d.kv_heads,
+               *_stride_args(common, inputs, outputs), q_blocks, k_blocks,
+               BLOCK_H=block_h, **constexprs, NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages)
+
+    return launch
+
+
+# ---- blocked_seq --------------------------------------------------------------------------------
+
+
+def _blocked_seq_space(spec: OpSpec) -> Space:
+    # BLOCK_S does not depend on S: the same configs serve every sequence length (a short
+    # sequence masks the rest of its block), so that the validation tails share the space.
+    width = _rotated_width(spec)
+    return Space(
+        [Param("BLOCK_S", _BLOCK_S), *_pairs_params(spec), Param("num_warps", _WARPS)],
+        _warp_constraints(lambda c: c["BLOCK_S"] * width),
+    )
+
+
+def _blocked_seq_build(spec: OpSpec, config: Config) -> Launcher:
+    _checked(_blocked_seq_space(spec), config)
+    common = _common(spec, config)
+    d = common.dims
+    block_s = int(config["BLOCK_S"])
+    s_blocks = triton.cdiv(d.seq, block_s)
+    kernel = _rope_blocked_seq_kernel[(d.batch * (d.heads + d.kv_heads) * s_blocks,)]
+    constexprs = common.constexprs
+    num_warps = int(config["num_warps"])
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        kernel(inputs[0], inputs[1], inputs[2], inputs[3], outputs[0], outputs[1], d.seq, d.heads, d.kv_heads,
+               *_stride_args(common, inputs, outputs), s_blocks,
+               BLOCK_S=block_s, **constexprs, num_warps=num_warps)
+
+    return launch
+
+
+# =================================================================================================
+# The reference formulas
+# =================================================================================================
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's rotate_half."""
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _rotate_every_two(x: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's GPT-J rotate_every_two."""
+    x1 = x[..., ::2]
+    x2 = x[..., 1::2]
+    return torch.stack((-x2, x1), dim=-1).flatten(-2)
+
+
+def _apply(spec: OpSpec, inputs: Sequence[torch.Tensor], dtype: torch.dtype | None) -> tuple[torch.Tensor, ...]:
+    """apply_rotary_pos_emb, in ``dtype`` (None: the inputs' own)."""
+    q, k, cos, sin = (t if dtype is None else t.to(dtype) for t in inputs)
+    if cos.dim() == 2:  # (S, R): one cache for the whole batch
+        cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
+    unsqueeze_dim = 1 if spec.const("layout") == "bhsd" else 2  # the head dimension
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    rotate = _rotate_half if spec.const("style") == "half" else _rotate_every_two
+    r = cos.shape[-1]
+    outputs = []
+    for x in (q, k):
+        x_rot, x_pass = x[..., :r], x[..., r:]
+        embedded = (x_rot * cos) + (rotate(x_rot) * sin)
+        outputs.append(torch.cat((embedded, x_pass), dim=-1) if x_pass.shape[-1] else embedded)
+    return tuple(outputs)
+
+
+# =================================================================================================
+# The op family
+# =================================================================================================
+
+
+class RoPE(OpFamily):
+    name = "rope"
+    summary = "rotary position embedding of q and k (Hugging Face apply_rotary_pos_emb; GQA, partial rotary)"
+    shape_help = (
+        "q's sizes as BxHxSxD whatever the layout, e.g. 8x32x2048x128 (batch, heads, positions, head "
+        "dim); constants: layout=bhsd|bshd (q is (B,H,S,D) or (B,S,H,D)), style=half|interleaved, "
+        "kv_heads (k's heads, default H), rotary_dim (default D), memory=bhsd|bshd (q/k's memory "
+        "order, default the layout: bshd with layout=bhsd is Hugging Face's transposed view), "
+        "batched_cos=true for (B,S,R) caches instead of (S,R)"
+    )
+    distributions = ("normal", "outliers")
+    variants = (
+        Variant("per_head", "one program per (batch, position, BLOCK_H heads), q and k in one grid",
+                _per_head_space, _per_head_build),
+        Variant("per_token", "one program per (batch, position): cos/sin loaded once, loop over all heads",
+                _per_token_space, _per_token_build),
+        Variant("blocked_seq", "one program per (BLOCK_S positions, head, batch): a [BLOCK_S, D] tile",
+                _blocked_seq_space, _blocked_seq_build),
+    )
+
+    # ---- specs -----------------------------------------------------------------------------------
+    def small_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """BxHxSxD shrunk for the interpreter: one batch, at most 4 heads and 16 positions."""
+        if len(shape) != 4:
+            return shape
+        _, h, s, d = shape
+        return (1, min(h, 4), min(s, 16), d)
+
+    def spec(
+        self,
+        shape: tuple[int, ...],
+        dtype: str,
+        layout: str = "bhsd",
+        style: str = "half",
+        kv_heads: int | None = None,
+        rotary_dim: int | None = None,
+        memory: str | None = None,
+        batched_cos: bool = False,
+        **constants: Any,
+    ) -> OpSpec:
+        if constants:
+            raise UnsupportedWorkload(f"rope: unknown constants {sorted(constants)}")
+        shape = tuple(shape)
+        if len(shape) != 4:
+            raise UnsupportedWorkload(f"rope: --shape is BxHxSxD (4 sizes), not {'x'.join(map(str, shape))}")
+        b, h, s, d = (_positive_int(n, v) for n, v in zip(("B", "H", "S", "D"), shape, strict=True))
+        layout = _choice("layout", layout, LAYOUTS)
+        style = _choice("style", style, STYLES)
+        memory = _choice("memory", layout if memory is None else memory, LAYOUTS)
+        if not isinstance(batched_cos, bool):
+            raise UnsupportedWorkload(f"rope: batched_cos must be true or false, not {batched_cos!r}")
+        hk = _positive_int("kv_heads", h if kv_heads is None else kv_heads)
+        r = _positive_int("rotary_dim", d if rotary_dim is None else rotary_dim)
+        dims = _Dims(b, h, hk, s, d, r, batched_cos and b > 1)
+        spec = _make_spec(dims, dtype_name(dtype), layout, style, memory, memory)
+        self.check_supported(spec)
+        return spec
+
+    def spec_for(self, *inputs: torch.Tensor, **constants: Any) -> OpSpec:
+        if len(inputs) != 4 or not all(isinstance(t, torch.Tensor) for t in inputs):
+            raise UnsupportedWorkload(f"rope takes (q, k, cos, sin), not {len(inputs)} inputs")
+        layout = _choice("layout", constants.pop("layout", "bhsd"), LAYOUTS)
+        style = _choice("style", constants.pop("style", "half"), STYLES)
+        kv_heads = constants.pop("kv_heads", None)
+        rotary_dim = constants.pop("rotary_dim", None)
+        if constants:
+            raise UnsupportedWorkload(f"rope: unknown constants {sorted(constants)}")
+        q, k, cos, sin = inputs
+        if q.dim() != 4 or k.dim() != 4:
+            raise UnsupportedWorkload(f"rope: q and k must be 4-D, not {q.dim()}-D and {k.dim()}-D")
+        if cos.shape != sin.shape or cos.dim() not in (2, 3):
+            raise UnsupportedWorkload(f"rope: cos and sin must both be (S, R) or (B, S, R), not "
+                                      f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+        try:
+            dtype = dtype_name(q.dtype)
+            q_spec, k_spec = TensorSpec.of(q), TensorSpec.of(k)
+        except ValueError as err:  # a dtype kernelsmith does not know at all
+            raise UnsupportedWorkload(f"rope: {err}") from None
+        if len({q.dtype, k.dtype, cos.dtype, sin.dtype}) != 1:
+            raise UnsupportedWorkload(f"rope: q, k, cos and sin must share a dtype, not "
+                                      f"{q.dtype}, {k.dtype}, {cos.dtype}, {sin.dtype}")
+        if q.numel() == 0 or k.numel() == 0:
+            raise UnsupportedWorkload("rope: empty inputs are not supported")
+        b, h, s, d = q.shape if layout == "bhsd" else (q.shape[0], q.shape[2], q.shape[1], q.shape[3])
+        hk = k.shape[1] if layout == "bhsd" else k.shape[2]
+        if kv_heads is not None and kv_heads != hk:
+            raise UnsupportedWorkload(f"rope: kv_heads={kv_heads!r} but k has {hk} heads")
+        if rotary_dim is not None and rotary_dim != cos.shape[-1]:
+            raise UnsupportedWorkload(f"rope: rotary_dim={rotary_dim!r} but cos has {cos.shape[-1]} channels")
+        memories = []
+        for name, t in (("q", q_spec), ("k", k_spec)):
+            memory = _memory_of(t, layout)
+            if memory is None:
+                raise UnsupportedWorkload(f"rope: {name} of strides {t.strides} is neither contiguous nor a "
+                                          f"transposed view of a contiguous {_other(layout)} tensor")
+            memories.append(memory)
+        batched = self._cos_batching(cos, sin, b, s)
+        dims = _Dims(b, h, hk, s, d, cos.shape[-1], batched)
+        spec = _make_spec(dims, dtype, layout, style, memories[0], memories[1])
+        if tuple(k.shape) != spec.inputs[1].shape:  # B, S or D of k differ from q's
+            raise UnsupportedWorkload(f"rope: k's shape {tuple(k.shape)} does not match q's {tuple(q.shape)} "
+                                      f"in layout {layout}")
+        self.check_supported(spec)
+        return spec
+
+    @staticmethod
+    def _cos_batching(cos: torch.Tensor, sin: torch.Tensor, batch: int, seq: int) -> bool:
+        """Whether the caches differ along the batch (True: (B, S, R)) or are one (S, R) table
+        (given as (S, R), (1, S, R) or expanded over the batch with stride 0)."""
+        if cos.shape[-2] != seq:
+            raise UnsupportedWorkload(f"rope: cos/sin have {cos.shape[-2]} positions, q has {seq}")
+        r = cos.shape[-1]
+        for t in (cos, sin):
+            if (r > 1 and t.stride(-1) != 1) or (seq > 1 and t.stride(-2) != r):
+                raise UnsupportedWorkload(f"rope: cos/sin rows must be contiguous, not strides {tuple(t.stride())}")
+        if cos.dim() == 2 or cos.shape[0] == 1:
+            return False
+        if cos.shape[0] != batch:
+            raise UnsupportedWorkload(f"rope: cos/sin have batch {cos.shape[0]}, q has {batch}")
+        strides = {cos.stride(0), sin.stride(0)}
+        if strides == {0}:
+            return False
+        if strides == {seq * r}:
+            return True
+        raise UnsupportedWorkload(f"rope: cos/sin batch strides {sorted(strides)} are neither 0 nor S * R")
+
+    def check_supported(self, spec: OpSpec) -> None:
+        if len(spec.inputs) != 4:
+            raise UnsupportedWorkload(f"rope takes (q, k, cos, sin), not {len(spec.inputs)} tensors")
+        if set(spec.constants) != {"layout", "style"}:
+            raise UnsupportedWorkload(f"rope: constants must be layout and style, not {sorted(spec.constants)}")
+        layout = _choice("layout", spec.const("layout"), LAYOUTS)
+        _choice("style", spec.const("style"), STYLES)
+        q, k, cos, sin = spec.inputs
+        for t in spec.inputs:
+            if t.dtype not in self.dtypes:
+                raise UnsupportedWorkload(f"rope: dtype {t.dtype} is not supported")
+        if len({t.dtype for t in spec.inputs}) != 1:
+            raise UnsupportedWorkload("rope: q, k, cos and sin must share a dtype")
+        if len(q.shape) != 4 or len(k.shape) != 4 or len(cos.shape) not in (2, 3):
+            raise UnsupportedWorkload("rope: q and k must be 4-D, cos and sin (S, R) or (B, S, R)")
+        d = _dims(spec)
+        if min(d.batch, d.heads, d.kv_heads, d.seq, d.head_dim, d.rotary_dim) <= 0:
+            raise UnsupportedWorkload("rope: empty inputs are not supported")
+        if d.heads % d.kv_heads:
+            raise UnsupportedWorkload(f"rope: k's {d.kv_heads} heads do not divide q's {d.heads}")
+        if d.rotary_dim % 2 or d.rotary_dim > d.head_dim:
+            raise UnsupportedWorkload(f"rope: the rotary dimension {d.rotary_dim} must be even and at most the "
+                                      f"head dimension {d.head_dim}")
+        if d.head_dim > MAX_HEAD_DIM:
+            raise UnsupportedWorkload(f"rope: head dimension {d.head_dim} is above {MAX_HEAD_DIM}")
+        if d.batch * d.seq * (d.heads + d.kv_heads) > MAX_PROGRAMS:
+            raise UnsupportedWorkload("rope: too many (batch, position, head) rows for one grid")
+        expected = _make_spec(d, q.dtype, layout, spec.const("style"), layout, layout)
+        if k.shape != expected.inputs[1].shape:
+            raise UnsupportedWorkload(f"rope: k {k} does not match q {q} in layout {layout}")
+        if cos != sin or cos.shape != expected.inputs[2].shape or not cos.is_contiguous or (
+            d.batched_cos and d.batch == 1
+        ):
+            raise UnsupportedWorkload(f"rope: cos/sin {cos}, {sin} must be contiguous (S, R) tables, or "
+                                      f"(B, S, R) with B > 1")
+        for name, t in (("q", q), ("k", k)):
+            memory = _memory_of(t, layout)
+            if memory is None or t != _head_tensor(t.shape, t.dtype, layout, memory):
+                raise UnsupportedWorkload(f"rope: {name} {t} is neither contiguous nor a transposed view of a "
+                                          f"contiguous {_other(layout)} tensor")
+
+    def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
+        q, k = spec.inputs[0], spec.inputs[1]
+        return TensorSpec(q.shape, q.dtype), TensorSpec(k.shape, k.dtype)
+
+    def bucket(self, spec: OpSpec) -> OpSpec:
+        """B and S rounded up to powers of two; heads, dims, layout and memory order kept.
+
+        Spaces do not depend on B or S, and every config is validated on several batch sizes
+        and sequence lengths (see validation_specs), so the configs tuned for the bucket are
+        correct for every call in it: a prefill of 1000 tokens reuses the decision for 1024.
+        """
+        d = _dims(spec)
+        return _resized(spec, next_power_of_two(d.batch), next_power_of_two(d.seq))
+
+    def validation_specs(self, spec: OpSpec) -> list[OpSpec]:
+        """The target, then tails: one position of one sequence, 7 positions of up to 2 sequences
+        (exercising the batch strides) and an odd length past the target's (67 from S >= 64),
+        which no BLOCK_S divides."""
+        d = _dims(spec)
+        tails = [(1, 1), (min(d.batch, 2), 7), (1, 67 if d.seq >= 64 else 2 * (d.seq // 2) + 3)]
+        specs = [spec]
+        for batch, seq in dict.fromkeys(tails):
+            if (batch, seq) != (d.batch, d.seq):
+                specs.append(_resized(spec, batch, seq))
+        return specs
+
+    # ---- math ------------------------------------------------------------------------------------
+    def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Hugging Face's apply_rotary_pos_emb (rotate_half, or GPT-J's rotate_every_two), in the
+        inputs' dtype, with the partial-rotary split of GLM and Phi when R < D."""
+        return _apply(spec, inputs, None)
+
+    def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        return _apply(spec, inputs, torch.float64)
+
+    def make_inputs(
+        self,
+        spec: OpSpec,
+        seed: int,
+        distribution: str = "normal",
+        device: str | torch.device = "cuda",
+    ) -> tuple[torch.Tensor, ...]:
+        """q and k from ``distribution``; cos and sin the real caches of some positions.
+
+        - normal: q and k standard normal;
+        - outliers: standard normal, with a few head channels (one in 32, the same for every head
+          and position) 20 times larger, as in the "massive activations" of real keys.
+
+        cos and sin hold the rotary angles ``position * 10000 ** (-2 i / R)`` of positions
+        ``p0, p0 + 1, ...``, computed in float64 and rounded to the dtype, in the style's cache
+        layout. ``p0`` is drawn from [1000, 4000) (per sequence for (B, S, R) caches): far from 0,
+        so that the fast pairs turn by large angles and an output equal to the input is far from
+        the right one; it is moved on until the first pair's first angle is at least pi/3 from a
+        multiple of 2 pi, so that even a single position of a single pair rotates.
+        """
+        if distribution not in self.distributions:
+            raise ValueError(f"rope: unknown distribution {distribution!r} (known: {', '.join(self.distributions)})")
+        d = _dims(spec)
+        q_spec, k_spec = spec.inputs[0], spec.inputs[1]
+        dtype = q_spec.torch_dtype
+        g = generator(seed, device)
+        heads = []
+        for t in (q_spec, k_spec):
+            x = torch.randn(t.shape, generator=g, device=device, dtype=torch.float32)
+            if distribution == "outliers":
+                channels = torch.randint(0, d.head_dim, (max(1, d.head_dim // 32),), generator=g, device=device)
+                x[..., channels] *= 20.0
+            out = torch.empty_strided(t.shape, t.strides, dtype=dtype, device=device)
+            heads.append(out.copy_(x))
+
+        n_tables = d.batch if d.batched_cos else 1
+        starts = torch.randint(1000, 4000, (n_tables,), generator=g, device=device).tolist()
+        for i, p0 in enumerate(starts):
+            while abs(math.sin(p0 / 2)) < 0.5:  # angle p0 (the first pair turns by 1 a position)
+                p0 += 1
+            starts[i] = p0
+        positions = torch.tensor(starts, dtype=torch.float64, device=device)[:, None] + torch.arange(
+            d.seq, dtype=torch.float64, device=device
+        )
+        exponents = torch.arange(0, d.rotary_dim, 2, dtype=torch.float64, device=device) / d.rotary_dim
+        angles = positions[..., None] * ROPE_BASE ** (-exponents)  # (tables, S, R/2)
+        if spec.const("style") == "half":
+            angles = torch.cat((angles, angles), dim=-1)
+        else:
+            angles = torch.repeat_interleave(angles, 2, dim=-1)
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        if not d.batched_cos:
+            cos, sin = cos[0], sin[0]
+        return heads[0], heads[1], cos.contiguous(), sin.contiguous()
+
+    def flops(self, spec: OpSpec) -> int:
+        # Per rotated channel: two multiplications and an addition; passed-through channels: none.
+        d = _dims(spec)
+        return 3 * d.batch * d.seq * (d.heads + d.kv_heads) * d.rotary_dim
+
+
+OP = RoPE()
