@@ -17,6 +17,7 @@ _MODULES: dict[str, str] = {
     "rmsnorm": "kernelsmith.ops.rmsnorm",
     "softmax": "kernelsmith.ops.softmax",
     "rope": "kernelsmith.ops.rope",
+    "add_rmsnorm": "kernelsmith.ops.add_rmsnorm",
 }
 _LOADED: dict[str, OpFamily] = {}
 

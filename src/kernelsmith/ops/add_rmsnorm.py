@@ -1,0 +1,664 @@
+"""Residual add + RMSNorm: ``h = x + residual``, ``y = rmsnorm(h) * weight``, in one pass.
+
+Every decoder layer of Llama, Mistral, Qwen and their kin adds the output of a block (``x``) to
+the residual stream and normalises the sum before the next block. Hugging Face writes it as
+
+    hidden_states = residual + hidden_states      # in the model's dtype: the sum is ROUNDED
+    residual = hidden_states                      # the next layer's residual
+    hidden_states = self.post_attention_layernorm(hidden_states)   # LlamaRMSNorm
+
+so the op takes ``x`` and ``residual`` of shape ``(..., N)`` and ``weight`` of shape ``(N,)`` and
+returns TWO outputs, in this order:
+
+    y = weight * (hf * rsqrt(mean(hf ** 2, last dim) + eps)).to(dtype)   with hf = h.float()
+    h = residual + x                                                     (rounded to the dtype)
+
+Eagerly that is an add kernel (read 2, write 1) and then RMSNorm (read 1 again, write 1); fused,
+``x`` and ``residual`` are read once and ``y`` and ``h`` written once: 4 row-sized transfers
+instead of 5, and one launch instead of several. Like RMSNorm it is bound by memory bandwidth.
+
+The rounding of ``h``
+---------------------
+The model stores ``h`` in its own dtype and normalises *that* stored value. The kernels do the
+same: they add in float32, round the sum to the storage dtype, store it, and compute the
+statistics and ``y`` from the rounded value (load, add, round, store, then reuse the rounded
+registers). Normalising the unrounded float32 sum instead would be a slightly different function
+(``y`` would no longer be the norm of the ``h`` the op returns), which drifts from the reference
+by up to half a unit in the last place of ``h`` in bfloat16.
+
+Rounding is done by :func:`_to_storage`, which rounds float32 to bfloat16 to nearest-even *by
+hand* (integer operations on the bits) before the conversion. On a GPU a plain ``.to(bfloat16)``
+already rounds to nearest-even, and the hand rounding costs a few integer operations in a kernel
+bound by memory. But the Triton interpreter (the CPU test bed) *truncates* float32 to bfloat16,
+so without it the tests would check a different ``h`` than the GPU computes. With it, ``h`` is
+bit for bit ``residual + x`` as PyTorch computes it, on both (float32 holds every sum of two
+float16 or bfloat16 values closely enough, 24 >= 2 * 11 + 2 bits, that rounding the float32 sum
+once more is the correctly rounded sum). ``y`` is rounded the same way.
+
+The float64 reference, and why it includes the rounding of ``h``
+-----------------------------------------------------------------
+``reference_fp64`` first forms ``h`` in the input dtype exactly as the model does (``residual +
+x``, correctly rounded), then does everything else in float64. So the "truth" is the op as models
+define it: ``h``'s rounding is part of the function, not an error of it, and ``y``'s truth is the
+exact norm of the ``h`` the op returns. The alternative, an unrounded float64 sum, is wrong for
+the tolerance test in two ways: (1) the rounding of ``h``, which every correct implementation
+must perform, would count as PyTorch's own *error* and loosen ``y``'s tolerance (in bfloat16 it
+raises PyTorch's relative L2 error of ``y`` from about 2.3e-3 to 3.0e-3); and (2) a kernel that
+normalised the unrounded float32 sum would then look *more* accurate (1.7e-3) than a correct one
+(2.4e-3). With the rounded truth, PyTorch's ``h`` has no error at all (``check_close`` then allows
+``floor_ulps`` of rounding: the kernels' ``h`` is exact), a correct ``y`` scores 1.7e-3, and the
+unrounded-sum kernel 2.4e-3. (Within ``k = 4`` times PyTorch's error both still pass: the
+tolerance cannot see that drift, so the tests check the rounded ``h`` is used bit for bit.)
+
+Variants (the same split of work as :mod:`kernelsmith.ops.rmsnorm`)
+-------------------------------------------------------------------
+``whole_row``
+    One program per row, the whole row (padded to ``BLOCK_N``, a power of two) in registers:
+    load ``x`` and ``residual``, add, round, store ``h``, reduce, scale, store ``y``. The default
+    for the usual hidden sizes (1024 to 16384).
+``multi_row``
+    ``ROWS`` rows per program as one ``[ROWS, BLOCK_N]`` block, for narrow rows, where one row
+    gives a program too little work to hide memory latency. The last program masks rows past the
+    end.
+``looped``
+    One program per row in column blocks of ``BLOCK_N``, two passes: the first adds, rounds,
+    stores ``h`` and accumulates the sum of squares; the second re-reads ``h`` (just written, so
+    in L2: one tensor re-read instead of ``x`` and ``residual``) and writes ``y``. For rows too
+    wide for registers. A barrier between the passes makes pass 1's stores visible to every
+    thread of the program before pass 2 reads them back (with software pipelining, pass 2's
+    loads are asynchronous copies issued by other threads than the ones that stored).
+``persistent``
+    A fixed grid of ``PROGRAMS_PER_SM`` programs per multiprocessor walking rows ``pid, pid +
+    programs, ...``; the weight is loaded once per program, and ``num_stages`` pipelines the next
+    rows' loads behind the current row's arithmetic.
+
+``num_stages`` appears only in the spaces of the two variants with a loop, and is given both to
+``tl.range`` and at launch (Triton 3.6 leaves a loop without a matrix product unpipelined when it
+is only a launch option).
+
+Backward (not implemented here): the gradient needs ``h`` (an output already) and each row's
+``rstd``, which a backward kernel recomputes from ``h`` in one extra read; a variant that also
+stores ``rstd`` (a third, float32 ``(rows,)`` output) can be added through ``output_specs``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelsmith.ops._base import Launcher, OpFamily, Tolerance, UnsupportedWorkload, Variant, generator
+from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
+from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
+
+DEFAULT_EPS = 1e-6
+
+# Register and shared-memory budgets, the same as RMSNorm's (see kernelsmith.ops.rmsnorm).
+MAX_WHOLE_ROW = 65536  # widest row the register-resident variants accept
+MAX_MULTI_ROW_BLOCK = 16384  # most elements one multi_row block holds (ROWS * BLOCK_N)
+MAX_VALUES_PER_THREAD = 128  # more float32 values a thread than this and registers spill
+MAX_WARPS_PER_SM = 64  # resident warps a multiprocessor holds (Hopper, Ampere)
+# Shared memory for software-pipelined loads, per multiprocessor (Hopper has 227 KiB a block;
+# the rest is left for the reduction's scratch).
+PIPELINE_SHARED_BYTES = 192 * 1024
+
+WARPS = (1, 2, 4, 8, 16, 32)
+STAGES = (1, 2, 3)  # for kernels with a loop to pipeline
+# Cache hint for the two read-once activations: "" (the default policy) or "evict_first".
+EVICTION = ("", "evict_first")
+ROWS_PER_PROGRAM = (2, 4, 8, 16, 32)
+LOOPED_BLOCKS = powers_of_two(64, 8192)
+PROGRAMS_PER_SM = (1, 2, 4, 8)
+
+# Without a GPU (the interpreter) any program count is correct; a small one keeps the
+# persistent grid-stride loop exercised by tests with a few dozen rows.
+INTERPRETER_MULTIPROCESSORS = 4
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+#
+# x, residual, y and h are (rows, N) matrices with unit column stride and explicit row strides;
+# row offsets are 64-bit so that tensors of more than 2**31 elements address correctly. All
+# arithmetic is float32; padding lanes load 0.0, which adds nothing to the sum of squares.
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _to_storage(v, ptr):
+    """Float32 ``v`` converted to ``ptr``'s element type, rounded to nearest-even everywhere.
+
+    bfloat16 keeps the top 16 bits of a float32: adding 0x7FFF plus the lowest kept bit and
+    clearing the low half rounds to nearest, ties to even (the interpreter's own conversion
+    truncates). Infinities are unchanged; finite values round as IEEE does. float16 and float32
+    need nothing: the conversion itself rounds correctly on every backend.
+    """
+    if ptr.dtype.element_ty == tl.bfloat16:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+        v = bits.to(tl.float32, bitcast=True)
+    return v.to(ptr.dtype.element_ty)
+
+
+@triton.jit
+def _add_rmsnorm_whole_row_kernel(
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    y_ptr,
+    h_ptr,
+    x_row_stride,
+    r_row_stride,
+    y_row_stride,
+    h_row_stride,
+    N,
+    eps,
+    BLOCK_N: tl.constexpr,  # next_power_of_two(N): the whole row in one block
+    EVICT_X: tl.constexpr,  # "" or "evict_first" for x and residual (each read once)
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0, eviction_policy=EVICT_X)
+    r = tl.load(r_ptr + row * r_row_stride + cols, mask=mask, other=0.0, eviction_policy=EVICT_X)
+    # Add in float32, round to the storage dtype, store; then use the *rounded* value.
+    h = _to_storage(x.to(tl.float32) + r.to(tl.float32), h_ptr)
+    tl.store(h_ptr + row * h_row_stride + cols, h, mask=mask)
+    hf = h.to(tl.float32)
+
+    rstd = tl.rsqrt(tl.sum(hf * hf, axis=0) / N + eps)  # mean over the N real elements
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = hf * rstd * w  # rounded once, on the store
+    tl.store(y_ptr + row * y_row_stride + cols, _to_storage(y, y_ptr), mask=mask)
+
+
+@triton.jit
+def _add_rmsnorm_multi_row_kernel(
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    y_ptr,
+    h_ptr,
+    x_row_stride,
+    r_row_stride,
+    y_row_stride,
+    h_row_stride,
+    n_rows,
+    N,
+    eps,
+    ROWS: tl.constexpr,  # rows per program
+    BLOCK_N: tl.constexpr,  # next_power_of_two(N)
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    mask = (rows < n_rows)[:, None] & col_mask[None, :]  # the last program may run past the end
+    rows64 = rows.to(tl.int64)[:, None]
+
+    x = tl.load(x_ptr + rows64 * x_row_stride + cols[None, :], mask=mask, other=0.0)
+    r = tl.load(r_ptr + rows64 * r_row_stride + cols[None, :], mask=mask, other=0.0)
+    h = _to_storage(x.to(tl.float32) + r.to(tl.float32), h_ptr)
+    tl.store(h_ptr + rows64 * h_row_stride + cols[None, :], h, mask=mask)
+    hf = h.to(tl.float32)
+
+    # One rstd per row. Rows past the end are all zeros: rsqrt(eps) (or inf when eps = 0) is
+    # computed for them, multiplied by zeros and never stored.
+    rstd = tl.rsqrt(tl.sum(hf * hf, axis=1) / N + eps)
+    w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    y = hf * rstd[:, None] * w[None, :]
+    tl.store(y_ptr + rows64 * y_row_stride + cols[None, :], _to_storage(y, y_ptr), mask=mask)
+
+
+@triton.jit
+def _add_rmsnorm_looped_kernel(
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    y_ptr,
+    h_ptr,
+    x_row_stride,
+    r_row_stride,
+    y_row_stride,
+    h_row_stride,
+    N,
+    eps,
+    BLOCK_N: tl.constexpr,  # columns per loop step
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of both loops (1: none)
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_row_stride
+    r_row = r_ptr + row * r_row_stride
+    y_row = y_ptr + row * y_row_stride
+    h_row = h_ptr + row * h_row_stride
+    cols = tl.arange(0, BLOCK_N)
+
+    # Pass 1: h = round(x + residual), stored; per-lane float32 partial sums of h^2 (added up
+    # once at the end: fewer cross-lane reductions, and a tree-shaped, more accurate sum).
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
+        offs = start + cols
+        mask = offs < N
+        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(r_row + offs, mask=mask, other=0.0).to(tl.float32)
+        h = _to_storage(x + r, h_ptr)
+        tl.store(h_row + offs, h, mask=mask)
+        hf = h.to(tl.float32)
+        acc += hf * hf
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+    # Pass 1's stores must be visible to whichever threads load h back below.
+    tl.debug_barrier()
+
+    # Pass 2: re-read the rounded h (now in L2), scale, multiply by the weight, store y.
+    for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
+        offs = start + cols
+        mask = offs < N
+        hf = tl.load(h_row + offs, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + offs, _to_storage(hf * rstd * w, y_ptr), mask=mask)
+
+
+@triton.jit
+def _add_rmsnorm_persistent_kernel(
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    y_ptr,
+    h_ptr,
+    x_row_stride,
+    r_row_stride,
+    y_row_stride,
+    h_row_stride,
+    n_rows,
+    N,
+    eps,
+    BLOCK_N: tl.constexpr,  # next_power_of_two(N)
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
+):
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # once per program
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
+        row64 = tl.cast(row, tl.int64)  # (tl.cast: in the interpreter, row is a Python int)
+        x = tl.load(x_ptr + row64 * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(r_ptr + row64 * r_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        h = _to_storage(x + r, h_ptr)
+        tl.store(h_ptr + row64 * h_row_stride + cols, h, mask=mask)
+        hf = h.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(hf * hf, axis=0) / N + eps)
+        tl.store(y_ptr + row64 * y_row_stride + cols, _to_storage(hf * rstd * w, y_ptr), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Spaces and launchers
+#
+# A build precomputes the grid, the constexprs and the launch options; the launcher only views
+# the tensors as (rows, N), reads four row strides and launches into the caller's outputs.
+# ---------------------------------------------------------------------------------------------
+
+
+def _rows_and_width(spec: OpSpec) -> tuple[int, int]:
+    """(rows, N) of the flattened (rows, N) view of x."""
+    shape = spec.inputs[0].shape
+    return math.prod(shape[:-1]), shape[-1]
+
+
+def _warps_fit(elements: int, num_warps: int) -> bool:
+    """Whether ``elements`` float32 values in flight suit ``num_warps`` warps (RMSNorm's rule).
+
+    No more threads than elements (idle warps only cost), except that 1 and 2 warps are always
+    allowed so that the tiniest rows keep a choice; at most MAX_VALUES_PER_THREAD values a thread.
+    """
+    threads = 32 * num_warps
+    return (num_warps <= 2 or threads <= elements) and elements <= threads * MAX_VALUES_PER_THREAD
+
+
+def _warps_constraint(what: str, elements: Callable[[Config], int]) -> Constraint:
+    return Constraint(f"num_warps must suit {what}", lambda c: _warps_fit(elements(c), c["num_warps"]))
+
+
+def _checked(space: Space, config: Config) -> None:
+    problems = space.violations(config)
+    if problems:
+        raise ValueError(f"add_rmsnorm: config {config.key} is not in the space: {'; '.join(problems)}")
+
+
+@functools.cache
+def _multiprocessor_count(device_index: int) -> int:
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+
+
+def _programs(per_multiprocessor: int) -> int:
+    if torch.cuda.is_available():
+        return per_multiprocessor * _multiprocessor_count(torch.cuda.current_device())
+    return per_multiprocessor * INTERPRETER_MULTIPROCESSORS
+
+
+def _views(n: int, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]
+           ) -> tuple[torch.Tensor, ...]:
+    """x, residual, weight, y, h, with the four activations viewed as (rows, N)."""
+    x, r, w = inputs
+    y, h = outputs
+    return x.view(-1, n), r.view(-1, n), w, y.view(-1, n), h.view(-1, n)
+
+
+# ---- whole_row ------------------------------------------------------------------------------
+
+
+def _whole_row_space(spec: OpSpec) -> Space:
+    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    # No num_stages: no loop to pipeline. x and residual are in flight together: 2 * BLOCK_N.
+    return Space(
+        [Param("num_warps", WARPS), Param("EVICT_X", EVICTION)],
+        [
+            Constraint(f"the whole row must fit: BLOCK_N <= {MAX_WHOLE_ROW}", lambda c: block_n <= MAX_WHOLE_ROW),
+            _warps_constraint("x's and residual's rows (2 * BLOCK_N elements)", lambda c: 2 * block_n),
+        ],
+    )
+
+
+def _whole_row_build(spec: OpSpec, config: Config) -> Launcher:
+    _checked(_whole_row_space(spec), config)
+    rows, n = _rows_and_width(spec)
+    block_n = next_power_of_two(n)
+    eps = float(spec.const("eps"))
+    num_warps = int(config["num_warps"])
+    evict_x = str(config["EVICT_X"])
+    kernel = _add_rmsnorm_whole_row_kernel[(rows,)]
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        x, r, w, y, h = _views(n, inputs, outputs)
+        kernel(x, r, w, y, h, x.stride(0), r.stride(0), y.stride(0), h.stride(0), n, eps,
+               BLOCK_N=block_n, EVICT_X=evict_x, num_warps=num_warps)
+
+    return launch
+
+
+# ---- multi_row ------------------------------------------------------------------------------
+
+
+def _multi_row_space(spec: OpSpec) -> Space:
+    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    return Space(
+        [Param("ROWS", ROWS_PER_PROGRAM), Param("num_warps", WARPS)],
+        [
+            Constraint(f"the block must fit: ROWS * BLOCK_N <= {MAX_MULTI_ROW_BLOCK}",
+                       lambda c: c["ROWS"] * block_n <= MAX_MULTI_ROW_BLOCK),
+            _warps_constraint("two [ROWS, BLOCK_N] blocks (x and residual)", lambda c: 2 * c["ROWS"] * block_n),
+        ],
+    )
+
+
+def _multi_row_build(spec: OpSpec, config: Config) -> Launcher:
+    _checked(_multi_row_space(spec), config)
+    rows, n = _rows_and_width(spec)
+    rows_per_program = int(config["ROWS"])
+    block_n = next_power_of_two(n)
+    eps = float(spec.const("eps"))
+    num_warps = int(config["num_warps"])
+    kernel = _add_rmsnorm_multi_row_kernel[(triton.cdiv(rows, rows_per_program),)]
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        x, r, w, y, h = _views(n, inputs, outputs)
+        kernel(x, r, w, y, h, x.stride(0), r.stride(0), y.stride(0), h.stride(0), rows, n, eps,
+               ROWS=rows_per_program, BLOCK_N=block_n, num_warps=num_warps)
+
+    return launch
+
+
+# ---- looped ---------------------------------------------------------------------------------
+
+
+def _looped_space(spec: OpSpec) -> Space:
+    full = next_power_of_two(_rows_and_width(spec)[1])
+    return Space(
+        [Param("BLOCK_N", LOOPED_BLOCKS), Param("num_warps", WARPS), Param("num_stages", STAGES)],
+        [
+            # A block as wide as the row is whole_row with extra work; the smallest block is
+            # always allowed so that the space is never empty for narrow rows.
+            Constraint("BLOCK_N must be narrower than the row (or the smallest block)",
+                       lambda c: c["BLOCK_N"] < full or c["BLOCK_N"] == LOOPED_BLOCKS[0]),
+            _warps_constraint("a block of x and residual (2 * BLOCK_N elements)", lambda c: 2 * c["BLOCK_N"]),
+        ],
+    )
+
+
+def _looped_build(spec: OpSpec, config: Config) -> Launcher:
+    _checked(_looped_space(spec), config)
+    rows, n = _rows_and_width(spec)
+    block_n = int(config["BLOCK_N"])
+    eps = float(spec.const("eps"))
+    num_warps, num_stages = int(config["num_warps"]), int(config["num_stages"])
+    kernel = _add_rmsnorm_looped_kernel[(rows,)]
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        x, r, w, y, h = _views(n, inputs, outputs)
+        kernel(x, r, w, y, h, x.stride(0), r.stride(0), y.stride(0), h.stride(0), n, eps,
+               BLOCK_N=block_n, NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages)
+
+    return launch
+
+
+# ---- persistent -----------------------------------------------------------------------------
+
+
+def _persistent_space(spec: OpSpec) -> Space:
+    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    row_bytes = block_n * spec.inputs[0].torch_dtype.itemsize
+
+    def pipeline_bytes(c: Config) -> int:
+        # num_stages = s keeps s - 1 rows of x and of residual in flight in shared memory, for
+        # each of the PROGRAMS_PER_SM programs sharing a multiprocessor.
+        return c["PROGRAMS_PER_SM"] * (c["num_stages"] - 1) * 2 * row_bytes
+
+    return Space(
+        [Param("PROGRAMS_PER_SM", PROGRAMS_PER_SM), Param("num_warps", WARPS), Param("num_stages", STAGES)],
+        [
+            Constraint(f"the whole row must fit: BLOCK_N <= {MAX_WHOLE_ROW}", lambda c: block_n <= MAX_WHOLE_ROW),
+            Constraint(f"the programs of a multiprocessor are all resident ({MAX_WARPS_PER_SM} warps)",
+                       lambda c: c["PROGRAMS_PER_SM"] * c["num_warps"] <= MAX_WARPS_PER_SM),
+            Constraint(f"the rows in flight fit in shared memory ({PIPELINE_SHARED_BYTES} bytes an SM)",
+                       lambda c: pipeline_bytes(c) <= PIPELINE_SHARED_BYTES),
+            # x, residual and the weight stay in registers: 3 * BLOCK_N values.
+            _warps_constraint("x, residual and the weight (3 * BLOCK_N elements)", lambda c: 3 * block_n),
+        ],
+    )
+
+
+def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
+    _checked(_persistent_space(spec), config)
+    rows, n = _rows_and_width(spec)
+    block_n = next_power_of_two(n)
+    eps = float(spec.const("eps"))
+    num_warps, num_stages = int(config["num_warps"]), int(config["num_stages"])
+    kernel = _add_rmsnorm_persistent_kernel[(min(rows, _programs(int(config["PROGRAMS_PER_SM"]))),)]
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        x, r, w, y, h = _views(n, inputs, outputs)
+        kernel(x, r, w, y, h, x.stride(0), r.stride(0), y.stride(0), h.stride(0), rows, n, eps,
+               BLOCK_N=block_n, NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages)
+
+    return launch
+
+
+# ---------------------------------------------------------------------------------------------
+# The op family
+# ---------------------------------------------------------------------------------------------
+
+
+class AddRMSNorm(OpFamily):
+    name = "add_rmsnorm"
+    summary = "residual add then RMSNorm (a Llama decoder layer's h = residual + x; y = rmsnorm(h) * weight)"
+    shape_help = (
+        "the shape of x and of residual, e.g. 8192x4096 for x and residual of shape (8192, 4096) "
+        "(rows x hidden size); weight has the last size, (4096,); more leading sizes are allowed "
+        "(2x1024x4096). Outputs: y (the normalised sum) and h (the sum), both shaped like x"
+    )
+    rowwise = True  # configs depend on the row width only: calls are bucketed by row count
+    distributions = ("normal", "large", "small", "outliers")
+    tolerance = Tolerance()
+    variants = (
+        Variant("whole_row", "one program per row, the whole row in registers",
+                _whole_row_space, _whole_row_build),
+        Variant("multi_row", "ROWS rows per program as a 2D block, for narrow rows",
+                _multi_row_space, _multi_row_build),
+        Variant("looped", "one program per row in column blocks: add, store h, sum squares; then re-read h",
+                _looped_space, _looped_build),
+        Variant("persistent", "PROGRAMS_PER_SM programs per SM walk the rows, weight loaded once",
+                _persistent_space, _persistent_build),
+    )
+
+    # ---- specs -------------------------------------------------------------------------------
+    def spec(self, shape: tuple[int, ...], dtype: str, eps: float = DEFAULT_EPS, **constants: Any) -> OpSpec:
+        if constants:
+            raise UnsupportedWorkload(f"add_rmsnorm: unknown constants {sorted(constants)}")
+        shape = tuple(int(s) for s in shape)
+        if not shape or any(s <= 0 for s in shape):
+            raise UnsupportedWorkload(f"add_rmsnorm: x must have a positive shape, not {shape}")
+        name = dtype_name(dtype)
+        x = TensorSpec(shape, name)
+        spec = OpSpec(self.name, (x, x, TensorSpec((shape[-1],), name)), {"eps": _check_eps(eps)})
+        self.check_supported(spec)
+        return spec
+
+    def spec_for(self, *inputs: torch.Tensor, eps: float = DEFAULT_EPS, **constants: Any) -> OpSpec:
+        if constants:
+            raise UnsupportedWorkload(f"add_rmsnorm: unknown constants {sorted(constants)}")
+        if len(inputs) != 3 or not all(isinstance(t, torch.Tensor) for t in inputs):
+            raise UnsupportedWorkload(f"add_rmsnorm takes (x, residual, weight), not {len(inputs)} inputs")
+        x, residual, weight = inputs
+        if x.dim() < 1 or weight.dim() != 1:
+            raise UnsupportedWorkload(
+                f"add_rmsnorm: x must be at least 1-D and weight 1-D, not {x.dim()}-D and {weight.dim()}-D")
+        if residual.shape != x.shape:
+            raise UnsupportedWorkload(
+                f"add_rmsnorm: residual {tuple(residual.shape)} must have x's shape {tuple(x.shape)}")
+        if weight.shape[0] != x.shape[-1]:
+            raise UnsupportedWorkload(
+                f"add_rmsnorm: weight has {weight.shape[0]} elements, x's rows have {x.shape[-1]}")
+        if x.numel() == 0:
+            raise UnsupportedWorkload("add_rmsnorm: empty inputs are not supported")
+        if not x.dtype == residual.dtype == weight.dtype:
+            raise UnsupportedWorkload(
+                f"add_rmsnorm: x, residual and weight must share a dtype, not {x.dtype}, "
+                f"{residual.dtype} and {weight.dtype}")
+        try:
+            specs = (TensorSpec.of(x), TensorSpec.of(residual), TensorSpec.of(weight))
+        except ValueError as err:  # a dtype kernelsmith does not know at all
+            raise UnsupportedWorkload(f"add_rmsnorm: {err}") from None
+        spec = OpSpec(self.name, specs, {"eps": _check_eps(eps)})
+        self.check_supported(spec)
+        return spec
+
+    def check_supported(self, spec: OpSpec) -> None:
+        if len(spec.inputs) != 3:
+            raise UnsupportedWorkload(f"add_rmsnorm takes (x, residual, weight), not {len(spec.inputs)} inputs")
+        super().check_supported(spec)
+        x, residual, weight = spec.inputs
+        if residual.shape != x.shape or weight.shape != x.shape[-1:]:
+            raise UnsupportedWorkload(f"add_rmsnorm: inconsistent shapes {spec.describe()}")
+        if not x.dtype == residual.dtype == weight.dtype:
+            raise UnsupportedWorkload(f"add_rmsnorm: mixed dtypes {spec.describe()}")
+
+    def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
+        """(y, h): both shaped like x, in x's dtype."""
+        x = spec.inputs[0]
+        return (TensorSpec(x.shape, x.dtype), TensorSpec(x.shape, x.dtype))
+
+    # The base class reshapes the first input only; residual must keep x's shape.
+    def bucket(self, spec: OpSpec) -> OpSpec:
+        return _residual_follows_x(super().bucket(spec))
+
+    def validation_specs(self, spec: OpSpec) -> list[OpSpec]:
+        return [_residual_follows_x(s) for s in super().validation_specs(spec)]
+
+    # ---- math --------------------------------------------------------------------------------
+    def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """A Hugging Face Llama decoder layer's residual add and LlamaRMSNorm, verbatim in substance."""
+        x, residual, weight = inputs
+        eps = float(spec.const("eps"))
+        h = residual + x  # in the input dtype: rounded
+        hf = h.float()
+        y = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * y.to(h.dtype), h
+
+    def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """The same math in float64, after ``h`` is formed (rounded) in the input dtype as models
+        do: the rounding of ``h`` is part of the op, not an error of it (see the module docstring)."""
+        x, residual, weight = inputs
+        eps = float(spec.const("eps"))
+        h64 = (residual + x).double()
+        y64 = weight.double() * (h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + eps))
+        return y64, h64
+
+    def make_inputs(
+        self,
+        spec: OpSpec,
+        seed: int,
+        distribution: str = "normal",
+        device: str | torch.device = "cuda",
+    ) -> tuple[torch.Tensor, ...]:
+        """(x, residual, weight) for ``distribution``, deterministic in ``seed``.
+
+        x and residual are drawn independently at the same scale (so that h = x + residual
+        differs from either, and neither term is negligible), weight = 1 + 0.5 * N(0, 1):
+
+        - normal: N(0, 1);
+        - large: 100 * N(0, 1): squares of h reach 1e5 to 1e7, past float16's range, so only a
+          kernel that squares in float32 gets them right;
+        - small: 1e-3 * N(0, 1): mean(h^2) is about 2e-6, the size of eps, so eps must be added
+          in the right place;
+        - outliers: N(0, 1) with about 0.1% of x's elements times 50, and the residual's
+          "massive activation" channels: about 0.2% of the columns (the same in every row)
+          times 50, as in the residual streams of real language models.
+        """
+        x_spec, r_spec, w_spec = spec.inputs
+        g = generator(seed, device)
+
+        def randn(shape: tuple[int, ...]) -> torch.Tensor:
+            return torch.randn(shape, generator=g, device=device, dtype=torch.float32)
+
+        if distribution == "normal":
+            x, r = randn(x_spec.shape), randn(r_spec.shape)
+        elif distribution == "large":
+            x, r = randn(x_spec.shape) * 100, randn(r_spec.shape) * 100
+        elif distribution == "small":
+            x, r = randn(x_spec.shape) * 1e-3, randn(r_spec.shape) * 1e-3
+        elif distribution == "outliers":
+            x, r = randn(x_spec.shape), randn(r_spec.shape)
+            picked = torch.rand(x_spec.shape, generator=g, device=device) < 1e-3
+            x = torch.where(picked, x * 50, x)
+            channels = torch.rand(r_spec.shape[-1:], generator=g, device=device) < 2e-3
+            r = torch.where(channels, r * 50, r)
+        else:
+            raise ValueError(f"add_rmsnorm: unknown distribution {distribution!r} "
+                             f"(known: {', '.join(self.distributions)})")
+        weight = 1 + 0.5 * randn(w_spec.shape)
+        return x.to(x_spec.torch_dtype), r.to(r_spec.torch_dtype), weight.to(w_spec.torch_dtype)
+
+    def flops(self, spec: OpSpec) -> int:
+        # Per element: the add, square, add to the sum, multiply by rstd, multiply by the weight.
+        return 5 * spec.inputs[0].numel
+
+
+def _residual_follows_x(spec: OpSpec) -> OpSpec:
+    """``spec`` with residual reshaped to x's shape (x may have been reshaped alone)."""
+    x, residual, *rest = spec.inputs
+    if residual.shape == x.shape:
+        return spec
+    return OpSpec(spec.op, (x, residual.with_shape(x.shape), *rest), dict(spec.constants))
+
+
+def _check_eps(eps: Any) -> float:
+    value = float(eps)
+    if not math.isfinite(value) or value < 0:
+        raise UnsupportedWorkload(f"add_rmsnorm: eps must be a finite number >= 0, not {eps!r}")
+    return value
+
+
+OP = AddRMSNorm()

@@ -1,0 +1,483 @@
+"""Residual add + RMSNorm: specs, inputs, the references, the spaces, and every variant's kernel.
+
+Without a GPU the kernels run in the Triton interpreter (tests/conftest.py sets it up), which is
+slow: shapes stay small, and instead of every config each variant runs a *covering* set, in which
+every value of every parameter appears at least once. Both outputs (y, then h) are pre-filled with
+NaN, followed by NaN guards, and compared with the float64 reference by the harness's own test.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernelsmith.evaluate.errors import check_close
+from kernelsmith.evaluate.validate import Rejected, validate
+from kernelsmith.ops import UnsupportedWorkload
+from kernelsmith.ops.add_rmsnorm import MAX_WHOLE_ROW, OP, AddRMSNorm
+from kernelsmith.space import Config, Space
+from kernelsmith.spec import OpSpec
+
+DTYPES = ("float16", "bfloat16", "float32")
+WIDTHS = (1, 3, 341, 1000)
+VARIANTS = [v.name for v in OP.variants]
+GUARD = 64  # NaN elements after each output: a kernel writing past its end overwrites them
+
+
+def covering_configs(space: Space) -> list[Config]:
+    """A few configs of the space in which every (parameter, value) that occurs in the space
+    occurs at least once: the last config first (the widest blocks, the most rows a program, so
+    the fewest loop steps: the cheapest to interpret), then greedily the config that adds the
+    most values not yet seen (the earliest on ties)."""
+    configs = space.configs()
+    if not configs:
+        return []
+    chosen = [configs[-1]]
+    missing = {(k, v) for c in configs for k, v in c.items()} - set(configs[-1].items())
+    while missing:
+        best = max(configs, key=lambda c: len(missing & set(c.items())))
+        chosen.append(best)
+        missing -= set(best.items())
+    return chosen
+
+
+def run_launcher(variant: str, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...]
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Launch into NaN-filled outputs (y, h), each followed by a NaN guard; check the inputs are
+    untouched; return (outputs, guards)."""
+    before = [t.clone() for t in inputs]
+    x = inputs[0]
+    buffers = [torch.full((x.numel() + GUARD,), math.nan, dtype=x.dtype, device=x.device) for _ in range(2)]
+    outputs = [b[: x.numel()].view(x.shape) for b in buffers]
+    OP.variant(variant).build(spec, config)(inputs, outputs)
+    assert all(torch.equal(a, b) for a, b in zip(inputs, before, strict=True)), f"{variant} modified an input"
+    return outputs, [b[x.numel():] for b in buffers]
+
+
+def assert_correct(spec: OpSpec, inputs: tuple[torch.Tensor, ...], outputs: list[torch.Tensor],
+                   guards: list[torch.Tensor], what: str) -> None:
+    refs64 = OP.reference_fp64(spec, inputs)
+    lowps = OP.reference(spec, inputs)
+    for name, out, guard, ref64, lowp in zip("yh", outputs, guards, refs64, lowps, strict=True):
+        assert bool(torch.isfinite(out).all()), f"{what}: some elements of {name} were never written"
+        assert bool(torch.isnan(guard).all()), f"{what}: the kernel wrote past the end of {name}"
+        problem = check_close(out, ref64, lowp, OP.tolerance)
+        assert problem is None, f"{what}: {name}: {problem}"
+    # h is the correctly rounded sum, bit for bit what PyTorch stores (every dtype, every kernel).
+    assert torch.equal(outputs[1], lowps[1]), f"{what}: h is not residual + x rounded to nearest-even"
+
+
+# ---- the kernels ----------------------------------------------------------------------------
+
+# Leading shapes: odd row counts (not multiples of any ROWS), 1 row, several leading dims, and a
+# 1-D x. One config of each case runs on all of them; the others take the cheaper ones in turn
+# (the interpreter's time grows with rows times loop steps).
+LEADS: tuple[tuple[int, ...], ...] = ((7,), (33,), (1,), (2, 3), ())
+SMALL_LEADS: tuple[tuple[int, ...], ...] = ((7,), (1,), (2, 3), ())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_config_class_matches_the_reference(variant: str, width: int, dtype: str, device: str) -> None:
+    space = OP.variant(variant).space(OP.spec((7, width), dtype))
+    configs = covering_configs(space)
+    assert configs, f"{variant} has no config for width {width}"
+    # Every leading shape with the first config (the cheapest to interpret), then each further
+    # config on the next small shape and distribution in turn, so that each case sees each shape
+    # and every distribution.
+    first, *others = configs
+    runs = [(first, lead) for lead in LEADS]
+    runs += [(c, SMALL_LEADS[i % len(SMALL_LEADS)]) for i, c in enumerate(others)]
+    for i, (config, lead) in enumerate(runs):
+        spec = OP.spec((*lead, width), dtype)
+        assert config in OP.variant(variant).space(spec)  # spaces depend on the width alone
+        distribution = OP.distributions[i % len(OP.distributions)]
+        inputs = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
+        outputs, guards = run_launcher(variant, spec, config, inputs)
+        assert_correct(spec, inputs, outputs, guards, f"{variant} {config} {spec.describe()} {distribution}")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_covering_configs_take_every_value(variant: str) -> None:
+    for width in WIDTHS:
+        space = OP.variant(variant).space(OP.spec((7, width), "bfloat16"))
+        covered = {(k, v) for c in covering_configs(space) for k, v in c.items()}
+        assert covered == {(k, v) for c in space.configs() for k, v in c.items()}
+
+
+@pytest.mark.parametrize("rows", [1, 31, 33])
+def test_multi_row_masks_the_rows_past_the_end(rows: int, device: str) -> None:
+    # Every ROWS value on row counts that no ROWS divides (or fewer rows than ROWS).
+    spec = OP.spec((rows, 5), "float32")
+    inputs = OP.make_inputs(spec, seed=rows, device=device)
+    by_rows = {c["ROWS"]: c for c in OP.variant("multi_row").space(spec)}
+    assert sorted(by_rows) == [2, 4, 8, 16, 32]
+    for config in by_rows.values():
+        outputs, guards = run_launcher("multi_row", spec, config, inputs)
+        assert_correct(spec, inputs, outputs, guards, f"multi_row {config} rows={rows}")
+
+
+@pytest.mark.parametrize("stages", [1, 3])
+def test_looped_handles_a_row_of_many_blocks(stages: int, device: str) -> None:
+    # 1000 columns in blocks of 64: 16 blocks, the last one 40 wide; pass 2 re-reads h.
+    spec = OP.spec((3, 1000), "bfloat16")
+    config = Config(BLOCK_N=64, num_warps=2, num_stages=stages)
+    assert config in OP.variant("looped").space(spec)
+    inputs = OP.make_inputs(spec, seed=5, distribution="large", device=device)
+    outputs, guards = run_launcher("looped", spec, config, inputs)
+    assert_correct(spec, inputs, outputs, guards, f"looped BLOCK_N=64 num_stages={stages}")
+
+
+def test_persistent_programs_loop_over_several_rows(device: str) -> None:
+    # 33 rows on 4 * PROGRAMS_PER_SM programs (the CPU stand-in has 4 "SMs"): with 1 program per
+    # SM every program takes 8 or 9 rows; with 8, most take one.
+    spec = OP.spec((33, 24), "float16")
+    inputs = OP.make_inputs(spec, seed=9, distribution="outliers", device=device)
+    for programs in (1, 8):
+        config = Config(PROGRAMS_PER_SM=programs, num_warps=1, num_stages=2)
+        outputs, guards = run_launcher("persistent", spec, config, inputs)
+        assert_correct(spec, inputs, outputs, guards, f"persistent PROGRAMS_PER_SM={programs}")
+
+
+def test_eps_reaches_the_kernels(device: str) -> None:
+    # With a tiny h, eps dominates mean(h^2): eps=1 and eps=1e-6 give very different outputs,
+    # and each kernel must match the reference for its own eps.
+    results = []
+    for eps in (1e-6, 1.0):
+        spec = OP.spec((4, 16), "float32", eps=eps)
+        inputs = OP.make_inputs(spec, seed=3, distribution="small", device=device)
+        for variant in OP.variants:
+            config = variant.space(spec).configs()[0]
+            outputs, guards = run_launcher(variant.name, spec, config, inputs)
+            assert_correct(spec, inputs, outputs, guards, f"{variant.name} eps={eps}")
+        results.append(outputs[0])
+    assert not torch.allclose(results[0], results[1], rtol=0.1)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_y_is_the_norm_of_the_rounded_h(variant: str, device: str) -> None:
+    """y is computed from the bfloat16-rounded h the kernel stores, not from the float32 sum.
+
+    Both candidates are emulated in float32 with one final rounding (as the kernels do); they
+    differ on a good fraction of the elements, and the kernel matches the rounded-h one (up to
+    rare last-bit flips from a different summation order).
+    """
+    spec = OP.spec((16, 256), "bfloat16")
+    x, r, w = inputs = OP.make_inputs(spec, seed=21, device=device)
+    config = OP.variant(variant).space(spec).configs()[0]
+    (y, _), _ = run_launcher(variant, spec, config, inputs)
+
+    def emulate(hf: torch.Tensor) -> torch.Tensor:
+        rstd = torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + spec.const("eps"))
+        return (hf * rstd * w.float()).to(torch.bfloat16)
+
+    from_rounded = emulate((r + x).float())
+    from_unrounded = emulate(x.float() + r.float())
+    differ = float((from_rounded != from_unrounded).float().mean())
+    assert differ > 0.05, "the inputs do not tell the two apart"
+    matches_rounded = float((y == from_rounded).float().mean())
+    matches_unrounded = float((y == from_unrounded).float().mean())
+    assert matches_rounded > 0.995, matches_rounded
+    assert matches_unrounded < matches_rounded - differ / 2
+
+
+# ---- the harness ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_harness_accepts_every_variant(variant: str, device: str) -> None:
+    """The real validation: every distribution on the target, tails of 1, 7 and 12 rows, both
+    outputs checked, canaries, torch-op watch, re-run on differently poisoned outputs."""
+    spec = OP.spec((9, 200), "bfloat16")
+    v = OP.variant(variant)
+    config = v.space(spec).configs()[-1]
+    runs = validate(OP, spec, v.build, config, device, lambda: None)
+    assert runs == 2 * (len(OP.distributions) + 3)
+
+
+def test_the_harness_rejects_swapped_or_wrong_outputs(device: str) -> None:
+    spec = OP.spec((9, 200), "float16")
+    whole_row = OP.variant("whole_row")
+    config = whole_row.space(spec).configs()[0]
+
+    def swapped(s: OpSpec, c: Config):  # type: ignore[no-untyped-def]
+        launch = whole_row.build(s, c)
+        return lambda inputs, outputs: launch(inputs, (outputs[1], outputs[0]))
+
+    def wrong_h(s: OpSpec, c: Config):  # type: ignore[no-untyped-def]
+        launch = whole_row.build(s, c)
+
+        def run(inputs, outputs):  # type: ignore[no-untyped-def]
+            launch(inputs, outputs)  # right y and h, then h overwritten with x + x
+            x, _, w = inputs
+            launch((x, x, w), (torch.empty_like(x), outputs[1]))
+
+        return run
+
+    with pytest.raises(Rejected, match="output 0 wrong"):
+        validate(OP, spec, swapped, config, device, lambda: None)
+    with pytest.raises(Rejected, match="output 1 wrong"):  # y alone right is not enough
+        validate(OP, spec, wrong_h, config, device, lambda: None)
+    assert validate(OP, spec, whole_row.build, config, device, lambda: None) > 0
+
+
+# ---- the tolerance discriminates --------------------------------------------------------------
+
+
+def test_the_tolerance_catches_a_missing_residual_or_a_misplaced_weight(device: str) -> None:
+    spec = OP.spec((6, 32), "bfloat16")
+    x, r, w = inputs = OP.make_inputs(spec, seed=1, device=device)
+    y64, h64 = OP.reference_fp64(spec, inputs)
+    y_lowp, h_lowp = OP.reference(spec, inputs)
+
+    def norm(hf: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6) * weight).to(torch.bfloat16)
+
+    hf = h_lowp.float()
+    assert check_close(norm(hf, w.float()), y64, y_lowp, OP.tolerance) is None
+    assert check_close(h_lowp, h64, h_lowp, OP.tolerance) is None
+    assert check_close(norm(x.float(), w.float()), y64, y_lowp, OP.tolerance) is not None  # no residual
+    assert check_close(norm(hf, w.float().roll(1)), y64, y_lowp, OP.tolerance) is not None
+    assert check_close(x, h64, h_lowp, OP.tolerance) is not None  # h = x
+    assert check_close(r, h64, h_lowp, OP.tolerance) is not None  # h = residual
+
+
+# ---- references -----------------------------------------------------------------------------
+
+
+def test_reference_is_the_llama_decoder_formula(device: str) -> None:
+    spec = OP.spec((2, 3, 64), "bfloat16", eps=1e-5)
+    x, r, w = inputs = OP.make_inputs(spec, seed=2, device=device)
+    y, h = OP.reference(spec, inputs)
+    # transformers' LlamaDecoderLayer: hidden_states = residual + hidden_states, then LlamaRMSNorm
+    expected_h = r + x
+    hf = expected_h.to(torch.float32)
+    variance = hf.pow(2).mean(-1, keepdim=True)
+    expected_y = w * (hf * torch.rsqrt(variance + 1e-5)).to(torch.bfloat16)
+    assert y.dtype == h.dtype == torch.bfloat16 and y.shape == h.shape == x.shape
+    assert torch.equal(h, expected_h) and torch.equal(y, expected_y)
+
+    y64, h64 = OP.reference_fp64(spec, inputs)
+    assert y64.dtype == h64.dtype == torch.float64 and y64.shape == h64.shape == x.shape
+    # h's float64 truth is the sum as models store it: rounded to the input dtype...
+    assert torch.equal(h64, expected_h.double())
+    assert not torch.equal(h64, x.double() + r.double())  # ...which is not the exact sum
+    # ...and y is the exact RMSNorm of that h: each row of y / weight has a mean square of ~1.
+    ms = (y64 / w.double()).pow(2).mean(-1)
+    assert torch.allclose(ms, torch.ones_like(ms), atol=1e-3)
+    assert (y.double() - y64).abs().max() < 0.05
+
+
+# ---- specs ----------------------------------------------------------------------------------
+
+
+def test_spec_from_command_line_shape() -> None:
+    spec = OP.spec((8192, 4096), "bf16")
+    assert spec.op == "add_rmsnorm"
+    x, r, w = spec.inputs
+    assert x.shape == r.shape == (8192, 4096) and w.shape == (4096,)
+    assert x.dtype == r.dtype == w.dtype == "bfloat16"
+    assert spec.const("eps") == 1e-6
+    assert OP.spec((2, 3, 64), "fp32").inputs[2].shape == (64,)
+    assert OP.spec((64,), "fp16").inputs[1].shape == (64,)
+    assert "8192x4096" in OP.shape_help
+    assert isinstance(OP, AddRMSNorm) and OP.name == "add_rmsnorm" and OP.rowwise
+
+
+def test_spec_for_matches_spec_and_hashes() -> None:
+    x = torch.zeros(16, 128, dtype=torch.bfloat16)
+    w = torch.ones(128, dtype=torch.bfloat16)
+    from_tensors = OP.spec_for(x, x.clone(), w)
+    from_cli = OP.spec((16, 128), "bfloat16")
+    assert from_tensors == from_cli and from_tensors.workload_hash == from_cli.workload_hash
+    assert OP.spec_for(x, x, w, eps=1e-6).workload_hash == from_cli.workload_hash
+    others = {
+        OP.spec((16, 128), "bfloat16", eps=1e-5).workload_hash,
+        OP.spec((16, 128), "float16").workload_hash,
+        OP.spec((16, 256), "bfloat16").workload_hash,
+        OP.spec((2, 8, 128), "bfloat16").workload_hash,
+    }
+    assert from_cli.workload_hash not in others and len(others) == 4
+    assert OpSpec.from_dict(from_cli.to_dict()).workload_hash == from_cli.workload_hash
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(4)), id="weight-size"),
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(1, 8)), id="weight-rank"),
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(8), torch.zeros(8)), id="residual-broadcast"),
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(2, 8), torch.zeros(8)), id="residual-rows"),
+        pytest.param(lambda: (torch.zeros(()), torch.zeros(()), torch.zeros(1)), id="scalar-x"),
+        pytest.param(lambda: (torch.zeros(0, 8), torch.zeros(0, 8), torch.zeros(8)), id="empty"),
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(4, 8, dtype=torch.float16), torch.zeros(8)),
+                     id="residual-dtype"),
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(8, dtype=torch.bfloat16)),
+                     id="weight-dtype"),
+        pytest.param(lambda: (torch.zeros(4, 8, dtype=torch.float64), torch.zeros(4, 8, dtype=torch.float64),
+                              torch.zeros(8, dtype=torch.float64)), id="float64"),
+        pytest.param(lambda: (torch.zeros(4, 8, dtype=torch.int32), torch.zeros(4, 8, dtype=torch.int32),
+                              torch.zeros(8, dtype=torch.int32)), id="int32"),
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(8, 4).t(), torch.zeros(8)), id="transposed-residual"),
+        pytest.param(lambda: (torch.zeros(4, 16)[:, ::2], torch.zeros(4, 8), torch.zeros(8)), id="strided-x"),
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(16)[::2]), id="strided-weight"),
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(8)), id="two-inputs"),
+    ],
+)
+def test_spec_for_rejects_what_the_kernels_cannot_do(make) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(UnsupportedWorkload):
+        OP.spec_for(*make())
+
+
+def test_bad_specs_are_rejected() -> None:
+    x, w = torch.zeros(4, 8), torch.zeros(8)
+    for eps in (-1.0, math.inf, math.nan):
+        with pytest.raises(UnsupportedWorkload):
+            OP.spec_for(x, x, w, eps=eps)
+        with pytest.raises(UnsupportedWorkload):
+            OP.spec((4, 8), "fp32", eps=eps)
+    with pytest.raises(UnsupportedWorkload):
+        OP.spec((4, 8), "fp64")
+    with pytest.raises(UnsupportedWorkload):
+        OP.spec((4, 0), "fp32")
+    with pytest.raises(UnsupportedWorkload):
+        OP.spec((4, 8), "fp32", dim=0)
+    with pytest.raises(UnsupportedWorkload):
+        OP.spec_for(x, x, w, dim=0)
+    with pytest.raises(ValueError):
+        OP.spec((4, 8), "int3")
+    # a spec built by hand (or read from a database) with inconsistent inputs
+    good = OP.spec((4, 8), "fp32")
+    with pytest.raises(UnsupportedWorkload):
+        OP.check_supported(OpSpec(OP.name, (good.inputs[0], good.inputs[0].with_shape((2, 8)), good.inputs[2])))
+    with pytest.raises(UnsupportedWorkload):
+        OP.check_supported(OpSpec(OP.name, good.inputs[:2]))
+
+
+def test_output_specs_bytes_and_flops() -> None:
+    spec = OP.spec((8192, 4096), "bfloat16")
+    y, h = OP.output_specs(spec)
+    assert y.shape == h.shape == (8192, 4096) and y.dtype == h.dtype == "bfloat16"
+    # x and residual read, weight read, y and h written
+    assert OP.bytes_moved(spec) == 4 * 8192 * 4096 * 2 + 4096 * 2
+    assert OP.bytes_moved(OP.spec((2, 3, 10), "float32")) == (4 * 60 + 10) * 4
+    assert OP.flops(spec) == 5 * 8192 * 4096
+
+
+def test_bucket_and_validation_specs_reshape_the_residual_with_x() -> None:
+    spec = OP.spec((5, 1000, 4096), "bfloat16")
+    bucket = OP.bucket(spec)
+    assert bucket == OP.spec((8192, 4096), "bfloat16")  # the command-line spec of the bucket
+    assert bucket.inputs[1].shape == bucket.inputs[0].shape == (8192, 4096)
+    specs = OP.validation_specs(OP.spec((4, 25, 3000), "float16"))
+    assert [s.inputs[0].shape for s in specs] == [(4, 25, 3000), (1, 3000), (7, 3000), (67, 3000)]
+    for s in specs:
+        x, r, w = s.inputs
+        assert r == x and w.shape == (3000,)
+        OP.check_supported(s)
+        for variant in OP.variants:  # a config is chosen for a width: the same space for every tail
+            assert variant.space(s).configs() == variant.space(specs[0]).configs()
+
+
+# ---- inputs ---------------------------------------------------------------------------------
+
+
+def test_make_inputs_is_deterministic_by_seed(device: str) -> None:
+    spec = OP.spec((2, 5, 48), "bfloat16")
+    for distribution in OP.distributions:
+        a = OP.make_inputs(spec, seed=11, distribution=distribution, device=device)
+        b = OP.make_inputs(spec, seed=11, distribution=distribution, device=device)
+        c = OP.make_inputs(spec, seed=12, distribution=distribution, device=device)
+        assert len(a) == 3
+        assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+        assert not any(torch.equal(p, q) for p, q in zip(a, c, strict=True))
+        x, r, w = a
+        assert x.shape == r.shape == (2, 5, 48) and w.shape == (48,)
+        assert x.dtype == r.dtype == w.dtype == torch.bfloat16
+        assert {t.device.type for t in a} == {torch.device(device).type}
+        assert all(t.is_contiguous() for t in a)
+        assert not torch.equal(x, r)
+
+
+def test_distributions_differ_as_described(device: str) -> None:
+    spec = OP.spec((64, 2048), "float16")
+    drawn = {d: [t.float() for t in OP.make_inputs(spec, seed=0, distribution=d, device=device)]
+             for d in OP.distributions}
+    for d, (x, r, _) in drawn.items():
+        assert bool(torch.isfinite(x).all() and torch.isfinite(r).all()), d
+        assert 0.5 < float(r.std()) / float(x.std()) < 2, f"{d}: residual and x are not of comparable scale"
+    std = {d: float(x.std()) for d, (x, _, _) in drawn.items()}
+    assert 0.9 < std["normal"] < 1.1
+    assert 90 < std["large"] < 110
+    assert 0.9e-3 < std["small"] < 1.1e-3
+    x, r, _ = drawn["outliers"]
+    assert 30 < int((x.abs() > 6).sum()) < 300  # about 0.1% of 131072 elements, times 50
+    hot = (r.abs() > 6).any(0)  # residual outliers sit in whole columns ("massive activations")
+    assert 0 < int(hot.sum()) < 20
+    assert float(r[:, hot].abs().mean()) > 10 * float(r[:, ~hot].abs().mean())
+    inputs = OP.make_inputs(spec, seed=0, distribution="large", device=device)
+    assert all(bool(torch.isfinite(t).all()) for t in OP.reference(spec, inputs))
+    with pytest.raises(ValueError, match="distribution"):
+        OP.make_inputs(spec, seed=0, distribution="cauchy", device=device)
+
+
+def test_weight_is_one_plus_half_normal(device: str) -> None:
+    _, _, w = OP.make_inputs(OP.spec((2, 8192), "float32"), seed=4, device=device)
+    assert abs(float(w.mean()) - 1) < 0.05 and abs(float(w.std()) - 0.5) < 0.05
+
+
+# ---- spaces ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 17, 64, 341, 1000, 4096, 8192, 16384, 65536])
+def test_spaces_are_non_empty_and_valid(width: int) -> None:
+    spec = OP.spec((8, width), "bfloat16")
+    for variant in OP.variants:
+        space = variant.space(spec)
+        if (variant.name == "multi_row" and width > 8192) or (variant.name == "persistent" and width > 32768):
+            assert len(space) == 0  # two rows (or x, residual and weight) exceed the register budget
+            continue
+        assert len(space) > 0, f"{variant.name} has no config at width {width}"
+        for config in space:
+            assert space.violations(config) == []
+            assert config["num_warps"] in (1, 2, 4, 8, 16, 32)
+            # num_stages only where there is a loop to pipeline
+            assert ("num_stages" in config) == (variant.name in ("looped", "persistent"))
+
+
+def test_space_sizes_are_modest() -> None:
+    for width in (1024, 4096, 8192):
+        spec = OP.spec((8192, width), "bfloat16")
+        total = sum(len(v.space(spec)) for v in OP.variants)
+        assert 50 <= total <= 250, (width, total)
+    assert sum(len(v.space(OP.spec((8192, 4096), "bfloat16"))) for v in OP.variants) == 144
+    assert set(VARIANTS) == {"whole_row", "multi_row", "looped", "persistent"}
+    assert len({v.source_hash for v in OP.variants}) == len(OP.variants)
+
+
+def test_row_limits() -> None:
+    too_wide = OP.spec((2, MAX_WHOLE_ROW + 1), "bfloat16")
+    assert len(OP.variant("whole_row").space(too_wide)) == 0
+    assert len(OP.variant("persistent").space(too_wide)) == 0
+    assert len(OP.variant("looped").space(too_wide)) > 0  # the wide-row fallback
+    # looped blocks are narrower than the row, except the smallest one for narrow rows
+    assert {c["BLOCK_N"] for c in OP.variant("looped").space(OP.spec((2, 4096), "fp16"))} == {
+        64, 128, 256, 512, 1024, 2048}
+    assert {c["BLOCK_N"] for c in OP.variant("looped").space(OP.spec((2, 40), "fp16"))} == {64}
+    # multi_row never holds more than 16384 elements in one block
+    assert {c["ROWS"] for c in OP.variant("multi_row").space(OP.spec((2, 4096), "fp16"))} == {2, 4}
+    # persistent: the programs of an SM stay resident, and pipelined rows fit in shared memory
+    for c in OP.variant("persistent").space(OP.spec((2, 8192), "fp32")):
+        assert c["PROGRAMS_PER_SM"] * c["num_warps"] <= 64
+        assert c["PROGRAMS_PER_SM"] * (c["num_stages"] - 1) * 2 * 8192 * 4 <= 192 * 1024
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_build_rejects_a_config_outside_the_space(variant: str) -> None:
+    spec = OP.spec((4, 64), "float32")
+    config = OP.variant(variant).space(spec).configs()[0].replace(num_warps=3)
+    with pytest.raises(ValueError, match="not in the space"):
+        OP.variant(variant).build(spec, config)
