@@ -18,6 +18,9 @@ _MODULES: dict[str, str] = {
     "softmax": "kernelsmith.ops.softmax",
     "rope": "kernelsmith.ops.rope",
     "add_rmsnorm": "kernelsmith.ops.add_rmsnorm",
+    "sum": "kernelsmith.ops.reductions:SUM",
+    "mean": "kernelsmith.ops.reductions:MEAN",
+    "max": "kernelsmith.ops.reductions:MAX",
 }
 _LOADED: dict[str, OpFamily] = {}
 

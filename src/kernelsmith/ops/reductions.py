@@ -1,0 +1,592 @@
+"""Row reductions over the last dimension: ``sum``, ``mean`` and ``max`` (``torch.amax``).
+
+The ops
+-------
+One input ``x`` of shape ``(..., N)`` (at least one dimension) in float16, bfloat16 or float32;
+one output of shape ``x.shape[:-1]`` (``keepdim=False``) in x's dtype, exactly what
+``torch.sum(x, -1)``, ``torch.mean(x, -1)`` and ``torch.amax(x, -1)`` return (a 0-d tensor for a
+1-D ``x``). Every leading dimension is flattened into rows, so the kernels see a ``(rows, N)``
+matrix and reduce each row to one value. Only the last dimension is supported: ``dim`` is part of
+the spec's constants and is always ``-1`` (``dim = x.ndim - 1`` is normalised to ``-1``; any other
+``dim`` is an :class:`UnsupportedWorkload`).
+
+The three families share one module and one set of kernels; a constexpr ``KIND`` picks the
+reduction at compile time (``0`` sum, ``1`` mean, ``2`` max), so each family compiles to a kernel
+with no trace of the others.
+
+Arithmetic
+----------
+Values are converted to float32 right after the load and the result is rounded once, to the
+output dtype, right before the store, as PyTorch does for half-precision inputs (it accumulates
+in float32). Padding lanes (columns past ``N``) load ``0`` for sums, which adds nothing, and
+``-inf`` for the max, which never wins.
+
+*Sums* are tree reductions within a block (``tl.sum``). On a GPU a thread first adds up its own
+elements one after the other, then the threads combine theirs in a tree: the sequential part is
+what loses float32 accuracy when a row's values cancel, so every config keeps at most 64 values a
+thread (the same bound that keeps registers from spilling). The ``looped`` variant adds each
+block into per-lane running sums; a long row in small blocks would make those running sums the
+weak point (a 32768-wide row in 64-column blocks is 512 additions per lane, several times
+PyTorch's own error in float32), so they are compensated (Kahan summation: each lane carries the
+rounding error of its last addition into the next one), which costs three more additions per
+element in a loop that is bound by memory anyway. The compensation is skipped once a running
+sum is infinite or NaN (``inf - inf`` would make it NaN), so that a row holding an ``inf`` sums to
+``inf`` (or NaN with both infinities, or a NaN) as in PyTorch.
+
+*Mean* is the float32 sum divided by ``N`` with a correctly rounded division (``div_rn``; a
+plain ``/`` compiles to an approximate division on NVIDIA GPUs).
+
+*Max* must propagate NaN as ``torch.amax`` does: a row with a NaN has a NaN maximum. Triton's
+``tl.max`` ignores NaN (it compiles to ``maxnum``), and a reduction with a custom NaN-propagating
+combine function, though as fast on a GPU, runs element by element in the interpreter. So the
+kernels reduce integer *keys* instead (``_nan_max``): the bits of a float32, with the other bits
+of negative values flipped, compare as signed integers in the same order as the floats, and
+every NaN is given the key just above ``+inf``. One integer ``max`` reduction then yields the
+largest value, NaN if there is one, and the key converts back to the float exactly. The
+``looped`` kernel keeps a per-lane running maximum with ``tl.maximum(...,
+propagate_nan=ALL)`` (one instruction, NaN-propagating, also in the interpreter) and reduces the
+lanes' keys once at the end. A row that is ``-inf`` throughout has the maximum ``-inf``.
+
+The variants
+------------
+``whole_row``
+    One program per row, the whole (power-of-two padded) row in registers: one read of the row,
+    one reduction, one store. Rows up to 65536 columns.
+``looped``
+    One program per row, the row walked in blocks of ``BLOCK_N`` columns with a per-lane running
+    accumulator (a compensated sum, or a running max), reduced across lanes once after the loop:
+    any width, a fixed register footprint, and ``num_stages`` software pipelining of the loop.
+``multi_row``
+    ``ROWS`` rows per program as one ``[ROWS, BLOCK_N]`` block reduced along its columns, for
+    narrow rows whose single-row programs would have too little work to hide memory latency.
+
+Only ``looped`` has a loop, so only it has a ``num_stages`` parameter (the compiler pipelines
+loops; the other kernels compile to the same code for every value). Spaces have about 70 to 100
+configs in all for a 1k-4k wide row, fewer for very narrow or very wide rows, and never none.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
+from kernelsmith.spec import OpSpec, TensorSpec
+
+# The reduction kinds, the KIND constexpr of every kernel.
+KIND_SUM = 0
+KIND_MEAN = 1
+KIND_MAX = 2
+
+# =================================================================================================
+# Kernels
+#
+# x is a (rows, N) matrix with unit column stride, its row stride passed explicitly; y is the
+# contiguous vector of the rows' results. Row offsets are computed in int64 so that tensors of
+# more than 2**31 elements are addressed correctly. ``y_ptr.dtype.element_ty`` is the output's
+# storage dtype, so one kernel serves fp16, bf16 and fp32.
+# =================================================================================================
+
+
+@triton.jit
+def _nan_max(x, axis: tl.constexpr):
+    """The maximum of float32 ``x`` along ``axis``, NaN when any element is NaN (like torch.amax).
+
+    For a float's bits ``b`` read as a signed int32, ``b ^ ((b >> 31) & 0x7FFFFFFF)`` keeps
+    non-negative floats as they are and flips the magnitude bits of negative ones, so that the
+    keys compare as integers exactly as the floats do (-inf < ... < -0.0 < +0.0 < ... < +inf).
+    Every NaN (whatever its sign and payload) gets the key 0x7FC00000, above +inf's 0x7F800000,
+    so it wins the integer max; the map is its own inverse, and 0x7FC00000 is a quiet NaN.
+    """
+    bits = x.to(tl.int32, bitcast=True)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    key = tl.where(x != x, 0x7FC00000, key)
+    top = tl.max(key, axis=axis)
+    top = top ^ ((top >> 31) & 0x7FFFFFFF)
+    return top.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _reduce_whole_row_kernel(
+    x_ptr,
+    y_ptr,
+    x_row_stride,
+    n_cols,
+    width,  # float(n_cols), the divisor of the mean
+    KIND: tl.constexpr,  # 0 sum, 1 mean, 2 max
+    BLOCK_N: tl.constexpr,  # next_power_of_two(n_cols): the whole row in one block
+    EVICT_X: tl.constexpr,  # "" or "evict_first": x is read once, so it need not stay in L2
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x_ptrs = x_ptr + row * x_row_stride + cols
+    if KIND == 2:
+        # Padding lanes read -inf: it never wins the max.
+        x = tl.load(x_ptrs, mask=mask, other=float("-inf"), eviction_policy=EVICT_X).to(tl.float32)
+        result = _nan_max(x, 0)
+    else:
+        # Padding lanes read 0: it adds nothing to the sum.
+        x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy=EVICT_X).to(tl.float32)
+        result = tl.sum(x, axis=0)
+        if KIND == 1:
+            result = tl.math.div_rn(result, width)
+    tl.store(y_ptr + row, result.to(y_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _reduce_looped_kernel(
+    x_ptr,
+    y_ptr,
+    x_row_stride,
+    n_cols,
+    width,  # float(n_cols), the divisor of the mean
+    KIND: tl.constexpr,  # 0 sum, 1 mean, 2 max
+    BLOCK_N: tl.constexpr,  # columns per loop step; the row may be any multiple of it, or not
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the loop (1: none)
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_row_stride
+    cols = tl.arange(0, BLOCK_N)
+    if KIND == 2:
+        # One running maximum a lane; tl.maximum with PropagateNan.ALL keeps a NaN once seen.
+        acc = tl.full([BLOCK_N], float("-inf"), tl.float32)
+        for start in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
+            offs = start + cols
+            x = tl.load(x_row + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32)
+            acc = tl.maximum(acc, x, propagate_nan=tl.PropagateNan.ALL)
+        result = _nan_max(acc, 0)
+    else:
+        # One running sum a lane, compensated (Kahan): ``comp`` is the part of the previous
+        # addend that the rounding of ``acc + y`` lost, subtracted from the next addend. While the
+        # sum is inf or NaN there is nothing to compensate (and inf - inf would poison it).
+        acc = tl.zeros([BLOCK_N], tl.float32)
+        comp = tl.zeros([BLOCK_N], tl.float32)
+        for start in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
+            offs = start + cols
+            x = tl.load(x_row + offs, mask=offs < n_cols, other=0.0).to(tl.float32)
+            y = x - comp
+            total = acc + y
+            comp = tl.where(tl.abs(total) < float("inf"), (total - acc) - y, 0.0)
+            acc = total
+        result = tl.sum(acc, axis=0)
+        if KIND == 1:
+            result = tl.math.div_rn(result, width)
+    tl.store(y_ptr + row, result.to(y_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _reduce_multi_row_kernel(
+    x_ptr,
+    y_ptr,
+    x_row_stride,
+    n_rows,
+    n_cols,
+    width,  # float(n_cols), the divisor of the mean
+    KIND: tl.constexpr,  # 0 sum, 1 mean, 2 max
+    ROWS: tl.constexpr,  # rows per program
+    BLOCK_N: tl.constexpr,  # next_power_of_two(n_cols)
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    row_mask = rows < n_rows  # the last program may run past the end when ROWS does not divide
+    mask = row_mask[:, None] & (cols < n_cols)[None, :]
+    x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * x_row_stride + cols[None, :]
+    if KIND == 2:
+        # Rows past the end load -inf throughout: their max is -inf, never stored.
+        x = tl.load(x_ptrs, mask=mask, other=float("-inf")).to(tl.float32)  # [ROWS, BLOCK_N]
+        result = _nan_max(x, 1)
+    else:
+        x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)  # [ROWS, BLOCK_N]
+        result = tl.sum(x, axis=1)
+        if KIND == 1:
+            result = tl.math.div_rn(result, width)
+    tl.store(y_ptr + rows, result.to(y_ptr.dtype.element_ty), mask=row_mask)
+
+
+# =================================================================================================
+# Config spaces and builders
+#
+# A build precomputes everything (grid, constexprs, launch options) so that the launcher only
+# takes views, reads a stride and launches. Launchers never allocate: they write into the
+# caller's output. The spaces do not depend on the reduction kind.
+# =================================================================================================
+
+_WARPS = (1, 2, 4, 8, 16, 32)
+_STAGES = (1, 2, 3)
+_EVICTION = ("", "evict_first")
+_WHOLE_ROW_MAX_BLOCK = 65536  # widest row kept in registers (64 fp32 values a thread at 32 warps)
+_MULTI_ROW_MAX_ELEMENTS = 16384  # register budget of one multi-row block, ROWS * BLOCK_N
+_MULTI_ROWS = (2, 4, 8, 16, 32, 64)
+_LOOPED_BLOCKS = powers_of_two(64, 8192)
+# More fp32 values a thread than this and the compiler starts spilling; it also bounds the
+# sequential part of a GPU reduction (each thread adds its own values one by one), which is
+# where a float32 sum loses accuracy.
+_MAX_PER_THREAD = 64
+
+
+def _rows_and_width(spec: OpSpec) -> tuple[int, int]:
+    """``(rows, N)``: every leading dimension of x flattened into rows (1 for a 1-D x)."""
+    shape = spec.inputs[0].shape
+    return math.prod(shape[:-1]), shape[-1]
+
+
+def _warp_constraints(elements: Callable[[Config], int]) -> list[Constraint]:
+    """Warp counts that fit a block of ``elements(config)`` values.
+
+    Warps beyond one value a thread would idle (one warp is always allowed, so tiny rows keep a
+    config); fewer warps than ``elements / (32 * _MAX_PER_THREAD)`` would spill registers and
+    lengthen the sequential part of the reduction.
+    """
+    return [
+        Constraint(
+            "every thread holds at least one value (extra warps would idle)",
+            lambda c: c["num_warps"] == 1 or 32 * c["num_warps"] <= elements(c),
+        ),
+        Constraint(
+            f"at most {_MAX_PER_THREAD} values a thread (more would spill registers)",
+            lambda c: elements(c) <= _MAX_PER_THREAD * 32 * c["num_warps"],
+        ),
+    ]
+
+
+def _checked(space: Space, config: Config) -> None:
+    problems = space.violations(config)
+    if problems:
+        raise ValueError(f"config {config.key} is not in the space: {'; '.join(problems)}")
+
+
+# ---- whole_row -----------------------------------------------------------------------------------
+
+
+def _whole_row_space(spec: OpSpec) -> Space:
+    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    # No num_stages: the kernel has no loop, so the pipelining depth could change nothing.
+    return Space(
+        [Param("num_warps", _WARPS), Param("EVICT_X", _EVICTION)],
+        [
+            Constraint(
+                f"the padded row fits in registers (BLOCK_N <= {_WHOLE_ROW_MAX_BLOCK})",
+                lambda c: block_n <= _WHOLE_ROW_MAX_BLOCK,
+            ),
+            *_warp_constraints(lambda c: block_n),
+        ],
+    )
+
+
+def _whole_row_build(kind: int) -> Callable[[OpSpec, Config], Launcher]:
+    def build(spec: OpSpec, config: Config) -> Launcher:
+        _checked(_whole_row_space(spec), config)
+        rows, n = _rows_and_width(spec)
+        grid = (rows,)
+        block_n = next_power_of_two(n)
+        num_warps = int(config["num_warps"])
+        evict_x = str(config["EVICT_X"])
+        width = float(n)
+
+        def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+            x = inputs[0].view(-1, n)
+            y = outputs[0].view(-1)
+            _reduce_whole_row_kernel[grid](
+                x, y, x.stride(0), n, width,
+                KIND=kind, BLOCK_N=block_n, EVICT_X=evict_x, num_warps=num_warps,
+            )  # fmt: skip
+
+        return launch
+
+    return build
+
+
+# ---- looped --------------------------------------------------------------------------------------
+
+
+def _looped_space(spec: OpSpec) -> Space:
+    padded = next_power_of_two(_rows_and_width(spec)[1])
+    return Space(
+        [Param("BLOCK_N", _LOOPED_BLOCKS), Param("num_warps", _WARPS), Param("num_stages", _STAGES)],
+        [
+            # A block as wide as the padded row is whole_row with a loop around it; the smallest
+            # block is always allowed, so that even a 1-column row has a config.
+            Constraint(
+                "BLOCK_N is narrower than the padded row (or the smallest block)",
+                lambda c: c["BLOCK_N"] < padded or c["BLOCK_N"] == _LOOPED_BLOCKS[0],
+            ),
+            *_warp_constraints(lambda c: c["BLOCK_N"]),
+        ],
+    )
+
+
+def _looped_build(kind: int) -> Callable[[OpSpec, Config], Launcher]:
+    def build(spec: OpSpec, config: Config) -> Launcher:
+        _checked(_looped_space(spec), config)
+        rows, n = _rows_and_width(spec)
+        grid = (rows,)
+        block_n, num_warps, num_stages = int(config["BLOCK_N"]), int(config["num_warps"]), int(config["num_stages"])
+        width = float(n)
+
+        def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+            x = inputs[0].view(-1, n)
+            y = outputs[0].view(-1)
+            _reduce_looped_kernel[grid](
+                x, y, x.stride(0), n, width,
+                KIND=kind, BLOCK_N=block_n, NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages,
+            )  # fmt: skip
+
+        return launch
+
+    return build
+
+
+# ---- multi_row -----------------------------------------------------------------------------------
+
+
+def _multi_row_space(spec: OpSpec) -> Space:
+    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    # No num_stages: no loop to pipeline (see whole_row).
+    return Space(
+        [Param("ROWS", _MULTI_ROWS), Param("num_warps", _WARPS)],
+        [
+            Constraint(
+                f"the [ROWS, BLOCK_N] block fits the register budget ({_MULTI_ROW_MAX_ELEMENTS})",
+                lambda c: c["ROWS"] * block_n <= _MULTI_ROW_MAX_ELEMENTS,
+            ),
+            *_warp_constraints(lambda c: c["ROWS"] * block_n),
+        ],
+    )
+
+
+def _multi_row_build(kind: int) -> Callable[[OpSpec, Config], Launcher]:
+    def build(spec: OpSpec, config: Config) -> Launcher:
+        _checked(_multi_row_space(spec), config)
+        rows, n = _rows_and_width(spec)
+        block_rows, num_warps = int(config["ROWS"]), int(config["num_warps"])
+        grid = (triton.cdiv(rows, block_rows),)
+        block_n = next_power_of_two(n)
+        width = float(n)
+
+        def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+            x = inputs[0].view(-1, n)
+            y = outputs[0].view(-1)
+            _reduce_multi_row_kernel[grid](
+                x, y, x.stride(0), rows, n, width,
+                KIND=kind, ROWS=block_rows, BLOCK_N=block_n, num_warps=num_warps,
+            )  # fmt: skip
+
+        return launch
+
+    return build
+
+
+def _variants(kind: int) -> tuple[Variant, ...]:
+    return (
+        Variant(
+            "whole_row",
+            "one program per row, the whole row in registers",
+            _whole_row_space,
+            _whole_row_build(kind),
+        ),
+        Variant(
+            "looped",
+            "one program per row, walked in BLOCK_N-column blocks with a per-lane running accumulator (any width)",
+            _looped_space,
+            _looped_build(kind),
+        ),
+        Variant(
+            "multi_row",
+            "ROWS rows per program as one [ROWS, BLOCK_N] block (narrow rows)",
+            _multi_row_space,
+            _multi_row_build(kind),
+        ),
+    )
+
+
+# =================================================================================================
+# The op families
+# =================================================================================================
+
+_SUPPORTED_TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# Sums must stay inside float16's range (65504) whatever the width, or PyTorch's own result is
+# inf where the float64 reference is finite and no candidate could pass: the value scales of the
+# sum family's distributions shrink for rows wide enough to need it.
+_SUM_POSITIVE_BUDGET = 8192.0  # largest expected row sum of "positive" (N/2 * row scale)
+_SUM_LARGE_BUDGET = 2048.0  # largest row-sum standard deviation of "large"
+_LARGE_ELEMENT_SCALE = 1000.0  # spread of "large" elements around their row's centre
+_LARGE_CENTRE = 20000.0  # row centres of "large" (mean, max) are uniform in +-this
+
+
+class _RowReduction(OpFamily):
+    """A reduction of every row of x (its last dimension) to one value; see the module doc."""
+
+    kind: ClassVar[int]
+    rowwise = True  # configs depend on the row width only: calls are bucketed by row count
+
+    # ---- specs -----------------------------------------------------------------------------------
+    def spec(self, shape: tuple[int, ...], dtype: str, **constants: Any) -> OpSpec:
+        dim = self._take_constants(constants)
+        return self._spec(TensorSpec(tuple(shape), dtype), dim)
+
+    def spec_for(self, *inputs: torch.Tensor, **constants: Any) -> OpSpec:
+        if len(inputs) != 1 or not isinstance(inputs[0], torch.Tensor):
+            raise UnsupportedWorkload(f"{self.name} takes one tensor, got {len(inputs)} inputs")
+        (x,) = inputs
+        if x.dtype not in _SUPPORTED_TORCH_DTYPES:
+            raise UnsupportedWorkload(f"{self.name}: dtype {x.dtype} is not supported")
+        dim = self._take_constants(constants)
+        return self._spec(TensorSpec.of(x), dim)
+
+    def _take_constants(self, constants: dict[str, Any]) -> Any:
+        """The ``dim`` constant; ``keepdim=False`` (PyTorch's default) is accepted and dropped."""
+        dim = constants.pop("dim", -1)
+        keepdim = constants.pop("keepdim", False)
+        if keepdim is not False:
+            raise UnsupportedWorkload(f"{self.name}: only keepdim=False is supported, got keepdim={keepdim!r}")
+        if constants:
+            raise UnsupportedWorkload(f"{self.name}: unknown constants {sorted(constants)}")
+        # torch.sum(x, dim=(-1,)) names one dimension as a sequence of one.
+        if isinstance(dim, tuple | list) and len(dim) == 1:
+            dim = dim[0]
+        return dim
+
+    def _spec(self, x: TensorSpec, dim: Any) -> OpSpec:
+        ndim = len(x.shape)
+        if ndim == 0:
+            raise UnsupportedWorkload(f"{self.name}: x must have at least one dimension")
+        if x.numel == 0:
+            raise UnsupportedWorkload(f"{self.name}: x {x} is empty")
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim not in (-1, ndim - 1):
+            raise UnsupportedWorkload(
+                f"{self.name}: only the last dimension is supported (dim=-1 or {ndim - 1}), got dim={dim!r}"
+            )
+        spec = OpSpec(self.name, (x,), {"dim": -1})
+        self.check_supported(spec)
+        return spec
+
+    def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
+        x = spec.inputs[0]
+        return (TensorSpec(x.shape[:-1], x.dtype),)
+
+    # ---- math ------------------------------------------------------------------------------------
+    def _torch(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        return (self._torch(inputs[0]),)
+
+    def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        return (self._torch(inputs[0].double()),)
+
+    def make_inputs(
+        self,
+        spec: OpSpec,
+        seed: int,
+        distribution: str = "normal",
+        device: str | torch.device = "cuda",
+    ) -> tuple[torch.Tensor, ...]:
+        """Inputs for one distribution, drawn in float32 on ``device`` and rounded to the dtype.
+
+        Every distribution makes the rows' results differ from row to row (the harness's
+        "constant output" canary must fail the tolerance):
+
+        - ``normal``: standard normal values;
+        - ``positive``: uniform in [0, s) with a row scale s uniform in [0.25, 1): sums that do
+          not cancel (for ``sum``, values shrink by 16384 / N on rows wider than 16384, so that
+          sums stay below about 8192, inside float16's range);
+        - ``large``: for ``mean`` and ``max``, a row centre uniform in +-20000 plus 1000 times a
+          normal value (float16 still holds every element, while a float16 running sum would
+          overflow); for ``sum``, normal values times ``min(1000, 2048 / sqrt(N))``, as large as
+          float16's range allows for the row sums;
+        - ``negative_ties`` (``max`` only): every value negative (a kernel padding with 0 fails)
+          and a multiple of 1/4 (exact in every dtype): ``-(1 + k + j) / 4`` with ``k`` random in
+          [0, 64) per row and ``j`` in [0, 8) per element, so each row's maximum is tied many
+          times over.
+        """
+        x_spec = spec.inputs[0]
+        shape, n = x_spec.shape, x_spec.shape[-1]
+        row_shape = (*shape[:-1], 1)
+        g = generator(seed, device)
+
+        def uniform(size: tuple[int, ...], low: float, high: float) -> torch.Tensor:
+            return torch.rand(size, generator=g, device=device) * (high - low) + low
+
+        if distribution not in self.distributions:
+            known = ", ".join(self.distributions)
+            raise ValueError(f"{self.name}: unknown distribution {distribution!r} (known: {known})")
+        if distribution == "normal":
+            x = torch.randn(shape, generator=g, device=device)
+        elif distribution == "positive":
+            x = torch.rand(shape, generator=g, device=device) * uniform(row_shape, 0.25, 1.0)
+            if self.kind == KIND_SUM:
+                x = x * min(1.0, 2 * _SUM_POSITIVE_BUDGET / n)
+        elif distribution == "large":
+            if self.kind == KIND_SUM:
+                x = torch.randn(shape, generator=g, device=device) * min(
+                    _LARGE_ELEMENT_SCALE, _SUM_LARGE_BUDGET / math.sqrt(n)
+                )
+            else:
+                centre = uniform(row_shape, -_LARGE_CENTRE, _LARGE_CENTRE)
+                x = centre + _LARGE_ELEMENT_SCALE * torch.randn(shape, generator=g, device=device)
+        else:  # negative_ties
+            k = torch.randint(0, 64, row_shape, generator=g, device=device)
+            j = torch.randint(0, 8, shape, generator=g, device=device)
+            x = -0.25 * (1 + k + j).float()
+        return (x.to(x_spec.torch_dtype),)
+
+    def flops(self, spec: OpSpec) -> int:
+        # One addition (or comparison) per element, plus a division a row for the mean.
+        rows, _ = _rows_and_width(spec)
+        return spec.inputs[0].numel + (rows if self.kind == KIND_MEAN else 0)
+
+
+_SHAPE_HELP = (
+    "the shape of x; the {op} runs over its last dimension and the result has x's other "
+    "dimensions: --shape 8192x4096 is 8192 rows of 4096 columns (8192 results), --shape "
+    "4x512x1024 is 2048 rows of 1024"
+)
+
+
+class RowSum(_RowReduction):
+    name = "sum"
+    summary = "sum over the last dimension, torch.sum(x, -1), accumulated in float32"
+    shape_help = _SHAPE_HELP.format(op="sum")
+    kind = KIND_SUM
+    distributions = ("normal", "positive", "large")
+    variants = _variants(KIND_SUM)
+
+    def _torch(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sum(x, dim=-1)
+
+
+class RowMean(_RowReduction):
+    name = "mean"
+    summary = "mean over the last dimension, torch.mean(x, -1), accumulated in float32"
+    shape_help = _SHAPE_HELP.format(op="mean")
+    kind = KIND_MEAN
+    distributions = ("normal", "positive", "large")
+    variants = _variants(KIND_MEAN)
+
+    def _torch(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.mean(x, dim=-1)
+
+
+class RowMax(_RowReduction):
+    name = "max"
+    summary = "maximum over the last dimension, torch.amax(x, -1) (NaN propagates)"
+    shape_help = _SHAPE_HELP.format(op="max")
+    kind = KIND_MAX
+    distributions = ("normal", "positive", "large", "negative_ties")
+    variants = _variants(KIND_MAX)
+
+    def _torch(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.amax(x, dim=-1)
+
+
+SUM = RowSum()
+MEAN = RowMean()
+MAX = RowMax()
