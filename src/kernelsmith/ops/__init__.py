@@ -18,6 +18,7 @@ _MODULES: dict[str, str] = {
     "softmax": "kernelsmith.ops.softmax",
     "rope": "kernelsmith.ops.rope",
     "add_rmsnorm": "kernelsmith.ops.add_rmsnorm",
+    "cross_entropy": "kernelsmith.ops.cross_entropy",
     "sum": "kernelsmith.ops.reductions:SUM",
     "mean": "kernelsmith.ops.reductions:MEAN",
     "max": "kernelsmith.ops.reductions:MAX",
