@@ -17,6 +17,7 @@ _MODULES: dict[str, str] = {
     "rmsnorm": "kernelsmith.ops.rmsnorm",
     "softmax": "kernelsmith.ops.softmax",
     "rope": "kernelsmith.ops.rope",
+    "layernorm": "kernelsmith.ops.layernorm",
     "add_rmsnorm": "kernelsmith.ops.add_rmsnorm",
     "cross_entropy": "kernelsmith.ops.cross_entropy",
     "gelu": "kernelsmith.ops.gelu:GELU",

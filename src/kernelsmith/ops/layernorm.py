@@ -1,0 +1,918 @@
+"""LayerNorm: ``y = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias`` over the last dimension.
+
+The op
+------
+Layer normalisation (Ba, Kiros & Hinton, 2016) is the normalisation of BERT, GPT-2, ViT and most
+encoder models. For an input ``x`` of shape ``(..., N)``, every row ``r`` of ``N`` elements is
+centred and scaled on its own:
+
+    mean[r] = sum_j x[r, j] / N
+    var[r]  = sum_j (x[r, j] - mean[r]) ** 2 / N          (the *biased* variance, as torch)
+    rstd[r] = 1 / sqrt(var[r] + eps)
+    y[r, j] = (x[r, j] - mean[r]) * rstd[r] * weight[j] + bias[j]
+
+The elementwise affine part is optional, as in ``torch.nn.LayerNorm``: the spec's constant
+``affine`` is ``"weight_bias"`` (inputs ``x, weight, bias``), ``"weight"`` (inputs ``x, weight``:
+``elementwise_affine=True, bias=False``) or ``"none"`` (input ``x`` alone). A bias without a
+weight is not a form torch's module produces and is not supported. ``weight`` and ``bias`` have
+shape ``(N,)`` and x's dtype.
+
+The reference is ``torch.nn.functional.layer_norm`` in the inputs' dtype (PyTorch computes the
+statistics in float32 for float16 and bfloat16 and rounds the output once); the ground truth is
+the same formula evaluated in float64. The kernels compute in float32 and round once, on the
+store, so they are about as accurate as PyTorch.
+
+Accuracy: no ``E[x^2] - E[x]^2``, and a shift by the row's first element
+----------------------------------------------------------------------
+The one-pass textbook variance ``E[x^2] - E[x]^2`` subtracts two nearly equal numbers when the
+mean is large compared with the spread: for a row of mean 300 and standard deviation 1,
+``E[x^2]`` is about 90001, whose float32 rounding error (about 0.004) is already a sizeable
+fraction of the variance (1), and the error grows with the square of ``mean / std``. Every kernel
+here instead sums squares of *centred* values, which are small, so no cancellation occurs:
+
+- the register-resident kernels (``two_pass``, ``multi_row``, ``persistent``) hold the whole row,
+  compute the mean, then the variance of ``x - mean`` (the classical two-pass algorithm);
+- ``welford``, which streams the row in blocks, keeps Welford's running mean and ``M2`` (sum of
+  squared deviations from the running mean) per lane and merges the lanes with Chan, Golub &
+  LeVeque's formula, ``M2 = sum M2_j + sum n_j (mean_j - mean)^2``: same-signed terms only.
+
+That alone still leaves the centred values ``x - mean`` wrong by the rounding error of ``mean``
+itself: half a float32 ulp of 300 is 1.5e-5, against a spread of 1. PyTorch's float32 result has
+the same error, of a size that depends on how luckily its ``mean`` rounds; on a single row it is
+sometimes almost exact, and a kernel whose mean rounds differently then fails a tolerance tied
+to PyTorch's error. So every kernel first *shifts* the row by its first element, ``d = x - x[0]``
+(the "shifted data" algorithm), and computes ``mean(d)`` and the centred values ``d - mean(d)``.
+``x - x[0]`` is exact whenever the two are within a factor of two (Sterbenz), so for a row whose
+mean dwarfs its spread the shifted values are exact and small, and the centred values are then
+accurate to float32 rounding of the *spread*, not of the mean; for rows centred near zero the
+shift changes nothing. The cost is one scalar load a row (the cache line is loaded anyway).
+
+The ``offset`` input distribution (rows of mean +-100..400, standard deviation 1) is there to
+prove it: in float32 (and in float16 from a few hundred columns) the naive formula fails it (see
+the tests); in bfloat16 the output's own rounding hides the difference.
+
+The variants
+------------
+``two_pass``
+    One program per row; the whole (power-of-two padded) row sits in registers, so ``x`` is read
+    once: sum it for the mean, sum the squared centred values for the variance, normalise, store.
+    The default for the usual hidden sizes (768 to 16384); rows wider than 16384 do not fit
+    without spilling registers (``welford`` takes them).
+``welford``
+    One program per row, two loops over column blocks of ``BLOCK_N``. The first computes the
+    statistics in one pass: every lane ``j`` keeps a Welford running mean and ``M2`` of the
+    values it has seen (columns ``j, j + BLOCK_N, j + 2 * BLOCK_N, ...``), and after the loop the
+    ``BLOCK_N`` lanes are merged with Chan's formula. The second loop reads the row again (now
+    mostly from L2), normalises and stores. For rows too wide for registers, and a contender
+    where a whole row would need so many registers a thread that the compiler spills.
+``multi_row``
+    ``ROWS`` rows per program as one ``[ROWS, BLOCK_N]`` block, each row reduced along axis 1.
+    For narrow rows (N of a few hundred) one row gives a program too little work to hide the
+    memory latency; several rows per program fix that. The last program masks the rows past the
+    end. The weight and bias are loaded once per block and broadcast over its rows.
+``persistent``
+    A fixed grid of ``PROGRAMS_PER_SM`` programs per multiprocessor; each loads the weight and
+    bias once and walks rows ``pid, pid + programs, ...`` with the two-pass math, so that the
+    program start-up and the parameter loads are paid once, and the compiler can pipeline the
+    next row's load behind the current row's arithmetic (``num_stages``).
+
+``num_stages`` is a parameter of the kernels with a loop (``welford``, ``persistent``) only: the
+compiler software-pipelines loops, so the loop-free kernels would compile to the same code for
+every value. The kernels with a loop pass it to ``tl.range`` as well as to the launch (Triton 3.6
+leaves a loop without a matrix product unpipelined when it is only a launch option).
+
+Conventions
+-----------
+All kernels load with masks (``other=0.0``), compute in float32, store in the output's dtype,
+and compute row offsets in 64-bit integers so that tensors of more than 2**31 elements address
+correctly. Padding lanes are excluded from the sums explicitly (``tl.where(mask, x - x[0], 0)``:
+a padded 0.0 minus the shift is not zero). The affine operands are selected by the
+constexprs ``HAS_WEIGHT`` and ``HAS_BIAS``, so the ``"none"`` form loads nothing extra; an absent
+operand's pointer argument is a placeholder (x) that is never dereferenced.
+
+Towards a backward
+------------------
+The backward of LayerNorm needs each row's ``mean`` and ``rstd``. Every forward kernel can store
+them (float32, one value a row) when its constexpr ``STORE_STATS`` is set; the forward op here
+leaves it off (the branch compiles away). :func:`build_with_stats` builds any variant's launcher
+that writes ``(y, mean, rstd)`` (shapes in :func:`stats_output_specs`), which is what a
+training-mode forward family and the backward kernels will use.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernelsmith.ops._base import Launcher, OpFamily, Tolerance, UnsupportedWorkload, Variant, generator
+from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
+from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
+
+DEFAULT_EPS = 1e-5  # torch.nn.LayerNorm's default
+AFFINE = ("weight_bias", "weight", "none")  # which of weight and bias the op applies
+AFFINE_PARAMS = {"weight_bias": 2, "weight": 1, "none": 0}  # how many parameter tensors follow x
+
+# =================================================================================================
+# Kernels
+#
+# x and y are (rows, N) matrices with unit column stride; their row strides are passed
+# explicitly. weight and bias are contiguous (N,) vectors. mean_ptr and rstd_ptr are float32
+# (rows,) vectors, written only when STORE_STATS is set (otherwise they are placeholders).
+# =================================================================================================
+
+
+@triton.jit
+def _affine(xhat, w_ptr, b_ptr, cols, mask, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """xhat * weight[cols] + bias[cols] in float32, each part only when the op has it.
+
+    ``cols`` and ``mask`` have the shape the parameters should broadcast as (``[BLOCK_N]`` for
+    one row, ``[1, BLOCK_N]`` for a block of rows)."""
+    y = xhat
+    if HAS_WEIGHT:
+        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    return y
+
+
+@triton.jit
+def _layernorm_two_pass_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    x_row_stride,
+    y_row_stride,
+    N,
+    eps,
+    BLOCK_N: tl.constexpr,  # next_power_of_two(N): the whole row in one block
+    EVICT_X: tl.constexpr,  # "" or "evict_first": x is read once, so it need not stay in L2
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    STORE_STATS: tl.constexpr,
+):
+    """One program normalises one row held entirely in registers (BLOCK_N >= N)."""
+    row = tl.program_id(0).to(tl.int64)  # 64-bit, so that row * stride cannot overflow
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+
+    x_row = x_ptr + row * x_row_stride
+    x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy=EVICT_X).to(tl.float32)
+    # Shift the row by its first element (see the module docstring): d = x - x[0], with the
+    # padding lanes zeroed so that they add nothing to the sums below.
+    shift = tl.load(x_row).to(tl.float32)
+    d = tl.where(mask, x - shift, 0.0)
+    # Pass 1 (over registers): the mean of the N real elements (divide by N, not BLOCK_N).
+    mean_d = tl.sum(d, axis=0) / N
+    # Pass 2: the variance of the centred values, sum((x - mean)^2) / N: they are small even
+    # when the mean is large, so nothing cancels. (Padding lanes re-zeroed: -mean_d there.)
+    xc = tl.where(mask, d - mean_d, 0.0)
+    rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / N + eps)
+
+    y = _affine(xc * rstd, w_ptr, b_ptr, cols, mask, HAS_WEIGHT, HAS_BIAS)  # float32, rounded once
+    tl.store(y_ptr + row * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    if STORE_STATS:
+        tl.store(mean_ptr + row, shift + mean_d)
+        tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def _layernorm_welford_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    x_row_stride,
+    y_row_stride,
+    N,
+    eps,
+    BLOCK_N: tl.constexpr,  # columns per loop step; N need not be a multiple of it
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of both loops (1: none)
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    STORE_STATS: tl.constexpr,
+):
+    """One program normalises one row: a Welford pass for the statistics, then a normalising
+    pass, both over column blocks of BLOCK_N."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_row_stride
+    y_row = y_ptr + row * y_row_stride
+    cols = tl.arange(0, BLOCK_N)
+
+    # The statistics are those of d = x - x[0], the row shifted by its first element (see the
+    # module docstring); the variance is the same, the mean is x[0] + mean(d).
+    shift = tl.load(x_row).to(tl.float32)
+
+    # Pass 1: lane j sees columns j, j + BLOCK_N, j + 2 * BLOCK_N, ... and keeps Welford's
+    # running statistics of their d values:
+    #     n     <- n + 1
+    #     delta  = d - mean
+    #     mean  <- mean + delta / n
+    #     M2    <- M2 + delta * (d - mean_new)     (M2 = sum of squared deviations from the mean)
+    # A lane is masked only in the last block (the row's tail), so every lane still running has
+    # seen exactly one value a block: n is the block count, the same for all lanes, and 1 / n is
+    # one scalar division a block rather than one a value.
+    lane_mean = tl.zeros([BLOCK_N], dtype=tl.float32)
+    lane_m2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    blocks = tl.full([], 0.0, tl.float32)
+    for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
+        offs = start + cols
+        mask = offs < N
+        d = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) - shift
+        blocks += 1.0
+        delta = d - lane_mean
+        updated_mean = lane_mean + delta * (1.0 / blocks)
+        lane_m2 = tl.where(mask, lane_m2 + delta * (d - updated_mean), lane_m2)
+        lane_mean = tl.where(mask, updated_mean, lane_mean)
+
+    # Merge the lanes (Chan, Golub & LeVeque): with n_j values in lane j,
+    #     mean = sum_j n_j * mean_j / N
+    #     M2   = sum_j M2_j + sum_j n_j * (mean_j - mean)^2
+    # (the pairwise update M2_a + M2_b + delta^2 n_a n_b / n, applied to all lanes at once).
+    # Both sums are of same-signed terms, so again nothing cancels. Lane j holds N // BLOCK_N
+    # values, plus one if it is among the first N % BLOCK_N lanes; lanes that saw nothing (n_j =
+    # 0, when N < BLOCK_N) contribute nothing.
+    full_blocks = N // BLOCK_N
+    lane_n = (full_blocks + (cols < N - full_blocks * BLOCK_N).to(tl.int32)).to(tl.float32)
+    mean_d = tl.sum(lane_n * lane_mean, axis=0) / N
+    spread = lane_mean - mean_d
+    m2 = tl.sum(lane_m2, axis=0) + tl.sum(lane_n * spread * spread, axis=0)
+    rstd = tl.rsqrt(m2 / N + eps)
+
+    # Pass 2: read the row again (now mostly from L2), normalise, store.
+    for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
+        offs = start + cols
+        mask = offs < N
+        d = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) - shift
+        # (Padding lanes are zeroed: their value could overflow float16, harmless but noisy.)
+        xhat = tl.where(mask, d - mean_d, 0.0) * rstd
+        y = _affine(xhat, w_ptr, b_ptr, offs, mask, HAS_WEIGHT, HAS_BIAS)
+        tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    if STORE_STATS:
+        tl.store(mean_ptr + row, shift + mean_d)
+        tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def _layernorm_multi_row_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    x_row_stride,
+    y_row_stride,
+    n_rows,
+    N,
+    eps,
+    ROWS: tl.constexpr,  # rows per program
+    BLOCK_N: tl.constexpr,  # next_power_of_two(N)
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    STORE_STATS: tl.constexpr,
+):
+    """One program normalises ROWS consecutive rows as a [ROWS, BLOCK_N] block."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    row_mask = rows < n_rows  # the last program may run past the final row
+    col_mask = cols < N
+    mask = row_mask[:, None] & col_mask[None, :]
+
+    rows64 = rows.to(tl.int64)
+    x_rows = x_ptr + rows64 * x_row_stride  # [ROWS] pointers to each row's first element
+    x = tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    # The shifted two-pass recipe of two_pass, one shift, mean and variance per row (reductions
+    # along axis 1). Rows past the end load zeros: variance 0, rstd = 1/sqrt(eps); never stored.
+    shift = tl.load(x_rows, mask=row_mask, other=0.0).to(tl.float32)
+    d = tl.where(mask, x - shift[:, None], 0.0)
+    mean_d = tl.sum(d, axis=1) / N
+    xc = tl.where(mask, d - mean_d[:, None], 0.0)
+    rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
+
+    # The parameters are shared by the block's rows: loaded once as [1, BLOCK_N], broadcast.
+    y = _affine(xc * rstd[:, None], w_ptr, b_ptr, cols[None, :], col_mask[None, :], HAS_WEIGHT, HAS_BIAS)
+    tl.store(y_ptr + rows64[:, None] * y_row_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    if STORE_STATS:
+        tl.store(mean_ptr + rows64, shift + mean_d, mask=row_mask)
+        tl.store(rstd_ptr + rows64, rstd, mask=row_mask)
+
+
+@triton.jit
+def _layernorm_persistent_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    x_row_stride,
+    y_row_stride,
+    n_rows,
+    N,
+    eps,
+    BLOCK_N: tl.constexpr,  # next_power_of_two(N)
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    STORE_STATS: tl.constexpr,
+):
+    """A fixed grid of programs; each loads the parameters once, then normalises rows
+    pid, pid + num_programs, pid + 2 * num_programs, ... (a grid-stride loop)."""
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+
+    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
+        row64 = tl.cast(row, tl.int64)  # (tl.cast: in the interpreter, row is a Python int)
+        x_row = x_ptr + row64 * x_row_stride
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        shift = tl.load(x_row).to(tl.float32)  # the shifted two-pass recipe of two_pass
+        d = tl.where(mask, x - shift, 0.0)
+        mean_d = tl.sum(d, axis=0) / N
+        xc = tl.where(mask, d - mean_d, 0.0)
+        rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / N + eps)
+        y = xc * rstd
+        if HAS_WEIGHT:
+            y = y * w
+        if HAS_BIAS:
+            y = y + b
+        tl.store(y_ptr + row64 * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        if STORE_STATS:
+            tl.store(mean_ptr + row64, shift + mean_d)
+            tl.store(rstd_ptr + row64, rstd)
+
+
+# =================================================================================================
+# Config spaces and builders
+#
+# A build checks the config, precomputes everything (grid, constexprs, launch options) and
+# returns a launcher that only views tensors, reads two strides and launches. Launchers never
+# allocate: they write into the caller's outputs, (y,) or, with save_stats, (y, mean, rstd).
+# =================================================================================================
+
+_WARPS = (1, 2, 4, 8, 16, 32)
+_STAGES = (1, 2, 3)  # for the kernels with a loop
+_EVICTION = ("", "evict_first")  # cache hint for the read-once x of two_pass
+_ROWS = (2, 4, 8, 16, 32)  # multi_row's rows per program
+_PROGRAMS_PER_SM = (1, 2, 4, 8)
+_WELFORD_BLOCKS = powers_of_two(64, 8192)
+# Register budget. A multiprocessor has 65536 32-bit registers, so a thread of a program of
+# 32 * num_warps threads gets at most 65536 / (32 * num_warps) of them (and never more than 255);
+# compiled for sm_90, these kernels take about 2.5 registers per float32 value they hold plus some
+# fixed overhead. A quarter of the thread's share, at most 64, is the most values a thread may
+# hold: 64 at up to 8 warps, 32 at 16 warps, 16 at 32 warps. (Measured with triton.compile for
+# sm_90: a 65536-wide row at 32 warps, 64 values a thread, spills 536 bytes a thread; 32768 at 16
+# warps spills 472; 16384 at 32 warps, 16 values, takes 51 registers and does not spill.)
+_MAX_PER_THREAD = 64
+_REGISTERS_PER_SM = 65536
+_WHOLE_ROW_MAX_BLOCK = 16384  # widest row kept in registers (16 values a thread at 32 warps)
+_MULTI_ROW_MAX_ELEMENTS = 16384  # register budget of one multi_row block, ROWS * BLOCK_N
+_MAX_WARPS_PER_SM = 64  # resident warps a multiprocessor holds (Hopper, Ampere)
+# Shared memory for software-pipelined row loads, per multiprocessor (Hopper: 227 KiB a block;
+# the rest is left for the compiler's reduction scratch).
+_PIPELINE_SHARED_BYTES = 192 * 1024
+
+
+def _rows_and_width(spec: OpSpec) -> tuple[int, int]:
+    """``(rows, N)``: every leading dimension of x flattened into rows."""
+    shape = spec.inputs[0].shape
+    return math.prod(shape[:-1]), shape[-1]
+
+
+def _has_weight_and_bias(spec: OpSpec) -> tuple[bool, bool]:
+    affine = spec.const("affine")
+    return affine != "none", affine == "weight_bias"
+
+
+def _values_per_thread(num_warps: int) -> int:
+    """The most float32 values a thread may hold in registers at ``num_warps`` warps (see the
+    register budget above): 64 up to 8 warps, 32 at 16, 16 at 32."""
+    share = min(256, _REGISTERS_PER_SM // (32 * num_warps))
+    return min(_MAX_PER_THREAD, share // 4)
+
+
+def _warp_constraints(lanes: Callable[[Config], int], values: Callable[[Config], int]) -> list[Constraint]:
+    """Warp counts that suit a block of ``lanes(config)`` columns holding ``values(config)``
+    float32 values in registers.
+
+    Warps beyond one lane a thread would idle (one warp is always allowed, so tiny rows keep a
+    config); too few warps, or so many that each thread's register share shrinks below what its
+    values need, would spill registers.
+    """
+    return [
+        Constraint(
+            "every thread holds at least one lane (extra warps would idle)",
+            lambda c: c["num_warps"] == 1 or 32 * c["num_warps"] <= lanes(c),
+        ),
+        Constraint(
+            "the values fit each thread's register share (64 a thread up to 8 warps, 32 at 16, 16 at 32)",
+            lambda c: values(c) <= _values_per_thread(c["num_warps"]) * 32 * c["num_warps"],
+        ),
+    ]
+
+
+def _checked(space: Space, config: Config) -> None:
+    problems = space.violations(config)
+    if problems:
+        raise ValueError(f"config {config.key} is not in the space: {'; '.join(problems)}")
+
+
+def _operands(
+    inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], n: int, has_bias: bool, save_stats: bool
+) -> tuple[torch.Tensor, ...]:
+    """(x, weight, bias, y, mean, rstd) as the kernels take them: x and y viewed as (rows, N),
+    placeholders (x, y) where the op has no such operand. Views only."""
+    x = inputs[0].view(-1, n)
+    y = outputs[0].view(-1, n)
+    w = inputs[1] if len(inputs) > 1 else x
+    b = inputs[2] if has_bias else x
+    mean, rstd = (outputs[1], outputs[2]) if save_stats else (y, y)
+    return x, w, b, y, mean, rstd
+
+
+# ---- two_pass ------------------------------------------------------------------------------------
+
+
+def _two_pass_space(spec: OpSpec) -> Space:
+    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    # No num_stages: the kernel has no loop to pipeline.
+    return Space(
+        [Param("num_warps", _WARPS), Param("EVICT_X", _EVICTION)],
+        [
+            Constraint(
+                f"the padded row fits in registers (BLOCK_N <= {_WHOLE_ROW_MAX_BLOCK})",
+                lambda c: block_n <= _WHOLE_ROW_MAX_BLOCK,
+            ),
+            *_warp_constraints(lambda c: block_n, lambda c: block_n),
+        ],
+    )
+
+
+def _two_pass_launcher(spec: OpSpec, config: Config, save_stats: bool) -> Launcher:
+    _checked(_two_pass_space(spec), config)
+    rows, n = _rows_and_width(spec)
+    has_weight, has_bias = _has_weight_and_bias(spec)
+    eps = float(spec.const("eps"))
+    constexprs = {
+        "BLOCK_N": next_power_of_two(n),
+        "EVICT_X": str(config["EVICT_X"]),
+        "HAS_WEIGHT": has_weight,
+        "HAS_BIAS": has_bias,
+        "STORE_STATS": save_stats,
+        "num_warps": int(config["num_warps"]),
+    }
+    kernel = _layernorm_two_pass_kernel[(rows,)]
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        x, w, b, y, mean, rstd = _operands(inputs, outputs, n, has_bias, save_stats)
+        kernel(x, w, b, y, mean, rstd, x.stride(0), y.stride(0), n, eps, **constexprs)
+
+    return launch
+
+
+def _two_pass_build(spec: OpSpec, config: Config) -> Launcher:
+    return _two_pass_launcher(spec, config, save_stats=False)
+
+
+# ---- welford -------------------------------------------------------------------------------------
+
+
+def _welford_space(spec: OpSpec) -> Space:
+    full = next_power_of_two(_rows_and_width(spec)[1])
+    smallest = _WELFORD_BLOCKS[0]
+    itemsize = spec.inputs[0].torch_dtype.itemsize
+
+    def held(c: Config) -> int:
+        # Registers: a running mean and M2 a lane, plus what the software pipeline keeps live for
+        # its num_stages - 1 blocks in flight, itemsize bytes a lane each, in 8-byte units
+        # (measured for sm_90: only float32 at 3 stages spills without that third value a lane).
+        return int(c["BLOCK_N"] * (2 + (c["num_stages"] - 1) * itemsize // 8))
+
+    return Space(
+        [Param("BLOCK_N", _WELFORD_BLOCKS), Param("num_warps", _WARPS), Param("num_stages", _STAGES)],
+        [
+            # A block as wide as the padded row is two_pass with extra work; the smallest block
+            # is always allowed so that the space is never empty for narrow rows.
+            Constraint(
+                "BLOCK_N is narrower than the padded row (or the smallest block)",
+                lambda c: c["BLOCK_N"] < full or c["BLOCK_N"] == smallest,
+            ),
+            *_warp_constraints(lambda c: c["BLOCK_N"], held),
+        ],
+    )
+
+
+def _welford_launcher(spec: OpSpec, config: Config, save_stats: bool) -> Launcher:
+    _checked(_welford_space(spec), config)
+    rows, n = _rows_and_width(spec)
+    has_weight, has_bias = _has_weight_and_bias(spec)
+    eps = float(spec.const("eps"))
+    num_stages = int(config["num_stages"])
+    constexprs = {
+        "BLOCK_N": int(config["BLOCK_N"]),
+        "NUM_STAGES": num_stages,
+        "HAS_WEIGHT": has_weight,
+        "HAS_BIAS": has_bias,
+        "STORE_STATS": save_stats,
+        "num_warps": int(config["num_warps"]),
+        "num_stages": num_stages,
+    }
+    kernel = _layernorm_welford_kernel[(rows,)]
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        x, w, b, y, mean, rstd = _operands(inputs, outputs, n, has_bias, save_stats)
+        kernel(x, w, b, y, mean, rstd, x.stride(0), y.stride(0), n, eps, **constexprs)
+
+    return launch
+
+
+def _welford_build(spec: OpSpec, config: Config) -> Launcher:
+    return _welford_launcher(spec, config, save_stats=False)
+
+
+# ---- multi_row -----------------------------------------------------------------------------------
+
+
+def _multi_row_space(spec: OpSpec) -> Space:
+    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    # No num_stages: no loop to pipeline.
+    return Space(
+        [Param("ROWS", _ROWS), Param("num_warps", _WARPS)],
+        [
+            Constraint(
+                f"the [ROWS, BLOCK_N] block fits the register budget ({_MULTI_ROW_MAX_ELEMENTS})",
+                lambda c: c["ROWS"] * block_n <= _MULTI_ROW_MAX_ELEMENTS,
+            ),
+            # Threads also keep per-row values (shift, mean, rstd, row offset) for the rows they
+            # cover, many of them in a 32-row block: measured for sm_90, [32, 512] blocks spill at
+            # 16 and 32 warps where [16, 1024] and [2, 8192] do not.
+            Constraint(
+                f"a 32-row block holds at most {_MULTI_ROW_MAX_ELEMENTS // 2} elements",
+                lambda c: c["ROWS"] < 32 or c["ROWS"] * block_n <= _MULTI_ROW_MAX_ELEMENTS // 2,
+            ),
+            *_warp_constraints(lambda c: c["ROWS"] * block_n, lambda c: c["ROWS"] * block_n),
+        ],
+    )
+
+
+def _multi_row_launcher(spec: OpSpec, config: Config, save_stats: bool) -> Launcher:
+    _checked(_multi_row_space(spec), config)
+    rows, n = _rows_and_width(spec)
+    has_weight, has_bias = _has_weight_and_bias(spec)
+    eps = float(spec.const("eps"))
+    rows_per_program = int(config["ROWS"])
+    constexprs = {
+        "ROWS": rows_per_program,
+        "BLOCK_N": next_power_of_two(n),
+        "HAS_WEIGHT": has_weight,
+        "HAS_BIAS": has_bias,
+        "STORE_STATS": save_stats,
+        "num_warps": int(config["num_warps"]),
+    }
+    kernel = _layernorm_multi_row_kernel[(triton.cdiv(rows, rows_per_program),)]
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        x, w, b, y, mean, rstd = _operands(inputs, outputs, n, has_bias, save_stats)
+        kernel(x, w, b, y, mean, rstd, x.stride(0), y.stride(0), rows, n, eps, **constexprs)
+
+    return launch
+
+
+def _multi_row_build(spec: OpSpec, config: Config) -> Launcher:
+    return _multi_row_launcher(spec, config, save_stats=False)
+
+
+# ---- persistent ----------------------------------------------------------------------------------
+
+# Without a GPU (the Triton interpreter) any program count is correct; a small one keeps the
+# grid-stride loop exercised by tests with a few dozen rows.
+_INTERPRETER_MULTIPROCESSORS = 4
+
+
+@functools.cache
+def _multiprocessor_count(device_index: int) -> int:
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+
+
+def _programs(per_multiprocessor: int) -> int:
+    if torch.cuda.is_available():
+        count = _multiprocessor_count(torch.cuda.current_device())
+    else:
+        count = _INTERPRETER_MULTIPROCESSORS
+    return per_multiprocessor * count
+
+
+def _persistent_space(spec: OpSpec) -> Space:
+    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    row_bytes = block_n * spec.inputs[0].torch_dtype.itemsize
+    # Registers: the row, plus the weight and the bias, which stay loaded for the whole program.
+    # Those cost about half a register an element (measured for sm_90: BLOCK_N = 8192 with both,
+    # float32, takes 56 registers at 32 warps and 94 at 16; the compiler rematerialises them).
+    held = block_n + block_n * sum(_has_weight_and_bias(spec)) // 2
+
+    def pipeline_bytes(c: Config) -> int:
+        # With num_stages = s the compiler keeps s - 1 rows in flight in shared memory, for each
+        # of the PROGRAMS_PER_SM programs sharing a multiprocessor.
+        return int(c["PROGRAMS_PER_SM"] * (c["num_stages"] - 1) * row_bytes)
+
+    return Space(
+        [Param("PROGRAMS_PER_SM", _PROGRAMS_PER_SM), Param("num_warps", _WARPS), Param("num_stages", _STAGES)],
+        [
+            Constraint(
+                f"the padded row fits in registers (BLOCK_N <= {_WHOLE_ROW_MAX_BLOCK})",
+                lambda c: block_n <= _WHOLE_ROW_MAX_BLOCK,
+            ),
+            Constraint(
+                f"the programs of a multiprocessor are all resident ({_MAX_WARPS_PER_SM} warps)",
+                lambda c: c["PROGRAMS_PER_SM"] * c["num_warps"] <= _MAX_WARPS_PER_SM,
+            ),
+            Constraint(
+                f"the rows in flight fit in shared memory ({_PIPELINE_SHARED_BYTES} bytes an SM)",
+                lambda c: pipeline_bytes(c) <= _PIPELINE_SHARED_BYTES,
+            ),
+            *_warp_constraints(lambda c: block_n, lambda c: held),
+        ],
+    )
+
+
+def _persistent_launcher(spec: OpSpec, config: Config, save_stats: bool) -> Launcher:
+    _checked(_persistent_space(spec), config)
+    rows, n = _rows_and_width(spec)
+    has_weight, has_bias = _has_weight_and_bias(spec)
+    eps = float(spec.const("eps"))
+    num_stages = int(config["num_stages"])
+    constexprs = {
+        "BLOCK_N": next_power_of_two(n),
+        "NUM_STAGES": num_stages,
+        "HAS_WEIGHT": has_weight,
+        "HAS_BIAS": has_bias,
+        "STORE_STATS": save_stats,
+        "num_warps": int(config["num_warps"]),
+        "num_stages": num_stages,
+    }
+    kernel = _layernorm_persistent_kernel[(min(rows, _programs(int(config["PROGRAMS_PER_SM"]))),)]
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        x, w, b, y, mean, rstd = _operands(inputs, outputs, n, has_bias, save_stats)
+        kernel(x, w, b, y, mean, rstd, x.stride(0), y.stride(0), rows, n, eps, **constexprs)
+
+    return launch
+
+
+def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
+    return _persistent_launcher(spec, config, save_stats=False)
+
+
+# ---- with statistics (for a training forward and the backward) -----------------------------------
+
+_LAUNCHERS: dict[str, Callable[[OpSpec, Config, bool], Launcher]] = {
+    "two_pass": _two_pass_launcher,
+    "welford": _welford_launcher,
+    "multi_row": _multi_row_launcher,
+    "persistent": _persistent_launcher,
+}
+
+
+def stats_output_specs(spec: OpSpec) -> tuple[TensorSpec, ...]:
+    """The outputs of a forward that saves statistics: y like x, then mean and rstd, float32,
+    one value a row (shaped like x's leading dimensions; ``()`` for a 1-D x)."""
+    x = spec.inputs[0]
+    return (TensorSpec(x.shape, x.dtype), TensorSpec(x.shape[:-1], "float32"), TensorSpec(x.shape[:-1], "float32"))
+
+
+def build_with_stats(variant: str, spec: OpSpec, config: Config) -> Launcher:
+    """The launcher of ``variant`` that also writes each row's mean and rstd: it takes the
+    outputs ``(y, mean, rstd)`` of :func:`stats_output_specs` (contiguous)."""
+    if variant not in _LAUNCHERS:
+        raise KeyError(f"layernorm has no variant {variant!r} (known: {sorted(_LAUNCHERS)})")
+    return _LAUNCHERS[variant](spec, config, True)
+
+
+# =================================================================================================
+# The op family
+# =================================================================================================
+
+_SUPPORTED_TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+class LayerNorm(OpFamily):
+    name = "layernorm"
+    summary = "layer normalisation over the last dimension, (x - mean) / sqrt(var + eps) * weight + bias"
+    shape_help = (
+        "the shape of x, e.g. 8192x4096 for x of shape (8192, 4096) (rows x hidden size); weight and "
+        "bias have the last size, (4096,); more leading sizes are allowed (2x1024x4096)"
+    )
+    rowwise = True  # configs depend on the row width only: calls are bucketed by row count
+    distributions = ("normal", "uniform", "offset", "small")
+    tolerance = Tolerance()
+    variants = (
+        Variant(
+            "two_pass",
+            "one program per row, the whole row in registers: mean, then variance of the centred row",
+            _two_pass_space,
+            _two_pass_build,
+        ),
+        Variant(
+            "welford",
+            "one program per row, a Welford pass over column blocks for the statistics, then a "
+            "normalising pass (wide rows)",
+            _welford_space,
+            _welford_build,
+        ),
+        Variant(
+            "multi_row",
+            "ROWS rows per program as one [ROWS, BLOCK_N] block (narrow rows)",
+            _multi_row_space,
+            _multi_row_build,
+        ),
+        Variant(
+            "persistent",
+            "whole rows in registers, a fixed grid of programs striding over the rows, parameters loaded once",
+            _persistent_space,
+            _persistent_build,
+        ),
+    )
+
+    # ---- specs -----------------------------------------------------------------------------------
+    def spec(
+        self,
+        shape: tuple[int, ...],
+        dtype: str,
+        eps: float = DEFAULT_EPS,
+        affine: str = "weight_bias",
+        **constants: Any,
+    ) -> OpSpec:
+        if constants:
+            raise UnsupportedWorkload(f"layernorm: unknown constants {sorted(constants)}")
+        shape = tuple(int(s) for s in shape)
+        if not shape or any(s <= 0 for s in shape):
+            raise UnsupportedWorkload(f"layernorm: x must have a positive shape, not {shape}")
+        affine = _check_affine(affine)
+        name = dtype_name(dtype)
+        params = (TensorSpec((shape[-1],), name),) * AFFINE_PARAMS[affine]
+        spec = OpSpec(self.name, (TensorSpec(shape, name), *params), {"eps": _check_eps(eps), "affine": affine})
+        self.check_supported(spec)
+        return spec
+
+    def spec_for(
+        self,
+        *inputs: torch.Tensor | None,
+        weight: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        eps: float = DEFAULT_EPS,
+        affine: str | None = None,
+        **constants: Any,
+    ) -> OpSpec:
+        """The spec of ``x`` and the optional ``weight`` and ``bias``, given positionally (in
+        that order, ``None`` for an absent one) or by keyword, as ``F.layer_norm`` takes them.
+        ``affine``, when given, must agree with the tensors."""
+        if constants:
+            raise UnsupportedWorkload(f"layernorm: unknown constants {sorted(constants)}")
+        if not 1 <= len(inputs) <= 3:
+            raise UnsupportedWorkload(f"layernorm takes (x, weight, bias), not {len(inputs)} positional inputs")
+        x, *params = inputs
+        positional_weight, positional_bias = [*params, None, None][:2]
+        if weight is not None and positional_weight is not None:
+            raise UnsupportedWorkload("layernorm: weight given both positionally and by keyword")
+        if bias is not None and positional_bias is not None:
+            raise UnsupportedWorkload("layernorm: bias given both positionally and by keyword")
+        weight = positional_weight if weight is None else weight
+        bias = positional_bias if bias is None else bias
+        if not isinstance(x, torch.Tensor):
+            raise UnsupportedWorkload(f"layernorm: x must be a tensor, not {type(x).__name__}")
+        if x.dim() < 1 or x.numel() == 0:
+            raise UnsupportedWorkload(f"layernorm: x must be a non-empty tensor of at least 1 dimension, not {x.shape}")
+        if x.dtype not in _SUPPORTED_TORCH_DTYPES:
+            raise UnsupportedWorkload(f"layernorm: dtype {x.dtype} is not supported")
+        if bias is not None and weight is None:
+            raise UnsupportedWorkload("layernorm: a bias without a weight is not supported")
+        n = x.shape[-1]
+        for name, t in (("weight", weight), ("bias", bias)):
+            if t is None:
+                continue
+            if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] != n:
+                shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise UnsupportedWorkload(f"layernorm: {name} must have shape ({n},), not {shape}")
+            if t.dtype != x.dtype:
+                raise UnsupportedWorkload(f"layernorm: x is {x.dtype} but {name} is {t.dtype}")
+            if t.device != x.device:
+                raise UnsupportedWorkload(f"layernorm: x is on {x.device} but {name} is on {t.device}")
+        found = "none" if weight is None else "weight" if bias is None else "weight_bias"
+        if affine is not None and _check_affine(affine) != found:
+            raise UnsupportedWorkload(f"layernorm: affine={affine!r} but the inputs are those of {found!r}")
+        tensors = [t for t in (x, weight, bias) if t is not None]
+        spec = OpSpec(self.name, tuple(TensorSpec.of(t) for t in tensors), {"eps": _check_eps(eps), "affine": found})
+        self.check_supported(spec)
+        return spec
+
+    # ---- math ------------------------------------------------------------------------------------
+    def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """``F.layer_norm`` in the inputs' dtype: the eager baseline."""
+        x, weight, bias = _unpack(spec, inputs)
+        return (F.layer_norm(x, (x.shape[-1],), weight, bias, float(spec.const("eps"))),)
+
+    def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """The defining formula in float64 (two-pass: the variance of the centred values)."""
+        x, weight, bias = _unpack(spec, inputs)
+        xd = x.double()
+        xc = xd - xd.mean(-1, keepdim=True)
+        y = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + float(spec.const("eps")))
+        if weight is not None:
+            y = y * weight.double()
+        if bias is not None:
+            y = y + bias.double()
+        return (y,)
+
+    def make_inputs(
+        self,
+        spec: OpSpec,
+        seed: int,
+        distribution: str = "normal",
+        device: str | torch.device = "cuda",
+    ) -> tuple[torch.Tensor, ...]:
+        """x drawn from ``distribution``; weight = 1 + 0.5 * N(0, 1) and bias = 0.5 * N(0, 1) when
+        the op has them. Drawn in float32 on ``device``, deterministic in ``seed``, then rounded.
+
+        - ``normal``: N(0, 1);
+        - ``uniform``: U(-1, 1);
+        - ``offset``: N(0, 1) plus a per-row offset of magnitude 100 to 400 (either sign): the
+          mean dwarfs the spread, so a variance computed as ``E[x^2] - E[x]^2`` cancels
+          catastrophically (every value stays well inside float16's range);
+        - ``small``: 1e-3 * N(0, 1): the variance (1e-6) is below the default eps (1e-5), so eps
+          must be added in the right place.
+        """
+        x_spec = spec.inputs[0]
+        shape, n = x_spec.shape, x_spec.shape[-1]
+        g = generator(seed, device)
+
+        def randn(size: tuple[int, ...]) -> torch.Tensor:
+            return torch.randn(size, generator=g, device=device, dtype=torch.float32)
+
+        if distribution == "normal":
+            x = randn(shape)
+        elif distribution == "uniform":
+            x = torch.rand(shape, generator=g, device=device, dtype=torch.float32) * 2 - 1
+        elif distribution == "offset":
+            rows = math.prod(shape[:-1])
+            size = 100 + 300 * torch.rand((rows, 1), generator=g, device=device, dtype=torch.float32)
+            sign = torch.where(torch.rand((rows, 1), generator=g, device=device) < 0.5, -1.0, 1.0)
+            x = (randn((rows, n)) + sign * size).view(shape)
+        elif distribution == "small":
+            x = randn(shape) * 1e-3
+        else:
+            known = ", ".join(self.distributions)
+            raise ValueError(f"layernorm: unknown distribution {distribution!r} (known: {known})")
+        dtype = x_spec.torch_dtype
+        tensors = [x.to(dtype)]
+        has_weight, has_bias = _has_weight_and_bias(spec)
+        if has_weight:
+            tensors.append((1 + 0.5 * randn((n,))).to(dtype))
+        if has_bias:
+            tensors.append((0.5 * randn((n,))).to(dtype))
+        return tuple(tensors)
+
+    def flops(self, spec: OpSpec) -> int:
+        # Per element: add to the sum, subtract the mean, square and add to the sum of squares,
+        # multiply by rstd; then multiply by the weight and add the bias when present.
+        has_weight, has_bias = _has_weight_and_bias(spec)
+        return (5 + has_weight + has_bias) * spec.inputs[0].numel
+
+
+_Unpacked = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+
+
+def _unpack(spec: OpSpec, inputs: Sequence[torch.Tensor]) -> _Unpacked:
+    """(x, weight or None, bias or None) from the spec's inputs."""
+    has_weight, has_bias = _has_weight_and_bias(spec)
+    return inputs[0], inputs[1] if has_weight else None, inputs[2] if has_bias else None
+
+
+def _check_eps(eps: Any) -> float:
+    value = float(eps)
+    if not math.isfinite(value) or value < 0:
+        raise UnsupportedWorkload(f"layernorm: eps must be a finite number >= 0, not {eps!r}")
+    return value
+
+
+def _check_affine(affine: Any) -> str:
+    if affine not in AFFINE:
+        raise UnsupportedWorkload(f"layernorm: affine must be one of {AFFINE}, not {affine!r}")
+    return str(affine)
+
+
+OP = LayerNorm()
