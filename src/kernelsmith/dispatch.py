@@ -47,6 +47,31 @@ class KernelRunner:
         return outs
 
 
+class KernelFunction(torch.autograd.Function):
+    """A tuned forward and a tuned backward as one autograd node.
+
+    The backward family's inputs are ``(dy, *forward inputs)`` and its outputs the gradients of
+    the forward inputs in order (accumulated in float32 where the family says so), cast here to
+    each input's dtype.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, forward: KernelRunner, backward: KernelRunner, *inputs: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(*inputs)
+        ctx.backward_runner = backward
+        return forward(inputs)[0]
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        inputs = ctx.saved_tensors
+        grads = ctx.backward_runner((dy.contiguous(), *inputs))
+        cast = [
+            g.to(t.dtype) if ctx.needs_input_grad[i + 2] else None
+            for i, (g, t) in enumerate(zip(grads, inputs, strict=True))
+        ]
+        return (None, None, *cast)
+
+
 def build_runner(family: OpFamily, spec: OpSpec, decision: DecisionRecord) -> KernelRunner:
     """The runner of a "kernel" decision for ``spec`` (the exact call, not its bucket).
 
@@ -69,7 +94,7 @@ def interpreter_enabled() -> bool:
 
 
 def mode_for(tensors: Sequence[torch.Tensor]) -> str | None:
-    """"gpu" for CUDA tensors, "interpreter" for CPU tensors when enabled, else None."""
+    """ "gpu" for CUDA tensors, "interpreter" for CPU tensors when enabled, else None."""
     devices = {t.device.type for t in tensors}
     if devices == {"cuda"}:
         return "gpu"

@@ -132,9 +132,7 @@ class Optimized:
         tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
         if torch.compiler.is_compiling():
             return self.fn(*args, **kwargs)  # never tune while being traced
-        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            self._use_original(key, "inputs require grad and these ops have no backward kernels yet")
-            return self._fallback(args, kwargs)
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         device_mode = dispatch.mode_for(tensors) if tensors else None
         if device_mode is None:
             self._use_original(key, "not CUDA tensors (set KERNELSMITH_INTERPRET=1 to run kernels on the CPU)")
@@ -156,39 +154,70 @@ class Optimized:
         if problem:
             self._use_original(key, f"looks like {match.op} but computes something else: {problem}")
             return recognition.output
-        self._resolve(key, family, spec, match, device_mode, inputs, recognition.output)
+        if needs_grad and family.backward is None:
+            self._use_original(key, f"inputs require grad and {match.op} has no backward kernel")
+            return recognition.output
+        detached = tuple(t.detach() for t in inputs)
+        forward = self._runner(key, family, spec, device_mode, detached)
+        if forward is None:
+            return recognition.output
+        if not needs_grad:
+            self.table[key] = self._kernel_entry(key, match, forward)
+            return recognition.output
+        backward_family = get_op(str(family.backward))
+        dy = torch.randn_like(recognition.output.detach())  # the gradient's shape, dtype and device
+        backward_spec = backward_family.spec_for(dy, *detached, **match.constants)
+        backward = self._runner(key, backward_family, backward_spec, device_mode, (dy, *detached))
+        if backward is not None:
+            self.table[key] = self._kernel_entry(key, match, forward, backward)
         return recognition.output
 
-    def _resolve(self, key: tuple[Any, ...], family: OpFamily, spec: OpSpec, match: Match, device_mode: str,
-                 inputs: tuple[torch.Tensor, ...], reference_output: Any) -> None:
+    def _runner(
+        self, key: tuple[Any, ...], family: OpFamily, spec: OpSpec, device_mode: str, inputs: tuple[torch.Tensor, ...]
+    ) -> dispatch.KernelRunner | None:
+        """The checked runner of the stored (or, by mode, freshly tuned) winner for ``spec``.
+
+        None when the original function must run for this key; the reason is recorded and the
+        key's table entry set accordingly.
+        """
         bucket = family.bucket(spec)
         with open_database(self.db) as db:
             decision = dispatch.stored_decision(db, device_mode, bucket)
         if decision is None:
             mode = self.effective_mode
             if mode == "db":
-                self._use_original(key, f"{match.op} {bucket.describe()} is not tuned (database-only mode)")
-                return
+                self._use_original(key, f"{family.name} {bucket.describe()} is not tuned (database-only mode)")
+                return None
             if mode == "background":
                 self._tune_in_background(key, bucket, device_mode)
                 self.table[key] = self._fallback
-                return
+                return None
             decision = self._tune(bucket, device_mode)
-        if decision.winner != "kernel":
+        if decision is None or decision.winner != "kernel":
             self._use_original(key, f"the baseline wins for {bucket.describe()}")
-            return
+            return None
         try:
             runner = dispatch.build_runner(family, spec, decision)
-            trial = runner(inputs)[0]
-            problem = _differs_from_op(family, spec, inputs, trial)
+            trial = runner(inputs)
+            problem = None
+            references = family.reference_fp64(spec, inputs)
+            lowps = family.reference(spec, inputs)
+            for out, ref64, lowp in zip(trial, references, lowps, strict=True):
+                problem = problem or check_close(out, ref64, lowp, family.tolerance)
         except Exception as exc:  # a stored kernel that fails here must never break the call
             problem = f"{type(exc).__name__}: {exc}"
         if problem:
             self._use_original(key, f"stored kernel for {bucket.describe()} not used: {problem}")
-            return
-        self.table[key] = self._kernel_entry(key, match, runner)
+            return None
+        return runner
 
-    def _kernel_entry(self, key: tuple[Any, ...], match: Match, runner: dispatch.KernelRunner) -> Entry:
+    def _kernel_entry(
+        self,
+        key: tuple[Any, ...],
+        match: Match,
+        runner: dispatch.KernelRunner,
+        backward: dispatch.KernelRunner | None = None,
+    ) -> Entry:
         bind = match.bind
         op = match.op
         constants = dispatch.constants_json(dict(match.constants))
@@ -204,6 +233,9 @@ class Optimized:
             except MatchDoesNotApply:
                 self.table.pop(key, None)  # recognize again, as on a first call
                 return self._first_call(key, args, kwargs)
+            if backward is not None:
+                stats["kernel_calls"] += 1
+                return dispatch.KernelFunction.apply(runner, backward, *inputs)
             if torch.compiler.is_compiling():
                 return torch.ops.kernelsmith.kernel(op, list(inputs), constants)[0]
             stats["kernel_calls"] += 1

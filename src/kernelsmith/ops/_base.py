@@ -81,6 +81,9 @@ class OpFamily:
     tolerance: ClassVar[Tolerance] = Tolerance()
     dtypes: ClassVar[tuple[str, ...]] = ("float16", "bfloat16", "float32")
     variants: ClassVar[tuple[Variant, ...]] = ()
+    # The op family computing this one's gradients, if any: its inputs are (dy, *these inputs)
+    # and its outputs the gradients of these inputs, in order.
+    backward: ClassVar[str | None] = None
 
     # ---- specs -------------------------------------------------------------------------------
     def spec(self, shape: tuple[int, ...], dtype: str, **constants: Any) -> OpSpec:
