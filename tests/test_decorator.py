@@ -288,3 +288,24 @@ def test_a_replaced_module_weight_is_noticed(db):
         norm.weight = torch.nn.Parameter(torch.randn(64))  # a new tensor object, not an in-place update
         y = fn(x)
         assert torch.allclose(y, norm(x), atol=1e-5)  # the new weight, never the stale one
+
+
+def test_tuned_forward_and_backward_run_as_one_autograd_node(db):
+    x = torch.randn(6, 48, requires_grad=True)
+    w = (torch.randn(48) * 0.5 + 1).requires_grad_()
+    store_decision(db, get_op("rmsnorm").spec_for(x.detach(), w.detach(), eps=1e-6))
+    dy = torch.randn(6, 48)
+    backward_spec = get_op("rmsnorm_backward").spec_for(dy, x.detach(), w.detach(), eps=1e-6)
+    store_decision(db, backward_spec, variant="two_stage")
+    fn = kernelsmith.optimize(hf_rmsnorm, mode="db", db=db)
+    fn(x, w)  # first call: recognize, check both runners on this call's inputs
+    y = fn(x, w)
+    assert fn.kernelsmith.stats["kernel_calls"] == 1, fn.kernelsmith.reasons
+    assert y.grad_fn is not None and "KernelFunction" in type(y.grad_fn).__name__
+    y.backward(dy)
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    hf_rmsnorm(x, w).backward(dy)
+    assert gx.dtype == x.dtype and gw.dtype == w.dtype
+    torch.testing.assert_close(gx, x.grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(gw, w.grad, atol=1e-5, rtol=1e-4)

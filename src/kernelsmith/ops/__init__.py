@@ -15,6 +15,7 @@ from kernelsmith.ops._base import Launcher, OpFamily, Tolerance, UnsupportedWork
 # Modules import lazily so that `import kernelsmith` stays cheap.
 _MODULES: dict[str, str] = {
     "rmsnorm": "kernelsmith.ops.rmsnorm",
+    "rmsnorm_backward": "kernelsmith.ops.rmsnorm_backward",
     "softmax": "kernelsmith.ops.softmax",
     "rope": "kernelsmith.ops.rope",
     "layernorm": "kernelsmith.ops.layernorm",

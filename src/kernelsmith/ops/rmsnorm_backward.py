@@ -1,0 +1,490 @@
+"""RMSNorm backward: ``(dy, x, weight) -> (dx, dw)``, the gradients of :mod:`rmsnorm`'s forward.
+
+The forward (see :mod:`kernelsmith.ops.rmsnorm`) computes, for each row of ``N`` elements,
+
+    r    = 1 / sqrt(mean_j(x_j ** 2) + eps)
+    y_j  = x_j * r * w_j
+
+Given the upstream gradient ``dy`` (shaped like ``x``), with ``g = dy * w`` (elementwise):
+
+    dx_j = r * g_j - x_j * (r ** 3 / N) * sum_k(g_k * x_k)
+    dw_j = sum over rows of dy_j * x_j * r
+
+(``dr/dx_j = -r ** 3 * x_j / N``, hence the second term of ``dx``.) The kernels recompute ``r``
+from ``x`` (no saved statistics: one extra reduction per row, no extra input), do all arithmetic
+in float32, round ``dx`` once to the activation dtype, and return ``dw`` in float32: it is a sum
+over *all* rows (8192 of them for a typical batch), so it is accumulated in float32 and left
+there; the caller casts it to the weight's dtype.
+
+Inputs are ``(dy, x, weight)``: ``dy`` and ``x`` of shape ``(..., N)`` in the activation dtype,
+``weight`` of shape ``(N,)`` in the same dtype; the constant ``eps`` (default 1e-6). Outputs are
+``(dx, dw)``: ``dx`` like ``x``, ``dw`` of shape ``(N,)`` in float32.
+
+Reference and the Hugging Face formulation
+-------------------------------------------
+The baseline (``reference``) is what PyTorch's autograd computes through the Hugging Face forward
+(``LlamaRMSNorm``) in the input dtype: ``weight * (xf * rsqrt(mean(xf**2) + eps)).to(dtype)``.
+That forward *rounds the normalised row* ``x * r`` to the input dtype before the weight
+multiply. Autograd treats the rounding as the identity, so its ``dx`` is the formula above
+(evaluated with low-precision intermediates: ``dy * w`` is formed in the input dtype), but its
+``dw`` is ``sum over rows of dy * round(x * r)``: the gradient of a slightly different function.
+The exact gradient of the HF forward therefore differs from the exact gradient of the math above
+by one rounding of ``x * r`` per term (relative 2**-8 for bfloat16, 2**-11 for float16, nothing
+for float32). The truth (``reference_fp64``) is the same autograd in float64, where nothing is
+rounded, i.e. the formula above; the tolerance, k times PyTorch's own low-precision error, covers
+the HF rounding (the tests check that the HF formulation's gradient, computed exactly in float64,
+passes it), and the kernels, which do not round ``x * r``, are closer to the truth than the
+baseline.
+
+Variants (deterministic: no atomics, every sum in a fixed order)
+-----------------------------------------------------------------
+``two_stage``
+    ``GROUPS`` x (multiprocessor count) programs, capped by the row count. Each program walks the
+    rows ``pid, pid + programs, ...`` with the whole row in registers (``BLOCK_N`` =
+    next_power_of_two(N)), writes each ``dx`` row, and accumulates its share of ``dw`` in float32
+    registers, storing it to a ``(programs, N)`` float32 scratch buffer. A second kernel sums the
+    scratch over programs, in a fixed order, in ``[BLOCK_R, columns]`` tiles, into ``dw``.
+``looped``
+    For rows too wide for registers (and a contender for wide ones): three kernels. The first
+    computes, per row, ``r`` and ``r**3 / N * sum(g * x)`` in one pass over column blocks of
+    ``BLOCK_N`` into a ``(rows, 2)`` float32 scratch; the second runs a grid of (column blocks,
+    ``GROUPS`` x multiprocessors): each program walks its group's rows over one column block,
+    writes ``dx`` and accumulates the block's ``dw`` share; the third is ``two_stage``'s
+    reduction. ``x`` and ``dy`` are read twice (the first time to reduce).
+
+Scratch buffers are allocated by the launchers with ``new_empty`` on an output (the harness
+allows allocation, not computation); every element of them is written before it is read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelsmith.ops._base import Launcher, OpFamily, Tolerance, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops.rmsnorm import (
+    DEFAULT_EPS,
+    STAGES,
+    WARPS,
+    _multiprocessor_count,
+    _warps_fit,
+)
+from kernelsmith.ops.rmsnorm import OP as _RMSNORM
+from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
+from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
+
+# two_stage holds four row-sized float32 vectors per program (x, dy, weight, the dw partial):
+# 4 * BLOCK_N values, at most 32 warps * 32 threads * 128 values.
+MAX_WHOLE_ROW = 32768
+GROUPS = (1, 2, 4)  # programs per multiprocessor
+REDUCE_ROWS = (8, 32)  # BLOCK_R: scratch rows summed per step of the dw reduction
+REDUCE_TILE = 2048  # BLOCK_R * BLOCK_C elements per step of the reduction
+REDUCE_WARPS = 4
+MAX_WARPS_PER_SM = 64  # resident warps a multiprocessor holds (Hopper, Ampere)
+# Shared memory for software-pipelined loads, per multiprocessor (Hopper has 227 KiB a block).
+PIPELINE_SHARED_BYTES = 192 * 1024
+LOOPED_BLOCKS = powers_of_two(256, 4096)
+LOOPED_GROUPS = (1, 4)  # fewer choices than two_stage: the looped space has BLOCK_N too
+LOOPED_REDUCE_ROWS = 16
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _two_stage_rows_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    dx_ptr,
+    partial_ptr,  # (programs, N) float32: each program's share of dw
+    dy_row_stride,
+    x_row_stride,
+    dx_row_stride,
+    n_rows,
+    N,
+    eps,
+    BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """Rows pid, pid + programs, ...: dx for each, and the sum of their dy * x * r."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for i in tl.range(pid, n_rows, programs, num_stages=NUM_STAGES):
+        row = tl.cast(i, tl.int64)  # 64-bit offsets (and a tensor in the interpreter)
+        x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * dy_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+        g = dy * w
+        coef = rstd * rstd * rstd / N * tl.sum(g * x, axis=0)
+        dx = rstd * g - x * coef
+        tl.store(dx_ptr + row * dx_row_stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dw += dy * x * rstd
+    tl.store(partial_ptr + tl.cast(pid, tl.int64) * N + cols, dw, mask=mask)
+
+
+@triton.jit
+def _sum_partials_kernel(
+    partial_ptr,  # (programs, N) float32
+    dw_ptr,
+    programs,
+    N,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """dw[cols] = sum of the partial rows, always in the same order (bitwise reproducible)."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_mask = cols < N
+    acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
+    for start in range(0, programs, BLOCK_R):
+        rows = start + tl.arange(0, BLOCK_R)
+        mask = (rows < programs)[:, None] & col_mask[None, :]
+        offsets = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        acc += tl.load(partial_ptr + offsets, mask=mask, other=0.0)
+    tl.store(dw_ptr + cols, tl.sum(acc, axis=0), mask=col_mask)
+
+
+@triton.jit
+def _looped_stats_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    stats_ptr,  # (rows, 2) float32: r and r**3 / N * sum(g * x)
+    dy_row_stride,
+    x_row_stride,
+    N,
+    eps,
+    BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """One program per row: both row reductions in one pass over column blocks."""
+    row = tl.program_id(0).to(tl.int64)
+    sum_sq = tl.zeros([BLOCK_N], dtype=tl.float32)
+    sum_gx = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = cols < N
+        x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * dy_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        sum_sq += x * x
+        sum_gx += dy * w * x
+    rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / N + eps)
+    coef = rstd * rstd * rstd / N * tl.sum(sum_gx, axis=0)
+    tl.store(stats_ptr + row * 2, rstd)
+    tl.store(stats_ptr + row * 2 + 1, coef)
+
+
+@triton.jit
+def _looped_rows_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    stats_ptr,
+    dx_ptr,
+    partial_ptr,  # (groups, N) float32
+    dy_row_stride,
+    x_row_stride,
+    dx_row_stride,
+    n_rows,
+    N,
+    BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """Program (column block, group): dx of the block for rows group, group + groups, ...,
+    and the block's share of dw over those rows."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    group = tl.program_id(1)
+    groups = tl.num_programs(1)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for i in tl.range(group, n_rows, groups, num_stages=NUM_STAGES):
+        row = tl.cast(i, tl.int64)
+        rstd = tl.load(stats_ptr + row * 2)
+        coef = tl.load(stats_ptr + row * 2 + 1)
+        x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * dy_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        dx = rstd * (dy * w) - x * coef
+        tl.store(dx_ptr + row * dx_row_stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dw += dy * x * rstd
+    tl.store(partial_ptr + tl.cast(group, tl.int64) * N + cols, dw, mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Spaces and launchers
+# ---------------------------------------------------------------------------------------------
+
+
+def _rows_and_width(spec: OpSpec) -> tuple[int, int]:
+    """(rows, N) of the flattened (rows, N) view of x."""
+    shape = spec.inputs[1].shape
+    return math.prod(shape[:-1]), shape[-1]
+
+
+def _groups(per_multiprocessor: int, rows: int) -> int:
+    """Programs of a grid of ``per_multiprocessor`` per multiprocessor, at most one per row."""
+    return max(1, min(rows, per_multiprocessor * _multiprocessor_count()))
+
+
+def _reduce_block_c(block_r: int, n: int) -> int:
+    return min(next_power_of_two(n), max(16, REDUCE_TILE // block_r))
+
+
+def _launch_kwargs(config: Config) -> dict[str, Any]:
+    return {"num_warps": int(config["num_warps"]), "num_stages": int(config["num_stages"])}
+
+
+def _views(n: int, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]
+           ) -> tuple[torch.Tensor, ...]:
+    """dy, x, weight, dx, dw with the activations viewed as (rows, N)."""
+    dy, x, w = inputs
+    dx, dw = outputs
+    return dy.view(-1, n), x.view(-1, n), w, dx.view(-1, n), dw
+
+
+# ---- two_stage ------------------------------------------------------------------------------
+
+
+def _two_stage_space(spec: OpSpec) -> Space:
+    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    row_bytes = block_n * spec.inputs[1].torch_dtype.itemsize
+
+    def pipeline_bytes(c: Config) -> int:
+        # num_stages = s keeps s - 1 rows of x and of dy in flight in shared memory, for each of
+        # the GROUPS programs sharing a multiprocessor.
+        return c["GROUPS"] * (c["num_stages"] - 1) * 2 * row_bytes
+
+    return Space(
+        [Param("GROUPS", GROUPS), Param("BLOCK_R", REDUCE_ROWS), Param("num_warps", WARPS),
+         Param("num_stages", STAGES)],
+        [
+            Constraint(f"the programs of a multiprocessor are all resident ({MAX_WARPS_PER_SM} warps)",
+                       lambda c: c["GROUPS"] * c["num_warps"] <= MAX_WARPS_PER_SM),
+            Constraint(f"the rows in flight fit in shared memory ({PIPELINE_SHARED_BYTES} bytes an SM)",
+                       lambda c: pipeline_bytes(c) <= PIPELINE_SHARED_BYTES),
+            Constraint(f"the whole row must fit: BLOCK_N <= {MAX_WHOLE_ROW}",
+                       lambda c: block_n <= MAX_WHOLE_ROW),
+            Constraint("num_warps must suit x, dy, weight and the dw share (4 * BLOCK_N elements)",
+                       lambda c: _warps_fit(4 * block_n, c["num_warps"])),
+        ],
+    )
+
+
+def _two_stage_build(spec: OpSpec, config: Config) -> Launcher:
+    rows, n = _rows_and_width(spec)
+    programs = _groups(int(config["GROUPS"]), rows)
+    block_n = next_power_of_two(n)
+    block_r = int(config["BLOCK_R"])
+    block_c = _reduce_block_c(block_r, n)
+    eps = float(spec.const("eps"))
+    kwargs = _launch_kwargs(config)
+    num_stages = int(config["num_stages"])
+    rows_kernel = _two_stage_rows_kernel[(programs,)]
+    sum_kernel = _sum_partials_kernel[(triton.cdiv(n, block_c),)]
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        dy, x, w, dx, dw = _views(n, inputs, outputs)
+        partial = dw.new_empty((programs, n), dtype=torch.float32)
+        rows_kernel(dy, x, w, dx, partial, dy.stride(0), x.stride(0), dx.stride(0), rows, n, eps,
+                    BLOCK_N=block_n, NUM_STAGES=num_stages, **kwargs)
+        sum_kernel(partial, dw, programs, n, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=REDUCE_WARPS)
+
+    return launch
+
+
+# ---- looped ---------------------------------------------------------------------------------
+
+
+def _looped_space(spec: OpSpec) -> Space:
+    full = next_power_of_two(_rows_and_width(spec)[1])
+    return Space(
+        [Param("BLOCK_N", LOOPED_BLOCKS), Param("GROUPS", LOOPED_GROUPS), Param("num_warps", WARPS),
+         Param("num_stages", STAGES)],
+        [
+            # A block as wide as the row is two_stage with extra work; the smallest block is
+            # always allowed so that the space is never empty for narrow rows.
+            Constraint("BLOCK_N must be narrower than the row (or the smallest block)",
+                       lambda c: c["BLOCK_N"] < full or c["BLOCK_N"] == LOOPED_BLOCKS[0]),
+            # 16 to 128 float32 values a thread: fewer leave warps idle, more spill.
+            Constraint("num_warps must suit x, dy, weight and the dw share: 16 to 128 of their "
+                       "4 * BLOCK_N values a thread",
+                       lambda c: 16 * 32 * c["num_warps"] <= 4 * c["BLOCK_N"] <= 128 * 32 * c["num_warps"]),
+        ],
+    )
+
+
+def _looped_build(spec: OpSpec, config: Config) -> Launcher:
+    rows, n = _rows_and_width(spec)
+    groups = _groups(int(config["GROUPS"]), rows)
+    block_n = int(config["BLOCK_N"])
+    block_c = _reduce_block_c(LOOPED_REDUCE_ROWS, n)
+    eps = float(spec.const("eps"))
+    kwargs = _launch_kwargs(config)
+    num_stages = int(config["num_stages"])
+    stats_kernel = _looped_stats_kernel[(rows,)]
+    rows_kernel = _looped_rows_kernel[(triton.cdiv(n, block_n), groups)]
+    sum_kernel = _sum_partials_kernel[(triton.cdiv(n, block_c),)]
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        dy, x, w, dx, dw = _views(n, inputs, outputs)
+        stats = dw.new_empty((rows, 2), dtype=torch.float32)
+        partial = dw.new_empty((groups, n), dtype=torch.float32)
+        stats_kernel(dy, x, w, stats, dy.stride(0), x.stride(0), n, eps,
+                     BLOCK_N=block_n, NUM_STAGES=num_stages, **kwargs)
+        rows_kernel(dy, x, w, stats, dx, partial, dy.stride(0), x.stride(0), dx.stride(0), rows, n,
+                    BLOCK_N=block_n, NUM_STAGES=num_stages, **kwargs)
+        sum_kernel(partial, dw, groups, n, BLOCK_R=LOOPED_REDUCE_ROWS, BLOCK_C=block_c,
+                   num_warps=REDUCE_WARPS)
+
+    return launch
+
+
+# ---------------------------------------------------------------------------------------------
+# The op family
+# ---------------------------------------------------------------------------------------------
+
+
+class RMSNormBackward(OpFamily):
+    name = "rmsnorm_backward"
+    summary = "gradients (dx, dw) of RMSNorm (Llama's) given dy, recomputing the row statistics"
+    shape_help = (
+        "the shape of x (and dy), e.g. 8192x4096 (rows x hidden size); weight has the last size, "
+        "(4096,); dw is float32 (4096,); more leading sizes are allowed (2x1024x4096)"
+    )
+    rowwise = True
+    distributions = _RMSNORM.distributions
+    tolerance = Tolerance()
+    variants = (
+        Variant("two_stage", "GROUPS programs per SM walk whole rows in registers, dw shares summed by "
+                "a second kernel", _two_stage_space, _two_stage_build),
+        Variant("looped", "row statistics, then (column block, group) programs, then the dw sum; "
+                "for wide rows", _looped_space, _looped_build),
+    )
+
+    # ---- specs -------------------------------------------------------------------------------
+    def spec(self, shape: tuple[int, ...], dtype: str, eps: float = DEFAULT_EPS, **constants: Any) -> OpSpec:
+        if constants:
+            raise UnsupportedWorkload(f"rmsnorm_backward: unknown constants {sorted(constants)}")
+        shape = tuple(int(s) for s in shape)
+        if not shape or any(s <= 0 for s in shape):
+            raise UnsupportedWorkload(f"rmsnorm_backward: x must have a positive shape, not {shape}")
+        name = dtype_name(dtype)
+        act = TensorSpec(shape, name)
+        spec = OpSpec(self.name, (act, act, TensorSpec((shape[-1],), name)), {"eps": _check_eps(eps)})
+        self.check_supported(spec)
+        return spec
+
+    def spec_for(self, *inputs: torch.Tensor, eps: float = DEFAULT_EPS, **constants: Any) -> OpSpec:
+        if constants:
+            raise UnsupportedWorkload(f"rmsnorm_backward: unknown constants {sorted(constants)}")
+        if len(inputs) != 3:
+            raise UnsupportedWorkload(f"rmsnorm_backward takes (dy, x, weight), not {len(inputs)} tensors")
+        dy, x, weight = inputs
+        if x.dim() < 1 or weight.dim() != 1:
+            raise UnsupportedWorkload(f"rmsnorm_backward: x must be at least 1-D and weight 1-D, "
+                                      f"not {x.dim()}-D and {weight.dim()}-D")
+        if x.numel() == 0:
+            raise UnsupportedWorkload("rmsnorm_backward: empty inputs are not supported")
+        try:
+            specs = (TensorSpec.of(dy), TensorSpec.of(x), TensorSpec.of(weight))
+        except ValueError as err:  # a dtype kernelsmith does not know at all
+            raise UnsupportedWorkload(f"rmsnorm_backward: {err}") from None
+        spec = OpSpec(self.name, specs, {"eps": _check_eps(eps)})
+        self.check_supported(spec)
+        return spec
+
+    def check_supported(self, spec: OpSpec) -> None:
+        if len(spec.inputs) != 3:
+            raise UnsupportedWorkload(f"rmsnorm_backward takes (dy, x, weight), not {len(spec.inputs)} inputs")
+        super().check_supported(spec)
+        dy, x, weight = spec.inputs
+        if dy.shape != x.shape or weight.shape != x.shape[-1:]:
+            raise UnsupportedWorkload(f"rmsnorm_backward: inconsistent shapes {spec.describe()}")
+        if not dy.dtype == x.dtype == weight.dtype:
+            raise UnsupportedWorkload(f"rmsnorm_backward: mixed dtypes {spec.describe()}")
+
+    def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
+        """(dx, dw): dx like x, dw (N,) in float32."""
+        x = spec.inputs[1]
+        return (TensorSpec(x.shape, x.dtype), TensorSpec(x.shape[-1:], "float32"))
+
+    # The base class reshapes the first input (dy) only; x must keep dy's shape.
+    def bucket(self, spec: OpSpec) -> OpSpec:
+        return _x_follows_dy(super().bucket(spec))
+
+    def validation_specs(self, spec: OpSpec) -> list[OpSpec]:
+        return [_x_follows_dy(s) for s in super().validation_specs(spec)]
+
+    # ---- math --------------------------------------------------------------------------------
+    def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Autograd through Hugging Face's LlamaRMSNorm.forward in the input dtype: (dx, dw.float())."""
+        dx, dw = _autograd(inputs, float(spec.const("eps")), None)
+        return dx, dw.float()
+
+    def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """The same autograd in float64 (nothing rounded): the formula of the module docstring."""
+        return _autograd(inputs, float(spec.const("eps")), torch.float64)
+
+    def make_inputs(
+        self,
+        spec: OpSpec,
+        seed: int,
+        distribution: str = "normal",
+        device: str | torch.device = "cuda",
+    ) -> tuple[torch.Tensor, ...]:
+        """(dy, x, weight): x and weight as :mod:`rmsnorm` draws them for ``distribution``
+        (weight = 1 + 0.5 * N(0, 1)), dy = N(0, 1) from a second generator; deterministic in seed."""
+        dy_spec, x_spec, w_spec = spec.inputs
+        forward = OpSpec(_RMSNORM.name, (x_spec, w_spec), dict(spec.constants))
+        x, weight = _RMSNORM.make_inputs(forward, seed, distribution, device)
+        g = generator(seed ^ 0x5EED_D1FF, device)
+        dy = torch.randn(dy_spec.shape, generator=g, device=device, dtype=torch.float32)
+        return dy.to(dy_spec.torch_dtype), x, weight
+
+    def flops(self, spec: OpSpec) -> int:
+        # Per element: x*x, add, dy*w, g*x, add, r*g, x*coef, subtract, dy*x*r (2), add to dw.
+        return 11 * spec.inputs[1].numel
+
+
+def _autograd(inputs: Sequence[torch.Tensor], eps: float, dtype: torch.dtype | None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) by autograd through the HF forward, in ``dtype`` (None: the inputs' own)."""
+    dy, x, weight = (t if dtype is None else t.to(dtype) for t in inputs)
+    with torch.enable_grad():
+        xg = x.detach().requires_grad_()
+        wg = weight.detach().requires_grad_()
+        xf = xg.float() if dtype is None else xg
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        y = wg * normed.to(xg.dtype)
+        dx, dw = torch.autograd.grad(y, (xg, wg), dy.detach())
+    return dx.detach(), dw.detach()
+
+
+def _x_follows_dy(spec: OpSpec) -> OpSpec:
+    """``spec`` with x reshaped to dy's shape (dy, the first input, may have been reshaped alone)."""
+    dy, x, *rest = spec.inputs
+    if x.shape == dy.shape:
+        return spec
+    return OpSpec(spec.op, (dy, x.with_shape(dy.shape), *rest), dict(spec.constants))
+
+
+def _check_eps(eps: Any) -> float:
+    value = float(eps)
+    if not math.isfinite(value) or value < 0:
+        raise UnsupportedWorkload(f"rmsnorm_backward: eps must be a finite number >= 0, not {eps!r}")
+    return value
+
+
+OP = RMSNormBackward()
