@@ -22,8 +22,12 @@ Calls are normalized so that each pattern is written once: ``x*x``, ``x**2``, ``
 ``torch.sqrt(a).reciprocal()`` are RSQRT; ``x / torch.sqrt(a)`` is ``x * RSQRT(a)``; ``s.sum(d)
 / N`` with ``N`` the size of ``d`` is a MEAN; ``a * (1/b)`` is ``a / b``; ``.float()``,
 ``.to(torch.float32)``, ``.type(...)``, ``.to(other)`` are all CAST to the dtype the call
-actually produced. A node folded into another by normalization is listed in its ``absorbs``, so
-that "every computation is part of the op" can still be checked.
+actually produced; ``x.var(d, unbiased=False)`` and ``x.var(d, correction=0)`` are one VAR with
+``correction=0``; ``x.chunk(2, -1)``, ``x.split(h, -1)``, ``torch.tensor_split`` are one SPLIT
+whose params give each output's column range, and ``x[..., a:b]``, ``x[:, a:b]``,
+``x.narrow(-1, a, b - a)`` one SLICE; ``torch.sigmoid``, ``F.sigmoid``, ``torch.special.expit``
+are SIGMOID (likewise ERF, TANH). A node folded into another by normalization is listed in its
+``absorbs``, so that "every computation is part of the op" can still be checked.
 
 What the capture refuses to vouch for (recorded in :attr:`Graph.problems`, which makes every
 pattern fail): in-place mutation of any tensor (``add_``, ``x[...] = v``, ``out=``,
@@ -73,6 +77,16 @@ class Kind(enum.StrEnum):
     SOFTMAX = "softmax"
     LOG_SOFTMAX = "log_softmax"
     RMS_NORM = "rms_norm"
+    LAYER_NORM = "layer_norm"  # inputs (x, weight or Const(None), bias or Const(None))
+    VAR = "var"  # params dims, keepdim and correction (unbiased=False is correction 0)
+    GELU = "gelu"  # params approximate ("none" or "tanh")
+    SILU = "silu"
+    SIGMOID = "sigmoid"
+    ERF = "erf"
+    TANH = "tanh"
+    SPLIT = "split"  # chunk / split / tensor_split: params dim and each output's (start, stop)
+    SLICE = "slice"  # x[..., a:b], x.narrow(d, a, n): params dim, start, stop (step 1)
+    CROSS_ENTROPY = "cross_entropy"  # inputs (logits, target, weight or Const(None))
     CONST = "const"  # torch.tensor(<python number>) made inside the function
     OTHER = "other"  # anything else: no pattern looks through it
 
@@ -501,6 +515,10 @@ _UNARY = {
     **dict.fromkeys(("torch.rsqrt", "torch.Tensor.rsqrt"), Kind.RSQRT),
     **dict.fromkeys(("torch.reciprocal", "torch.Tensor.reciprocal"), Kind.RECIPROCAL),
     **dict.fromkeys(("torch.square", "torch.Tensor.square"), Kind.SQUARE),
+    **dict.fromkeys(("torch.sigmoid", "torch.Tensor.sigmoid", "torch.special.expit",
+                     "torch.nn.functional.sigmoid"), Kind.SIGMOID),
+    **dict.fromkeys(("torch.erf", "torch.Tensor.erf", "torch.special.erf"), Kind.ERF),
+    **dict.fromkeys(("torch.tanh", "torch.Tensor.tanh", "torch.nn.functional.tanh"), Kind.TANH),
 }
 _REDUCE = {
     **dict.fromkeys(("torch.mean", "torch.Tensor.mean"), Kind.MEAN),
@@ -519,6 +537,19 @@ _SOFTMAX = {
     "torch.special.log_softmax": (Kind.LOG_SOFTMAX, _SOFTMAX_ARGS),
 }
 _RMS_NORM = {"torch.nn.functional.rms_norm", "torch.rms_norm"}
+_LAYER_NORM = {"torch.nn.functional.layer_norm", "torch.layer_norm"}
+_VAR = {"torch.var", "torch.Tensor.var"}
+_GELU = {"torch.nn.functional.gelu"}
+_SILU = {"torch.nn.functional.silu"}
+_CROSS_ENTROPY = {"torch.nn.functional.cross_entropy"}
+# Splits into consecutive pieces along one dim: the second argument (how to split) is not read,
+# the pieces' sizes in the result say where each one starts.
+_SPLITS = {"torch.chunk", "torch.Tensor.chunk", "torch.split", "torch.Tensor.split", "torch.tensor_split",
+           "torch.Tensor.tensor_split"}  # fmt: skip
+_SPLIT_ALIASES = {"tensor": "input", "self": "input", "chunks": "how", "split_size": "how",
+                  "split_size_or_sections": "how", "indices_or_sections": "how", "sections": "how",
+                  "indices": "how"}  # fmt: skip
+_NARROW = {"torch.narrow", "torch.Tensor.narrow"}
 _CASTS = {"torch.Tensor.to", "torch.Tensor.type", "torch.Tensor.type_as", "torch.Tensor.float",
           "torch.Tensor.half", "torch.Tensor.bfloat16", "torch.Tensor.double"}  # fmt: skip
 _CONSTANTS = {"torch.tensor", "torch.scalar_tensor", "torch.as_tensor"}
@@ -793,6 +824,60 @@ class Recorder:
             shape = (shape,) if isinstance(shape, int) else tuple(shape)
             x, w = self.tensor_value(b["input"]), self.value(b.get("weight"))
             self._add(Kind.RMS_NORM, name, [x, w], {"normalized_shape": shape, "eps": b.get("eps")}, result)
+        elif name in _LAYER_NORM and single:
+            b = _bind(("input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable"), args, kwargs)
+            if b is None or "normalized_shape" not in b:
+                raise _Unnormalized("arguments")
+            shape = b["normalized_shape"]
+            shape = (shape,) if isinstance(shape, int) else tuple(shape)
+            x, w, bias = self.tensor_value(b["input"]), self.value(b.get("weight")), self.value(b.get("bias"))
+            params = {"normalized_shape": shape, "eps": b.get("eps", 1e-5)}
+            self._add(Kind.LAYER_NORM, name, [x, w, bias], params, result)
+        elif name in _VAR and single:
+            self._var(name, args, kwargs, result)
+        elif name in _GELU and single:
+            b = _bind(("input", "approximate"), args, kwargs)
+            if b is None or "input" not in b:
+                raise _Unnormalized("arguments")
+            params = {"approximate": b.get("approximate", "none")}
+            self._add(Kind.GELU, name, [self.tensor_value(b["input"])], params, result)
+        elif name in _SILU and single:
+            b = _bind(("input", "inplace"), args, kwargs)
+            if b is None or "input" not in b or b.get("inplace", False) is not False:
+                raise _Unnormalized("arguments")
+            self._add(Kind.SILU, name, [self.tensor_value(b["input"])], result=result)
+        elif name in _CROSS_ENTROPY and single:
+            names = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction",
+                     "label_smoothing")  # fmt: skip
+            b = _bind(names, args, kwargs)
+            if b is None or "target" not in b:
+                raise _Unnormalized("arguments")
+            inputs = [self.tensor_value(b["input"]), self.tensor_value(b["target"]), self.value(b.get("weight"))]
+            params = {
+                "reduction": b.get("reduction", "mean"),
+                "ignore_index": b.get("ignore_index", -100),
+                "label_smoothing": b.get("label_smoothing", 0.0),
+                "size_average": b.get("size_average"),
+                "reduce": b.get("reduce"),
+            }
+            self._add(Kind.CROSS_ENTROPY, name, inputs, params, result)
+        elif name in _SPLITS and isinstance(result, list | tuple) and all(isinstance(r, torch.Tensor) for r in result):
+            self._split(name, args, kwargs, result)
+        elif name == "torch.Tensor.__getitem__" and single and len(args) == 2 and not kwargs:
+            x = self.tensor_value(args[0])
+            self._add(Kind.SLICE, name, [x], _basic_slice(args[1], x.shape, tuple(result.shape)), result)
+        elif name in _NARROW and single:
+            b = _bind(("input", "dim", "start", "length"), args, kwargs)
+            if b is None or set(b) != {"input", "dim", "start", "length"}:
+                raise _Unnormalized("arguments")
+            x = self.tensor_value(b["input"])
+            dim, start, length = _softmax_dim(b["dim"], x.ndim), b["start"], b["length"]
+            if isinstance(start, bool) or not isinstance(start, int) or not isinstance(length, int):
+                raise _Unnormalized("start or length")
+            start = start + x.shape[dim] if start < 0 else start
+            if tuple(result.shape) != (*x.shape[:dim], length, *x.shape[dim + 1 :]):
+                raise _Unnormalized("result")
+            self._add(Kind.SLICE, name, [x], {"dim": dim, "start": start, "stop": start + length}, result)
         elif name in _CASTS and single and args and isinstance(args[0], torch.Tensor):
             src = args[0]
             if tuple(result.shape) != tuple(src.shape) or result.device != src.device or result.dtype == src.dtype:
@@ -873,6 +958,71 @@ class Recorder:
             self._add(kind, name, [x], params, result)
         else:
             raise _Unnormalized("result")
+
+
+    def _var(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any], result: Any) -> None:
+        """``var(x, dim, unbiased, keepdim, *, correction)``, with ``unbiased`` folded into
+        ``correction`` (torch's default is the unbiased variance, correction 1)."""
+        plain = {k: v for k, v in kwargs.items() if k != "correction"}
+        b = _bind(("input", "dim", "unbiased", "keepdim"), args, plain)
+        if b is None or "input" not in b:
+            raise _Unnormalized("arguments")
+        if isinstance(b.get("dim"), bool) and "unbiased" not in b:  # the var(x, unbiased) overload
+            b["unbiased"] = b.pop("dim")
+        unbiased, correction = b.get("unbiased"), kwargs.get("correction")
+        if unbiased is not None and (correction is not None or not isinstance(unbiased, bool)):
+            raise _Unnormalized("unbiased")
+        if correction is None:
+            correction = 0 if unbiased is False else 1
+        number = Const(correction).number
+        keepdim = b.get("keepdim", False)
+        if number is None or not isinstance(keepdim, bool):
+            raise _Unnormalized("correction or keepdim")
+        x = self.tensor_value(b["input"])
+        params = {"dims": _dims(b.get("dim"), x.ndim), "keepdim": keepdim, "correction": number}
+        self._add(Kind.VAR, name, [x], params, result)
+
+    def _split(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any], result: Sequence[Any]) -> None:
+        """chunk / split / tensor_split: where each piece starts and stops along the split dim."""
+        b = _bind(("input", "how", "dim"), args, {_SPLIT_ALIASES.get(k, k): v for k, v in kwargs.items()})
+        if b is None or "input" not in b:
+            raise _Unnormalized("arguments")
+        x = self.tensor_value(b["input"])
+        dim = _softmax_dim(b.get("dim", 0), x.ndim)
+        sections, start = [], 0
+        for r in result:
+            shape = tuple(r.shape)
+            if len(shape) != x.ndim or shape[:dim] + shape[dim + 1 :] != x.shape[:dim] + x.shape[dim + 1 :]:
+                raise _Unnormalized("result")
+            sections.append((start, start + shape[dim]))
+            start += shape[dim]
+        if start != x.shape[dim]:
+            raise _Unnormalized("result")
+        self._add(Kind.SPLIT, name, [x], {"dim": dim, "sections": tuple(sections)}, result)
+
+
+def _basic_slice(index: Any, shape: tuple[int, ...], result: tuple[int, ...]) -> dict[str, int]:
+    """``{dim, start, stop}`` of an index that narrows one dim with step 1 (``x[..., a:b]``)."""
+    items = index if isinstance(index, tuple) else (index,)
+    ellipses = sum(1 for i in items if i is Ellipsis)
+    if ellipses > 1 or not all(i is Ellipsis or isinstance(i, slice) for i in items):
+        raise _Unnormalized("not a basic slice")
+    explicit = len(items) - ellipses
+    if explicit > len(shape):
+        raise _Unnormalized("too many indices")
+    at = next((k for k, i in enumerate(items) if i is Ellipsis), len(items))
+    full = [*items[:at], *[slice(None)] * (len(shape) - explicit), *items[at + 1 :]]
+    cuts = []
+    for dim, (s, size) in enumerate(zip(full, shape, strict=True)):
+        start, stop, step = s.indices(size)
+        if (start, stop, step) != (0, size, 1):
+            cuts.append((dim, start, max(start, stop), step))
+    if len(cuts) != 1 or cuts[0][3] != 1:
+        raise _Unnormalized("not one narrowed dim")
+    dim, start, stop, _ = cuts[0]
+    if result != (*shape[:dim], stop - start, *shape[dim + 1 :]):
+        raise _Unnormalized("result")
+    return {"dim": dim, "start": start, "stop": stop}
 
 
 class _CaptureMode(TorchFunctionMode):

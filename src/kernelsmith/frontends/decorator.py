@@ -143,11 +143,11 @@ class Optimized:
             self._use_original(key, f"no op recognized ({recognition.reason})")
             return recognition.output
         match = recognition.match
-        family = get_op(match.op)
         try:
+            family = get_op(match.op)
             inputs = match.bind(args, kwargs)
             spec = family.spec_for(*inputs, **match.constants)
-        except UnsupportedWorkload as exc:
+        except (UnsupportedWorkload, ValueError) as exc:  # ValueError: a pattern for an unregistered family
             self._use_original(key, f"{match.op} recognized but not supported: {exc}")
             return recognition.output
         problem = _differs_from_op(family, spec, inputs, recognition.output)

@@ -111,8 +111,12 @@ class Match:
     """A recognized op: its name, where its inputs come from, and its constants.
 
     ``op`` names an op family (``kernelsmith.ops.get_op(op)``); ``inputs`` follow that family's
-    input order (rmsnorm: x, weight; softmax: x); ``constants`` are the family's constants
-    (rmsnorm: ``{"eps": float}``; softmax: ``{"dim": -1}``), ready for ``spec_for``.
+    input order (rmsnorm: x, weight; softmax: x; layernorm: x and the weight and bias present;
+    swiglu / geglu: a, b or the concatenated x; cross_entropy: logits, target); ``constants``
+    are the family's constants (rmsnorm: ``{"eps": float}``; softmax: ``{"dim": -1}``;
+    layernorm: ``{"eps", "affine"}``; swiglu: ``{"layout"}``, geglu also ``{"approximate"}``;
+    sum / mean / max: ``{"dim": -1}``; cross_entropy: ``{"reduction", "ignore_index",
+    "label_smoothing"}``; gelu / gelu_tanh: none), ready for ``spec_for``.
     """
 
     op: str
@@ -300,3 +304,68 @@ def constant_number(graph: Graph, value: Value | None) -> tuple[float, Node | No
 
 def finite_non_negative(number: float) -> bool:
     return math.isfinite(number) and number >= 0.0
+
+
+def input_or_upcast(graph: Graph, value: Value | None, role: str) -> tuple[TensorValue, list[Node]]:
+    """``x`` for ``x`` or ``x.float()``: an input tensor, perhaps upcast to float32, and the cast.
+
+    Any other cast (to float64, to a lower precision) and any computed value are refused: the
+    op's kernels read the input tensor itself and compute in float32.
+    """
+    cast = graph.produced_by(value, Kind.CAST)
+    casts: list[Node] = []
+    if cast is not None:
+        if cast.params["dtype"] != torch.float32:
+            raise NoMatch(f"the {role} is cast to {cast.params['dtype']}; only an upcast to float32 is allowed")
+        value, casts = cast.inputs[0], [cast]
+    if not isinstance(value, TensorValue):
+        raise NoMatch(f"the {role} is {describe(graph, value)}, not a tensor")
+    node = graph.producer(value)
+    if node is not None:
+        raise NoMatch(f"the {role} is computed by {node.name}, not an input tensor")
+    return value, casts
+
+
+def describe(graph: Graph, value: Value | None) -> str:
+    """A short description of a value for messages: the call that made it, or the value."""
+    node = graph.producer(value)
+    if node is not None:
+        return node.name
+    if isinstance(value, TensorValue):
+        return value.describe()
+    return repr(getattr(value, "value", value))
+
+
+def product_factors(
+    graph: Graph, value: Value, muls: list[Node], casts: list[tuple[Node, list[Value]]]
+) -> list[Value]:
+    """The factors of a product tree (through MUL and CAST nodes), recording both kinds of node;
+    each cast comes with the factors it covers."""
+    node = graph.produced_by(value, Kind.MUL, Kind.CAST)
+    if node is None:
+        return [value]
+    if node.kind is Kind.CAST:
+        leaves = product_factors(graph, node.inputs[0], muls, casts)
+        casts.append((node, leaves))
+        return leaves
+    muls.append(node)
+    return product_factors(graph, node.inputs[0], muls, casts) + product_factors(graph, node.inputs[1], muls, casts)
+
+
+def row_parameter_ref(value: TensorValue, x: TensorValue, role: str) -> InputRef:
+    """The op's 1-D ``(N,)`` parameter for a tensor scaling the last axis of ``x`` alone: shape
+    ``(N,)``, or ``(1, ..., 1, N)`` of no more dims than ``x`` (bound reshaped to ``(N,)``)."""
+    n = x.shape[-1]
+    shape = value.shape
+    if not shape or shape[-1] != n or any(s != 1 for s in shape[:-1]) or len(shape) > x.ndim:
+        raise NoMatch(
+            f"the {role} has shape {shape}: it does not act on the last axis (N={n}) alone "
+            f"(the op's {role} is (N,), or (1, ..., N))"
+        )
+    ref = input_ref(value, role)
+    return replace(ref, reshape=(n,)) if value.ndim != 1 else ref
+
+
+def reduction_dims_text(node: Node) -> str:
+    """``dims (0,) with keepdim=True``, for messages about a reduction node."""
+    return f"dims {node.params.get('dims')} with keepdim={node.params.get('keepdim')}"

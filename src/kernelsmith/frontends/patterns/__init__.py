@@ -7,7 +7,9 @@ that its refusal would only be noise in a log line), and raises
 op but differs in something that matters (the dim, an axis, a cast, an extra computation).
 
 To teach the recognizer a new op family, add one module here defining ``match`` and one entry
-below; its name must be the op family's name in :mod:`kernelsmith.ops`.
+below; its name must be the op family's name in :mod:`kernelsmith.ops`. A module may serve
+several families (``gelu`` and ``gelu_tanh``, ``swiglu`` and ``geglu``, ``sum``, ``mean`` and
+``max``): each entry then returns only its own family's matches and refusals.
 """
 
 from __future__ import annotations
@@ -15,12 +17,21 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kernelsmith.frontends.capture import Graph
-from kernelsmith.frontends.patterns import rmsnorm, softmax
+from kernelsmith.frontends.patterns import cross_entropy, gated, gelu, layernorm, reductions, rmsnorm, softmax
 from kernelsmith.frontends.recognize import Match
 
 PATTERNS: dict[str, Callable[[Graph], Match | None]] = {
     "rmsnorm": rmsnorm.match,
     "softmax": softmax.match,
+    "layernorm": layernorm.match,
+    "gelu": gelu.match_exact,
+    "gelu_tanh": gelu.match_tanh,
+    "swiglu": gated.match_swiglu,
+    "geglu": gated.match_geglu,
+    "sum": reductions.match_sum,
+    "mean": reductions.match_mean,
+    "max": reductions.match_max,
+    "cross_entropy": cross_entropy.match,
 }
 
 __all__ = ["PATTERNS"]
