@@ -309,3 +309,14 @@ def test_tuned_forward_and_backward_run_as_one_autograd_node(db):
     assert gx.dtype == x.dtype and gw.dtype == w.dtype
     torch.testing.assert_close(gx, x.grad, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(gw, w.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_bucketing_reshapes_companion_activations_but_not_weights():
+    add = get_op("add_rmsnorm")
+    bucket = add.bucket(add.spec((5, 64), "bf16"))
+    assert [t.shape for t in bucket.inputs] == [(8, 64), (8, 64), (64,)]
+    rms = get_op("rmsnorm")
+    one_row = rms.spec((64,), "bf16")  # a 1-D x has its weight's shape: neither is touched
+    assert rms.bucket(one_row) == one_row
+    tails = add.validation_specs(add.spec((5, 64), "bf16"))
+    assert all(s.inputs[0].shape == s.inputs[1].shape and s.inputs[2].shape == (64,) for s in tails)

@@ -130,11 +130,10 @@ class OpFamily:
         """
         if not self.rowwise:
             return spec
-        first, *rest = spec.inputs
-        *lead, width = first.shape
-        rows = math.prod(lead) if lead else 1
-        bucketed = first.with_shape((1 << max(rows - 1, 0).bit_length(), width))
-        return OpSpec(spec.op, (bucketed, *rest), dict(spec.constants))
+        *lead, width = spec.inputs[0].shape
+        if not lead:  # one row: nothing to bucket (and a 1-D x is shaped like its weight)
+            return spec
+        return _with_activation_shape(spec, (1 << max(math.prod(lead) - 1, 0).bit_length(), width))
 
     def validation_specs(self, spec: OpSpec) -> list[OpSpec]:
         """The target spec plus tail shapes (1 row, an odd row count) with the same row width.
@@ -142,15 +141,10 @@ class OpFamily:
         Row counts change, the width does not: a config is chosen for a width, and must be right
         for every row count (rows not divisible by the rows-per-program included).
         """
-        first, *rest = spec.inputs
-        *lead, width = first.shape
+        *lead, width = spec.inputs[0].shape
         rows = math.prod(lead) if lead else 1
         tails = sorted({1, min(rows, 7) if rows > 1 else 1, rows + 3 if rows < 64 else 67} - {rows})
-        specs = [spec]
-        for r in tails:
-            shape = (r, width) if lead else (width,)
-            specs.append(OpSpec(spec.op, (first.with_shape(shape), *rest), dict(spec.constants)))
-        return specs
+        return [spec] + [_with_activation_shape(spec, (r, width) if lead else (width,)) for r in tails]
 
     # ---- math --------------------------------------------------------------------------------
     def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -177,6 +171,14 @@ class OpFamily:
             if v.name == name:
                 return v
         raise KeyError(f"{self.name} has no variant {name!r} (known: {[v.name for v in self.variants]})")
+
+
+def _with_activation_shape(spec: OpSpec, shape: tuple[int, ...]) -> OpSpec:
+    """``spec`` with its first input, and every input shaped like it (a residual, a gradient),
+    reshaped to ``shape``; other inputs (weights, caches) keep theirs."""
+    first = spec.inputs[0].shape
+    inputs = tuple(t.with_shape(shape) if t.shape == first else t for t in spec.inputs)
+    return OpSpec(spec.op, inputs, dict(spec.constants))
 
 
 def generator(seed: int, device: str | torch.device) -> torch.Generator:

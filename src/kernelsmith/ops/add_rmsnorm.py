@@ -570,12 +570,6 @@ class AddRMSNorm(OpFamily):
         x = spec.inputs[0]
         return (TensorSpec(x.shape, x.dtype), TensorSpec(x.shape, x.dtype))
 
-    # The base class reshapes the first input only; residual must keep x's shape.
-    def bucket(self, spec: OpSpec) -> OpSpec:
-        return _residual_follows_x(super().bucket(spec))
-
-    def validation_specs(self, spec: OpSpec) -> list[OpSpec]:
-        return [_residual_follows_x(s) for s in super().validation_specs(spec)]
 
     # ---- math --------------------------------------------------------------------------------
     def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -644,14 +638,6 @@ class AddRMSNorm(OpFamily):
     def flops(self, spec: OpSpec) -> int:
         # Per element: the add, square, add to the sum, multiply by rstd, multiply by the weight.
         return 5 * spec.inputs[0].numel
-
-
-def _residual_follows_x(spec: OpSpec) -> OpSpec:
-    """``spec`` with residual reshaped to x's shape (x may have been reshaped alone)."""
-    x, residual, *rest = spec.inputs
-    if residual.shape == x.shape:
-        return spec
-    return OpSpec(spec.op, (x, residual.with_shape(x.shape), *rest), dict(spec.constants))
 
 
 def _check_eps(eps: Any) -> float:

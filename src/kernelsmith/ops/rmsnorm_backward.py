@@ -420,12 +420,6 @@ class RMSNormBackward(OpFamily):
         x = spec.inputs[1]
         return (TensorSpec(x.shape, x.dtype), TensorSpec(x.shape[-1:], "float32"))
 
-    # The base class reshapes the first input (dy) only; x must keep dy's shape.
-    def bucket(self, spec: OpSpec) -> OpSpec:
-        return _x_follows_dy(super().bucket(spec))
-
-    def validation_specs(self, spec: OpSpec) -> list[OpSpec]:
-        return [_x_follows_dy(s) for s in super().validation_specs(spec)]
 
     # ---- math --------------------------------------------------------------------------------
     def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -470,14 +464,6 @@ def _autograd(inputs: Sequence[torch.Tensor], eps: float, dtype: torch.dtype | N
         y = wg * normed.to(xg.dtype)
         dx, dw = torch.autograd.grad(y, (xg, wg), dy.detach())
     return dx.detach(), dw.detach()
-
-
-def _x_follows_dy(spec: OpSpec) -> OpSpec:
-    """``spec`` with x reshaped to dy's shape (dy, the first input, may have been reshaped alone)."""
-    dy, x, *rest = spec.inputs
-    if x.shape == dy.shape:
-        return spec
-    return OpSpec(spec.op, (dy, x.with_shape(dy.shape), *rest), dict(spec.constants))
 
 
 def _check_eps(eps: Any) -> float:
