@@ -181,6 +181,20 @@ def _with_activation_shape(spec: OpSpec, shape: tuple[int, ...]) -> OpSpec:
     return OpSpec(spec.op, inputs, dict(spec.constants))
 
 
+def rows_and_width(spec: OpSpec, input_index: int = 0) -> tuple[int, int]:
+    """``(rows, N)`` of a row-wise input: every leading dimension flattened into rows (1 for 1-D)."""
+    shape = spec.inputs[input_index].shape
+    return math.prod(shape[:-1]), shape[-1]
+
+
+def check_eps(op: str, eps: Any) -> float:
+    """``eps`` as a float, or UnsupportedWorkload when it is negative or not finite."""
+    value = float(eps)
+    if not math.isfinite(value) or value < 0:
+        raise UnsupportedWorkload(f"{op}: eps must be a finite number >= 0, not {eps!r}")
+    return value
+
+
 def generator(seed: int, device: str | torch.device) -> torch.Generator:
     g = torch.Generator(device=device)
     g.manual_seed(seed)

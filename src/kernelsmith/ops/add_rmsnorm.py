@@ -84,7 +84,6 @@ stores ``rstd`` (a third, float32 ``(rows,)`` output) can be added through ``out
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -92,7 +91,16 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelsmith.ops._base import Launcher, OpFamily, Tolerance, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._base import (
+    Launcher,
+    OpFamily,
+    Tolerance,
+    UnsupportedWorkload,
+    Variant,
+    check_eps,
+    generator,
+    rows_and_width,
+)
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
@@ -302,12 +310,6 @@ def _add_rmsnorm_persistent_kernel(
 # ---------------------------------------------------------------------------------------------
 
 
-def _rows_and_width(spec: OpSpec) -> tuple[int, int]:
-    """(rows, N) of the flattened (rows, N) view of x."""
-    shape = spec.inputs[0].shape
-    return math.prod(shape[:-1]), shape[-1]
-
-
 def _warps_fit(elements: int, num_warps: int) -> bool:
     """Whether ``elements`` float32 values in flight suit ``num_warps`` warps (RMSNorm's rule).
 
@@ -351,7 +353,7 @@ def _views(n: int, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tenso
 
 
 def _whole_row_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    block_n = next_power_of_two(rows_and_width(spec)[1])
     # No num_stages: no loop to pipeline. x and residual are in flight together: 2 * BLOCK_N.
     return Space(
         [Param("num_warps", WARPS), Param("EVICT_X", EVICTION)],
@@ -364,7 +366,7 @@ def _whole_row_space(spec: OpSpec) -> Space:
 
 def _whole_row_build(spec: OpSpec, config: Config) -> Launcher:
     _checked(_whole_row_space(spec), config)
-    rows, n = _rows_and_width(spec)
+    rows, n = rows_and_width(spec)
     block_n = next_power_of_two(n)
     eps = float(spec.const("eps"))
     num_warps = int(config["num_warps"])
@@ -383,7 +385,7 @@ def _whole_row_build(spec: OpSpec, config: Config) -> Launcher:
 
 
 def _multi_row_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    block_n = next_power_of_two(rows_and_width(spec)[1])
     return Space(
         [Param("ROWS", ROWS_PER_PROGRAM), Param("num_warps", WARPS)],
         [
@@ -396,7 +398,7 @@ def _multi_row_space(spec: OpSpec) -> Space:
 
 def _multi_row_build(spec: OpSpec, config: Config) -> Launcher:
     _checked(_multi_row_space(spec), config)
-    rows, n = _rows_and_width(spec)
+    rows, n = rows_and_width(spec)
     rows_per_program = int(config["ROWS"])
     block_n = next_power_of_two(n)
     eps = float(spec.const("eps"))
@@ -415,7 +417,7 @@ def _multi_row_build(spec: OpSpec, config: Config) -> Launcher:
 
 
 def _looped_space(spec: OpSpec) -> Space:
-    full = next_power_of_two(_rows_and_width(spec)[1])
+    full = next_power_of_two(rows_and_width(spec)[1])
     return Space(
         [Param("BLOCK_N", LOOPED_BLOCKS), Param("num_warps", WARPS), Param("num_stages", STAGES)],
         [
@@ -430,7 +432,7 @@ def _looped_space(spec: OpSpec) -> Space:
 
 def _looped_build(spec: OpSpec, config: Config) -> Launcher:
     _checked(_looped_space(spec), config)
-    rows, n = _rows_and_width(spec)
+    rows, n = rows_and_width(spec)
     block_n = int(config["BLOCK_N"])
     eps = float(spec.const("eps"))
     num_warps, num_stages = int(config["num_warps"]), int(config["num_stages"])
@@ -448,7 +450,7 @@ def _looped_build(spec: OpSpec, config: Config) -> Launcher:
 
 
 def _persistent_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    block_n = next_power_of_two(rows_and_width(spec)[1])
     row_bytes = block_n * spec.inputs[0].torch_dtype.itemsize
 
     def pipeline_bytes(c: Config) -> int:
@@ -472,7 +474,7 @@ def _persistent_space(spec: OpSpec) -> Space:
 
 def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
     _checked(_persistent_space(spec), config)
-    rows, n = _rows_and_width(spec)
+    rows, n = rows_and_width(spec)
     block_n = next_power_of_two(n)
     eps = float(spec.const("eps"))
     num_warps, num_stages = int(config["num_warps"]), int(config["num_stages"])
@@ -522,7 +524,7 @@ class AddRMSNorm(OpFamily):
             raise UnsupportedWorkload(f"add_rmsnorm: x must have a positive shape, not {shape}")
         name = dtype_name(dtype)
         x = TensorSpec(shape, name)
-        spec = OpSpec(self.name, (x, x, TensorSpec((shape[-1],), name)), {"eps": _check_eps(eps)})
+        spec = OpSpec(self.name, (x, x, TensorSpec((shape[-1],), name)), {"eps": check_eps(self.name, eps)})
         self.check_supported(spec)
         return spec
 
@@ -551,7 +553,7 @@ class AddRMSNorm(OpFamily):
             specs = (TensorSpec.of(x), TensorSpec.of(residual), TensorSpec.of(weight))
         except ValueError as err:  # a dtype kernelsmith does not know at all
             raise UnsupportedWorkload(f"add_rmsnorm: {err}") from None
-        spec = OpSpec(self.name, specs, {"eps": _check_eps(eps)})
+        spec = OpSpec(self.name, specs, {"eps": check_eps(self.name, eps)})
         self.check_supported(spec)
         return spec
 
@@ -640,11 +642,6 @@ class AddRMSNorm(OpFamily):
         return 5 * spec.inputs[0].numel
 
 
-def _check_eps(eps: Any) -> float:
-    value = float(eps)
-    if not math.isfinite(value) or value < 0:
-        raise UnsupportedWorkload(f"add_rmsnorm: eps must be a finite number >= 0, not {eps!r}")
-    return value
 
 
 OP = AddRMSNorm()

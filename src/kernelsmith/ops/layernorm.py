@@ -111,7 +111,16 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from kernelsmith.ops._base import Launcher, OpFamily, Tolerance, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._base import (
+    Launcher,
+    OpFamily,
+    Tolerance,
+    UnsupportedWorkload,
+    Variant,
+    check_eps,
+    generator,
+    rows_and_width,
+)
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
@@ -388,12 +397,6 @@ _MAX_WARPS_PER_SM = 64  # resident warps a multiprocessor holds (Hopper, Ampere)
 _PIPELINE_SHARED_BYTES = 192 * 1024
 
 
-def _rows_and_width(spec: OpSpec) -> tuple[int, int]:
-    """``(rows, N)``: every leading dimension of x flattened into rows."""
-    shape = spec.inputs[0].shape
-    return math.prod(shape[:-1]), shape[-1]
-
-
 def _has_weight_and_bias(spec: OpSpec) -> tuple[bool, bool]:
     affine = spec.const("affine")
     return affine != "none", affine == "weight_bias"
@@ -449,7 +452,7 @@ def _operands(
 
 
 def _two_pass_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    block_n = next_power_of_two(rows_and_width(spec)[1])
     # No num_stages: the kernel has no loop to pipeline.
     return Space(
         [Param("num_warps", _WARPS), Param("EVICT_X", _EVICTION)],
@@ -465,7 +468,7 @@ def _two_pass_space(spec: OpSpec) -> Space:
 
 def _two_pass_launcher(spec: OpSpec, config: Config, save_stats: bool) -> Launcher:
     _checked(_two_pass_space(spec), config)
-    rows, n = _rows_and_width(spec)
+    rows, n = rows_and_width(spec)
     has_weight, has_bias = _has_weight_and_bias(spec)
     eps = float(spec.const("eps"))
     constexprs = {
@@ -493,7 +496,7 @@ def _two_pass_build(spec: OpSpec, config: Config) -> Launcher:
 
 
 def _welford_space(spec: OpSpec) -> Space:
-    full = next_power_of_two(_rows_and_width(spec)[1])
+    full = next_power_of_two(rows_and_width(spec)[1])
     smallest = _WELFORD_BLOCKS[0]
     itemsize = spec.inputs[0].torch_dtype.itemsize
 
@@ -519,7 +522,7 @@ def _welford_space(spec: OpSpec) -> Space:
 
 def _welford_launcher(spec: OpSpec, config: Config, save_stats: bool) -> Launcher:
     _checked(_welford_space(spec), config)
-    rows, n = _rows_and_width(spec)
+    rows, n = rows_and_width(spec)
     has_weight, has_bias = _has_weight_and_bias(spec)
     eps = float(spec.const("eps"))
     num_stages = int(config["num_stages"])
@@ -549,7 +552,7 @@ def _welford_build(spec: OpSpec, config: Config) -> Launcher:
 
 
 def _multi_row_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    block_n = next_power_of_two(rows_and_width(spec)[1])
     # No num_stages: no loop to pipeline.
     return Space(
         [Param("ROWS", _ROWS), Param("num_warps", _WARPS)],
@@ -572,7 +575,7 @@ def _multi_row_space(spec: OpSpec) -> Space:
 
 def _multi_row_launcher(spec: OpSpec, config: Config, save_stats: bool) -> Launcher:
     _checked(_multi_row_space(spec), config)
-    rows, n = _rows_and_width(spec)
+    rows, n = rows_and_width(spec)
     has_weight, has_bias = _has_weight_and_bias(spec)
     eps = float(spec.const("eps"))
     rows_per_program = int(config["ROWS"])
@@ -618,7 +621,7 @@ def _programs(per_multiprocessor: int) -> int:
 
 
 def _persistent_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    block_n = next_power_of_two(rows_and_width(spec)[1])
     row_bytes = block_n * spec.inputs[0].torch_dtype.itemsize
     # Registers: the row, plus the weight and the bias, which stay loaded for the whole program.
     # Those cost about half a register an element (measured for sm_90: BLOCK_N = 8192 with both,
@@ -652,7 +655,7 @@ def _persistent_space(spec: OpSpec) -> Space:
 
 def _persistent_launcher(spec: OpSpec, config: Config, save_stats: bool) -> Launcher:
     _checked(_persistent_space(spec), config)
-    rows, n = _rows_and_width(spec)
+    rows, n = rows_and_width(spec)
     has_weight, has_bias = _has_weight_and_bias(spec)
     eps = float(spec.const("eps"))
     num_stages = int(config["num_stages"])
@@ -765,7 +768,8 @@ class LayerNorm(OpFamily):
         affine = _check_affine(affine)
         name = dtype_name(dtype)
         params = (TensorSpec((shape[-1],), name),) * AFFINE_PARAMS[affine]
-        spec = OpSpec(self.name, (TensorSpec(shape, name), *params), {"eps": _check_eps(eps), "affine": affine})
+        constants = {"eps": check_eps(self.name, eps), "affine": affine}
+        spec = OpSpec(self.name, (TensorSpec(shape, name), *params), constants)
         self.check_supported(spec)
         return spec
 
@@ -816,7 +820,8 @@ class LayerNorm(OpFamily):
         if affine is not None and _check_affine(affine) != found:
             raise UnsupportedWorkload(f"layernorm: affine={affine!r} but the inputs are those of {found!r}")
         tensors = [t for t in (x, weight, bias) if t is not None]
-        spec = OpSpec(self.name, tuple(TensorSpec.of(t) for t in tensors), {"eps": _check_eps(eps), "affine": found})
+        constants = {"eps": check_eps(self.name, eps), "affine": found}
+        spec = OpSpec(self.name, tuple(TensorSpec.of(t) for t in tensors), constants)
         self.check_supported(spec)
         return spec
 
@@ -902,11 +907,6 @@ def _unpack(spec: OpSpec, inputs: Sequence[torch.Tensor]) -> _Unpacked:
     return inputs[0], inputs[1] if has_weight else None, inputs[2] if has_bias else None
 
 
-def _check_eps(eps: Any) -> float:
-    value = float(eps)
-    if not math.isfinite(value) or value < 0:
-        raise UnsupportedWorkload(f"layernorm: eps must be a finite number >= 0, not {eps!r}")
-    return value
 
 
 def _check_affine(affine: Any) -> str:

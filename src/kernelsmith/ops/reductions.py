@@ -75,7 +75,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator, rows_and_width
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec
 
@@ -231,12 +231,6 @@ _LOOPED_BLOCKS = powers_of_two(64, 8192)
 _MAX_PER_THREAD = 64
 
 
-def _rows_and_width(spec: OpSpec) -> tuple[int, int]:
-    """``(rows, N)``: every leading dimension of x flattened into rows (1 for a 1-D x)."""
-    shape = spec.inputs[0].shape
-    return math.prod(shape[:-1]), shape[-1]
-
-
 def _warp_constraints(elements: Callable[[Config], int]) -> list[Constraint]:
     """Warp counts that fit a block of ``elements(config)`` values.
 
@@ -266,7 +260,7 @@ def _checked(space: Space, config: Config) -> None:
 
 
 def _whole_row_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    block_n = next_power_of_two(rows_and_width(spec)[1])
     # No num_stages: the kernel has no loop, so the pipelining depth could change nothing.
     return Space(
         [Param("num_warps", _WARPS), Param("EVICT_X", _EVICTION)],
@@ -283,7 +277,7 @@ def _whole_row_space(spec: OpSpec) -> Space:
 def _whole_row_build(kind: int) -> Callable[[OpSpec, Config], Launcher]:
     def build(spec: OpSpec, config: Config) -> Launcher:
         _checked(_whole_row_space(spec), config)
-        rows, n = _rows_and_width(spec)
+        rows, n = rows_and_width(spec)
         grid = (rows,)
         block_n = next_power_of_two(n)
         num_warps = int(config["num_warps"])
@@ -307,7 +301,7 @@ def _whole_row_build(kind: int) -> Callable[[OpSpec, Config], Launcher]:
 
 
 def _looped_space(spec: OpSpec) -> Space:
-    padded = next_power_of_two(_rows_and_width(spec)[1])
+    padded = next_power_of_two(rows_and_width(spec)[1])
     return Space(
         [Param("BLOCK_N", _LOOPED_BLOCKS), Param("num_warps", _WARPS), Param("num_stages", _STAGES)],
         [
@@ -325,7 +319,7 @@ def _looped_space(spec: OpSpec) -> Space:
 def _looped_build(kind: int) -> Callable[[OpSpec, Config], Launcher]:
     def build(spec: OpSpec, config: Config) -> Launcher:
         _checked(_looped_space(spec), config)
-        rows, n = _rows_and_width(spec)
+        rows, n = rows_and_width(spec)
         grid = (rows,)
         block_n, num_warps, num_stages = int(config["BLOCK_N"]), int(config["num_warps"]), int(config["num_stages"])
         width = float(n)
@@ -347,7 +341,7 @@ def _looped_build(kind: int) -> Callable[[OpSpec, Config], Launcher]:
 
 
 def _multi_row_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    block_n = next_power_of_two(rows_and_width(spec)[1])
     # No num_stages: no loop to pipeline (see whole_row).
     return Space(
         [Param("ROWS", _MULTI_ROWS), Param("num_warps", _WARPS)],
@@ -364,7 +358,7 @@ def _multi_row_space(spec: OpSpec) -> Space:
 def _multi_row_build(kind: int) -> Callable[[OpSpec, Config], Launcher]:
     def build(spec: OpSpec, config: Config) -> Launcher:
         _checked(_multi_row_space(spec), config)
-        rows, n = _rows_and_width(spec)
+        rows, n = rows_and_width(spec)
         block_rows, num_warps = int(config["ROWS"]), int(config["num_warps"])
         grid = (triton.cdiv(rows, block_rows),)
         block_n = next_power_of_two(n)
@@ -540,7 +534,7 @@ class _RowReduction(OpFamily):
 
     def flops(self, spec: OpSpec) -> int:
         # One addition (or comparison) per element, plus a division a row for the mean.
-        rows, _ = _rows_and_width(spec)
+        rows, _ = rows_and_width(spec)
         return spec.inputs[0].numel + (rows if self.kind == KIND_MEAN else 0)
 
 

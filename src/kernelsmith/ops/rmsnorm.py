@@ -53,7 +53,6 @@ spec says so), view them as ``(rows, N)`` and pass the row strides explicitly.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,7 +66,9 @@ from kernelsmith.ops._base import (
     Tolerance,
     UnsupportedWorkload,
     Variant,
+    check_eps,
     generator,
+    rows_and_width,
 )
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
@@ -228,12 +229,6 @@ def _rmsnorm_persistent_kernel(
 # ---------------------------------------------------------------------------------------------
 
 
-def _rows_and_width(spec: OpSpec) -> tuple[int, int]:
-    """(rows, N) of the flattened (rows, N) view of x."""
-    shape = spec.inputs[0].shape
-    return math.prod(shape[:-1]), shape[-1]
-
-
 def _warps_fit(elements: int, num_warps: int) -> bool:
     """Whether a block of ``elements`` float32 values suits ``num_warps`` warps.
 
@@ -263,7 +258,7 @@ def _launch_kwargs(config: Config) -> dict[str, Any]:
 
 
 def _whole_row_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    block_n = next_power_of_two(rows_and_width(spec)[1])
     return Space(
         [Param("num_warps", WARPS), Param("num_stages", NO_LOOP_STAGES), Param("EVICT_X", EVICTION)],
         [
@@ -276,7 +271,7 @@ def _whole_row_space(spec: OpSpec) -> Space:
 
 
 def _whole_row_build(spec: OpSpec, config: Config) -> Launcher:
-    rows, n = _rows_and_width(spec)
+    rows, n = rows_and_width(spec)
     grid = (rows,)
     block_n = next_power_of_two(n)
     eps = float(spec.const("eps"))
@@ -296,7 +291,7 @@ def _whole_row_build(spec: OpSpec, config: Config) -> Launcher:
 
 
 def _multi_row_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    block_n = next_power_of_two(rows_and_width(spec)[1])
     return Space(
         [Param("ROWS", (2, 4, 8, 16, 32)), Param("num_warps", WARPS),
          Param("num_stages", NO_LOOP_STAGES)],
@@ -310,7 +305,7 @@ def _multi_row_space(spec: OpSpec) -> Space:
 
 
 def _multi_row_build(spec: OpSpec, config: Config) -> Launcher:
-    rows, n = _rows_and_width(spec)
+    rows, n = rows_and_width(spec)
     rows_per_program = int(config["ROWS"])
     grid = (triton.cdiv(rows, rows_per_program),)
     block_n = next_power_of_two(n)
@@ -331,7 +326,7 @@ def _multi_row_build(spec: OpSpec, config: Config) -> Launcher:
 
 
 def _looped_space(spec: OpSpec) -> Space:
-    full = next_power_of_two(_rows_and_width(spec)[1])
+    full = next_power_of_two(rows_and_width(spec)[1])
     return Space(
         [Param("BLOCK_N", powers_of_two(64, 8192)), Param("num_warps", WARPS),
          Param("num_stages", STAGES)],
@@ -347,7 +342,7 @@ def _looped_space(spec: OpSpec) -> Space:
 
 
 def _looped_build(spec: OpSpec, config: Config) -> Launcher:
-    rows, n = _rows_and_width(spec)
+    rows, n = rows_and_width(spec)
     grid = (rows,)
     block_n = int(config["BLOCK_N"])
     eps = float(spec.const("eps"))
@@ -366,7 +361,7 @@ def _looped_build(spec: OpSpec, config: Config) -> Launcher:
 
 
 def _persistent_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    block_n = next_power_of_two(rows_and_width(spec)[1])
     return Space(
         [Param("PROGRAMS_PER_SM", (1, 2, 4, 8)), Param("num_warps", WARPS),
          Param("num_stages", STAGES)],
@@ -381,7 +376,7 @@ def _persistent_space(spec: OpSpec) -> Space:
 
 
 def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
-    rows, n = _rows_and_width(spec)
+    rows, n = rows_and_width(spec)
     grid = (min(rows, int(config["PROGRAMS_PER_SM"]) * _multiprocessor_count()),)
     block_n = next_power_of_two(n)
     eps = float(spec.const("eps"))
@@ -434,7 +429,7 @@ class RMSNorm(OpFamily):
             raise UnsupportedWorkload(f"rmsnorm: x must have a positive shape, not {shape}")
         name = dtype_name(dtype)
         spec = OpSpec(self.name, (TensorSpec(shape, name), TensorSpec((shape[-1],), name)),
-                      {"eps": _check_eps(eps)})
+                      {"eps": check_eps(self.name, eps)})
         self.check_supported(spec)
         return spec
 
@@ -458,7 +453,7 @@ class RMSNorm(OpFamily):
             specs = (TensorSpec.of(x), TensorSpec.of(weight))
         except ValueError as err:  # a dtype kernelsmith does not know at all
             raise UnsupportedWorkload(f"rmsnorm: {err}") from None
-        spec = OpSpec(self.name, specs, {"eps": _check_eps(eps)})
+        spec = OpSpec(self.name, specs, {"eps": check_eps(self.name, eps)})
         self.check_supported(spec)
         return spec
 
@@ -528,11 +523,6 @@ class RMSNorm(OpFamily):
         return 4 * spec.inputs[0].numel
 
 
-def _check_eps(eps: Any) -> float:
-    value = float(eps)
-    if not math.isfinite(value) or value < 0:
-        raise UnsupportedWorkload(f"rmsnorm: eps must be a finite number >= 0, not {eps!r}")
-    return value
 
 
 OP = RMSNorm()

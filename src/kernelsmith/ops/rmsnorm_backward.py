@@ -58,7 +58,6 @@ allows allocation, not computation); every element of them is written before it 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,7 +65,16 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelsmith.ops._base import Launcher, OpFamily, Tolerance, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._base import (
+    Launcher,
+    OpFamily,
+    Tolerance,
+    UnsupportedWorkload,
+    Variant,
+    check_eps,
+    generator,
+    rows_and_width,
+)
 from kernelsmith.ops.rmsnorm import (
     DEFAULT_EPS,
     STAGES,
@@ -228,9 +236,7 @@ def _looped_rows_kernel(
 
 
 def _rows_and_width(spec: OpSpec) -> tuple[int, int]:
-    """(rows, N) of the flattened (rows, N) view of x."""
-    shape = spec.inputs[1].shape
-    return math.prod(shape[:-1]), shape[-1]
+    return rows_and_width(spec, input_index=1)  # x, after dy
 
 
 def _groups(per_multiprocessor: int, rows: int) -> int:
@@ -382,7 +388,7 @@ class RMSNormBackward(OpFamily):
             raise UnsupportedWorkload(f"rmsnorm_backward: x must have a positive shape, not {shape}")
         name = dtype_name(dtype)
         act = TensorSpec(shape, name)
-        spec = OpSpec(self.name, (act, act, TensorSpec((shape[-1],), name)), {"eps": _check_eps(eps)})
+        spec = OpSpec(self.name, (act, act, TensorSpec((shape[-1],), name)), {"eps": check_eps(self.name, eps)})
         self.check_supported(spec)
         return spec
 
@@ -401,7 +407,7 @@ class RMSNormBackward(OpFamily):
             specs = (TensorSpec.of(dy), TensorSpec.of(x), TensorSpec.of(weight))
         except ValueError as err:  # a dtype kernelsmith does not know at all
             raise UnsupportedWorkload(f"rmsnorm_backward: {err}") from None
-        spec = OpSpec(self.name, specs, {"eps": _check_eps(eps)})
+        spec = OpSpec(self.name, specs, {"eps": check_eps(self.name, eps)})
         self.check_supported(spec)
         return spec
 
@@ -466,11 +472,6 @@ def _autograd(inputs: Sequence[torch.Tensor], eps: float, dtype: torch.dtype | N
     return dx.detach(), dw.detach()
 
 
-def _check_eps(eps: Any) -> float:
-    value = float(eps)
-    if not math.isfinite(value) or value < 0:
-        raise UnsupportedWorkload(f"rmsnorm_backward: eps must be a finite number >= 0, not {eps!r}")
-    return value
 
 
 OP = RMSNormBackward()

@@ -58,7 +58,6 @@ Constraints keep only configs that compile and waste no whole warps (see ``_warp
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -66,7 +65,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator, rows_and_width
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec
 
@@ -238,12 +237,6 @@ _MAX_WARPS_PER_SM = 64  # resident warps a multiprocessor holds (Hopper, Ampere)
 _PIPELINE_SHARED_BYTES = 192 * 1024
 
 
-def _rows_and_width(spec: OpSpec) -> tuple[int, int]:
-    """``(rows, N)``: every leading dimension of x flattened into rows."""
-    shape = spec.inputs[0].shape
-    return math.prod(shape[:-1]), shape[-1]
-
-
 def _warp_constraints(elements: Callable[[Config], int]) -> list[Constraint]:
     """Warp counts that fit a block of ``elements(config)`` values.
 
@@ -272,7 +265,7 @@ def _checked(space: Space, config: Config) -> None:
 
 
 def _whole_row_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    block_n = next_power_of_two(rows_and_width(spec)[1])
     # No num_stages: the kernel has no loop, so the pipelining depth could change nothing.
     # EVICT_X: the cache hint for the read-once input ("" is the default policy).
     return Space(
@@ -289,7 +282,7 @@ def _whole_row_space(spec: OpSpec) -> Space:
 
 def _whole_row_build(spec: OpSpec, config: Config) -> Launcher:
     _checked(_whole_row_space(spec), config)
-    rows, n = _rows_and_width(spec)
+    rows, n = rows_and_width(spec)
     grid = (rows,)
     block_n = next_power_of_two(n)
     num_warps = config["num_warps"]
@@ -313,7 +306,7 @@ _ONLINE_BLOCKS = powers_of_two(64, 8192)
 def _online_space(spec: OpSpec) -> Space:
     # Blocks wider than the padded row only add masked lanes; the smallest block is always
     # allowed so that even a 1-column row has a config.
-    widest = max(_ONLINE_BLOCKS[0], next_power_of_two(_rows_and_width(spec)[1]))
+    widest = max(_ONLINE_BLOCKS[0], next_power_of_two(rows_and_width(spec)[1]))
     return Space(
         [
             Param("BLOCK_N", _ONLINE_BLOCKS),
@@ -329,7 +322,7 @@ def _online_space(spec: OpSpec) -> Space:
 
 def _online_build(spec: OpSpec, config: Config) -> Launcher:
     _checked(_online_space(spec), config)
-    rows, n = _rows_and_width(spec)
+    rows, n = rows_and_width(spec)
     grid = (rows,)
     block_n, num_warps, num_stages = config["BLOCK_N"], config["num_warps"], config["num_stages"]
 
@@ -348,7 +341,7 @@ def _online_build(spec: OpSpec, config: Config) -> Launcher:
 
 
 def _multi_row_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    block_n = next_power_of_two(rows_and_width(spec)[1])
     # No num_stages: no loop to pipeline (see whole_row).
     return Space(
         [Param("ROWS", (2, 4, 8, 16, 32)), Param("num_warps", _WARPS)],
@@ -364,7 +357,7 @@ def _multi_row_space(spec: OpSpec) -> Space:
 
 def _multi_row_build(spec: OpSpec, config: Config) -> Launcher:
     _checked(_multi_row_space(spec), config)
-    rows, n = _rows_and_width(spec)
+    rows, n = rows_and_width(spec)
     block_rows, num_warps = config["ROWS"], config["num_warps"]
     grid = (triton.cdiv(rows, block_rows),)
     block_n = next_power_of_two(n)
@@ -401,7 +394,7 @@ def _programs(per_multiprocessor: int) -> int:
 
 
 def _persistent_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    block_n = next_power_of_two(rows_and_width(spec)[1])
     row_bytes = block_n * spec.inputs[0].torch_dtype.itemsize
 
     def pipeline_bytes(c: Config) -> int:
@@ -435,7 +428,7 @@ def _persistent_space(spec: OpSpec) -> Space:
 
 def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
     _checked(_persistent_space(spec), config)
-    rows, n = _rows_and_width(spec)
+    rows, n = rows_and_width(spec)
     grid = (min(rows, _programs(config["PROGRAMS_PER_SM"])),)
     block_n = next_power_of_two(n)
     num_warps, num_stages = config["num_warps"], config["num_stages"]
