@@ -50,26 +50,33 @@ class KernelRunner:
 class KernelFunction(torch.autograd.Function):
     """A tuned forward and a tuned backward as one autograd node.
 
-    The backward family's inputs are ``(dy, *forward inputs)`` and its outputs the gradients of
-    the forward inputs in order (accumulated in float32 where the family says so), cast here to
-    each input's dtype.
+    The forward family says how its backward is fed (``backward_inputs``: by default
+    ``(dy, *inputs)``) and which input each gradient belongs to (``input_gradients``); gradients
+    accumulated in float32 (weights) are cast here to their input's dtype. Returns the forward's
+    single output, or a tuple when it has several.
     """
 
     @staticmethod
-    def forward(ctx: Any, forward: KernelRunner, backward: KernelRunner, *inputs: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(*inputs)
-        ctx.backward_runner = backward
-        return forward(inputs)[0]
+    def forward(  # type: ignore[override]
+        ctx: Any, family: OpFamily, forward: KernelRunner, backward: KernelRunner, *inputs: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        outputs = forward(inputs)
+        ctx.save_for_backward(*inputs, *outputs)
+        ctx.family, ctx.backward_runner, ctx.input_count = family, backward, len(inputs)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        inputs = ctx.saved_tensors
-        grads = ctx.backward_runner((dy.contiguous(), *inputs))
+    def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        saved = ctx.saved_tensors
+        inputs, outputs = saved[: ctx.input_count], saved[ctx.input_count :]
+        grad_outputs = tuple(g.contiguous() for g in grad_outputs)
+        grads = ctx.backward_runner(ctx.family.backward_inputs(grad_outputs, inputs, outputs))
+        per_input = ctx.family.input_gradients(grads, inputs)
         cast = [
-            g.to(t.dtype) if ctx.needs_input_grad[i + 2] else None
-            for i, (g, t) in enumerate(zip(grads, inputs, strict=True))
+            g.to(t.dtype) if g is not None and ctx.needs_input_grad[i + 3] else None
+            for i, (g, t) in enumerate(zip(per_input, inputs, strict=True))
         ]
-        return (None, None, *cast)
+        return (None, None, None, *cast)
 
 
 def build_runner(family: OpFamily, spec: OpSpec, decision: DecisionRecord) -> KernelRunner:

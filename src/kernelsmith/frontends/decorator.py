@@ -165,9 +165,11 @@ class Optimized:
             self.table[key] = self._kernel_entry(key, match, forward)
             return recognition.output
         backward_family = get_op(str(family.backward))
-        dy = torch.randn_like(recognition.output.detach())  # the gradient's shape, dtype and device
-        backward_spec = backward_family.spec_for(dy, *detached, **match.constants)
-        backward = self._runner(key, backward_family, backward_spec, device_mode, (dy, *detached))
+        output = recognition.output.detach()
+        dy = torch.randn_like(output)  # the gradient's shape, dtype and device
+        backward_inputs = family.backward_inputs((dy,), detached, (output,))
+        backward_spec = backward_family.spec_for(*backward_inputs, **match.constants)
+        backward = self._runner(key, backward_family, backward_spec, device_mode, backward_inputs)
         if backward is not None:
             self.table[key] = self._kernel_entry(key, match, forward, backward)
         return recognition.output
@@ -220,6 +222,7 @@ class Optimized:
     ) -> Entry:
         bind = match.bind
         op = match.op
+        family = get_op(op)
         constants = dispatch.constants_json(dict(match.constants))
         stats = self.stats
         # The call key already pins every argument (tensor metadata, other values and types);
@@ -235,7 +238,7 @@ class Optimized:
                 return self._first_call(key, args, kwargs)
             if backward is not None:
                 stats["kernel_calls"] += 1
-                return dispatch.KernelFunction.apply(runner, backward, *inputs)
+                return dispatch.KernelFunction.apply(family, runner, backward, *inputs)
             if torch.compiler.is_compiling():
                 return torch.ops.kernelsmith.kernel(op, list(inputs), constants)[0]
             stats["kernel_calls"] += 1

@@ -81,9 +81,39 @@ class OpFamily:
     tolerance: ClassVar[Tolerance] = Tolerance()
     dtypes: ClassVar[tuple[str, ...]] = ("float16", "bfloat16", "float32")
     variants: ClassVar[tuple[Variant, ...]] = ()
-    # The op family computing this one's gradients, if any: its inputs are (dy, *these inputs)
-    # and its outputs the gradients of these inputs, in order.
+    # The op family computing this one's gradients, if any. By default its inputs are
+    # (dy, *these inputs) and its outputs the gradients of the floating-point inputs, in order;
+    # a family with another convention overrides backward_inputs and input_gradients.
     backward: ClassVar[str | None] = None
+
+    # ---- autograd ----------------------------------------------------------------------------
+    def backward_inputs(
+        self,
+        grad_outputs: Sequence[torch.Tensor],
+        inputs: Sequence[torch.Tensor],
+        outputs: Sequence[torch.Tensor],
+    ) -> tuple[torch.Tensor, ...]:
+        """The backward family's inputs for one backward pass: ``(dy, *inputs)`` by default.
+
+        ``grad_outputs`` holds the gradient of each forward output (zeros for an output the loss
+        does not use), ``outputs`` the forward's outputs (a family may prefer a saved output, such
+        as a residual sum, over recomputing it).
+        """
+        return (grad_outputs[0], *inputs)
+
+    def input_gradients(
+        self, grads: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
+    ) -> tuple[torch.Tensor | None, ...]:
+        """Each forward input's gradient from the backward family's outputs.
+
+        By default the backward's outputs are the gradients of the floating-point inputs in
+        order; integer inputs (class targets) get None.
+        """
+        remaining = iter(grads)
+        gradients = tuple(next(remaining) if t.is_floating_point() else None for t in inputs)
+        if next(remaining, None) is not None:
+            raise ValueError(f"{self.name}: the backward returned more gradients than there are inputs")
+        return gradients
 
     # ---- specs -------------------------------------------------------------------------------
     def spec(self, shape: tuple[int, ...], dtype: str, **constants: Any) -> OpSpec:
