@@ -1,4 +1,4 @@
-"""Turn the JSON written by benchmarks/core.py into the markdown table of docs/benchmarks.md.
+"""Turn the JSON written by benchmarks/ops.py into the markdown table of docs/benchmarks.md.
 
     python benchmarks/to_markdown.py bench.json >> docs/benchmarks.md
 """
@@ -8,32 +8,37 @@ from __future__ import annotations
 import json
 import sys
 
+COLUMNS = ("eager", "compile", "max-autotune", "liger", "kernelsmith")
+
 
 def main(path: str) -> None:
     with open(path) as f:
         report = json.load(f)
     print(f"Measured {report['date']} on {report['gpu']}; Python {report['python']}, torch {report['torch']}, "
-          f"triton {report['triton']}, kernelsmith {report['kernelsmith']}. Copy bandwidth "
-          f"{report['copy_gbps']:.0f} GB/s (best of 20 one-GiB device-to-device copies, read + write).")
+          f"triton {report['triton']}, Liger-Kernel {report.get('liger') or 'absent'}, kernelsmith "
+          f"{report['kernelsmith']}. Copy bandwidth {report['copy_gbps']:.0f} GB/s (best of 20 one-GiB "
+          "device-to-device copies, read + write).")
     print(f"Command: `{report['command']}`\n")
-    names = ["eager", "compile", "max-autotune", "kernelsmith"]
-    print("| op | shape | " + " | ".join(names) + " | vs best of torch | vs compile | search (s) | winner |")
-    print("|---|---|" + "---|" * len(names) + "---|---|---|---|")
+    print("| op | shape | " + " | ".join(COLUMNS) + " | vs best other | vs compile | search (s) | winner |")
+    print("|---|---|" + "---|" * len(COLUMNS) + "---|---|---|---|")
     for row in report["rows"]:
         if "us" not in row:
-            print(f"| {row['op']} | {row['shape']} | error | | | | | | | |")
+            print(f"| {row['op']} | {row['shape']} | error |" + " |" * (len(COLUMNS) + 3))
             continue
         cells = []
-        for name in names:
+        for name in COLUMNS:
             t = row["us"].get(name)
-            cells.append(f"{t:.1f} µs ({row['pct_of_copy'][name]:.1f}%)" if t else "–")
-        best = row.get("speedup_vs_best_torch")
-        comp = row.get("speedup_vs_compile")
-        config = ", ".join(f"{k}={v}" for k, v in (row.get("config") or {}).items())
-        winner = f"{row['winner']} `{row.get('variant', '')}` {config}".strip()
+            cells.append(f"{t:.1f} µs ({row['pct_of_copy'][name]:.0f}%)" if t else "–")
+        best, comp = row.get("speedup_vs_best"), row.get("speedup_vs_compile")
         ratios = f"{best:.2f}x | {comp:.2f}x" if best and comp else "– | –"
-        print(f"| {row['op']} | {row['shape']} | " + " | ".join(cells)
-              + f" | {ratios} | {row['search_wall_s']:.1f} | {winner} |")
+        tunes = [row["tune"]] + ([row["tune_backward"]] if "tune_backward" in row else [])
+        search = sum(t["search_wall_s"] for t in tunes)
+        winner = " + ".join(
+            f"`{t['variant']}` " + ", ".join(f"{k}={v}" for k, v in (t.get("config") or {}).items())
+            if t["winner"] == "kernel" else "baseline"
+            for t in tunes
+        )
+        print(f"| {row['op']} | {row['shape']} | " + " | ".join(cells) + f" | {ratios} | {search:.0f} | {winner} |")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,360 @@
+"""Op-library benchmark: tune each op family at the PERFORMANCE.md shapes, then time the winner side
+by side with eager PyTorch, torch.compile, torch.compile max-autotune and Liger-Kernel, in one process.
+
+    python benchmarks/ops.py --out bench.json [--only rmsnorm,softmax] [--budget 50] [--train]
+
+Forward rows time the op as a user writes it (``eager``), compiled both ways, Liger's function
+where it has the op, and kernelsmith's tuned winner. ``--train`` adds training-step rows
+(forward + backward, gradients of every floating-point input): the PyTorch paths through
+autograd, Liger through its autograd functions, kernelsmith through its autograd node with the
+tuned forward and the tuned backward family. Every implementation is timed with
+``triton.testing.do_bench`` (CUDA events, L2 flushed, median). Percentages are of the measured
+copy bandwidth, bytes = each input read once + each output written once (the forward's plus the
+backward's for training rows). Prints a table and writes JSON with the date, GPU, versions and
+command after every row. Needs a CUDA GPU; Liger is optional (its column stays empty without it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.testing
+
+import kernelsmith
+from kernelsmith import dispatch
+from kernelsmith.db import current_fingerprint
+from kernelsmith.evaluate.timing import measure_copy_bandwidth
+from kernelsmith.ops import OpFamily, get_op
+from kernelsmith.space import Config
+from kernelsmith.spec import OpSpec
+from kernelsmith.tuner import TuneResult, tune_spec
+
+Fn = Callable[..., Any]
+
+
+# ---- what users write (the eager baselines) ---------------------------------------------------
+
+
+def hf_rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Hugging Face LlamaRMSNorm (fp32 upcast)."""
+    xf = x.float()
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> Any:
+    h = x + residual
+    return hf_rmsnorm(h, w, eps), h
+
+
+def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, x.shape[-1:], w, b, 1e-5)
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, dim=-1)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x)
+
+
+def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.silu(a) * b
+
+
+def geglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.gelu(a, approximate="tanh") * b
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Training code's loss: logits upcast to fp32."""
+    return F.cross_entropy(logits.float(), target)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Any:
+    """Hugging Face apply_rotary_pos_emb with (S, D) caches on (B, H, S, D) q and k."""
+
+    def rotate_half(t: torch.Tensor) -> torch.Tensor:
+        half = t.shape[-1] // 2
+        return torch.cat((-t[..., half:], t[..., :half]), dim=-1)
+
+    c, s = cos[None, None], sin[None, None]
+    return q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+
+
+# ---- Liger-Kernel's functions (imported lazily: an optional peer) ---------------------------------
+
+
+def liger(name: str) -> Fn | None:
+    """Liger's function for an op, adapted to the benchmark's input order; None without Liger."""
+    try:
+        from liger_kernel.transformers import functional as lf
+    except ImportError:
+        return None
+    table: dict[str, Fn] = {
+        # in_place=False: Liger's default overwrites dy with dx, which repeated timing would compound.
+        "rmsnorm": lambda x, w: lf.liger_rms_norm(x, w, 1e-6, in_place=False),
+        "add_rmsnorm": lambda x, r, w: lf.liger_fused_add_rms_norm(x, r, w, 1e-6, in_place=False),
+        "layernorm": lambda x, w, b: lf.liger_layer_norm(x, w, b, 1e-5),
+        "softmax": lf.liger_softmax,
+        "swiglu": lf.liger_swiglu,
+        "geglu": lf.liger_geglu,
+        "cross_entropy": lf.liger_cross_entropy,
+        "rope": lambda q, k, cos, sin: lf.liger_rope(q, k, cos[None], sin[None]),
+    }
+    return table.get(name)
+
+
+# ---- the workloads --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    op: str
+    shape: tuple[int, ...]
+    eager: Fn
+    constants: dict[str, Any] = field(default_factory=dict)
+    train: bool = False  # time forward + backward
+
+    @property
+    def label(self) -> str:
+        return f"{self.op}{' fwd+bwd' if self.train else ''}"
+
+
+WORKLOADS = [
+    Workload("rmsnorm", (8192, 4096), hf_rmsnorm),
+    Workload("rmsnorm", (4096, 8192), hf_rmsnorm),
+    Workload("rmsnorm", (32768, 1024), hf_rmsnorm),
+    Workload("layernorm", (8192, 4096), layernorm, {"eps": 1e-5}),
+    Workload("layernorm", (4096, 8192), layernorm, {"eps": 1e-5}),
+    Workload("layernorm", (32768, 1024), layernorm, {"eps": 1e-5}),
+    Workload("softmax", (8192, 4096), softmax),
+    Workload("softmax", (4096, 8192), softmax),
+    Workload("softmax", (32768, 1024), softmax),
+    Workload("gelu_tanh", (16384, 8192), gelu_tanh),
+    Workload("gelu", (16384, 8192), gelu),
+    Workload("swiglu", (16384, 8192), swiglu),
+    Workload("geglu", (16384, 8192), geglu),
+    Workload("add_rmsnorm", (8192, 4096), add_rmsnorm),
+    Workload("cross_entropy", (8192, 128256), cross_entropy),
+    Workload("rope", (8, 32, 2048, 128), rope),
+    # Training steps (forward + backward), with --train.
+    Workload("rmsnorm", (8192, 4096), hf_rmsnorm, train=True),
+    Workload("swiglu", (16384, 8192), swiglu, train=True),
+    Workload("cross_entropy", (8192, 128256), cross_entropy, train=True),
+    Workload("layernorm", (8192, 4096), layernorm, {"eps": 1e-5}, train=True),
+]
+
+
+def bench(fn: Fn) -> float:
+    return float(triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")) * 1000.0
+
+
+def tune(spec: OpSpec, budget: int, db: str) -> tuple[TuneResult, dict[str, Any]]:
+    started = time.perf_counter()
+    result = tune_spec(spec, budget=budget, strategy="random", db=db)
+    summary = {
+        "search_wall_s": time.perf_counter() - started,
+        "evaluations": result.evaluations,
+        "failures": result.failures,
+        "winner": result.winner,
+        "variant": result.variant,
+        "config": result.best_config,
+        "engine_speedup": result.speedup_vs_baseline,
+        "engine_ci": result.speedup_ci,
+        "engine_pct": result.pct_of_copy_bandwidth,
+    }
+    return result, summary
+
+
+def runner_of(family: OpFamily, spec: OpSpec, result: TuneResult) -> dispatch.KernelRunner:
+    launcher = family.variant(str(result.variant)).build(spec, Config(result.best_config))
+    outputs = tuple((t.shape, t.torch_dtype) for t in family.output_specs(spec))
+    return dispatch.KernelRunner(launcher, outputs, str(result.variant), Config(result.best_config))
+
+
+def as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def max_abs_diff(got: Any, want: Any) -> float:
+    pairs = zip(as_tuple(got), as_tuple(want), strict=True)
+    return max(float((g.double() - w.double()).abs().max()) for g, w in pairs)
+
+
+def training_step(fn: Fn, inputs: Sequence[torch.Tensor]) -> Fn:
+    """A closure running ``fn`` forward and backward, returning the inputs' gradients.
+
+    The gradient of each output is a fixed random tensor (1 for a scalar loss);
+    ``torch.autograd.grad`` returns the gradients without accumulating into ``.grad``.
+    """
+    leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in inputs]
+    wanted = [t for t in leaves if t.requires_grad]
+    probe = as_tuple(fn(*leaves))
+    torch.manual_seed(0)  # the same output gradients for every implementation
+    grads_out = [torch.ones_like(o) if o.dim() == 0 else torch.randn_like(o) for o in probe]
+
+    def step() -> tuple[torch.Tensor, ...]:
+        outs = as_tuple(fn(*leaves))
+        return torch.autograd.grad(outs, wanted, grads_out[: len(outs)])
+
+    return step
+
+
+def run_workload(w: Workload, budget: int, db: str, copy_gbps: float) -> dict[str, Any]:
+    family = get_op(w.op)
+    spec = family.spec(w.shape, "bf16", **w.constants)
+    row: dict[str, Any] = {"op": w.label, "shape": "x".join(map(str, w.shape)), "dtype": "bf16"}
+    result, row["tune"] = tune(spec, budget, db)
+    inputs = family.make_inputs(spec, 1234, "normal", "cuda")
+    nbytes = family.bytes_moved(spec)
+
+    torch._dynamo.reset()  # fresh caches and static shapes: the strongest compiled baseline per shape
+    impls: dict[str, Fn] = {
+        "eager": w.eager,
+        "compile": torch.compile(w.eager, dynamic=False),
+        "max-autotune": torch.compile(w.eager, mode="max-autotune-no-cudagraphs", dynamic=False),
+    }
+    peer = liger(w.op)
+    if peer is not None:
+        impls["liger"] = peer
+    kernel: Fn | None = None
+    if result.winner == "kernel":
+        forward = runner_of(family, spec, result)
+        if not w.train:
+            def kernel(*args: torch.Tensor) -> Any:
+                outs = forward(args)
+                return outs[0] if len(outs) == 1 else tuple(outs)
+        else:
+            bwd_family = get_op(str(family.backward))
+            probe = forward(inputs)
+            bwd_inputs = family.backward_inputs(tuple(torch.randn_like(o) for o in probe), inputs, probe)
+            bwd_spec = bwd_family.spec_for(*bwd_inputs, **w.constants)
+            bwd_result, row["tune_backward"] = tune(bwd_spec, budget, db)
+            nbytes += bwd_family.bytes_moved(bwd_spec)
+            if bwd_result.winner == "kernel":
+                backward = runner_of(bwd_family, bwd_spec, bwd_result)
+
+                def kernel(*args: torch.Tensor) -> Any:
+                    return dispatch.KernelFunction.apply(family, forward, backward, *args)
+    if kernel is not None:
+        impls["kernelsmith"] = kernel
+
+    times: dict[str, float] = {}
+    reference = None
+    for name, fn in impls.items():
+        try:
+            call = training_step(fn, inputs) if w.train else (lambda fn=fn: fn(*inputs))
+            out = call()
+            torch.cuda.synchronize()
+            if name == "eager":
+                reference = out
+            elif reference is not None:
+                row.setdefault("max_abs_diff_vs_eager", {})[name] = max_abs_diff(out, reference)
+            times[name] = bench(call)
+        except Exception as exc:  # a baseline that fails to compile is reported, not fatal
+            row.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:500]
+    row["us"] = times
+    row["pct_of_copy"] = {k: 100.0 * nbytes / (v * 1e-6) / 1e9 / copy_gbps for k, v in times.items()}
+    if "kernelsmith" in times:
+        best_other = min(v for k, v in times.items() if k != "kernelsmith")
+        row["speedup_vs_best"] = best_other / times["kernelsmith"]
+        row["speedup_vs_compile"] = times["compile"] / times["kernelsmith"] if "compile" in times else None
+    return row
+
+
+COLUMNS = ("eager", "compile", "max-autotune", "liger", "kernelsmith")
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(f"\n{report['gpu']}  copy {report['copy_gbps']:.0f} GB/s  {report['date']}")
+    header = f"{'op':22} {'shape':16} " + " ".join(f"{c:>15}" for c in COLUMNS)
+    print(header + f" {'x best':>7} {'x comp':>7} {'search s':>8} winner")
+    for row in report["rows"]:
+        if "us" not in row:
+            print(f"{row['op']:22} {row['shape']:16} ERROR")
+            continue
+        cells = []
+        for name in COLUMNS:
+            t = row["us"].get(name)
+            cells.append(f"{t:7.1f} ({row['pct_of_copy'][name]:4.1f}%)" if t else f"{'-':>15}")
+        tune_info = row["tune"]
+        search = tune_info["search_wall_s"] + row.get("tune_backward", {}).get("search_wall_s", 0.0)
+        print(
+            f"{row['op']:22} {row['shape']:16} {' '.join(cells)} {row.get('speedup_vs_best') or math.nan:7.2f} "
+            f"{row.get('speedup_vs_compile') or math.nan:7.2f} {search:8.1f} {tune_info['winner']} "
+            f"{tune_info.get('variant') or ''}"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="bench.json")
+    parser.add_argument("--budget", type=int, default=50)
+    parser.add_argument("--db", default="/tmp/kernelsmith-bench.db")
+    parser.add_argument("--only", default="", help="comma-separated op names (forward rows of these ops)")
+    parser.add_argument("--train", action="store_true", help="also the forward+backward rows")
+    parser.add_argument("--train-only", action="store_true", help="only the forward+backward rows")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("benchmarks/ops.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    copy_gbps, _ = measure_copy_bandwidth(torch.device("cuda"))
+    report: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "gpu": current_fingerprint("gpu").describe(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "kernelsmith": kernelsmith.__version__,
+        "liger": _liger_version(),
+        "copy_gbps": copy_gbps,
+        "rows": [],
+    }
+    only = {s for s in args.only.split(",") if s}
+    for w in WORKLOADS:
+        if only and w.op not in only:
+            continue
+        if (w.train and not (args.train or args.train_only)) or (args.train_only and not w.train):
+            continue
+        try:
+            row = run_workload(w, args.budget, args.db, copy_gbps)
+        except Exception:
+            row = {"op": w.label, "shape": "x".join(map(str, w.shape)), "error": traceback.format_exc()[-2000:]}
+        report["rows"].append(row)
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+        print(json.dumps(row, default=str)[:700], flush=True)
+    print_table(report)
+    return 0
+
+
+def _liger_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("liger-kernel")
+    except Exception:
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
