@@ -504,6 +504,7 @@ class AddRMSNorm(OpFamily):
     rowwise = True  # configs depend on the row width only: calls are bucketed by row count
     distributions = ("normal", "large", "small", "outliers")
     tolerance = Tolerance()
+    backward = "add_rmsnorm_backward"
     variants = (
         Variant("whole_row", "one program per row, the whole row in registers",
                 _whole_row_space, _whole_row_build),
@@ -572,6 +573,23 @@ class AddRMSNorm(OpFamily):
         x = spec.inputs[0]
         return (TensorSpec(x.shape, x.dtype), TensorSpec(x.shape, x.dtype))
 
+    # ---- autograd: the backward takes the saved sum h, not (x, residual) -------------------------
+    def backward_inputs(
+        self,
+        grad_outputs: Sequence[torch.Tensor],
+        inputs: Sequence[torch.Tensor],
+        outputs: Sequence[torch.Tensor],
+    ) -> tuple[torch.Tensor, ...]:
+        """``(dy, dh, h, weight)``: the gradients of both outputs, the saved sum and the weight."""
+        dy, dh = grad_outputs
+        return (dy, dh, outputs[1], inputs[2])
+
+    def input_gradients(
+        self, grads: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
+    ) -> tuple[torch.Tensor | None, ...]:
+        """``h = x + residual``: both addends receive the same gradient, ``dsum``."""
+        dsum, dw = grads
+        return (dsum, dsum, dw)
 
     # ---- math --------------------------------------------------------------------------------
     def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:

@@ -58,10 +58,9 @@ Offsets are 64-bit. Spaces depend on the dtype and on ``H`` only, never on the r
 workloads are bucketed by rows (``rowwise``), and a config is validated on 1, 7 and an odd number
 of rows of the target's width.
 
-Backward kernels (``da = dy * b * act'(a)``, ``db = dy * act(a)``) would be families of their
-own with inputs ``(dy, a, b)`` or ``(dy, x)``; the indexing of all three variants carries over
-(``_gated_tile`` with a third load and a second store), and the activations' derivatives would
-join the helpers of :mod:`kernelsmith.ops.gelu`.
+The gradients (``da = dy * b * act'(a)``, ``db = dy * act(a)``) are the families of
+:mod:`kernelsmith.ops.gated_backward` (``swiglu_backward``, ``geglu_backward``), with inputs
+``(dy, a, b)`` or ``(dy, x)`` and the same three variants.
 """
 
 from __future__ import annotations
@@ -110,15 +109,21 @@ APPROXIMATIONS = ("none", "tanh")
 
 
 @triton.jit
-def _gate_f32(a, b, ACT: tl.constexpr):
-    """act(a) * b in float32."""
+def activation_f32(a, ACT: tl.constexpr):
+    """act(a) in float32 (also used by kernelsmith.ops.gated_backward)."""
     if ACT == 0:
         h = a * sigmoid_f32(a)  # silu(a) = a * sigmoid(a)
     elif ACT == 1:
         h = gelu_f32(a, False)
     else:
         h = gelu_f32(a, True)
-    return h * b
+    return h
+
+
+@triton.jit
+def _gate_f32(a, b, ACT: tl.constexpr):
+    """act(a) * b in float32."""
+    return activation_f32(a, ACT) * b
 
 
 @triton.jit
@@ -555,6 +560,7 @@ class _Gated(OpFamily):
 
 class SwiGLU(_Gated):
     name = "swiglu"
+    backward = "swiglu_backward"
     summary = "SwiGLU: y = silu(a) * b, with (a, b) given apart or as halves of one (..., 2H) input"
     shape_help = (
         "the activation shape (..., H), the shape of a, b and y: --shape 8192x14336 with "
@@ -564,6 +570,7 @@ class SwiGLU(_Gated):
 
 class GeGLU(_Gated):
     name = "geglu"
+    backward = "geglu_backward"
     summary = ("GeGLU: y = gelu(a) * b (approximate 'tanh' by default, or 'none'), with (a, b) given apart "
                "or as halves of one (..., 2H) input")
     shape_help = SwiGLU.shape_help

@@ -36,7 +36,9 @@ itself is evaluated so that nothing overflows: with ``t = exp(-|z|)`` (in ``(0, 
     ``sigmoid(z) = 1 / (1 + t)`` for ``z >= 0``   and   ``t / (1 + t)`` for ``z < 0``,
 
 so ``exp`` never sees a positive argument (``exp(88.8)`` is already ``inf`` in float32, reached
-at ``x`` of about -11). The same helper serves SiLU in :mod:`kernelsmith.ops.gated`.
+at ``x`` of about -11). The same helper serves SiLU in :mod:`kernelsmith.ops.gated`. The
+derivatives of sigmoid, SiLU and both GELUs (``*_grad_f32``, with their math where they are
+defined) serve the backward families of :mod:`kernelsmith.ops.gated_backward`.
 
 Both kernels are compiled from the same source with a constexpr switch ``APPROX``: the family's
 name picks it, so a ``gelu`` workload never runs tanh code and the reverse.
@@ -126,6 +128,52 @@ def gelu_f32(x, APPROX: tl.constexpr):
         # 0.5 x (1 + erf(x / sqrt(2))), 0.7071067811865476 = 1 / sqrt(2).
         y = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
     return y
+
+
+# The derivatives (for the backward families, kernelsmith.ops.gated_backward).
+
+
+@triton.jit
+def sigmoid_grad_f32(z):
+    """sigmoid'(z) = sigmoid(z) * (1 - sigmoid(z)) of a float32 tensor, overflow-free.
+
+    With t = exp(-|z|) it is t / (1 + t)^2 for either sign of z: no exp of a positive argument,
+    and no cancellation in 1 - sigmoid(z) where sigmoid(z) is close to 1.
+    """
+    t = tl.exp(-tl.abs(z))
+    r = 1.0 / (1.0 + t)
+    return t * r * r
+
+
+@triton.jit
+def silu_grad_f32(x):
+    """silu'(x) = s * (1 + x * (1 - s)) = s + x * sigmoid'(x), s = sigmoid(x), in float32.
+
+    Where |x| is large sigmoid'(x) is 0 (its exp underflows) and the product x * 0 is 0.
+    """
+    return sigmoid_f32(x) + x * sigmoid_grad_f32(x)
+
+
+@triton.jit
+def gelu_grad_f32(x, APPROX: tl.constexpr):
+    """gelu'(x) of a float32 tensor: exact or, with APPROX, of the tanh approximation."""
+    if APPROX:
+        # gelu(x) = x * sigmoid(z) with z = sqrt(8/pi) * x * (1 + 0.044715 x^2) (see gelu_f32), so
+        # gelu'(x) = sigmoid(z) + x * z' * sigmoid'(z), z' = sqrt(8/pi) * (1 + 3 * 0.044715 x^2);
+        # the same as differentiating 0.5 x (1 + tanh(u)), since 1 - tanh(u)^2 = 4 sigmoid'(2u).
+        # For |x| above about 11, sigmoid'(z) underflows to 0 while x * z' may overflow (x^2 is
+        # inf beyond 1.8e19): the where() keeps 0 * inf = NaN out.
+        x2 = x * x
+        z = 1.5957691216057308 * x * (1.0 + 0.044715 * x2)
+        dz = 1.5957691216057308 * (1.0 + 0.134145 * x2)
+        ds = sigmoid_grad_f32(z)
+        g = sigmoid_f32(z) + tl.where(ds > 0.0, x * dz * ds, 0.0)
+    else:
+        # gelu(x) = x * Phi(x), so gelu'(x) = Phi(x) + x * phi(x) with the normal density
+        # phi(x) = exp(-x^2 / 2) / sqrt(2 pi) (0.3989422804014327 = 1 / sqrt(2 pi)); where x^2
+        # overflows, exp(-inf) = 0 and x * 0 = 0.
+        g = 0.5 * (1.0 + tl.math.erf(x * 0.7071067811865476)) + x * (0.3989422804014327 * tl.exp(-0.5 * x * x))
+    return g
 
 
 # =================================================================================================

@@ -723,6 +723,7 @@ class LayerNorm(OpFamily):
     rowwise = True  # configs depend on the row width only: calls are bucketed by row count
     distributions = ("normal", "uniform", "offset", "small")
     tolerance = Tolerance()
+    backward = "layernorm_backward"  # (dy, x[, weight[, bias]]) -> (dx[, dw[, db]])
     variants = (
         Variant(
             "two_pass",

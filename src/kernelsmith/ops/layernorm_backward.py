@@ -1,0 +1,588 @@
+"""LayerNorm backward: ``(dy, x[, weight[, bias]]) -> (dx[, dw[, db]])``, the gradients of :mod:`layernorm`.
+
+The forward (see :mod:`kernelsmith.ops.layernorm`) computes, for each row of ``N`` elements,
+
+    mean = sum_j x_j / N
+    rstd = 1 / sqrt(sum_j (x_j - mean) ** 2 / N + eps)
+    xhat = (x - mean) * rstd
+    y    = xhat * w + b                    (w, b: the optional weight and bias)
+
+Given the upstream gradient ``dy`` (shaped like ``x``), with ``g = dy * w`` (``g = dy`` without
+a weight) and ``mean_j`` the mean over the row's ``N`` elements:
+
+    dx = rstd * (g - mean_j(g) - xhat * mean_j(g * xhat))
+    dw = sum over rows of dy * xhat
+    db = sum over rows of dy
+
+(``d mean / dx_j = 1 / N`` gives the ``mean(g)`` term, ``d rstd / dx_j = -rstd**3 (x_j - mean) / N``
+the ``xhat * mean(g * xhat)`` one.) The bias does not enter ``dx`` or ``dw``: it is an input so
+that the inputs mirror the forward's, and its gradient is ``db``.
+
+Inputs and outputs mirror the forward's affine form (the spec's constant ``affine``):
+``"weight_bias"``: ``(dy, x, weight, bias) -> (dx, dw, db)``; ``"weight"``: ``(dy, x, weight) ->
+(dx, dw)``; ``"none"``: ``(dy, x) -> (dx,)``. ``dy``, ``x`` and the parameters share one dtype;
+``dx`` is in it, ``dw`` and ``db`` are float32 of shape ``(N,)``: sums over *all* rows (8192 of
+them for a typical batch) are accumulated in float32 and left there; the caller casts them.
+The constant ``eps`` is the forward's (default 1e-5).
+
+The kernels recompute ``mean`` and ``rstd`` from ``x`` (one extra reduction per row; nothing saved
+by the forward is needed, so the inputs are exactly ``(dy, *forward inputs)``), do all arithmetic
+in float32, and round ``dx`` once, on the store.
+
+Accuracy: centred values, shifted by the row's first element
+------------------------------------------------------------
+As in the forward, no statistic is formed from raw ``x`` (``sum(g * x) - mean * sum(g)`` and
+``E[x^2] - E[x]^2`` cancel catastrophically when the mean dwarfs the spread, as on the
+``offset`` input distribution), and every row is first shifted by its first element, ``d = x -
+x[0]``, which is exact for such rows, so that ``xhat = (d - mean(d)) * rstd`` is accurate to
+float32 rounding of the spread rather than of the mean (see :mod:`layernorm`'s docstring).
+
+Reference
+---------
+The baseline (``reference``) is PyTorch's autograd through ``F.layer_norm`` in the input dtype,
+``(dx, dw.float(), db.float())``: what a training step computes. The truth (``reference_fp64``)
+is the same autograd in float64. PyTorch's CPU backward forms its sums from raw ``x`` and so is
+far less accurate on ``offset`` rows than its CUDA backward, which centres them; the kernels are
+tested against the accurate one (see the tests).
+
+Variants (deterministic: no atomics, every sum in a fixed order)
+-----------------------------------------------------------------
+``two_stage``
+    ``GROUPS`` x (multiprocessor count) programs, capped by the row count. Each program walks the
+    rows ``pid, pid + programs, ...`` with the whole row in registers (``BLOCK_N`` =
+    next_power_of_two(N)): the shifted two-pass statistics, ``dx``, and its shares of ``dw`` and
+    ``db`` in float32 registers, stored at the end to ``(programs, N)`` float32 scratch buffers.
+    :mod:`rmsnorm_backward`'s reduction kernel then sums each scratch over programs, in a fixed
+    order, into ``dw`` and ``db``. (Without a weight there is nothing to reduce: one kernel.)
+``looped``
+    For rows too wide for registers (and a contender for wide ones): the row statistics, then
+    the gradients. The first kernel makes one pass over column blocks of ``BLOCK_N`` per row:
+    Welford's running mean and sum of squared deviations per lane (merged with Chan's formula,
+    as in :mod:`layernorm`'s ``welford`` kernel) for ``mean`` and ``rstd``, and the running sums
+    of ``g`` and ``g * d``, from which ``mean(g * xhat) = rstd * (sum(g d) - mean(d) sum(g)) / N``
+    (that difference cancels only by the ratio of ``|x[0] - mean|`` to the spread, a few units:
+    harmless, as the term is a small correction to ``dx``). It stores ``(mean(d), rstd, mean(g),
+    mean(g * xhat))`` to a ``(rows, 4)`` float32 scratch. The second runs a grid of (column
+    blocks, ``GROUPS`` x multiprocessors): each program walks its group's rows over one column
+    block, writes ``dx`` and accumulates the block's ``dw`` and ``db`` shares; the third is
+    ``two_stage``'s reduction. ``x`` and ``dy`` are read twice (the first time to reduce).
+
+Scratch buffers are allocated by the launchers with ``new_empty`` on an output (the harness
+allows allocation, not computation); every element of them is written before it is read.
+Absent operands (no weight, no bias) are placeholder pointers that the kernels never
+dereference: the constexprs ``HAS_WEIGHT`` and ``HAS_BIAS`` compile their code away.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from kernelsmith.ops._base import (
+    Launcher,
+    OpFamily,
+    Tolerance,
+    UnsupportedWorkload,
+    Variant,
+    check_eps,
+    generator,
+    rows_and_width,
+)
+from kernelsmith.ops.layernorm import AFFINE, AFFINE_PARAMS, DEFAULT_EPS, _check_affine, _has_weight_and_bias
+from kernelsmith.ops.layernorm import OP as _LAYERNORM
+from kernelsmith.ops.rmsnorm import STAGES, WARPS, _warps_fit
+from kernelsmith.ops.rmsnorm_backward import (
+    GROUPS,
+    LOOPED_BLOCKS,
+    LOOPED_GROUPS,
+    LOOPED_REDUCE_ROWS,
+    MAX_WARPS_PER_SM,
+    MAX_WHOLE_ROW,
+    PIPELINE_SHARED_BYTES,
+    REDUCE_ROWS,
+    REDUCE_WARPS,
+    _groups,
+    _launch_kwargs,
+    _reduce_block_c,
+    _sum_partials_kernel,
+)
+from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
+from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
+
+# The looped statistics pass holds six float32 values a column: four running sums (Welford's
+# mean and M2, sum(g), sum(g * d)) and the loaded x and dy.
+LOOPED_VALUES_PER_COLUMN = 6
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+#
+# dy, x and dx are (rows, N) matrices with unit column stride; their row strides are passed
+# explicitly. weight is a contiguous (N,) vector; the partial buffers are contiguous (programs,
+# N) float32 matrices.
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _two_stage_rows_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    dx_ptr,
+    dw_partial_ptr,  # (programs, N) float32: each program's share of dw (when HAS_WEIGHT)
+    db_partial_ptr,  # (programs, N) float32: each program's share of db (when HAS_BIAS)
+    dy_row_stride,
+    x_row_stride,
+    dx_row_stride,
+    n_rows,
+    N,
+    eps,
+    BLOCK_N: tl.constexpr,  # next_power_of_two(N): the whole row in one block
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """Rows pid, pid + programs, ...: dx for each, and the sums of their dy * xhat and dy."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)  # (compiled away when unused)
+    db = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for i in tl.range(pid, n_rows, programs, num_stages=NUM_STAGES):
+        row = tl.cast(i, tl.int64)  # 64-bit offsets (and a tensor in the interpreter)
+        x_row = x_ptr + row * x_row_stride
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * dy_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        # The forward's statistics, shifted two-pass: d = x - x[0] (padding lanes zeroed), its
+        # mean, then the variance of the centred values.
+        d = tl.where(mask, x - tl.load(x_row).to(tl.float32), 0.0)
+        mean_d = tl.sum(d, axis=0) / N
+        xc = tl.where(mask, d - mean_d, 0.0)
+        rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / N + eps)
+        xhat = xc * rstd  # zero on padding lanes, as is dy (so g and g * xhat are too)
+        g = dy
+        if HAS_WEIGHT:
+            g = dy * w
+        mean_g = tl.sum(g, axis=0) / N
+        mean_gxhat = tl.sum(g * xhat, axis=0) / N
+        dx = rstd * (g - mean_g - xhat * mean_gxhat)
+        tl.store(dx_ptr + row * dx_row_stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if HAS_WEIGHT:
+            dw += dy * xhat
+        if HAS_BIAS:
+            db += dy
+    if HAS_WEIGHT:
+        tl.store(dw_partial_ptr + tl.cast(pid, tl.int64) * N + cols, dw, mask=mask)
+    if HAS_BIAS:
+        tl.store(db_partial_ptr + tl.cast(pid, tl.int64) * N + cols, db, mask=mask)
+
+
+@triton.jit
+def _looped_stats_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    stats_ptr,  # (rows, 4) float32: mean(d), rstd, mean(g), mean(g * xhat)
+    dy_row_stride,
+    x_row_stride,
+    N,
+    eps,
+    BLOCK_N: tl.constexpr,  # columns per loop step; N need not be a multiple of it
+    NUM_STAGES: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+):
+    """One program per row: all four row statistics in one pass over column blocks."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_row_stride
+    cols = tl.arange(0, BLOCK_N)
+    shift = tl.load(x_row).to(tl.float32)  # d = x - x[0], as in the forward
+
+    # Lane j sees columns j, j + BLOCK_N, ... and keeps Welford's running mean and M2 of their
+    # d values (see layernorm's welford kernel: every lane still running has seen one value a
+    # block, so 1 / n is one scalar a block), and the running sums of g and g * d.
+    lane_mean = tl.zeros([BLOCK_N], dtype=tl.float32)
+    lane_m2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    sum_g = tl.zeros([BLOCK_N], dtype=tl.float32)
+    sum_gd = tl.zeros([BLOCK_N], dtype=tl.float32)
+    blocks = tl.full([], 0.0, tl.float32)
+    for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
+        offs = start + cols
+        mask = offs < N
+        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * dy_row_stride + offs, mask=mask, other=0.0).to(tl.float32)
+        d = tl.where(mask, x - shift, 0.0)
+        blocks += 1.0
+        delta = d - lane_mean
+        updated_mean = lane_mean + delta * (1.0 / blocks)
+        lane_m2 = tl.where(mask, lane_m2 + delta * (d - updated_mean), lane_m2)
+        lane_mean = tl.where(mask, updated_mean, lane_mean)
+        g = dy  # zero on padding lanes
+        if HAS_WEIGHT:
+            g = dy * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        sum_g += g
+        sum_gd += g * d
+
+    # Chan's merge of the lanes: lane j holds N // BLOCK_N values, plus one if it is among the
+    # first N % BLOCK_N lanes; M2 = sum_j M2_j + sum_j n_j (mean_j - mean)^2.
+    full_blocks = N // BLOCK_N
+    lane_n = (full_blocks + (cols < N - full_blocks * BLOCK_N).to(tl.int32)).to(tl.float32)
+    mean_d = tl.sum(lane_n * lane_mean, axis=0) / N
+    spread = lane_mean - mean_d
+    m2 = tl.sum(lane_m2, axis=0) + tl.sum(lane_n * spread * spread, axis=0)
+    rstd = tl.rsqrt(m2 / N + eps)
+    total_g = tl.sum(sum_g, axis=0)
+    # sum(g * (d - mean(d))) = sum(g * d) - mean(d) * sum(g)
+    mean_gxhat = rstd * (tl.sum(sum_gd, axis=0) - mean_d * total_g) / N
+    tl.store(stats_ptr + row * 4, mean_d)
+    tl.store(stats_ptr + row * 4 + 1, rstd)
+    tl.store(stats_ptr + row * 4 + 2, total_g / N)
+    tl.store(stats_ptr + row * 4 + 3, mean_gxhat)
+
+
+@triton.jit
+def _looped_rows_kernel(
+    dy_ptr,
+    x_ptr,
+    w_ptr,
+    stats_ptr,
+    dx_ptr,
+    dw_partial_ptr,  # (groups, N) float32 (when HAS_WEIGHT)
+    db_partial_ptr,  # (groups, N) float32 (when HAS_BIAS)
+    dy_row_stride,
+    x_row_stride,
+    dx_row_stride,
+    n_rows,
+    N,
+    BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """Program (column block, group): dx of the block for rows group, group + groups, ...,
+    and the block's shares of dw and db over those rows."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = cols < N
+    group = tl.program_id(1)
+    groups = tl.num_programs(1)
+    if HAS_WEIGHT:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    db = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for i in tl.range(group, n_rows, groups, num_stages=NUM_STAGES):
+        row = tl.cast(i, tl.int64)
+        mean_d = tl.load(stats_ptr + row * 4)
+        rstd = tl.load(stats_ptr + row * 4 + 1)
+        mean_g = tl.load(stats_ptr + row * 4 + 2)
+        mean_gxhat = tl.load(stats_ptr + row * 4 + 3)
+        x_row = x_ptr + row * x_row_stride
+        shift = tl.load(x_row).to(tl.float32)  # the statistics are those of d = x - x[0]
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + row * dy_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        xhat = (x - shift - mean_d) * rstd
+        g = dy
+        if HAS_WEIGHT:
+            g = dy * w
+        dx = rstd * (g - mean_g - xhat * mean_gxhat)
+        tl.store(dx_ptr + row * dx_row_stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if HAS_WEIGHT:
+            dw += dy * xhat  # (dy is zero on padding lanes)
+        if HAS_BIAS:
+            db += dy
+    if HAS_WEIGHT:
+        tl.store(dw_partial_ptr + tl.cast(group, tl.int64) * N + cols, dw, mask=mask)
+    if HAS_BIAS:
+        tl.store(db_partial_ptr + tl.cast(group, tl.int64) * N + cols, db, mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Spaces and launchers
+# ---------------------------------------------------------------------------------------------
+
+
+def _rows_and_width(spec: OpSpec) -> tuple[int, int]:
+    return rows_and_width(spec, input_index=1)  # x, after dy
+
+
+def _operands(n: int, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """dy, x, weight, dx, dw, db as the kernels take them: the activations viewed as (rows, N),
+    placeholders (x, dx) for an absent weight, dw or db. Views only."""
+    dy, x = inputs[0].view(-1, n), inputs[1].view(-1, n)
+    dx = outputs[0].view(-1, n)
+    w = inputs[2] if len(inputs) > 2 else x
+    dw = outputs[1] if len(outputs) > 1 else dx
+    db = outputs[2] if len(outputs) > 2 else dx
+    return dy, x, w, dx, dw, db
+
+
+def _partials(dx: torch.Tensor, programs: int, n: int, has_weight: bool, has_bias: bool
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scratch (programs, N) float32 buffers for the dw and db shares (placeholders, dx, where
+    the op has no such gradient)."""
+    count = int(has_weight) + int(has_bias)
+    if count == 0:
+        return dx, dx
+    scratch = dx.new_empty((count, programs, n), dtype=torch.float32)
+    return scratch[0], scratch[count - 1]
+
+
+def _reducer(n: int, block_r: int) -> Callable[[torch.Tensor, torch.Tensor, int], None]:
+    """A launcher of rmsnorm_backward's fixed-order sum: (partial, out, programs) -> None."""
+    block_c = _reduce_block_c(block_r, n)
+    kernel = _sum_partials_kernel[(triton.cdiv(n, block_c),)]
+
+    def reduce(partial: torch.Tensor, out: torch.Tensor, programs: int) -> None:
+        kernel(partial, out, programs, n, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=REDUCE_WARPS)
+
+    return reduce
+
+
+# ---- two_stage ------------------------------------------------------------------------------
+
+
+def _two_stage_space(spec: OpSpec) -> Space:
+    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    has_weight, has_bias = _has_weight_and_bias(spec)
+    row_bytes = block_n * spec.inputs[1].torch_dtype.itemsize
+    # Row-sized float32 vectors held per program: x and dy, and with a weight the weight and the
+    # dw share, with a bias the db share.
+    held = (2 + 2 * has_weight + has_bias) * block_n
+
+    def pipeline_bytes(c: Config) -> int:
+        # num_stages = s keeps s - 1 rows of x and of dy in flight in shared memory, for each of
+        # the GROUPS programs sharing a multiprocessor.
+        return int(c["GROUPS"] * (c["num_stages"] - 1) * 2 * row_bytes)
+
+    return Space(
+        # Without a weight nothing is reduced: BLOCK_R would change nothing.
+        [Param("GROUPS", GROUPS), Param("BLOCK_R", REDUCE_ROWS if has_weight else REDUCE_ROWS[:1]),
+         Param("num_warps", WARPS), Param("num_stages", STAGES)],
+        [
+            Constraint(f"the programs of a multiprocessor are all resident ({MAX_WARPS_PER_SM} warps)",
+                       lambda c: c["GROUPS"] * c["num_warps"] <= MAX_WARPS_PER_SM),
+            Constraint(f"the rows in flight fit in shared memory ({PIPELINE_SHARED_BYTES} bytes an SM)",
+                       lambda c: pipeline_bytes(c) <= PIPELINE_SHARED_BYTES),
+            Constraint(f"the whole row must fit: BLOCK_N <= {MAX_WHOLE_ROW}",
+                       lambda c: block_n <= MAX_WHOLE_ROW),
+            Constraint("num_warps must suit x, dy and the parameters' rows (weight, dw and db shares)",
+                       lambda c: _warps_fit(held, c["num_warps"])),
+        ],
+    )
+
+
+def _two_stage_build(spec: OpSpec, config: Config) -> Launcher:
+    rows, n = _rows_and_width(spec)
+    has_weight, has_bias = _has_weight_and_bias(spec)
+    programs = _groups(int(config["GROUPS"]), rows)
+    eps = float(spec.const("eps"))
+    constexprs = {"BLOCK_N": next_power_of_two(n), "NUM_STAGES": int(config["num_stages"]),
+                  "HAS_WEIGHT": has_weight, "HAS_BIAS": has_bias, **_launch_kwargs(config)}
+    rows_kernel = _two_stage_rows_kernel[(programs,)]
+    reduce = _reducer(n, int(config["BLOCK_R"]))
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        dy, x, w, dx, dw, db = _operands(n, inputs, outputs)
+        dw_partial, db_partial = _partials(dx, programs, n, has_weight, has_bias)
+        rows_kernel(dy, x, w, dx, dw_partial, db_partial, dy.stride(0), x.stride(0), dx.stride(0),
+                    rows, n, eps, **constexprs)
+        if has_weight:
+            reduce(dw_partial, dw, programs)
+        if has_bias:
+            reduce(db_partial, db, programs)
+
+    return launch
+
+
+# ---- looped ---------------------------------------------------------------------------------
+
+
+def _looped_space(spec: OpSpec) -> Space:
+    full = next_power_of_two(_rows_and_width(spec)[1])
+    return Space(
+        [Param("BLOCK_N", LOOPED_BLOCKS), Param("GROUPS", LOOPED_GROUPS), Param("num_warps", WARPS),
+         Param("num_stages", STAGES)],
+        [
+            # A block as wide as the row is two_stage with extra work; the smallest block is
+            # always allowed so that the space is never empty for narrow rows.
+            Constraint("BLOCK_N must be narrower than the row (or the smallest block)",
+                       lambda c: c["BLOCK_N"] < full or c["BLOCK_N"] == LOOPED_BLOCKS[0]),
+            # 16 to 128 float32 values a thread: fewer leave warps idle, more spill.
+            Constraint(f"num_warps must suit the statistics pass: 16 to 128 of its "
+                       f"{LOOPED_VALUES_PER_COLUMN} * BLOCK_N values a thread",
+                       lambda c: 16 * 32 * c["num_warps"] <= LOOPED_VALUES_PER_COLUMN * c["BLOCK_N"]
+                       <= 128 * 32 * c["num_warps"]),
+        ],
+    )
+
+
+def _looped_build(spec: OpSpec, config: Config) -> Launcher:
+    rows, n = _rows_and_width(spec)
+    has_weight, has_bias = _has_weight_and_bias(spec)
+    groups = _groups(int(config["GROUPS"]), rows)
+    block_n = int(config["BLOCK_N"])
+    eps = float(spec.const("eps"))
+    constexprs = {"BLOCK_N": block_n, "NUM_STAGES": int(config["num_stages"]), "HAS_WEIGHT": has_weight,
+                  **_launch_kwargs(config)}
+    stats_kernel = _looped_stats_kernel[(rows,)]
+    rows_kernel = _looped_rows_kernel[(triton.cdiv(n, block_n), groups)]
+    reduce = _reducer(n, LOOPED_REDUCE_ROWS)
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        dy, x, w, dx, dw, db = _operands(n, inputs, outputs)
+        stats = dx.new_empty((rows, 4), dtype=torch.float32)
+        dw_partial, db_partial = _partials(dx, groups, n, has_weight, has_bias)
+        stats_kernel(dy, x, w, stats, dy.stride(0), x.stride(0), n, eps, **constexprs)
+        rows_kernel(dy, x, w, stats, dx, dw_partial, db_partial, dy.stride(0), x.stride(0), dx.stride(0),
+                    rows, n, HAS_BIAS=has_bias, **constexprs)
+        if has_weight:
+            reduce(dw_partial, dw, groups)
+        if has_bias:
+            reduce(db_partial, db, groups)
+
+    return launch
+
+
+# ---------------------------------------------------------------------------------------------
+# The op family
+# ---------------------------------------------------------------------------------------------
+
+class LayerNormBackward(OpFamily):
+    name = "layernorm_backward"
+    summary = "gradients (dx[, dw[, db]]) of LayerNorm given dy, recomputing the row statistics"
+    shape_help = (
+        "the shape of x (and dy), e.g. 8192x4096 (rows x hidden size); weight and bias have the last "
+        "size, (4096,); dw and db are float32 (4096,); more leading sizes are allowed (2x1024x4096)"
+    )
+    rowwise = True
+    distributions = _LAYERNORM.distributions
+    tolerance = Tolerance()
+    variants = (
+        Variant("two_stage", "GROUPS programs per SM walk whole rows in registers, dw and db shares "
+                "summed by a second kernel", _two_stage_space, _two_stage_build),
+        Variant("looped", "row statistics in one Welford pass, then (column block, group) programs, "
+                "then the dw and db sums; for wide rows", _looped_space, _looped_build),
+    )
+
+    # ---- specs -------------------------------------------------------------------------------
+    def spec(
+        self,
+        shape: tuple[int, ...],
+        dtype: str,
+        eps: float = DEFAULT_EPS,
+        affine: str = "weight_bias",
+        **constants: Any,
+    ) -> OpSpec:
+        if constants:
+            raise UnsupportedWorkload(f"layernorm_backward: unknown constants {sorted(constants)}")
+        shape = tuple(int(s) for s in shape)
+        if not shape or any(s <= 0 for s in shape):
+            raise UnsupportedWorkload(f"layernorm_backward: x must have a positive shape, not {shape}")
+        affine = _check_affine(affine)
+        name = dtype_name(dtype)
+        act = TensorSpec(shape, name)
+        params = (TensorSpec((shape[-1],), name),) * AFFINE_PARAMS[affine]
+        spec = OpSpec(self.name, (act, act, *params), {"eps": check_eps(self.name, eps), "affine": affine})
+        self.check_supported(spec)
+        return spec
+
+    def spec_for(
+        self, *inputs: torch.Tensor, eps: float = DEFAULT_EPS, affine: str | None = None, **constants: Any
+    ) -> OpSpec:
+        """The spec of ``(dy, x)``, ``(dy, x, weight)`` or ``(dy, x, weight, bias)``; ``affine``,
+        when given (as the forward's spec has it), must agree with the tensors."""
+        if constants:
+            raise UnsupportedWorkload(f"layernorm_backward: unknown constants {sorted(constants)}")
+        if not 2 <= len(inputs) <= 4:
+            raise UnsupportedWorkload(f"layernorm_backward takes (dy, x[, weight[, bias]]), not {len(inputs)} inputs")
+        if not all(isinstance(t, torch.Tensor) for t in inputs):
+            kinds = ", ".join(type(t).__name__ for t in inputs)
+            raise UnsupportedWorkload(f"layernorm_backward: the inputs must be tensors, not ({kinds})")
+        x = inputs[1]
+        if x.dim() < 1 or x.numel() == 0:
+            raise UnsupportedWorkload(f"layernorm_backward: x must be non-empty and at least 1-D, not {tuple(x.shape)}")
+        if any(t.device != x.device for t in inputs):
+            raise UnsupportedWorkload("layernorm_backward: the inputs are on different devices")
+        found = AFFINE[::-1][len(inputs) - 2]  # "none", "weight", "weight_bias" by parameter count
+        if affine is not None and _check_affine(affine) != found:
+            raise UnsupportedWorkload(f"layernorm_backward: affine={affine!r} but the inputs are those of {found!r}")
+        try:
+            specs = tuple(TensorSpec.of(t) for t in inputs)
+        except ValueError as err:  # a dtype kernelsmith does not know at all
+            raise UnsupportedWorkload(f"layernorm_backward: {err}") from None
+        spec = OpSpec(self.name, specs, {"eps": check_eps(self.name, eps), "affine": found})
+        self.check_supported(spec)
+        return spec
+
+    def check_supported(self, spec: OpSpec) -> None:
+        affine = _check_affine(spec.const("affine"))
+        expected = 2 + AFFINE_PARAMS[affine]
+        if len(spec.inputs) != expected:
+            raise UnsupportedWorkload(
+                f"layernorm_backward with affine={affine!r} takes {expected} inputs, not {len(spec.inputs)}")
+        super().check_supported(spec)
+        dy, x, *params = spec.inputs
+        if dy.shape != x.shape or any(p.shape != x.shape[-1:] for p in params):
+            raise UnsupportedWorkload(f"layernorm_backward: inconsistent shapes {spec.describe()}")
+        if any(t.dtype != x.dtype for t in spec.inputs):
+            raise UnsupportedWorkload(f"layernorm_backward: mixed dtypes {spec.describe()}")
+
+    def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
+        """dx like x, then dw and db of shape (N,) in float32, as far as the op has them."""
+        x = spec.inputs[1]
+        params = len(spec.inputs) - 2
+        return (TensorSpec(x.shape, x.dtype), *(TensorSpec(x.shape[-1:], "float32"),) * params)
+
+    # ---- math --------------------------------------------------------------------------------
+    def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Autograd through ``F.layer_norm`` in the input dtype: (dx, dw.float(), db.float())."""
+        dx, *params = _autograd(inputs, float(spec.const("eps")), None)
+        return (dx, *(p.float() for p in params))
+
+    def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """The same autograd in float64: the formulas of the module docstring."""
+        return _autograd(inputs, float(spec.const("eps")), torch.float64)
+
+    def make_inputs(
+        self,
+        spec: OpSpec,
+        seed: int,
+        distribution: str = "normal",
+        device: str | torch.device = "cuda",
+    ) -> tuple[torch.Tensor, ...]:
+        """(dy, x[, weight[, bias]]): x and the parameters as :mod:`layernorm` draws them for
+        ``distribution``, dy = N(0, 1) from a second generator; deterministic in ``seed``."""
+        dy_spec, *forward_inputs = spec.inputs
+        forward = OpSpec(_LAYERNORM.name, tuple(forward_inputs), dict(spec.constants))
+        tensors = _LAYERNORM.make_inputs(forward, seed, distribution, device)
+        g = generator(seed ^ 0x5EED_D1FF, device)
+        dy = torch.randn(dy_spec.shape, generator=g, device=device, dtype=torch.float32)
+        return (dy.to(dy_spec.torch_dtype), *tensors)
+
+    def flops(self, spec: OpSpec) -> int:
+        # Per element: the statistics (shift, add, centre, square, add), xhat, the two sums for
+        # dx (g * xhat and its add, the add of g) and dx itself (3 subtract/multiply, rstd *);
+        # with a weight g = dy * w and dw's multiply-add, with a bias db's add.
+        has_weight, has_bias = _has_weight_and_bias(spec)
+        return (13 + 3 * has_weight + has_bias) * spec.inputs[1].numel
+
+
+def _autograd(inputs: Sequence[torch.Tensor], eps: float, dtype: torch.dtype | None) -> tuple[torch.Tensor, ...]:
+    """The gradients of F.layer_norm's inputs (x, and weight and bias when given) by autograd, in
+    ``dtype`` (None: the inputs' own)."""
+    dy, *forward_inputs = (t if dtype is None else t.to(dtype) for t in inputs)
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in forward_inputs]
+        x, *params = leaves
+        weight, bias = [*params, None, None][:2]
+        y = F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+        grads = torch.autograd.grad(y, leaves, dy.detach())
+    return tuple(g.detach() for g in grads)
+
+
+OP = LayerNormBackward()

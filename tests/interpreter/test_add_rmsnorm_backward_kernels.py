@@ -1,0 +1,355 @@
+"""Residual add + RMSNorm backward: specs, inputs, the references, the spaces, and every variant's
+kernels.
+
+The kernels run in the Triton interpreter here (tests/conftest.py), so shapes stay small and each
+variant runs a covering set of configs (every value of every parameter at least once).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernelsmith.evaluate.errors import check_close
+from kernelsmith.evaluate.validate import validate
+from kernelsmith.ops import UnsupportedWorkload, get_op
+from kernelsmith.ops.add_rmsnorm_backward import OP, AddRMSNormBackward
+from kernelsmith.ops.rmsnorm_backward import MAX_WHOLE_ROW
+from kernelsmith.ops.rmsnorm_backward import OP as RMSNORM_BACKWARD
+from kernelsmith.space import Config, Space
+from kernelsmith.spec import OpSpec
+
+DTYPES = ("float16", "bfloat16", "float32")
+WIDTHS = (1, 3, 341, 1000)
+ROWS = (1, 7, 33)
+GUARD = 64  # NaN elements after each output: a kernel writing past its end overwrites them
+
+
+def covering_configs(space: Space) -> list[Config]:
+    """The first and last configs, then greedily whatever adds a new (parameter, value)."""
+    configs = space.configs()
+    if not configs:
+        return []
+    chosen = [configs[0], configs[-1]] if len(configs) > 1 else [configs[0]]
+    seen = {(k, v) for c in chosen for k, v in c.items()}
+    for c in configs:
+        new = set(c.items()) - seen
+        if new:
+            chosen.append(c)
+            seen |= new
+    return chosen
+
+
+def run_launcher(variant: str, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...]
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Launch into NaN-filled outputs, each followed by a NaN guard; return (outputs, guards)."""
+    outs, guards = [], []
+    for t in OP.output_specs(spec):
+        buffer = torch.full((t.numel + GUARD,), math.nan, dtype=t.torch_dtype, device=inputs[0].device)
+        outs.append(buffer[: t.numel].view(t.shape))
+        guards.append(buffer[t.numel:])
+    OP.variant(variant).build(spec, config)(inputs, outs)
+    return outs, guards
+
+
+def formula_fp64(inputs: tuple[torch.Tensor, ...], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The module docstring's formula in float64, written out (no autograd)."""
+    dy, dh, h, w = (t.double() for t in inputs)
+    n = h.shape[-1]
+    r = 1 / torch.sqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    g = dy * w
+    dsum = dh + r * g - h * (r**3 / n) * (g * h).sum(-1, keepdim=True)
+    dw = (dy * h * r).reshape(-1, n).sum(0)
+    return dsum, dw
+
+
+def assert_correct(spec: OpSpec, inputs: tuple[torch.Tensor, ...], outs: list[torch.Tensor],
+                   guards: list[torch.Tensor], what: str) -> None:
+    refs64 = OP.reference_fp64(spec, inputs)
+    lowps = OP.reference(spec, inputs)
+    for name, out, guard, ref64, lowp in zip(("dsum", "dw"), outs, guards, refs64, lowps, strict=True):
+        assert bool(torch.isfinite(out).all()), f"{what}: some {name} elements were never written"
+        assert bool(torch.isnan(guard).all()), f"{what}: the kernel wrote past the end of {name}"
+        problem = check_close(out, ref64, lowp, OP.tolerance)
+        assert problem is None, f"{what} {name}: {problem}"
+
+
+# ---- the kernels ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("variant", [v.name for v in OP.variants])
+def test_every_config_class_matches_the_reference(variant: str, width: int, dtype: str, device: str) -> None:
+    space = OP.variant(variant).space(OP.spec((7, width), dtype))
+    configs = covering_configs(space)
+    assert configs, f"{variant} has no config for width {width}"
+    # The first config on every row count, then each further config on the next row count and
+    # distribution in turn; a multi-dimensional h once.
+    leads: list[tuple[int, ...]] = [(r,) for r in ROWS] + [(3, 5)]
+    runs = [(configs[0], lead) for lead in leads]
+    runs += [(c, leads[i % len(ROWS)]) for i, c in enumerate(configs[1:])]
+    for i, (config, lead) in enumerate(runs):
+        spec = OP.spec((*lead, width), dtype)
+        assert config in OP.variant(variant).space(spec)  # spaces depend on the width alone
+        distribution = OP.distributions[i % len(OP.distributions)]
+        inputs = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
+        outs, guards = run_launcher(variant, spec, config, inputs)
+        assert_correct(spec, inputs, outs, guards, f"{variant} {config} {spec.describe()} {distribution}")
+
+
+@pytest.mark.parametrize("variant", [v.name for v in OP.variants])
+def test_kernels_match_an_independent_formula(variant: str, device: str) -> None:
+    spec = OP.spec((9, 200), "float32", eps=1e-5)
+    inputs = OP.make_inputs(spec, seed=4, distribution="outliers", device=device)
+    dsum64, dw64 = formula_fp64(inputs, 1e-5)
+    config = OP.variant(variant).space(spec).configs()[0]
+    (dsum, dw), _ = run_launcher(variant, spec, config, inputs)
+    assert dsum.dtype == torch.float32 and dsum.shape == (9, 200)
+    assert dw.dtype == torch.float32 and dw.shape == (200,)
+    assert torch.allclose(dsum.double(), dsum64, rtol=1e-4, atol=1e-5 * float(dsum64.abs().max()))
+    assert torch.allclose(dw.double(), dw64, rtol=1e-4, atol=1e-5 * float(dw64.abs().max()))
+
+
+@pytest.mark.parametrize("variant", [v.name for v in OP.variants])
+def test_validate_accepts_every_variant(variant: str, device: str) -> None:
+    spec = OP.spec((20, 300), "bfloat16")
+    v = OP.variant(variant)
+    config = v.space(spec).configs()[-1]
+    assert validate(OP, spec, v.build, config, device, lambda: None) > 0
+
+
+def test_bfloat16_stores_round_to_nearest(device: str) -> None:
+    # float32 arithmetic rounded once to nearest: almost every element is the float64 truth
+    # correctly rounded (truncation, the interpreter's own conversion, would miss about half).
+    spec = OP.spec((8, 256), "bfloat16")
+    inputs = OP.make_inputs(spec, seed=5, device=device)
+    truth = OP.reference_fp64(spec, inputs)[0].to(torch.bfloat16)
+    for variant in OP.variants:
+        (dsum, _), _ = run_launcher(variant.name, spec, variant.space(spec).configs()[0], inputs)
+        assert float((dsum == truth).double().mean()) > 0.95, variant.name
+
+
+def test_groups_walk_several_rows_and_the_reduction_several_steps(device: str) -> None:
+    # 33 rows: with GROUPS=1 (4 programs in the interpreter) each program takes 8 or 9 rows; with
+    # GROUPS=4 (16 programs) and BLOCK_R=8 the dw reduction takes two steps, the second masked.
+    spec = OP.spec((33, 40), "float16")
+    inputs = OP.make_inputs(spec, seed=9, distribution="large", device=device)
+    for groups in (1, 4):
+        for block_r in (8, 32):
+            config = Config(GROUPS=groups, BLOCK_R=block_r, num_warps=1, num_stages=2)
+            outs, guards = run_launcher("two_stage", spec, config, inputs)
+            assert_correct(spec, inputs, outs, guards, f"two_stage {config}")
+    config = Config(BLOCK_N=256, GROUPS=4, num_warps=2, num_stages=3)
+    wide = OP.spec((5, 1000), "bfloat16")  # four column blocks, the last one 232 wide
+    inputs = OP.make_inputs(wide, seed=1, distribution="small", device=device)
+    outs, guards = run_launcher("looped", wide, config, inputs)
+    assert_correct(wide, inputs, outs, guards, "looped BLOCK_N=256")
+
+
+@pytest.mark.parametrize("variant", [v.name for v in OP.variants])
+def test_kernels_are_bitwise_deterministic(variant: str, device: str) -> None:
+    spec = OP.spec((33, 100), "bfloat16")
+    inputs = OP.make_inputs(spec, seed=2, device=device)
+    config = OP.variant(variant).space(spec).configs()[-1]
+    first, _ = run_launcher(variant, spec, config, inputs)
+    second, _ = run_launcher(variant, spec, config, inputs)
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_eps_reaches_the_kernels(device: str) -> None:
+    results = []
+    for eps in (1e-6, 1.0):
+        spec = OP.spec((4, 16), "float32", eps=eps)
+        inputs = OP.make_inputs(spec, seed=3, distribution="small", device=device)
+        for variant in OP.variants:
+            config = variant.space(spec).configs()[0]
+            outs, guards = run_launcher(variant.name, spec, config, inputs)
+            assert_correct(spec, inputs, outs, guards, f"{variant.name} eps={eps}")
+        results.append(outs[0] - inputs[1])  # the norm's part of dsum
+    assert not torch.allclose(results[0], results[1], rtol=0.1)
+
+
+# ---- references and tolerance -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
+def test_the_tolerance_covers_the_hf_rounding_and_catches_mistakes(dtype: str, device: str) -> None:
+    spec = OP.spec((16, 256), dtype)
+    inputs = OP.make_inputs(spec, seed=7, distribution="normal", device=device)
+    dy, dh, h, w = inputs
+    dsum64, dw64 = OP.reference_fp64(spec, inputs)
+    lowp_dsum, lowp_dw = OP.reference(spec, inputs)
+    # The HF forward's exact gradient (float64 everywhere but the rounding of h * r) differs from
+    # the truth only in dw, by that rounding: the tolerance admits it.
+    hd = h.double()
+    r = torch.rsqrt(hd.pow(2).mean(-1, keepdim=True) + 1e-6)
+    hf_dw = (dy.double() * (hd * r).to(h.dtype).double()).sum(0)
+    assert not torch.equal(hf_dw, dw64)
+    assert check_close(hf_dw.float(), dw64, lowp_dw, OP.tolerance) is None
+    # The exact answer rounded once passes.
+    assert check_close(dsum64.to(h.dtype), dsum64, lowp_dsum, OP.tolerance) is None
+    assert check_close(dw64.float(), dw64, lowp_dw, OP.tolerance) is None
+    # Forgetting dh, the norm's gradient, its r**3 term or the weight fails.
+    norm_part = dsum64 - dh.double()
+    for wrong in (norm_part, dh.double(), dh.double() + r * dy.double() * w.double(),
+                  formula_fp64((dy, dh, h, torch.ones_like(w)), 1e-6)[0]):
+        assert check_close(wrong.to(h.dtype), dsum64, lowp_dsum, OP.tolerance) is not None
+    assert check_close((dy.double() * hd).sum(0).float(), dw64, lowp_dw, OP.tolerance) is not None
+
+
+def test_references(device: str) -> None:
+    spec = OP.spec((2, 3, 64), "bfloat16", eps=1e-5)
+    inputs = OP.make_inputs(spec, seed=2, device=device)
+    dsum, dw = OP.reference(spec, inputs)
+    assert dsum.dtype == torch.bfloat16 and dsum.shape == (2, 3, 64)
+    assert dw.dtype == torch.float32 and dw.shape == (64,)
+    dsum64, dw64 = OP.reference_fp64(spec, inputs)
+    assert dsum64.dtype == dw64.dtype == torch.float64
+    fdsum, fdw = formula_fp64(inputs, 1e-5)
+    assert torch.allclose(dsum64, fdsum, rtol=1e-9, atol=1e-12)
+    assert torch.allclose(dw64, fdw, rtol=1e-9, atol=1e-12)
+    with torch.no_grad():  # autograd is switched on inside
+        assert torch.equal(OP.reference(spec, inputs)[1], dw)
+
+
+def test_the_reference_is_rmsnorm_backward_plus_dh(device: str) -> None:
+    spec = OP.spec((6, 96), "float16")
+    dy, dh, h, w = OP.make_inputs(spec, seed=8, distribution="outliers", device=device)
+    plain = RMSNORM_BACKWARD.spec((6, 96), "float16")
+    dx64, dw64 = RMSNORM_BACKWARD.reference_fp64(plain, (dy, h, w))
+    dsum64, dsum_dw64 = OP.reference_fp64(spec, (dy, dh, h, w))
+    assert torch.allclose(dsum64, dx64 + dh.double(), rtol=1e-12, atol=1e-12)
+    assert torch.equal(dsum_dw64, dw64)
+    # In the input dtype, autograd rounds the norm's gradient and then its sum with dh.
+    dx, dw = RMSNORM_BACKWARD.reference(plain, (dy, h, w))
+    dsum, dsum_dw = OP.reference(spec, (dy, dh, h, w))
+    assert torch.equal(dsum, dx + dh) and torch.equal(dsum_dw, dw)
+
+
+def test_the_reference_is_the_gradient_of_x_and_of_residual(device: str) -> None:
+    # Through the whole forward (h = x + residual, in float64): both gradients are dsum.
+    spec = OP.spec((4, 32), "float32")
+    dy, dh, h, w = (t.double() for t in OP.make_inputs(spec, seed=6, device=device))
+    x = (h * 0.25).requires_grad_()
+    residual = (h - h * 0.25).requires_grad_()
+    hsum = x + residual
+    y = w * (hsum * torch.rsqrt(hsum.pow(2).mean(-1, keepdim=True) + 1e-6))
+    dx, dresidual = torch.autograd.grad((y, hsum), (x, residual), (dy, dh))
+    dsum64, _ = OP.reference_fp64(spec, (dy, dh, hsum.detach(), w))
+    assert torch.equal(dx, dresidual)
+    assert torch.allclose(dx, dsum64, rtol=1e-12, atol=1e-12)
+
+
+# ---- specs, inputs, spaces ----------------------------------------------------------------------
+
+
+def test_specs() -> None:
+    spec = OP.spec((8192, 4096), "bf16")
+    dy, dh, h, w = spec.inputs
+    assert dy.shape == dh.shape == h.shape == (8192, 4096) and w.shape == (4096,)
+    assert spec.const("eps") == 1e-6
+    dsum, dw = OP.output_specs(spec)
+    assert dsum.shape == (8192, 4096) and dsum.dtype == "bfloat16"
+    assert dw.shape == (4096,) and dw.dtype == "float32"
+    assert OP.bytes_moved(spec) == 4 * 8192 * 4096 * 2 + 4096 * 2 + 4096 * 4
+    t = torch.zeros(16, 128, dtype=torch.float16)
+    assert OP.spec_for(t, t, t, torch.ones(128, dtype=torch.float16)) == OP.spec((16, 128), "fp16")
+    assert OP.spec((5,), "float32").inputs[2].shape == (5,)
+    assert isinstance(OP, AddRMSNormBackward) and OP.name == "add_rmsnorm_backward"
+    assert get_op("add_rmsnorm_backward") is OP
+    assert get_op("add_rmsnorm").backward == OP.name
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(4)),
+                     id="weight-size"),
+        pytest.param(lambda: (torch.zeros(4, 9), torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(8)),
+                     id="dy-shape"),
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(5, 8), torch.zeros(4, 8), torch.zeros(8)),
+                     id="dh-shape"),
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(4, 8, dtype=torch.float16), torch.zeros(4, 8),
+                              torch.zeros(8)), id="dh-dtype"),
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(4, 8),
+                              torch.zeros(8, dtype=torch.bfloat16)), id="weight-dtype"),
+        pytest.param(lambda: (torch.zeros(4, 8, dtype=torch.int32),) * 3 + (torch.zeros(8, dtype=torch.int32),),
+                     id="integers"),
+        pytest.param(lambda: (torch.zeros(0, 8), torch.zeros(0, 8), torch.zeros(0, 8), torch.zeros(8)),
+                     id="empty"),
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(8, 4).t(), torch.zeros(4, 8), torch.zeros(8)),
+                     id="transposed"),
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(8)), id="three-inputs"),
+        pytest.param(lambda: (torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(4, 8), torch.zeros(1, 8)),
+                     id="2d-weight"),
+    ],
+)
+def test_spec_for_rejects_what_the_kernels_cannot_do(make) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(UnsupportedWorkload):
+        OP.spec_for(*make())
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        pytest.param(lambda: OP.spec((0, 8), "float16"), id="zero-size"),
+        pytest.param(lambda: OP.spec((), "float16"), id="no-shape"),
+        pytest.param(lambda: OP.spec((4, 8), "float16", eps=-1.0), id="negative-eps"),
+        pytest.param(lambda: OP.spec((4, 8), "float16", alpha=2), id="unknown-constant"),
+        pytest.param(lambda: OP.spec((4, 8), "float64"), id="float64"),
+    ],
+)
+def test_spec_rejects_bad_workloads(call) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(UnsupportedWorkload):
+        call()
+
+
+def test_bucket_and_validation_specs_keep_the_activations_alike() -> None:
+    spec = OP.spec((4, 25, 3000), "float16")
+    bucketed = OP.bucket(spec)
+    assert bucketed.inputs[0].shape == bucketed.inputs[1].shape == bucketed.inputs[2].shape == (128, 3000)
+    assert bucketed.inputs[3].shape == (3000,)
+    tails = OP.validation_specs(spec)
+    assert len(tails) > 1
+    for tail in tails:
+        assert tail.inputs[0].shape == tail.inputs[1].shape == tail.inputs[2].shape
+        OP.check_supported(tail)
+        for variant in OP.variants:
+            assert variant.space(tail).configs() == variant.space(spec).configs()
+
+
+def test_make_inputs_is_deterministic(device: str) -> None:
+    spec = OP.spec((2, 5, 48), "bfloat16")
+    for distribution in OP.distributions:
+        a = OP.make_inputs(spec, seed=11, distribution=distribution, device=device)
+        b = OP.make_inputs(spec, seed=11, distribution=distribution, device=device)
+        c = OP.make_inputs(spec, seed=12, distribution=distribution, device=device)
+        assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+        assert all(not torch.equal(p, q) for p, q in zip(a[:3], c[:3], strict=True))
+        assert not torch.equal(a[0], a[1]) and not torch.equal(a[1], a[2])
+        assert [tuple(t.shape) for t in a] == [(2, 5, 48)] * 3 + [(48,)]
+        assert all(t.dtype == torch.bfloat16 for t in a)
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 17, 341, 1000, 4096, 8192, 32768, 65536])
+def test_spaces_are_non_empty_and_valid(width: int) -> None:
+    spec = OP.spec((8, width), "bfloat16")
+    for variant in OP.variants:
+        space = variant.space(spec)
+        if variant.name == "two_stage" and width > MAX_WHOLE_ROW:
+            assert len(space) == 0
+            continue
+        assert len(space) > 0, f"{variant.name} has no config at width {width}"
+        for config in space:
+            assert space.violations(config) == []
+
+
+def test_space_sizes_are_modest() -> None:
+    for width in (4096, 8192):
+        total = sum(len(v.space(OP.spec((8192, width), "bfloat16"))) for v in OP.variants)
+        assert 30 <= total <= 160, (width, total)
+    assert len({v.source_hash for v in OP.variants}) == len(OP.variants)
