@@ -23,6 +23,8 @@ _MODULES: dict[str, str] = {
     "add_rmsnorm": "kernelsmith.ops.add_rmsnorm",
     "add_rmsnorm_backward": "kernelsmith.ops.add_rmsnorm_backward",
     "cross_entropy": "kernelsmith.ops.cross_entropy",
+    "cross_entropy_backward": "kernelsmith.ops.cross_entropy_backward",
+    "cross_entropy_fused": "kernelsmith.ops.cross_entropy_backward:FUSED",
     "gelu": "kernelsmith.ops.gelu:GELU",
     "gelu_tanh": "kernelsmith.ops.gelu:GELU_TANH",
     "swiglu": "kernelsmith.ops.gated:SWIGLU",

@@ -115,6 +115,42 @@ def _ce_row_loss(m, s, x_t, sum_x, n_cols, smoothing, valid, SMOOTH: tl.constexp
 
 
 @triton.jit
+def _ce_online_stats(x_row, lo, hi, n_cols, BLOCK_V: tl.constexpr, SMOOTH: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """``(m, s, sum_x)`` of the columns ``[lo, hi)`` of the row at ``x_row``, in ``BLOCK_V``-wide
+    steps (``hi <= lo`` reads nothing and gives ``(-inf, 0, 0)``): their max ``m``, the sum ``s``
+    of ``exp(x - m)``, and (when SMOOTH, else 0) the sum of the logits. Columns at or past
+    ``n_cols`` are masked.
+
+    The online softmax statistics: the running max m (one number) and l = sum exp(x - m) kept as
+    BLOCK_V lane partials, added up once after the loop (more accurate than one running total,
+    and one cross-lane reduction a step instead of two). When a step raises the max from m to
+    m_new, l is rescaled by exp(m - m_new) <= 1.
+    """
+    cols = tl.arange(0, BLOCK_V)
+    m = tl.full([], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_V], tl.float32)
+    sx = tl.zeros([BLOCK_V], tl.float32)
+    for start in tl.range(lo, hi, BLOCK_V, num_stages=NUM_STAGES):
+        offs = start + cols
+        mask = offs < n_cols
+        x = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        # While every logit seen is -inf (a masked-out prefix of the vocabulary), m_new is -inf:
+        # shift by 0 instead, so that exp(-inf - 0) = 0 rather than exp(-inf + inf) = NaN.
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        # Exactly 1 when the max did not move (not the GPU's approximate exp(0) at every step).
+        alpha = tl.where(m_new == m, 1.0, tl.exp(m - shift))
+        l = l * alpha + tl.exp(x - shift)
+        m = m_new
+        if SMOOTH:
+            sx += tl.where(mask, x, 0.0)
+    sum_x = 0.0
+    if SMOOTH:
+        sum_x = tl.sum(sx, axis=0)
+    return m, tl.sum(l, axis=0), sum_x
+
+
+@triton.jit
 def _ce_online_row_kernel(
     x_ptr,
     t_ptr,
@@ -136,31 +172,9 @@ def _ce_online_row_kernel(
     x_t = tl.load(x_row + tl.where(in_range, target, 0), mask=valid & in_range, other=float("nan"))
     x_t = x_t.to(tl.float32)
 
-    cols = tl.arange(0, BLOCK_V)
-    # Running statistics over the columns seen so far: the max m (one number) and
-    # l = sum exp(x - m) kept as BLOCK_V lane partials, added up once after the loop (more
-    # accurate than one running total, and one cross-lane reduction a step instead of two).
-    # When a step raises the max from m to m_new, l is rescaled by exp(m - m_new) <= 1.
-    m = tl.full([], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_V], tl.float32)
-    sx = tl.zeros([BLOCK_V], tl.float32)
     n_read = tl.where(valid, n_cols, 0)  # an ignored row reads nothing
-    for start in tl.range(0, n_read, BLOCK_V, num_stages=NUM_STAGES):
-        offs = start + cols
-        mask = offs < n_cols
-        x = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        # While every logit seen is -inf (a masked-out prefix of the vocabulary), m_new is -inf:
-        # shift by 0 instead, so that exp(-inf - 0) = 0 rather than exp(-inf + inf) = NaN.
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        # Exactly 1 when the max did not move (not the GPU's approximate exp(0) at every step).
-        alpha = tl.where(m_new == m, 1.0, tl.exp(m - shift))
-        l = l * alpha + tl.exp(x - shift)
-        m = m_new
-        if SMOOTH:
-            sx += tl.where(mask, x, 0.0)
-
-    loss = _ce_row_loss(m, tl.sum(l, axis=0), x_t, tl.sum(sx, axis=0), n_cols, smoothing, valid, SMOOTH)
+    m, s, sum_x = _ce_online_stats(x_row, 0, n_read, n_cols, BLOCK_V, SMOOTH, NUM_STAGES)
+    loss = _ce_row_loss(m, s, x_t, sum_x, n_cols, smoothing, valid, SMOOTH)
     tl.store(loss_ptr + row, loss)
 
 
@@ -220,30 +234,15 @@ def _ce_split_partial_kernel(
     x_row = x_ptr + row * x_row_stride
     valid = tl.load(t_ptr + row) != ignore_index
 
-    cols = tl.arange(0, BLOCK_V)
     lo = chunk * chunk_cols
     hi = tl.where(valid, tl.minimum(lo + chunk_cols, n_cols), lo)  # an ignored row reads nothing
-    m = tl.full([], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_V], tl.float32)
-    sx = tl.zeros([BLOCK_V], tl.float32)
-    # The online_row loop over this chunk only (see there for the -inf guards).
-    for start in tl.range(lo, hi, BLOCK_V, num_stages=NUM_STAGES):
-        offs = start + cols
-        mask = offs < n_cols
-        x = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.where(m_new == m, 1.0, tl.exp(m - shift))
-        l = l * alpha + tl.exp(x - shift)
-        m = m_new
-        if SMOOTH:
-            sx += tl.where(mask, x, 0.0)
+    m, s, sum_x = _ce_online_stats(x_row, lo, hi, n_cols, BLOCK_V, SMOOTH, NUM_STAGES)
 
     at = row * n_chunks + chunk
     tl.store(stats_ptr + at, m)
-    tl.store(stats_ptr + plane_stride + at, tl.sum(l, axis=0))
+    tl.store(stats_ptr + plane_stride + at, s)
     if SMOOTH:
-        tl.store(stats_ptr + 2 * plane_stride + at, tl.sum(sx, axis=0))
+        tl.store(stats_ptr + 2 * plane_stride + at, sum_x)
 
 
 @triton.jit
@@ -607,6 +606,7 @@ class CrossEntropy(OpFamily):
         "128256-class vocabulary; the targets are (8192,) int64, the loss float32"
     )
     distributions = ("normal", "large", "peaked")
+    backward = "cross_entropy_backward"  # the gradient of the logits, tuned as its own workload
     variants = (
         Variant(
             "online_row",
