@@ -174,6 +174,7 @@ def tune(spec: OpSpec, budget: int, db: str) -> tuple[TuneResult, dict[str, Any]
         "search_wall_s": time.perf_counter() - started,
         "evaluations": result.evaluations,
         "failures": result.failures,
+        "failure_examples": result.failure_examples,
         "winner": result.winner,
         "variant": result.variant,
         "config": result.best_config,

@@ -68,6 +68,8 @@ def test_known_failures_are_never_measured_again(db_path):
     # The grid's first candidate is the planted failure: reused from the database, not evaluated,
     # and not charged to the budget, so two other candidates are evaluated.
     assert result.failures == {"timeout": 1}
+    assert set(result.failure_examples) == {"timeout"}
+    assert "planted: hung earlier" in result.failure_examples["timeout"]
     assert result.evaluations == 2
     with open_database(db_path) as db:
         trials = db.trials(fingerprint=fp.hash, workload=spec.workload_hash)

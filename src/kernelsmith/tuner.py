@@ -61,6 +61,7 @@ class TuneResult:
     evaluations: int = 0
     from_database: bool = False
     failures: dict[str, int] = field(default_factory=dict)
+    failure_examples: dict[str, str] = field(default_factory=dict)  # status -> the first error seen
     wall_s: float = 0.0
     fingerprint: str = ""
     strategy: str = ""
@@ -128,6 +129,7 @@ def _result_from_decision(
     from_database: bool,
     evaluations: int,
     failures: dict[str, int] | None = None,
+    failure_examples: dict[str, str] | None = None,
     wall_s: float = 0.0,
     top: list[dict[str, Any]] | None = None,
 ) -> TuneResult:
@@ -151,6 +153,7 @@ def _result_from_decision(
         evaluations=evaluations,
         from_database=from_database,
         failures=failures or {},
+        failure_examples=failure_examples or {},
         wall_s=wall_s,
         fingerprint=fp.describe(),
         strategy=decision.strategy,
@@ -231,6 +234,14 @@ class _Search:
 
     def failures(self) -> dict[str, int]:
         return dict(Counter(r.status for r in self.results if not r.ok))
+
+    def failure_examples(self) -> dict[str, str]:
+        """The first error message of each failure status: why candidates failed, at a glance."""
+        examples: dict[str, str] = {}
+        for r in self.results:
+            if not r.ok and r.status not in examples:
+                examples[r.status] = f"{r.candidate.key}: {r.error}"[:500]
+        return examples
 
     def top(self, n: int = 5) -> list[dict[str, Any]]:
         ok = _rank(self.results)[:n]
@@ -358,6 +369,7 @@ def tune_spec(
             from_database=False,
             evaluations=search.evaluated,
             failures=search.failures(),
+            failure_examples=search.failure_examples(),
             wall_s=time.perf_counter() - started,
             top=search.top(),
         )

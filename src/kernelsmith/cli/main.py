@@ -200,6 +200,9 @@ def _print_result(result: Any) -> None:
     summary.add_row("from", source + f", {result.wall_s:.1f} s")
     if result.failures:
         summary.add_row("failures", ", ".join(f"{k}: {v}" for k, v in sorted(result.failures.items())))
+        if result.winner != "kernel":  # nothing worked or nothing won: show why the candidates failed
+            for status, example in sorted(result.failure_examples.items()):
+                summary.add_row(f"first {status}", example[:200])
     if result.note:
         summary.add_row("note", result.note)
     summary.add_row("machine", result.fingerprint)
