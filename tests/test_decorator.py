@@ -320,3 +320,54 @@ def test_bucketing_reshapes_companion_activations_but_not_weights():
     assert rms.bucket(one_row) == one_row
     tails = add.validation_specs(add.spec((5, 64), "bf16"))
     assert all(s.inputs[0].shape == s.inputs[1].shape and s.inputs[2].shape == (64,) for s in tails)
+
+
+def _store_forward_and_backward(db: str, op: str, inputs: tuple[torch.Tensor, ...], **constants) -> None:
+    """Decisions for a family and its backward at these inputs, with each family's first variant."""
+    family = get_op(op)
+    spec = family.spec_for(*inputs, **constants)
+    store_decision(db, spec, variant=family.variants[0].name)
+    probe = [torch.empty(t.shape, dtype=t.torch_dtype) for t in family.output_specs(spec)]
+    grads = tuple(torch.randn_like(o) for o in probe)
+    backward = get_op(str(family.backward))
+    backward_spec = backward.spec_for(*family.backward_inputs(grads, inputs, tuple(probe)), **constants)
+    store_decision(db, backward_spec, variant=backward.variants[0].name)
+
+
+def _swiglu(a, b):
+    return torch.nn.functional.silu(a) * b
+
+
+def _loss(logits, target):
+    return torch.nn.functional.cross_entropy(logits.float(), target)
+
+
+@pytest.mark.parametrize(
+    ("fn", "make", "op", "constants"),
+    [
+        (_swiglu, lambda: (torch.randn(5, 40), torch.randn(5, 40)), "swiglu", {"layout": "pair"}),
+        (_loss, lambda: (torch.randn(6, 50), torch.randint(0, 50, (6,))), "cross_entropy", {}),
+        (torch.nn.LayerNorm(40), lambda: (torch.randn(5, 40),), "layernorm", None),
+    ],
+    ids=["swiglu", "cross_entropy", "layernorm"],
+)
+def test_training_calls_use_the_tuned_backward(db, fn, make, op, constants):
+    inputs = make()
+    if op == "layernorm":  # the module's parameters are the op's weight and bias
+        inputs_for_spec = (inputs[0], fn.weight.detach(), fn.bias.detach())
+        constants = {"eps": fn.eps, "affine": "weight_bias"}
+    else:
+        inputs_for_spec = inputs
+    _store_forward_and_backward(db, op, inputs_for_spec, **constants)
+    leaves = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
+    optimized = kernelsmith.optimize(fn, mode="db", db=db)
+    optimized(*leaves)  # first call: recognize and check both runners
+    y = optimized(*leaves)
+    assert optimized.kernelsmith.stats["kernel_calls"] == 1, optimized.kernelsmith.reasons
+    assert "KernelFunction" in type(y.grad_fn).__name__
+    dy = torch.randn_like(y)
+    wanted = [t for t in leaves if t.requires_grad] + [p for p in getattr(fn, "parameters", list)()]
+    got = torch.autograd.grad(y, wanted, dy)
+    want = torch.autograd.grad(fn(*leaves), wanted, dy)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
