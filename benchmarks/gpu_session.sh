@@ -2,7 +2,7 @@
 # One GPU session on the lent H200: environment facts, GPU tests, then the benchmarks (the op library
 # and the decorator's call overhead).
 # Usage (on the GPU machine, repository root): bash benchmarks/gpu_session.sh [pytest args...]
-# Environment: SKIP_TESTS=1, SKIP_BENCH=1, SKIP_OVERHEAD=1, BENCH_ARGS="--only rmsnorm --train",
+# Environment: SKIP_TESTS=1, SKIP_BENCH=1, SKIP_OVERHEAD=1, BENCH_ARGS="--only none --train rmsnorm",
 # TEST_TIMEOUT / BENCH_TIMEOUT (seconds). Optional wheels (Liger-Kernel as a peer, optuna) are
 # installed from .whl/ when present (see ../shared/gpu/fetch-wheels.sh). Writes logs and JSON under
 # $OUT (or ./out).

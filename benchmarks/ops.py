@@ -1,7 +1,7 @@
 """Op-library benchmark: tune each op family at the PERFORMANCE.md shapes, then time the winner side
 by side with eager PyTorch, torch.compile, torch.compile max-autotune and Liger-Kernel, in one process.
 
-    python benchmarks/ops.py --out bench.json [--only rmsnorm,softmax] [--budget 50] [--train]
+    python benchmarks/ops.py --out bench.json [--only rmsnorm,softmax] [--budget 50] [--train all]
 
 Forward rows time the op as a user writes it (``eager``), compiled both ways, Liger's function
 where it has the op, and kernelsmith's tuned winner. ``--train`` adds training-step rows
@@ -310,9 +310,8 @@ def main() -> int:
     parser.add_argument("--out", default="bench.json")
     parser.add_argument("--budget", type=int, default=50)
     parser.add_argument("--db", default="/tmp/kernelsmith-bench.db")
-    parser.add_argument("--only", default="", help="comma-separated op names (forward rows of these ops)")
-    parser.add_argument("--train", action="store_true", help="also the forward+backward rows")
-    parser.add_argument("--train-only", action="store_true", help="only the forward+backward rows")
+    parser.add_argument("--only", default="", help="forward rows of these ops only (comma-separated; 'none': none)")
+    parser.add_argument("--train", default="", help="forward+backward rows of these ops (comma-separated, or 'all')")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/ops.py needs a CUDA GPU", file=sys.stderr)
@@ -331,10 +330,10 @@ def main() -> int:
         "rows": [],
     }
     only = {s for s in args.only.split(",") if s}
+    train = {s for s in args.train.split(",") if s}
     for w in WORKLOADS:
-        if only and w.op not in only:
-            continue
-        if (w.train and not (args.train or args.train_only)) or (args.train_only and not w.train):
+        wanted = (w.op in train or "all" in train) if w.train else (not only or w.op in only)
+        if not wanted:
             continue
         try:
             row = run_workload(w, args.budget, args.db, copy_gbps)
