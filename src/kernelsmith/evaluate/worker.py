@@ -36,7 +36,7 @@ from kernelsmith.evaluate.protocol import (
     WorkerReply,
 )
 from kernelsmith.evaluate.static_gate import check_source
-from kernelsmith.evaluate.validate import Rejected, allocate_outputs, seal_harness, validate
+from kernelsmith.evaluate.validate import Rejected, allocate_outputs, run_checked, seal_harness, validate
 from kernelsmith.ops import get_op
 from kernelsmith.ops._base import Launcher, OpFamily
 from kernelsmith.space import Space
@@ -118,7 +118,12 @@ def _classify(exc: BaseException) -> tuple[str, bool]:
 # ---- timing ------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def _gpu_lock(path: str) -> Iterator[None]:
-    """Serialize timing across workers that share one GPU (released if the holder dies)."""
+    """Serialize device work across workers that share one GPU (released if the holder dies).
+
+    Validation (full-size float64 references) and timing hold it: one worker's validation running
+    beside another's timing would distort the measurement, and several full-size validations at
+    once can exhaust the device's memory. Compilation runs outside it, in parallel.
+    """
     if not path:
         yield
         return
@@ -128,6 +133,24 @@ def _gpu_lock(path: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _compile(
+    op: OpFamily, spec: OpSpec, build: Callable[..., Launcher], config: Any, device: torch.device,
+    synchronize: Callable[[], None],
+) -> None:
+    """Compile a candidate for every shape validation will run, outside the device lock.
+
+    Triton compiles on a kernel's first launch (once per specialization: a row count of 1, or
+    one divisible by 16, is its own), so each validation shape is launched once on zero inputs,
+    under the same call checks as any other candidate call. Only this brief launch touches the
+    device outside the lock; the compilation itself runs on the host, in parallel across workers.
+    """
+    for vspec in op.validation_specs(spec):
+        launcher = build(vspec, config)
+        inputs = [torch.empty_strided(t.shape, t.strides, dtype=t.torch_dtype, device=device).zero_()
+                  for t in vspec.inputs]
+        run_checked(launcher, inputs, allocate_outputs(op, vspec, device), synchronize)
 
 
 def _time(
@@ -149,8 +172,6 @@ def _time(
     n_sets = settings.input_sets
     rounds = max(settings.rounds, 2 * n_sets)
     distribution = op.distributions[0]
-    sets = [list(op.make_inputs(spec, secrets.randbits(62), distribution, device)) for _ in range(n_sets)]
-    outs = [[allocate_outputs(op, spec, device) for _ in range(n_sets)] for _ in loaded]
 
     def baseline(s: int) -> object:
         return op.reference(spec, sets[s])
@@ -163,6 +184,8 @@ def _time(
     sync_medians: list[float] = []
     timing_started = time.perf_counter()
     with _gpu_lock(request.lock_path):
+        sets = [list(op.make_inputs(spec, secrets.randbits(62), distribution, device)) for _ in range(n_sets)]
+        outs = [[allocate_outputs(op, spec, device) for _ in range(n_sets)] for _ in loaded]
         if gpu:
             first = timing.interleaved_gpu(runners, n_sets, rounds // 2, settings.warmup_ms, flusher)
         else:
@@ -180,13 +203,13 @@ def _time(
             sync_medians = timing.synchronized_gpu(runners, n_sets, 5)
         else:
             second = timing.interleaved_cpu(runners, n_sets, rounds - rounds // 2)
+        refs = [(op.reference_fp64(spec, s), op.reference(spec, s)) for s in sets]
 
     timed_s = time.perf_counter() - timing_started
     samples = [a + b for a, b in zip(first, second, strict=True)]
     base = timing.summarize(samples[0])
     nbytes = op.bytes_moved(spec)
     results: dict[int, EvalResult] = {}
-    refs = [(op.reference_fp64(spec, s), op.reference(spec, s)) for s in sets]
     for i, item in enumerate(loaded):
         problem = None
         for s, (refs64, lowps) in enumerate(refs):
@@ -276,7 +299,10 @@ class Worker:
                 continue
             try:
                 build, source_hash = _load(op, spec, candidate, request.static_gate)
-                validate(op, spec, build, candidate.config, device, synchronize)
+                if request.mode == "gpu":
+                    _compile(op, spec, build, candidate.config, device, synchronize)
+                with _gpu_lock(request.lock_path):
+                    validate(op, spec, build, candidate.config, device, synchronize)
                 loaded.append(
                     _Loaded(
                         candidate,
@@ -332,6 +358,8 @@ class Worker:
                         item.candidate, status, source_hash=item.source_hash, seconds=time.perf_counter() - item.started
                     ),
                 )
+        if request.mode == "gpu":
+            torch.cuda.empty_cache()  # hand cached blocks back: the next worker to validate needs them
         ordered = tuple(results[i] for i in range(len(request.candidates)))
         return WorkerReply(ordered, recycle=recycle)
 
