@@ -186,9 +186,9 @@ def tune(spec: OpSpec, budget: int, db: str) -> tuple[TuneResult, dict[str, Any]
 
 
 def runner_of(family: OpFamily, spec: OpSpec, result: TuneResult) -> dispatch.KernelRunner:
-    launcher = family.variant(str(result.variant)).build(spec, Config(result.best_config))
-    outputs = tuple((t.shape, t.torch_dtype) for t in family.output_specs(spec))
-    return dispatch.KernelRunner(launcher, outputs, str(result.variant), Config(result.best_config))
+    config = Config(result.best_config)
+    launcher = family.variant(str(result.variant)).build(spec, config)
+    return dispatch.KernelRunner.build(family, spec, launcher, str(result.variant), config)
 
 
 def as_tuple(out: Any) -> tuple[torch.Tensor, ...]:

@@ -33,16 +33,38 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class KernelRunner:
-    """A configured launcher and the outputs it writes."""
+    """A configured launcher and the outputs it writes.
+
+    ``like_first_input`` marks the outputs allocated with ``torch.empty_like(inputs[0])``, a
+    cheaper call than ``torch.empty``; only for a contiguous first input of the output's shape
+    and dtype (the call key pins both, so every call of this runner has them).
+    """
 
     launcher: Launcher
     outputs: tuple[tuple[tuple[int, ...], torch.dtype], ...]
     variant: str
     config: Config
+    like_first_input: tuple[bool, ...] = ()
+
+    @classmethod
+    def build(cls, family: OpFamily, spec: OpSpec, launcher: Launcher, variant: str, config: Config) -> KernelRunner:
+        """The runner of ``launcher`` for calls with exactly ``spec``'s inputs."""
+        first = spec.inputs[0]
+        outputs = tuple((t.shape, t.torch_dtype) for t in family.output_specs(spec))
+        like = tuple(first.is_contiguous and t.shape == first.shape and t.dtype == first.dtype
+                     for t in family.output_specs(spec))
+        return cls(launcher, outputs, variant, config, like)
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        device = inputs[0].device
-        outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.outputs]
+        first = inputs[0]
+        if self.like_first_input == (True,):  # the common case, one output like the input
+            outs = [torch.empty_like(first)]
+        else:
+            like = self.like_first_input or (False,) * len(self.outputs)
+            outs = [
+                torch.empty_like(first) if same else torch.empty(shape, dtype=dtype, device=first.device)
+                for (shape, dtype), same in zip(self.outputs, like, strict=True)
+            ]
         self.launcher(inputs, outs)
         return outs
 
@@ -89,8 +111,7 @@ def build_runner(family: OpFamily, spec: OpSpec, decision: DecisionRecord) -> Ke
     if decision.source_hash and decision.source_hash != variant.source_hash:
         raise LookupError(f"{family.name}/{variant.name} changed since it was tuned (source hash differs)")
     config = Config(decision.config)
-    outputs = tuple((t.shape, t.torch_dtype) for t in family.output_specs(spec))
-    return KernelRunner(variant.build(spec, config), outputs, variant.name, config)
+    return KernelRunner.build(family, spec, variant.build(spec, config), variant.name, config)
 
 
 def interpreter_enabled() -> bool:

@@ -43,8 +43,7 @@ def runner(family_name: str, spec: OpSpec, variant_index: int) -> dispatch.Kerne
         variant = next(v for v in family.variants if v.space(spec).configs())
         configs = variant.space(spec).configs()
     config = configs[len(configs) // 2]
-    outputs = tuple((t.shape, t.torch_dtype) for t in family.output_specs(spec))
-    return dispatch.KernelRunner(variant.build(spec, config), outputs, variant.name, config)
+    return dispatch.KernelRunner.build(family, spec, variant.build(spec, config), variant.name, config)
 
 
 def as_tuple(value: Any) -> tuple[torch.Tensor, ...]:

@@ -61,18 +61,24 @@ Entry = Callable[[tuple[Any, ...], dict[str, Any]], Any]
 def _call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     """What makes two calls the same workload: tensor metadata and the other arguments' values.
 
-    Raises TypeError for unhashable non-tensor arguments (such calls are never cached).
+    Raises TypeError for unhashable non-tensor arguments (such calls are never cached). This
+    runs on every call, so it is a plain loop (no helper calls, no generators).
     """
-
-    def part(value: Any) -> Any:
+    key: list[Any] = [torch.is_grad_enabled()]
+    for value in args:
         if isinstance(value, torch.Tensor):
-            return (value.shape, value.dtype, value.stride(), value.device, value.requires_grad)
-        hash(value)
-        return (type(value), value)  # 1, 1.0 and True are equal but may compute differently
-
-    key = [torch.is_grad_enabled(), *(part(a) for a in args)]
-    for name in sorted(kwargs):
-        key += [name, part(kwargs[name])]
+            key.append((value.shape, value.dtype, value.stride(), value.device, value.requires_grad))
+        else:
+            hash(value)
+            key.append((type(value), value))  # 1, 1.0 and True are equal but may compute differently
+    if kwargs:
+        for name in sorted(kwargs):
+            value = kwargs[name]
+            if isinstance(value, torch.Tensor):
+                key.append((name, value.shape, value.dtype, value.stride(), value.device, value.requires_grad))
+            else:
+                hash(value)
+                key.append((name, type(value), value))
     return tuple(key)
 
 
@@ -223,6 +229,14 @@ class Optimized:
         bind = match.bind
         op = match.op
         family = get_op(op)
+        # Inputs that are all plain positional arguments are picked by index: the call key pins
+        # the arguments' count and types, so nothing else about them needs checking.
+        positions = [ref.index for ref in match.inputs if ref.kind == "arg" and ref.reshape is None]
+        if len(positions) == len(match.inputs):
+
+            def bind(args: tuple[Any, ...], kwargs: dict[str, Any], check: bool = False) -> tuple[Any, ...]:
+                return tuple([args[i] for i in positions])  # type: ignore[index]
+
         constants = dispatch.constants_json(dict(match.constants))
         stats = self.stats
         # The call key already pins every argument (tensor metadata, other values and types);
