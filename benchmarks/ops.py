@@ -219,7 +219,34 @@ def training_step(fn: Fn, inputs: Sequence[torch.Tensor]) -> Fn:
     return step
 
 
-def run_workload(w: Workload, budget: int, db: str, copy_gbps: float) -> dict[str, Any]:
+def wall_us(call: Fn, steps: int = 50) -> float:
+    """Host wall time per call over back-to-back calls (device drained at the end): when it is
+    close to the device time, the implementation is bound by its host-side launch path."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        call()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / steps * 1e6
+
+
+def kernel_profile(call: Fn, steps: int = 5, top: int = 8) -> list[dict[str, Any]]:
+    """The device kernels one call launches: name, launches and device time per call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            call()
+        torch.cuda.synchronize()
+    rows = []
+    for event in prof.key_averages():
+        device_us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
+        if device_us:
+            rows.append({"kernel": event.key[:90], "launches": event.count / steps, "us": device_us / steps})
+    return sorted(rows, key=lambda r: -r["us"])[:top]
+
+
+def run_workload(w: Workload, budget: int, db: str, copy_gbps: float, profile: bool = False) -> dict[str, Any]:
     family = get_op(w.op)
     spec = family.spec(w.shape, "bf16", **w.constants)
     row: dict[str, Any] = {"op": w.label, "shape": "x".join(map(str, w.shape)), "dtype": "bf16"}
@@ -270,6 +297,12 @@ def run_workload(w: Workload, budget: int, db: str, copy_gbps: float) -> dict[st
             elif reference is not None:
                 row.setdefault("max_abs_diff_vs_eager", {})[name] = max_abs_diff(out, reference)
             times[name] = bench(call)
+            row.setdefault("host_wall_us", {})[name] = wall_us(call)
+            if profile:
+                try:
+                    row.setdefault("kernels", {})[name] = kernel_profile(call)
+                except Exception as exc:  # the profiler is a diagnostic: never lose the timing for it
+                    row.setdefault("kernels", {})[name] = [{"error": f"{type(exc).__name__}: {exc}"[:200]}]
         except Exception as exc:  # a baseline that fails to compile is reported, not fatal
             row.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:500]
     row["us"] = times
@@ -311,6 +344,7 @@ def main() -> int:
     parser.add_argument("--budget", type=int, default=50)
     parser.add_argument("--db", default="/tmp/kernelsmith-bench.db")
     parser.add_argument("--only", default="", help="forward rows of these ops only (comma-separated; 'none': none)")
+    parser.add_argument("--profile", action="store_true", help="record each implementation's device kernels")
     parser.add_argument("--train", default="", help="forward+backward rows of these ops (comma-separated, or 'all')")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -336,7 +370,7 @@ def main() -> int:
         if not wanted:
             continue
         try:
-            row = run_workload(w, args.budget, args.db, copy_gbps)
+            row = run_workload(w, args.budget, args.db, copy_gbps, args.profile)
         except Exception:
             row = {"op": w.label, "shape": "x".join(map(str, w.shape)), "error": traceback.format_exc()[-2000:]}
         report["rows"].append(row)
