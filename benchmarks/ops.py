@@ -160,6 +160,7 @@ WORKLOADS = [
     Workload("swiglu", (16384, 8192), swiglu, train=True),
     Workload("cross_entropy", (8192, 128256), cross_entropy, train=True),
     Workload("layernorm", (8192, 4096), layernorm, {"eps": 1e-5}, train=True),
+    Workload("add_rmsnorm", (8192, 4096), add_rmsnorm, train=True),
 ]
 
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 
 def tune(
-    op: str, *example_inputs: Any, budget: int = 50, strategy: str = "random", db: Any = None, **kwargs: Any
+    op: str, *example_inputs: Any, budget: int = 50, strategy: str = "auto", db: Any = None, **kwargs: Any
 ) -> TuneResult:
     """Search kernels for ``op`` on the workload of ``example_inputs``; see :mod:`kernelsmith.tuner`."""
     from kernelsmith.tuner import tune as _tune

@@ -187,7 +187,9 @@ class _Search:
 
     def run(self, strategy_name: str, budget: int, seed: int) -> None:
         """Keep every worker busy: each finished evaluation makes room for the next proposal."""
-        strategy = make_strategy(strategy_name, seed)
+        strategy = make_strategy(
+            strategy_name, seed, budget=budget, db=self.db, spec=self.spec, fingerprint=self.fp.hash
+        )
         strategy.setup(self.candidates())
         running: set[Future[EvalResult]] = set()
         exhausted = False
@@ -334,7 +336,7 @@ def tune_spec(
     spec: OpSpec,
     *,
     budget: int = 50,
-    strategy: str = "random",
+    strategy: str = "auto",
     db: Any = None,
     seed: int = 0,
     workers: int | None = None,
@@ -382,7 +384,7 @@ def tune(
     op: str | OpFamily,
     *example_inputs: torch.Tensor,
     budget: int = 50,
-    strategy: str = "random",
+    strategy: str = "auto",
     db: Any = None,
     seed: int = 0,
     workers: int | None = None,

@@ -88,7 +88,7 @@ class Optimized:
 
     fn: Callable[..., Any]
     budget: int = 50
-    strategy: str = "random"
+    strategy: str = "auto"
     mode: str | None = None
     db: Any = None
     table: dict[tuple[Any, ...], Entry] = field(default_factory=dict)
@@ -304,7 +304,7 @@ def optimize(
     fn: F | None = None,
     *,
     budget: int = 50,
-    strategy: str = "random",
+    strategy: str = "auto",
     mode: str | None = None,
     db: Any = None,
 ) -> Any:
