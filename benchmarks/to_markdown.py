@@ -39,6 +39,21 @@ def main(path: str) -> None:
             for t in tunes
         )
         print(f"| {row['op']} | {row['shape']} | " + " | ".join(cells) + f" | {ratios} | {search:.0f} | {winner} |")
+    profiled = [row for row in report["rows"] if row.get("kernels")]
+    if profiled:
+        print("\nDevice time per call (sum of the kernels torch.profiler saw, top 8 per implementation; "
+              "host wall time per call in brackets):\n")
+        print("| op | shape | " + " | ".join(COLUMNS) + " | vs best other |")
+        print("|---|---|" + "---|" * len(COLUMNS) + "---|")
+        for row in profiled:
+            device = {name: sum(k.get("us", 0.0) for k in kernels) for name, kernels in row["kernels"].items()}
+            walls = row["host_wall_us"]
+            cells = [f"{device[n]:.1f} µs ({walls[n]:.0f})" if n in device else "–" for n in COLUMNS]
+            ratio = "–"
+            if "kernelsmith" in device:
+                others = [v for k, v in device.items() if k != "kernelsmith"]
+                ratio = f"{min(others) / device['kernelsmith']:.2f}x" if others else "–"
+            print(f"| {row['op']} | {row['shape']} | " + " | ".join(cells) + f" | {ratio} |")
 
 
 if __name__ == "__main__":
