@@ -17,30 +17,14 @@ from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import Rejected, validate
 from kernelsmith.ops import UnsupportedWorkload
 from kernelsmith.ops.add_rmsnorm import MAX_WHOLE_ROW, OP, AddRMSNorm
-from kernelsmith.space import Config, Space
+from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
+from kernelsmith.testing.kernels import covering_configs
 
 DTYPES = ("float16", "bfloat16", "float32")
 WIDTHS = (1, 3, 341, 1000)
 VARIANTS = [v.name for v in OP.variants]
 GUARD = 64  # NaN elements after each output: a kernel writing past its end overwrites them
-
-
-def covering_configs(space: Space) -> list[Config]:
-    """A few configs of the space in which every (parameter, value) that occurs in the space
-    occurs at least once: the last config first (the widest blocks, the most rows a program, so
-    the fewest loop steps: the cheapest to interpret), then greedily the config that adds the
-    most values not yet seen (the earliest on ties)."""
-    configs = space.configs()
-    if not configs:
-        return []
-    chosen = [configs[-1]]
-    missing = {(k, v) for c in configs for k, v in c.items()} - set(configs[-1].items())
-    while missing:
-        best = max(configs, key=lambda c: len(missing & set(c.items())))
-        chosen.append(best)
-        missing -= set(best.items())
-    return chosen
 
 
 def run_launcher(variant: str, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...]

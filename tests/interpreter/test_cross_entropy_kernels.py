@@ -19,26 +19,12 @@ from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import TorchOpWatch, validate
 from kernelsmith.ops import UnsupportedWorkload
 from kernelsmith.ops.cross_entropy import OP
-from kernelsmith.space import Config, Space
+from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec, TensorSpec
 
 VARIANTS = [v.name for v in OP.variants]
 DTYPES = ("float16", "bfloat16", "float32")
 REDUCTIONS = ("mean", "sum", "none")
-
-
-def covering_configs(space: Space) -> list[Config]:
-    """The first and last configs, then greedily every config that brings a new (name, value)."""
-    configs = space.configs()
-    assert configs, "the space is empty"
-    chosen = [configs[0], configs[-1]] if len(configs) > 1 else [configs[0]]
-    seen = {item for c in chosen for item in c.items()}
-    for c in configs:
-        new = set(c.items()) - seen
-        if new:
-            chosen.append(c)
-            seen |= new
-    return chosen
 
 
 def run_variant(variant: str, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:

@@ -18,8 +18,9 @@ from kernelsmith.ops import UnsupportedWorkload, get_op
 from kernelsmith.ops.layernorm import AFFINE
 from kernelsmith.ops.layernorm import OP as FORWARD
 from kernelsmith.ops.layernorm_backward import OP, LayerNormBackward
-from kernelsmith.space import Config, Space
+from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
+from kernelsmith.testing.kernels import covering_configs, launch_guarded
 
 DTYPES = ("float16", "bfloat16", "float32")
 WIDTHS = (1, 3, 341, 1000)
@@ -28,31 +29,9 @@ VARIANTS = [v.name for v in OP.variants]
 GUARD = 64  # NaN elements after each output: a kernel writing past its end overwrites them
 
 
-def covering_configs(space: Space) -> list[Config]:
-    """The first and last configs, then greedily whatever adds a new (parameter, value)."""
-    configs = space.configs()
-    if not configs:
-        return []
-    chosen = [configs[0], configs[-1]] if len(configs) > 1 else [configs[0]]
-    seen = {(k, v) for c in chosen for k, v in c.items()}
-    for c in configs:
-        new = set(c.items()) - seen
-        if new:
-            chosen.append(c)
-            seen |= new
-    return chosen
-
-
 def run_launcher(variant: str, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...]
                  ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Launch into NaN-filled outputs, each followed by a NaN guard; return (outputs, guards)."""
-    outs, guards = [], []
-    for t in OP.output_specs(spec):
-        buffer = torch.full((t.numel + GUARD,), math.nan, dtype=t.torch_dtype, device=inputs[0].device)
-        outs.append(buffer[: t.numel].view(t.shape))
-        guards.append(buffer[t.numel:])
-    OP.variant(variant).build(spec, config)(inputs, outs)
-    return outs, guards
+    return launch_guarded(OP, variant, spec, config, inputs, GUARD)
 
 
 def formula(inputs: tuple[torch.Tensor, ...], eps: float, dtype: torch.dtype = torch.float64,

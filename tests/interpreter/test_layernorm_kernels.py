@@ -19,8 +19,9 @@ from kernelsmith.evaluate.errors import check_close, error_stats
 from kernelsmith.evaluate.validate import TorchOpWatch, validate
 from kernelsmith.ops import UnsupportedWorkload
 from kernelsmith.ops.layernorm import AFFINE, AFFINE_PARAMS, OP, build_with_stats, stats_output_specs
-from kernelsmith.space import Config, Space, next_power_of_two
+from kernelsmith.space import Config, next_power_of_two
 from kernelsmith.spec import OpSpec
+from kernelsmith.testing.kernels import covering_configs
 
 VARIANTS = [v.name for v in OP.variants]
 DTYPES = ("float16", "bfloat16", "float32")
@@ -29,22 +30,6 @@ GUARD = 64  # NaN elements after the output: a kernel writing past its end overw
 # Leading shapes the configs of one case take in turn: odd row counts (multiples of no ROWS),
 # 1 row, several leading dims, and a 1-D x.
 LEADS: tuple[tuple[int, ...], ...] = ((7,), (33,), (1,), (2, 3), ())
-
-
-def covering_configs(space: Space) -> list[Config]:
-    """A few configs of the space in which every (parameter, value) that occurs in the space
-    occurs at least once: the first config, the last, then greedily whatever adds new values."""
-    configs = space.configs()
-    if not configs:
-        return []
-    chosen = [configs[0], configs[-1]] if len(configs) > 1 else [configs[0]]
-    seen = {(k, v) for c in chosen for k, v in c.items()}
-    for c in configs:
-        new = set(c.items()) - seen
-        if new:
-            chosen.append(c)
-            seen |= new
-    return chosen
 
 
 def run_launcher(

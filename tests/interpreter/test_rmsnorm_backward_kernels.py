@@ -6,8 +6,6 @@ variant runs a covering set of configs (every value of every parameter at least 
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -15,8 +13,9 @@ from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import validate
 from kernelsmith.ops import UnsupportedWorkload
 from kernelsmith.ops.rmsnorm_backward import MAX_WHOLE_ROW, OP, RMSNormBackward
-from kernelsmith.space import Config, Space
+from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
+from kernelsmith.testing.kernels import covering_configs, launch_guarded
 
 DTYPES = ("float16", "bfloat16", "float32")
 WIDTHS = (1, 3, 341, 1000)
@@ -24,31 +23,9 @@ ROWS = (1, 7, 33)
 GUARD = 64  # NaN elements after each output: a kernel writing past its end overwrites them
 
 
-def covering_configs(space: Space) -> list[Config]:
-    """The first and last configs, then greedily whatever adds a new (parameter, value)."""
-    configs = space.configs()
-    if not configs:
-        return []
-    chosen = [configs[0], configs[-1]] if len(configs) > 1 else [configs[0]]
-    seen = {(k, v) for c in chosen for k, v in c.items()}
-    for c in configs:
-        new = set(c.items()) - seen
-        if new:
-            chosen.append(c)
-            seen |= new
-    return chosen
-
-
 def run_launcher(variant: str, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...]
                  ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Launch into NaN-filled outputs, each followed by a NaN guard; return (outputs, guards)."""
-    outs, guards = [], []
-    for t in OP.output_specs(spec):
-        buffer = torch.full((t.numel + GUARD,), math.nan, dtype=t.torch_dtype, device=inputs[0].device)
-        outs.append(buffer[: t.numel].view(t.shape))
-        guards.append(buffer[t.numel:])
-    OP.variant(variant).build(spec, config)(inputs, outs)
-    return outs, guards
+    return launch_guarded(OP, variant, spec, config, inputs, GUARD)
 
 
 def formula_fp64(inputs: tuple[torch.Tensor, ...], eps: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,28 +16,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.ops import UnsupportedWorkload, get_op
 from kernelsmith.ops.rmsnorm import MAX_WHOLE_ROW, OP, RMSNorm
-from kernelsmith.space import Config, Space
+from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
+from kernelsmith.testing.kernels import covering_configs
 
 DTYPES = ("float16", "bfloat16", "float32")
 WIDTHS = (1, 3, 341, 1000)
 GUARD = 64  # NaN elements after the output: a kernel writing past its end overwrites them
-
-
-def covering_configs(space: Space) -> list[Config]:
-    """A few configs of the space in which every (parameter, value) that occurs in the space
-    occurs at least once: the first config, the last, then greedily whatever adds new values."""
-    configs = space.configs()
-    if not configs:
-        return []
-    chosen = [configs[0], configs[-1]] if len(configs) > 1 else [configs[0]]
-    seen = {(k, v) for c in chosen for k, v in c.items()}
-    for c in configs:
-        new = {(k, v) for k, v in c.items()} - seen
-        if new:
-            chosen.append(c)
-            seen |= new
-    return chosen
 
 
 def run_launcher(variant_name: str, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...]

@@ -20,27 +20,13 @@ from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import validate
 from kernelsmith.ops import UnsupportedWorkload
 from kernelsmith.ops.rope import OP, RoPE
-from kernelsmith.space import Config, Space
+from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec, TensorSpec
+from kernelsmith.testing.kernels import covering_configs
 
 VARIANTS = [v.name for v in OP.variants]
 STYLES = ("half", "interleaved")
 GUARD = 32  # NaN elements after each output: a kernel writing past its end overwrites them
-
-
-def covering_configs(space: Space) -> list[Config]:
-    """The first and last configs, then greedily any config adding a (parameter, value) pair not
-    yet seen: every value each parameter takes in the space is exercised at least once."""
-    configs = space.configs()
-    assert configs, "the space is empty"
-    chosen = [configs[0], configs[-1]] if len(configs) > 1 else [configs[0]]
-    seen = {item for c in chosen for item in c.items()}
-    for c in configs:
-        new = set(c.items()) - seen
-        if new:
-            chosen.append(c)
-            seen |= new
-    return chosen
 
 
 def run_and_check(variant: str, spec: OpSpec, config: Config, seed: int = 0, distribution: str = "normal",

@@ -17,28 +17,12 @@ from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import TorchOpWatch
 from kernelsmith.ops import UnsupportedWorkload, get_op
 from kernelsmith.ops.softmax import OP
-from kernelsmith.space import Config, Space, next_power_of_two
+from kernelsmith.space import Config, next_power_of_two
 from kernelsmith.spec import OpSpec
+from kernelsmith.testing.kernels import covering_configs
 
 VARIANTS = [v.name for v in OP.variants]
 DTYPES = ("float16", "bfloat16", "float32")
-
-
-def covering_configs(space: Space) -> list[Config]:
-    """A few configs that between them take every value each parameter has in the space.
-
-    The first, middle and last configs, plus the first config holding each value of each
-    parameter: every distinct block shape (ROWS, BLOCK_N...) is exercised at least once.
-    """
-    configs = space.configs()
-    assert configs, "the space is empty"
-    chosen = {configs[0], configs[len(configs) // 2], configs[-1]}
-    for param in space.params:
-        for value in param.choices:
-            match = next((c for c in configs if c[param.name] == value), None)
-            if match is not None:
-                chosen.add(match)
-    return sorted(chosen, key=lambda c: c.key)
 
 
 def run_variant(variant: str, spec: OpSpec, config: Config, x: torch.Tensor) -> torch.Tensor:

@@ -85,15 +85,10 @@ from kernelsmith.ops._base import (
     rows_and_width,
 )
 from kernelsmith.ops.add_rmsnorm import _to_storage
-from kernelsmith.ops.rmsnorm import DEFAULT_EPS, STAGES, WARPS, _warps_fit
+from kernelsmith.ops.rmsnorm import DEFAULT_EPS
 from kernelsmith.ops.rmsnorm import OP as _RMSNORM
 from kernelsmith.ops.rmsnorm_backward import (
-    GROUPS,
     LOOPED_REDUCE_ROWS,
-    MAX_WARPS_PER_SM,
-    MAX_WHOLE_ROW,
-    PIPELINE_SHARED_BYTES,
-    REDUCE_ROWS,
     REDUCE_WARPS,
     _groups,
     _launch_kwargs,
@@ -101,8 +96,9 @@ from kernelsmith.ops.rmsnorm_backward import (
     _looped_stats_kernel,
     _reduce_block_c,
     _sum_partials_kernel,
+    two_stage_space,
 )
-from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
+from kernelsmith.space import Config, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
 # ---------------------------------------------------------------------------------------------
@@ -216,28 +212,7 @@ def _views(n: int, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tenso
 def _two_stage_space(spec: OpSpec) -> Space:
     """rmsnorm_backward's two_stage space, with three rows (dy, dh, h) in flight instead of two."""
     block_n = next_power_of_two(_rows_and_width(spec)[1])
-    row_bytes = block_n * spec.inputs[2].torch_dtype.itemsize
-
-    def pipeline_bytes(c: Config) -> int:
-        # num_stages = s keeps s - 1 rows of dy, dh and h in flight in shared memory, for each of
-        # the GROUPS programs sharing a multiprocessor.
-        return c["GROUPS"] * (c["num_stages"] - 1) * 3 * row_bytes
-
-    return Space(
-        [Param("GROUPS", GROUPS), Param("BLOCK_R", REDUCE_ROWS), Param("num_warps", WARPS),
-         Param("num_stages", STAGES)],
-        [
-            Constraint(f"the programs of a multiprocessor are all resident ({MAX_WARPS_PER_SM} warps)",
-                       lambda c: c["GROUPS"] * c["num_warps"] <= MAX_WARPS_PER_SM),
-            Constraint(f"the rows in flight fit in shared memory ({PIPELINE_SHARED_BYTES} bytes an SM)",
-                       lambda c: pipeline_bytes(c) <= PIPELINE_SHARED_BYTES),
-            Constraint(f"the whole row must fit: BLOCK_N <= {MAX_WHOLE_ROW}",
-                       lambda c: block_n <= MAX_WHOLE_ROW),
-            # dh is loaded once h and dy are dead: at most four row vectors live at a time.
-            Constraint("num_warps must suit h, dy, weight and the dw share (4 * BLOCK_N elements)",
-                       lambda c: _warps_fit(4 * block_n, c["num_warps"])),
-        ],
-    )
+    return two_stage_space(block_n, spec.inputs[2].torch_dtype.itemsize, rows_in_flight=3)
 
 
 def _two_stage_build(spec: OpSpec, config: Config) -> Launcher:

@@ -268,14 +268,16 @@ def _views(n: int, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tenso
 # ---- two_stage ------------------------------------------------------------------------------
 
 
-def _two_stage_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(_rows_and_width(spec)[1])
-    row_bytes = block_n * spec.inputs[1].torch_dtype.itemsize
+def two_stage_space(block_n: int, itemsize: int, rows_in_flight: int) -> Space:
+    """The two_stage space for rows of ``block_n`` (padded) elements of ``itemsize`` bytes, with
+    ``rows_in_flight`` activation rows loaded per row step (dy and x here; add_rmsnorm_backward
+    also loads dh)."""
+    row_bytes = block_n * itemsize
 
     def pipeline_bytes(c: Config) -> int:
-        # num_stages = s keeps s - 1 rows of x and of dy in flight in shared memory, for each of
-        # the GROUPS programs sharing a multiprocessor.
-        return c["GROUPS"] * (c["num_stages"] - 1) * 2 * row_bytes
+        # num_stages = s keeps s - 1 row steps in flight in shared memory, for each of the
+        # GROUPS programs sharing a multiprocessor.
+        return c["GROUPS"] * (c["num_stages"] - 1) * rows_in_flight * row_bytes
 
     return Space(
         [Param("GROUPS", GROUPS), Param("BLOCK_R", REDUCE_ROWS), Param("num_warps", WARPS),
@@ -287,10 +289,17 @@ def _two_stage_space(spec: OpSpec) -> Space:
                        lambda c: pipeline_bytes(c) <= PIPELINE_SHARED_BYTES),
             Constraint(f"the whole row must fit: BLOCK_N <= {MAX_WHOLE_ROW}",
                        lambda c: block_n <= MAX_WHOLE_ROW),
-            Constraint("num_warps must suit x, dy, weight and the dw share (4 * BLOCK_N elements)",
+            # At most four row vectors are live at a time (the activation, dy, the weight, the
+            # dw share; add_rmsnorm_backward loads dh once the others are dead).
+            Constraint("num_warps must suit four row vectors (4 * BLOCK_N elements)",
                        lambda c: _warps_fit(4 * block_n, c["num_warps"])),
         ],
     )
+
+
+def _two_stage_space(spec: OpSpec) -> Space:
+    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    return two_stage_space(block_n, spec.inputs[1].torch_dtype.itemsize, rows_in_flight=2)
 
 
 def _two_stage_build(spec: OpSpec, config: Config) -> Launcher:

@@ -1,0 +1,54 @@
+"""Helpers for testing kernels in the Triton interpreter: which configs to run, and launching into
+guarded outputs.
+
+>>> from kernelsmith.ops import get_op
+>>> op = get_op("softmax")
+>>> spec = op.spec((3, 40), "float32")
+>>> configs = covering_configs(op.variants[0].space(spec))
+>>> all(isinstance(c, dict) or hasattr(c, "items") for c in configs)
+True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from kernelsmith.ops._base import OpFamily
+from kernelsmith.space import Config, Space
+from kernelsmith.spec import OpSpec
+
+
+def covering_configs(space: Space) -> list[Config]:
+    """Few configs that exercise every value of every parameter at least once.
+
+    The first and the last config, then, greedily, every config that adds a (parameter, value)
+    pair not seen yet. Asserts that the space is not empty: a variant without a config for a
+    test's shape would otherwise be tested on nothing.
+    """
+    configs = space.configs()
+    assert configs, f"the space is empty: {space}"
+    chosen = [configs[0], configs[-1]] if len(configs) > 1 else [configs[0]]
+    seen = {item for c in chosen for item in c.items()}
+    for c in configs:
+        new = set(c.items()) - seen
+        if new:
+            chosen.append(c)
+            seen |= new
+    return chosen
+
+
+def launch_guarded(
+    op: OpFamily, variant: str, spec: OpSpec, config: Config, inputs: Sequence[torch.Tensor], guard: int = 64
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Launch a variant into NaN-filled outputs, each followed by ``guard`` NaN elements that a
+    kernel writing past its output's end would overwrite; return (outputs, guards)."""
+    outs, guards = [], []
+    for t in op.output_specs(spec):
+        buffer = torch.full((t.numel + guard,), math.nan, dtype=t.torch_dtype, device=inputs[0].device)
+        outs.append(buffer[: t.numel].view(t.shape))
+        guards.append(buffer[t.numel :])
+    op.variant(variant).build(spec, config)(inputs, outs)
+    return outs, guards
