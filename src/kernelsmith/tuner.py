@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import Counter
@@ -24,10 +25,13 @@ from typing import Any
 
 import torch
 
+from kernelsmith import notify
+from kernelsmith.cost import EVAL_SECONDS_KEY, LLM_TOKENS_KEY, SearchCost, search_cost
 from kernelsmith.db import Database, DecisionRecord, Fingerprint, TrialRecord, current_fingerprint, open_database
 from kernelsmith.decide import Comparison, compare
 from kernelsmith.evaluate.pool import Evaluator
 from kernelsmith.evaluate.protocol import Candidate, EvalResult, TimingSettings
+from kernelsmith.llm._base import LLMClient, Metered
 from kernelsmith.ops import OpFamily, get_op
 from kernelsmith.spec import OpSpec
 from kernelsmith.strategies import Strategy, make_strategy
@@ -67,6 +71,7 @@ class TuneResult:
     strategy: str = ""
     top: list[dict[str, Any]] = field(default_factory=list)
     note: str = ""
+    cost: SearchCost = field(default_factory=SearchCost)  # what this run spent (see kernelsmith.cost)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -84,7 +89,7 @@ def _trial(fp: Fingerprint, spec: OpSpec, result: EvalResult) -> TrialRecord:
         config=result.candidate.config.to_dict(),
         status=result.status,
         error=result.error,
-        metrics=dict(result.metrics),
+        metrics={**result.metrics, EVAL_SECONDS_KEY: result.seconds},
     )
 
 
@@ -132,6 +137,7 @@ def _result_from_decision(
     failure_examples: dict[str, str] | None = None,
     wall_s: float = 0.0,
     top: list[dict[str, Any]] | None = None,
+    cost: SearchCost | None = None,
 ) -> TuneResult:
     m = decision.metrics
     ci = (m["ci_low"], m["ci_high"]) if "ci_low" in m else None
@@ -159,6 +165,7 @@ def _result_from_decision(
         strategy=decision.strategy,
         top=top or [],
         note=m.get("note", ""),
+        cost=cost or SearchCost(mode=fp.mode, wall_s=wall_s),
     )
 
 
@@ -180,16 +187,20 @@ class _Search:
         self.copy_gbps = copy_gbps
         self.source_hashes = {v.name: v.source_hash for v in family.variants}
         self.results: list[EvalResult] = []
+        self.fresh: list[bool] = []  # per result: evaluated now (True) or reused from the database
+        self.recheck_s = 0.0  # worker seconds of the final re-check
         self.evaluated = 0
+        self.meter: Metered | None = None  # the LLM client of the run's strategy, if it has one
 
     def candidates(self) -> list[Candidate]:
         return [Candidate(v.name, c) for v in self.family.variants for c in v.space(self.spec)]
 
-    def run(self, strategy_name: str, budget: int, seed: int) -> None:
+    def run(self, strategy_name: str, budget: int, seed: int, client: Metered | None = None) -> None:
         """Keep every worker busy: each finished evaluation makes room for the next proposal."""
         strategy = make_strategy(
-            strategy_name, seed, budget=budget, db=self.db, spec=self.spec, fingerprint=self.fp.hash
+            strategy_name, seed, budget=budget, db=self.db, spec=self.spec, fingerprint=self.fp.hash, client=client
         )
+        self.meter = client
         strategy.setup(self.candidates())
         running: set[Future[EvalResult]] = set()
         exhausted = False
@@ -216,16 +227,29 @@ class _Search:
             self.fp.hash,
             self.spec.workload_hash,
             candidate.variant,
-            self.source_hashes[candidate.variant],
+            self._source_hash(candidate),
             candidate.config.key,
         )
         return None if record is None else _from_trial(record, candidate)
 
+    def _source_hash(self, candidate: Candidate) -> str:
+        """A built-in variant's hash, or for source proposed by a strategy (an LLM's kernel) the
+        hash of that source, as the worker computes it (evaluate/worker.py ``_load_source``)."""
+        if candidate.source:
+            return hashlib.sha256(candidate.source.encode()).hexdigest()[:16]
+        return self.source_hashes[candidate.variant]
+
     def _record(self, strategy: Strategy, result: EvalResult, *, fresh: bool, budget: int) -> None:
+        if not result.source_hash and result.candidate.source:  # rejected before the worker hashed it
+            result = replace(result, source_hash=self._source_hash(result.candidate))
+        tokens = self.meter.tokens.get(result.candidate) if fresh and self.meter is not None else None
+        if tokens:  # the LLM tokens spent proposing it, stored with the trial (kernelsmith.cost)
+            result = replace(result, metrics={**result.metrics, LLM_TOKENS_KEY: tokens})
         result = plausible(result, self.copy_gbps)
         if fresh and result.status != "skipped":
             self.db.add_trial(_trial(self.fp, self.spec, result))  # at once: a crash loses nothing
         self.results.append(result)
+        self.fresh.append(fresh)
         strategy.observe([result])
         if self.progress:
             self.progress(self.evaluated, budget, self.best())
@@ -277,7 +301,9 @@ class _Search:
             settings = TimingSettings(rounds=100)
         else:
             settings = TimingSettings(warmup_ms=0.0, rounds=6, input_sets=2, flush_l2=False)
-        final = [r for r in self.evaluator.evaluate_together(self.spec, finalists, settings) if r.ok]
+        rechecked = self.evaluator.evaluate_together(self.spec, finalists, settings)
+        self.recheck_s = max((r.seconds for r in rechecked), default=0.0)  # one request: the longest spans it
+        final = [r for r in rechecked if r.ok]
         if not final:
             return DecisionRecord(winner="baseline", metrics={"note": "finalists failed the final re-check"}, **base)
         # The incumbent is the search's best; a challenger replaces it only with confidence.
@@ -342,11 +368,22 @@ def tune_spec(
     workers: int | None = None,
     mode: str | None = None,
     progress: Progress | None = None,
+    client: LLMClient | None = None,
 ) -> TuneResult:
-    """Tune one workload (see the module docstring); returns a :class:`TuneResult`."""
+    """Tune one workload (see the module docstring); returns a :class:`TuneResult`.
+
+    ``client`` is the LLM of ``strategy="llm"`` (which otherwise builds one from the environment,
+    see :mod:`kernelsmith.llm`) and of ``"auto"`` (which uses an LLM only when given one); its
+    tokens, requests and wall time go into ``TuneResult.cost``.
+    """
     if budget < 1:
         raise ValueError("budget must be at least 1")
-    make_strategy(strategy)  # fail early on an unknown name
+    if strategy == "llm" and client is None:
+        from kernelsmith.llm import make_client
+
+        client = make_client()  # raises, before any work, when no LLM is configured
+    meter = Metered(client) if client is not None else None
+    make_strategy(strategy, client=meter)  # fail early on an unknown name or a missing dependency
     started = time.perf_counter()
     family = get_op(spec.op)
     family.check_supported(spec)
@@ -362,10 +399,15 @@ def tune_spec(
         with Evaluator(fp.mode, workers) as evaluator:
             copy_gbps = _copy_bandwidth(database, fp, evaluator)
             search = _Search(family, spec, fp, database, evaluator, progress, copy_gbps)
-            search.run(strategy, budget, seed)
+            search.run(strategy, budget, seed, client=meter)
             decision = search.decide(strategy, copy_gbps)
+        cost = search_cost(
+            search.results, search.fresh, fp.mode, wall_s=time.perf_counter() - started, recheck_s=search.recheck_s,
+            llm=meter.usage.as_cost() if meter is not None else None,
+        )
+        decision = replace(decision, metrics={**decision.metrics, "cost": cost.totals()})
         database.put_decision(decision)
-        return _result_from_decision(
+        result = _result_from_decision(
             decision,
             fp,
             from_database=False,
@@ -374,7 +416,10 @@ def tune_spec(
             failure_examples=search.failure_examples(),
             wall_s=time.perf_counter() - started,
             top=search.top(),
+            cost=cost,
         )
+        notify.tuning_done(result)  # optional webhook; never raises
+        return result
     finally:
         if database is not db:
             database.close()
@@ -388,6 +433,7 @@ def tune(
     db: Any = None,
     seed: int = 0,
     workers: int | None = None,
+    client: LLMClient | None = None,
     **constants: Any,
 ) -> TuneResult:
     """Tune ``op`` for the workload of ``example_inputs``; see :func:`tune_spec`.
@@ -399,4 +445,4 @@ def tune(
     """
     family = get_op(op) if isinstance(op, str) else op
     spec = family.spec_for(*example_inputs, **constants)
-    return tune_spec(spec, budget=budget, strategy=strategy, db=db, seed=seed, workers=workers)
+    return tune_spec(spec, budget=budget, strategy=strategy, db=db, seed=seed, workers=workers, client=client)

@@ -142,11 +142,18 @@ def tune(
                 text = f"best {best.median_us:.1f} us ({best.candidate.variant})"
             bar.update(task, completed=done, description=text)
 
-        result = _run(
-            lambda: tune_spec(
-                spec, budget=run_budget, strategy=strategy, db=db, seed=seed, workers=workers, progress=progress
-            )
-        )
+        def run_tune() -> Any:
+            try:
+                return tune_spec(
+                    spec, budget=run_budget, strategy=strategy, db=db, seed=seed, workers=workers, progress=progress
+                )
+            except Exception as exc:
+                from kernelsmith import notify
+
+                notify.tuning_failed(spec.describe(), exc)  # optional webhook; never raises
+                raise
+
+        result = _run(run_tune)
     if as_json:
         data = result.to_dict()
         data["best_config"] = result.best_config if result.winner == "kernel" else None
@@ -198,6 +205,8 @@ def _print_result(result: Any) -> None:
             ),
         )
     summary.add_row("from", source + f", {result.wall_s:.1f} s")
+    if not result.from_database:
+        summary.add_row("cost", result.cost.describe())
     if result.failures:
         summary.add_row("failures", ", ".join(f"{k}: {v}" for k, v in sorted(result.failures.items())))
         if result.winner != "kernel":  # nothing worked or nothing won: show why the candidates failed
@@ -275,24 +284,36 @@ def db_list(
 def db_show(
     workload: Annotated[str, typer.Argument(help="Workload hash (see `db list`).")],
     db: DbOption = None,
+    lam: Annotated[
+        float, typer.Option("--lambda", min=0.0, help="Cost weight of the choice: speedup - lambda * cost / total.")
+    ] = 0.0,
+    axis: Annotated[str, typer.Option("--cost", help="Cost axis: evaluations, seconds or tokens.")] = "evaluations",
     as_json: JsonOption = False,
 ) -> None:
-    """One workload: its decisions and every trial (failures included)."""
+    """One workload: its decisions, every trial (failures included), and speed against search cost."""
+    from kernelsmith.cost import summarize_trials
     from kernelsmith.db import open_database
 
-    def load() -> tuple[list[Any], list[Any]]:
+    def load() -> tuple[list[Any], list[Any], list[dict[str, Any]]]:
         with open_database(db) as database:
             decisions = [d for d in database.decisions() if d.workload == workload]
             trials = database.trials(workload=workload)
+            modes = {f.hash: f.mode for f in database.fingerprints()}
         if not decisions and not trials:
             raise UserError(f"no workload {workload!r} in the database")
-        return decisions, trials
+        stored = {d.fingerprint: d.metrics["cost"] for d in decisions if isinstance(d.metrics.get("cost"), dict)}
+        return decisions, trials, summarize_trials(trials, modes, lam=lam, axis=axis, stored_costs=stored)
 
-    decisions, trials = _run(load)
+    decisions, trials, costs = _run(load)
     if as_json:
         print(
             json.dumps(
-                {"decisions": [d.to_dict() for d in decisions], "trials": [t.to_dict() for t in trials]}, default=str
+                {
+                    "decisions": [d.to_dict() for d in decisions],
+                    "trials": [t.to_dict() for t in trials],
+                    "cost": costs,
+                },
+                default=str,
             )
         )
         return
@@ -315,6 +336,40 @@ def db_show(
             (t.error or "")[:80],
         )
     out.print(table)
+    for c in costs:
+        _print_cost(c)
+
+
+def _print_cost(c: dict[str, Any]) -> None:
+    """The search cost of one fingerprint's trials and the Pareto frontier of speed against it."""
+    seconds = c.get("gpu_s", c.get("interpreter_s", 0.0))
+    line = (
+        f"search cost on {c['fingerprint']} ({c['mode']}): {c['evaluations']} evaluations "
+        f"({c['failures']} failed), {seconds:.1f} {c['seconds_name']}"
+        + (" (estimated: some trials predate per-trial seconds)" if c["seconds_estimated"] else "")
+    )
+    out.print(line, highlight=False)
+    if c["stored_cost"]:  # the decision's own run, with its final re-check and any LLM tokens
+        from kernelsmith.cost import SearchCost
+
+        out.print(f"last tuning run: {SearchCost.from_dict(c['stored_cost']).describe()}", highlight=False)
+    table = Table(title=f"speed vs cost ({c['axis']}): Pareto frontier, lambda={c['lambda']:g}")
+    for column in ("#", "variant", "config", "speedup", "evaluations", c["seconds_name"], "score", ""):
+        table.add_column(column)
+    for p in c["frontier"]:
+        table.add_row(
+            str(p["index"]),
+            p["variant"],
+            ",".join(f"{k}={v}" for k, v in sorted(p["config"].items())),
+            _fmt(p["speedup"], 3, "x"),
+            str(p["evaluations"]),
+            _fmt(p["seconds"]),
+            _fmt(p["score"], 3),
+            "chosen" if p["index"] == c["chosen"] else "",
+        )
+    out.print(table)
+    if c["mode"] == "interpreter":
+        out.print("interpreter timings: speedups are not GPU performance", highlight=False)
 
 
 @db_app.command("export")

@@ -5,8 +5,12 @@
 ``random``            seeded random order, variants interleaved
 ``tpe``               Optuna's TPE sampler (``pip install 'kernelsmith[search]'``)
 ``coordinate``        coordinate descent around the incumbent, random restarts when stuck
+``llm``               rounds of proposals from a language model, parameters and whole kernels
+                      (``pip install 'kernelsmith[llm]'``; a ``client``, or one configured by
+                      environment variables: see :mod:`kernelsmith.llm`)
 ``auto``              picks one of the above from the budget and the space size, warm-started
-                      from the nearest tuned workloads in the database (see ``auto.py``)
+                      from the nearest tuned workloads in the database (see ``auto.py``); the
+                      LLM only when a ``client`` is passed
 ====================  ==========================================================================
 
 Compositions: :class:`Refine` (one strategy, then coordinate descent), :class:`WarmStart` (stored
@@ -27,6 +31,7 @@ from kernelsmith.strategies.auto import AutoStrategy
 from kernelsmith.strategies.chain import Chain
 from kernelsmith.strategies.coordinate import CoordinateDescent, Refine
 from kernelsmith.strategies.grid import GridSearch
+from kernelsmith.strategies.llm import LLMSearch
 from kernelsmith.strategies.random import RandomSearch
 from kernelsmith.strategies.tpe import TPESearch
 from kernelsmith.strategies.warm import WarmStart, nearest_winners
@@ -36,6 +41,7 @@ STRATEGIES: dict[str, Callable[..., Strategy]] = {
     "random": RandomSearch,
     "tpe": TPESearch,
     "coordinate": CoordinateDescent,
+    "llm": LLMSearch,
     "auto": AutoStrategy,
 }
 
@@ -48,17 +54,27 @@ def make_strategy(
     db: Any = None,
     spec: OpSpec | None = None,
     fingerprint: str | None = None,
+    client: Any = None,
 ) -> Strategy:
     """A fresh strategy by name. ``budget``, ``db``, ``spec`` and ``fingerprint`` (a hash) inform
-    ``auto``'s choice and warm start; the other strategies ignore them.
+    ``auto``'s choice and warm start and the ``llm`` prompts; the other strategies ignore them.
+    ``client`` (a :class:`kernelsmith.llm.LLMClient`) is the LLM of ``llm``, which builds one from
+    the environment without it (:func:`kernelsmith.llm.make_client`), and of ``auto``, which
+    uses an LLM only when given one.
 
-    Raises ValueError for an unknown name, ImportError (with the install command) for ``tpe``
-    without Optuna.
+    Raises ValueError for an unknown name or an ``llm`` without a configured client, ImportError
+    (with the install command) for ``tpe`` without Optuna or ``llm`` without its SDK.
     """
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r} (known: {', '.join(sorted(STRATEGIES))})")
     if name == "auto":
-        return AutoStrategy(seed, budget=budget, db=db, spec=spec, fingerprint=fingerprint)
+        return AutoStrategy(seed, budget=budget, db=db, spec=spec, fingerprint=fingerprint, client=client)
+    if name == "llm":
+        if client is None:
+            from kernelsmith.llm import make_client
+
+            client = make_client()
+        return LLMSearch(client, seed, budget=budget, spec=spec, db=db, fingerprint=fingerprint)
     return STRATEGIES[name](seed=seed)
 
 
@@ -68,6 +84,7 @@ __all__ = [
     "Chain",
     "CoordinateDescent",
     "GridSearch",
+    "LLMSearch",
     "RandomSearch",
     "Refine",
     "Strategy",

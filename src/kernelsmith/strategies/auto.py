@@ -7,6 +7,11 @@
    then coordinate descent around the best found. On replayed spaces a short exploration did
    better than a long one: the descent itself restarts from random candidates when stuck.
 
+With an LLM client (``client=``, see :mod:`kernelsmith.llm`), rules 1-3 give way: LLM proposals
+(parameters and whole kernels) spend the first ``LLM_SHARE`` of the budget, then coordinate
+descent refines around the best found. Without one the LLM is never used: tokens are spent only
+when someone passes a client.
+
 Whatever was picked is warm-started (:mod:`kernelsmith.strategies.warm`) when the database
 holds tuned workloads of the same op. The choice is made in :meth:`setup`, when the candidate set
 is known. A caller that does not pass ``budget`` is assumed to use the tuner's default budget.
@@ -23,6 +28,7 @@ from kernelsmith.spec import OpSpec
 from kernelsmith.strategies._base import Strategy
 from kernelsmith.strategies.coordinate import Refine
 from kernelsmith.strategies.grid import GridSearch
+from kernelsmith.strategies.llm import LLMSearch
 from kernelsmith.strategies.random import RandomSearch
 from kernelsmith.strategies.tpe import TPESearch, optuna_available
 from kernelsmith.strategies.warm import WarmStart, nearest_winners
@@ -31,6 +37,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET = 50  # the default of kernelsmith.tune and tune_spec
 TPE_MIN_BUDGET = 30
+LLM_SHARE = 0.75  # of the budget, for LLM proposals when a client is given
 
 
 def exploration(budget: int, n_variants: int) -> int:
@@ -38,8 +45,11 @@ def exploration(budget: int, n_variants: int) -> int:
     return min(2 * n_variants, max(1, budget // 2))
 
 
-def choose(candidates: Sequence[Candidate], budget: int, seed: int = 0) -> Strategy:
-    """The strategy rules 1-3 of the module docstring pick (without the warm start)."""
+def choose(candidates: Sequence[Candidate], budget: int, seed: int = 0, *, llm: LLMSearch | None = None) -> Strategy:
+    """The strategy rules 1-3 of the module docstring pick (without the warm start), or ``llm``
+    refined by coordinate descent when there is one."""
+    if llm is not None:
+        return Refine(llm, max(1, int(LLM_SHARE * budget)), seed)
     if len(candidates) <= budget:
         return GridSearch(seed)
     if budget >= TPE_MIN_BUDGET and optuna_available():
@@ -59,15 +69,23 @@ class AutoStrategy(Strategy):
         db: Any = None,
         spec: OpSpec | None = None,
         fingerprint: str | None = None,
+        client: Any = None,
     ) -> None:
         super().__init__(seed)
         self.budget = budget or DEFAULT_BUDGET
         self.db, self.spec, self.fingerprint = db, spec, fingerprint
+        self.client = client
         self.inner: Strategy = GridSearch(seed)  # replaced in setup
 
     def setup(self, candidates: Sequence[Candidate]) -> None:
         super().setup(candidates)
-        inner = choose(candidates, self.budget, self.seed)
+        llm = None
+        if self.client is not None:
+            llm = LLMSearch(
+                self.client, self.seed, budget=max(1, int(LLM_SHARE * self.budget)),
+                spec=self.spec, db=self.db, fingerprint=self.fingerprint,
+            )
+        inner = choose(candidates, self.budget, self.seed, llm=llm)
         if self.db is not None and self.spec is not None:
             seeds = nearest_winners(self.db, self.spec, candidates, fingerprint=self.fingerprint)
             if seeds:
