@@ -149,6 +149,26 @@ def test_reopen_does_not_rerun_migrations(tmp_path: Path) -> None:
         assert len(db.trials()) == 1
 
 
+def test_version_1_database_is_migrated_in_place(tmp_path: Path) -> None:
+    """A database written before variant sources existed gains their table and keeps its rows."""
+    path = tmp_path / "v1.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    for statement in _statements(MIGRATIONS[0]):
+        conn.execute(statement)
+    conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    conn.execute("INSERT INTO fingerprints VALUES ('fp', '{}')")
+    conn.close()
+    with open_database(path) as db:
+        source_hash = db.put_variant_source("rmsnorm", "def build(spec, config): ...\n")
+        assert db.get_variant_source(source_hash) == "def build(spec, config): ...\n"
+    with sqlite3.connect(path) as conn:
+        (version,) = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        (kept,) = conn.execute("SELECT count(*) FROM fingerprints").fetchone()
+    conn.close()
+    assert int(version) == SCHEMA_VERSION >= 2 and kept == 1
+
+
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "future.db"
     open_database(path).close()
@@ -157,7 +177,7 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
         conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
                      (str(SCHEMA_VERSION + 1),))
     conn.close()
-    with pytest.raises(DatabaseError, match=r"schema version 2, newer than") as info:
+    with pytest.raises(DatabaseError, match=rf"schema version {SCHEMA_VERSION + 1}, newer than") as info:
         open_database(path)
     assert str(path) in str(info.value)
 

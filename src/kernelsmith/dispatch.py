@@ -9,20 +9,41 @@ large objects, no database query and no tracing.
 ``torch.library`` custom op with a fake (meta) implementation, so that torch.compile graphs and
 torch.export can hold kernelsmith kernels. Its implementation serves the stored winner for the
 inputs' workload (or the op's PyTorch reference when the database has none).
+
+Kernels written outside the package. A decision may name a variant that is not one of the
+family's built-in ones: a kernel module a coding agent (``kernelsmith agent bench``) or an LLM
+proposed, whose text the database keeps by source hash (``Database.put_variant_source``). Such
+source is evaluated only in worker processes; serving its winner, however, means loading it in
+the caller's process, which is a trust decision: :func:`build_runner` loads only text that
+
+- the tool itself stored after it passed the full harness (static gate, validation on every
+  distribution and tail shape, timing checks) in a worker; nothing else writes that table,
+  except ``kernelsmith db import`` of a file whose author the user trusts like any code;
+- still hashes to the hash the decision names (a row edited by hand is refused);
+- passes the static gate again, as it did before evaluation (no torch compute, I/O, threads,
+  streams, try/except, introspection);
+
+and the front doors check the first call's output against the float64 reference before they
+adopt the runner. The gate is not a sandbox: it keeps honest mistakes and known cheats out, not a
+determined attacker with write access to the database, who could equally edit the package.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
+import os
+import sys
+import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from kernelsmith.db import Database, DecisionRecord, current_fingerprint, open_database
+from kernelsmith.db import Database, DecisionRecord, current_fingerprint, open_database, variant_source_hash
 from kernelsmith.ops import OpFamily, UnsupportedWorkload, get_op
 from kernelsmith.ops._base import Launcher
 from kernelsmith.space import Config
@@ -101,17 +122,79 @@ class KernelFunction(torch.autograd.Function):
         return (None, None, None, *cast)
 
 
-def build_runner(family: OpFamily, spec: OpSpec, decision: DecisionRecord) -> KernelRunner:
+def build_runner(family: OpFamily, spec: OpSpec, decision: DecisionRecord, db: Any = None) -> KernelRunner:
     """The runner of a "kernel" decision for ``spec`` (the exact call, not its bucket).
 
+    A built-in variant is built from the package; any other variant name is a kernel written
+    outside the package, loaded from its source in the database ``db`` (default: the default
+    database) by :func:`load_stored_source` (see the module docstring for why that is trusted).
     Raises LookupError when the stored variant no longer exists or its source changed since it
     was measured: a decision is only as good as the code it was measured on.
     """
+    config = Config(decision.config)
+    if decision.variant not in {v.name for v in family.variants}:
+        build = load_stored_source(family.name, decision.source_hash, db)
+        return KernelRunner.build(family, spec, build(spec, config), decision.variant, config)
     variant = family.variant(decision.variant)
     if decision.source_hash and decision.source_hash != variant.source_hash:
         raise LookupError(f"{family.name}/{variant.name} changed since it was tuned (source hash differs)")
-    config = Config(decision.config)
     return KernelRunner.build(family, spec, variant.build(spec, config), variant.name, config)
+
+
+# Stored sources loaded in this process, by source hash: a module is imported once.
+_SOURCE_BUILDS: dict[str, Callable[[OpSpec, Config], Launcher]] = {}
+_SOURCE_DIR: tempfile.TemporaryDirectory[str] | None = None
+_SOURCE_LOCK = threading.Lock()
+
+
+def load_stored_source(op: str, source_hash: str, db: Any = None) -> Callable[[OpSpec, Config], Launcher]:
+    """The ``build`` function of the kernel module stored under ``source_hash``.
+
+    The text must still match its hash and pass the static gate; it is imported from a file
+    (Triton reads kernel source with :mod:`inspect`) in a private temporary folder. Raises
+    LookupError when there is no such source or it fails a check.
+    """
+    with _SOURCE_LOCK:
+        if source_hash in _SOURCE_BUILDS:
+            return _SOURCE_BUILDS[source_hash]
+    from kernelsmith.evaluate.static_gate import check_source
+
+    database = open_database(db)
+    try:
+        source = database.get_variant_source(source_hash) if source_hash else None
+    finally:
+        if database is not db:
+            database.close()
+    if source is None:
+        raise LookupError(f"{op}: no stored source for variant {source_hash or '(no hash)'} in the database")
+    if variant_source_hash(source) != source_hash:
+        raise LookupError(f"{op}: the stored source {source_hash} does not match its hash (edited?)")
+    problems = check_source(source)
+    if problems:
+        raise LookupError(f"{op}: the stored source {source_hash} fails the static gate: {'; '.join(problems[:3])}")
+    global _SOURCE_DIR
+    with _SOURCE_LOCK:
+        if _SOURCE_DIR is None:
+            _SOURCE_DIR = tempfile.TemporaryDirectory(prefix="kernelsmith-sources-")
+        path = os.path.join(_SOURCE_DIR.name, f"source_{source_hash}.py")
+        with open(path, "w") as handle:
+            handle.write(source)
+        module_spec = importlib.util.spec_from_file_location(f"kernelsmith_source_{source_hash}", path)
+        assert module_spec is not None and module_spec.loader is not None
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_spec.name] = module  # what dataclasses and pickling look modules up in
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as exc:
+            sys.modules.pop(module_spec.name, None)
+            problem = f"{type(exc).__name__}: {exc}"
+            raise LookupError(f"{op}: the stored source {source_hash} failed to import: {problem}") from exc
+        build = getattr(module, "build", None)
+        if not callable(build):
+            raise LookupError(f"{op}: the stored source {source_hash} defines no build(spec, config)")
+        _SOURCE_BUILDS[source_hash] = build
+    log.info("loaded stored kernel source %s for %s", source_hash, op)
+    return build  # type: ignore[no-any-return]
 
 
 def interpreter_enabled() -> bool:

@@ -16,14 +16,18 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from kernelsmith.cli.agent import agent_app
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Search, verify and serve faster Triton kernels for PyTorch ops."
 )
 db_app = typer.Typer(no_args_is_help=True, help="Inspect, export and import the results database.")
 app.add_typer(db_app, name="db")
+app.add_typer(agent_app, name="agent")
 
 out = Console()
 err = Console(stderr=True)
@@ -46,7 +50,8 @@ def _user_errors() -> Iterator[None]:
     try:
         yield
     except (UserError, ValueError, ImportError, DatabaseError, UnsupportedWorkload, FileNotFoundError, OSError) as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        # escape: a message such as "pip install 'kernelsmith[search]'" is text, not rich markup
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 

@@ -1,4 +1,5 @@
-"""Where tuning results live: fingerprints, trials (failures included), decisions, ceilings.
+"""Where tuning results live: fingerprints, trials (failures included), decisions, ceilings, and
+the source of kernels written outside the package.
 
 Use :func:`open_database` to get one. It accepts nothing (the default per-user database), a
 path, a ``sqlite:///path`` URL, ``":memory:"``, or an already open :class:`Database`, so every
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from kernelsmith.db._base import Ceiling, Database, DatabaseError, config_key_of
 from kernelsmith.db.fingerprint import current_fingerprint
-from kernelsmith.db.records import DecisionRecord, Fingerprint, TrialRecord
+from kernelsmith.db.records import DecisionRecord, Fingerprint, TrialRecord, VariantSource, variant_source_hash
 from kernelsmith.db.sqlite import MEMORY, SCHEMA_VERSION, SQLiteDatabase
 
 __all__ = [
@@ -29,10 +30,12 @@ __all__ = [
     "Fingerprint",
     "SQLiteDatabase",
     "TrialRecord",
+    "VariantSource",
     "config_key_of",
     "current_fingerprint",
     "default_db_path",
     "open_database",
+    "variant_source_hash",
 ]
 
 logger = logging.getLogger(__name__)

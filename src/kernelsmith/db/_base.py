@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from types import TracebackType
 from typing import Any
 
-from kernelsmith.db.records import DecisionRecord, Fingerprint, TrialRecord
+from kernelsmith.db.records import DecisionRecord, Fingerprint, TrialRecord, VariantSource
 
 
 class DatabaseError(RuntimeError):
@@ -59,7 +59,7 @@ class Ceiling:
 
 
 class Database(ABC):
-    """Where fingerprints, trials, decisions and device ceilings live.
+    """Where fingerprints, trials, decisions, device ceilings and outside kernel sources live.
 
     Every record is keyed by a fingerprint hash, and every query that can be scoped to one takes
     it: results measured on one machine (or in the interpreter) are never mixed with another's.
@@ -155,6 +155,32 @@ class Database(ABC):
     @abstractmethod
     def ceilings(self, fingerprint: str | None = None) -> list[Ceiling]:
         """Stored ceilings with their detail, optionally for one fingerprint only."""
+
+    # -- variant sources ---------------------------------------------------------------------
+
+    @abstractmethod
+    def put_variant_source(self, op: str, source: str) -> str:
+        """Store the text of a kernel module written outside the package; returns its source hash.
+
+        Call it only for source that passed the full evaluation harness: decisions naming the
+        hash are served by loading this text in the caller's process (see
+        :func:`kernelsmith.dispatch.build_runner`). Idempotent: the hash names the content, and
+        the first ``op`` stored for it is kept.
+
+        >>> from kernelsmith.db import open_database
+        >>> with open_database(":memory:") as db:
+        ...     h = db.put_variant_source("rmsnorm", "def build(spec, config): ...")
+        ...     db.get_variant_source(h)[:9]
+        'def build'
+        """
+
+    @abstractmethod
+    def get_variant_source(self, source_hash: str) -> str | None:
+        """The source stored under ``source_hash``, or None."""
+
+    @abstractmethod
+    def variant_sources(self, op: str | None = None) -> list[VariantSource]:
+        """Stored sources, optionally of one op family only, in the order they were stored."""
 
     # -- lifetime ----------------------------------------------------------------------------
 

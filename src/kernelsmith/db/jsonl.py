@@ -4,12 +4,18 @@ JSON lines rather than a copy of the SQLite file because it diffs, greps and mer
 from several machines can be concatenated into one database, and a human can read what is in
 it. The first line is a header naming the format and its version, so that a file written by a
 newer kernelsmith is refused with a clear message instead of being half understood. Each
-following line is one record with a ``"type"``: ``"fingerprint"``, ``"trial"``, ``"decision"``
-or ``"ceiling"``.
+following line is one record with a ``"type"``: ``"fingerprint"``, ``"trial"``, ``"decision"``,
+``"ceiling"`` or ``"variant_source"`` (the text of a kernel written outside the package, which
+decisions naming it need; format version 2, written only when an export holds such records, so
+older readers still take every other file).
+
+Importing a ``variant_source`` trusts the file's author as much as installing their code: the
+text is checked against its hash here, and passes the static gate again before it is ever loaded
+(:func:`kernelsmith.dispatch.build_runner`), but it is not re-run through the harness.
 
 Import is idempotent: a trial already present (same fingerprint, workload, variant, source
 hash, config and status) is skipped, decisions and ceilings are upserted, so importing the same
-file twice changes nothing.
+file twice changes nothing (sources are stored by content hash).
 """
 
 from __future__ import annotations
@@ -19,14 +25,14 @@ import logging
 from typing import IO, Any
 
 from kernelsmith.db._base import Ceiling, Database, DatabaseError
-from kernelsmith.db.records import DecisionRecord, Fingerprint, TrialRecord
+from kernelsmith.db.records import DecisionRecord, Fingerprint, TrialRecord, VariantSource, variant_source_hash
 
 logger = logging.getLogger(__name__)
 
 FORMAT = "kernelsmith-jsonl"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest this code reads; a file without variant sources is written as 1
 
-RECORD_TYPES = ("fingerprint", "trial", "decision", "ceiling")
+RECORD_TYPES = ("fingerprint", "trial", "decision", "ceiling", "variant_source")
 
 # Fields each record type must carry (the rest have defaults in the record classes).
 _REQUIRED: dict[str, tuple[str, ...]] = {
@@ -34,6 +40,7 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "trial": ("fingerprint", "workload", "op", "variant", "source_hash", "config", "status"),
     "decision": ("fingerprint", "workload", "op", "spec", "winner"),
     "ceiling": ("fingerprint", "name", "value"),
+    "variant_source": ("source_hash", "op", "source"),
 }
 
 
@@ -71,8 +78,12 @@ def export_jsonl(
         wanted = None  # everything
     fingerprints = [f for f in db.fingerprints() if wanted is None or f.hash in wanted]
     ceilings = [c for c in db.ceilings() if wanted is None or c.fingerprint in wanted]
+    # Outside kernel sources: those the exported trials and decisions name (all when unfiltered).
+    named = None if wanted is None else {t.source_hash for t in trials} | {d.source_hash for d in decisions}
+    sources = [v for v in db.variant_sources(op=op) if named is None or v.source_hash in named]
 
-    stream.write(_line({"type": "header", "format": FORMAT, "version": FORMAT_VERSION,
+    version = 2 if sources else 1
+    stream.write(_line({"type": "header", "format": FORMAT, "version": version,
                         "kernelsmith": __version__}))
     count = 0
     for f in fingerprints:
@@ -86,6 +97,9 @@ def export_jsonl(
         count += 1
     for c in ceilings:
         stream.write(_line({"type": "ceiling", **c.to_dict()}))
+        count += 1
+    for v in sources:
+        stream.write(_line({"type": "variant_source", **v.to_dict()}))
         count += 1
     logger.info("exported %d records (%d trials, %d decisions)", count, len(trials), len(decisions))
     return count
@@ -129,6 +143,11 @@ def _parse(obj: Any, where: str) -> tuple[str, Any]:
             return kind, TrialRecord.from_dict(data)
         if kind == "decision":
             return kind, DecisionRecord.from_dict(data)
+        if kind == "variant_source":
+            source = VariantSource.from_dict(data)
+            if not isinstance(source.source, str) or variant_source_hash(source.source) != source.source_hash:
+                raise DatabaseError(f"{where}: variant source hash {source.source_hash} does not match its text")
+            return kind, source
         return kind, Ceiling.from_dict(data)
     except (TypeError, ValueError) as e:
         raise DatabaseError(f"{where}: bad {kind} record: {e}") from e
@@ -139,7 +158,7 @@ def import_jsonl(db: Database, stream: IO[str]) -> dict[str, int]:
 
     The whole stream is validated before anything is written, so a malformed file imports
     nothing. The counts are of records actually stored, under ``"fingerprint"``, ``"trial"``,
-    ``"decision"`` and ``"ceiling"``, plus ``"duplicate_trial"`` for trials skipped because the
+    ``"decision"``, ``"ceiling"`` and ``"variant_source"``, plus ``"duplicate_trial"`` for trials skipped because the
     database already held them.
     """
     name = getattr(stream, "name", "<stream>")
@@ -183,6 +202,8 @@ def import_jsonl(db: Database, stream: IO[str]) -> dict[str, int]:
             new_trials.append(rec)
         elif kind == "decision":
             db.put_decision(rec)
+        elif kind == "variant_source":
+            db.put_variant_source(rec.op, rec.source)
         else:
             db.put_ceiling(rec.fingerprint, rec.name, rec.value, rec.detail,
                            measured_at=rec.measured_at)

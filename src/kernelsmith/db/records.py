@@ -1,4 +1,5 @@
-"""Plain records the database stores: what machine, what was tried, what was decided.
+"""Plain records the database stores: what machine, what was tried, what was decided, and the
+source of kernels written outside the package (a coding agent's, an LLM's).
 
 Records are dataclasses of JSON-friendly fields so that they cross process boundaries, go into
 SQLite rows and come out as JSON lines without special cases.
@@ -120,4 +121,33 @@ class DecisionRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DecisionRecord:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def variant_source_hash(source: str) -> str:
+    """The hash naming a candidate module's source: the one the evaluation worker reports as
+    ``EvalResult.source_hash`` and trials and decisions record (16 hex digits of its SHA-256).
+
+    >>> variant_source_hash("def build(spec, config): ...")
+    'dbcbe0cac152fecb'
+    """
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class VariantSource:
+    """The text of a kernel module proposed from outside the package, stored once it passed the
+    full harness, so that a decision naming it (``variant`` not a built-in one, ``source_hash``
+    this record's) can be served. ``op`` is the family it was evaluated for."""
+
+    source_hash: str
+    op: str
+    source: str
+    created_at: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VariantSource:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})

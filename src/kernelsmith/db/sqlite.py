@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelsmith.db._base import Ceiling, Database, DatabaseError, config_key_of
-from kernelsmith.db.records import DecisionRecord, Fingerprint, TrialRecord
+from kernelsmith.db.records import DecisionRecord, Fingerprint, TrialRecord, VariantSource, variant_source_hash
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +86,16 @@ MIGRATIONS: list[str] = [
         measured_at REAL NOT NULL,
         PRIMARY KEY (fingerprint, name)
     );
+    """,
+    # 1 -> 2: the source of kernels written outside the package (coding agent, LLM), by hash.
+    """
+    CREATE TABLE variant_sources (
+        source_hash TEXT PRIMARY KEY,
+        op TEXT NOT NULL,
+        source TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    CREATE INDEX variant_sources_op ON variant_sources (op);
     """,
 ]
 
@@ -478,6 +488,33 @@ class SQLiteDatabase(Database):
             ).fetchall()
         return [Ceiling(fp, name, float(value), json.loads(detail), measured_at)
                 for fp, name, value, detail, measured_at in rows]
+
+    # -- variant sources ---------------------------------------------------------------------
+
+    def put_variant_source(self, op: str, source: str) -> str:
+        source_hash = variant_source_hash(source)
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO variant_sources (source_hash, op, source, created_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (source_hash) DO NOTHING",
+                (source_hash, op, source, time.time()),
+            )
+        return source_hash
+
+    def get_variant_source(self, source_hash: str) -> str | None:
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT source FROM variant_sources WHERE source_hash = ?", (source_hash,)
+            ).fetchone()
+        return str(row[0]) if row else None
+
+    def variant_sources(self, op: str | None = None) -> list[VariantSource]:
+        where, args = _filters(op=op)
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT source_hash, op, source, created_at FROM variant_sources{where} ORDER BY rowid", args
+            ).fetchall()
+        return [VariantSource(h, o, text, created_at) for h, o, text, created_at in rows]
 
 
 def _filters(**columns: str | None) -> tuple[str, tuple[str, ...]]:

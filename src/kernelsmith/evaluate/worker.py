@@ -76,6 +76,7 @@ def _load_source(
     spec = importlib.util.spec_from_file_location(f"kernelsmith_candidate_{source_hash}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses and pickling look their module up by name
     try:
         spec.loader.exec_module(module)
     except Exception as exc:

@@ -205,7 +205,7 @@ class Optimized:
             self._use_original(key, f"the baseline wins for {bucket.describe()}")
             return None
         try:
-            runner = dispatch.build_runner(family, spec, decision)
+            runner = dispatch.build_runner(family, spec, decision, db=self.db)
             trial = runner(inputs)
             problem = None
             references = family.reference_fp64(spec, inputs)

@@ -26,11 +26,13 @@ import pytest
 
 from kernelsmith.db import (
     Database,
+    DatabaseError,
     DecisionRecord,
     Fingerprint,
     TrialRecord,
     current_fingerprint,
     open_database,
+    variant_source_hash,
 )
 from kernelsmith.db.jsonl import export_jsonl, import_jsonl
 
@@ -350,7 +352,7 @@ class DatabaseSuite:
         with open_database(str(tmp_path / "copy.db")) as copy:
             counts = import_jsonl(copy, io.StringIO(buf.getvalue()))
             assert counts == {"fingerprint": 2, "trial": 3, "decision": 2, "ceiling": 1,
-                              "duplicate_trial": 0}
+                              "variant_source": 0, "duplicate_trial": 0}
             assert copy.trials() == db.trials()
             assert copy.decisions() == db.decisions()
             assert copy.ceilings() == db.ceilings()
@@ -361,6 +363,40 @@ class DatabaseSuite:
             assert again["trial"] == 0 and again["duplicate_trial"] == 3
             assert len(copy.trials()) == 3
             assert len(copy.decisions()) == 2
+
+    # -- variant sources ---------------------------------------------------------------------
+
+    def test_variant_sources(self, db: Database) -> None:
+        text = "def build(spec, config):\n    return None\n"
+        source_hash = db.put_variant_source("rmsnorm", text)
+        assert source_hash == variant_source_hash(text)
+        assert db.put_variant_source("softmax", text) == source_hash  # idempotent, first op kept
+        other = db.put_variant_source("softmax", text + "# another\n")
+        assert db.get_variant_source(source_hash) == text
+        assert db.get_variant_source("0" * 16) is None
+        assert [v.source_hash for v in db.variant_sources()] == [source_hash, other]
+        assert [v.op for v in db.variant_sources(op="rmsnorm")] == ["rmsnorm"]
+
+    def test_variant_sources_export_import(self, db: Database, tmp_path: Any) -> None:
+        self._fill(db)
+        plain = io.StringIO()
+        export_jsonl(db, plain)
+        assert '"version": 1' in plain.getvalue().splitlines()[0]  # no sources: readable by 1
+        text = "def build(spec, config):\n    return None\n"
+        source_hash = db.put_variant_source("softmax", text)
+        db.add_trial(make_trial(variant="agent", source_hash=source_hash))
+        buf = io.StringIO()
+        export_jsonl(db, buf, fingerprint=INTERP_FP.hash)
+        assert '"version": 2' in buf.getvalue().splitlines()[0]
+        with open_database(str(tmp_path / "copy.db")) as copy:
+            counts = import_jsonl(copy, io.StringIO(buf.getvalue()))
+            assert counts["variant_source"] == 1
+            assert copy.get_variant_source(source_hash) == text
+        tampered = buf.getvalue().replace("return None", "return 1")
+        with open_database(str(tmp_path / "other.db")) as other:
+            with pytest.raises(DatabaseError, match="does not match its text"):
+                import_jsonl(other, io.StringIO(tampered))
+            assert other.variant_sources() == []
 
     def test_export_filters(self, db: Database) -> None:
         self._fill(db)

@@ -1,0 +1,383 @@
+"""The coding-agent workspace: init, bench, keep or revert, and serving a kept kernel.
+
+Everything runs in the Triton interpreter on small shapes (8x64). Interpreter timings can never
+beat eager PyTorch, so the real-harness KEEP test plants a deliberately slow incumbent (a correct
+kernel that repeats its reduction) in the database: a plain kernel is then genuinely faster by
+the harness's own paired comparison. Gate failures (torch compute, file access) are decided
+before any worker starts; wrong kernels go through the full harness in a worker.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import kernelsmith
+from kernelsmith import dispatch
+from kernelsmith.agent import WorkspaceError, bench_workspace, init_workspace
+from kernelsmith.agent import extract as extract_module
+from kernelsmith.agent.extract import ExtractionError, variant_source
+from kernelsmith.agent.templates import OPS as TEMPLATE_OPS
+from kernelsmith.agent.workspace import RESULTS_COLUMNS, read_config
+from kernelsmith.cli.main import app
+from kernelsmith.db import DecisionRecord, current_fingerprint, open_database, variant_source_hash
+from kernelsmith.evaluate.errors import check_close
+from kernelsmith.evaluate.pool import Evaluator
+from kernelsmith.evaluate.protocol import Candidate, EvalResult
+from kernelsmith.evaluate.static_gate import check_source
+from kernelsmith.ops import get_op
+from kernelsmith.space import Config
+from kernelsmith.testing.bad_kernels import source as planted
+
+runner = CliRunner()
+RMSNORM = get_op("rmsnorm").spec((8, 64), "float32")
+
+
+def hf_rmsnorm(x, weight, eps=1e-6):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+def cli(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def verdict_block(stdout: str) -> dict[str, str]:
+    """The ``key: value`` lines of a bench, as a dict (the way an agent greps them)."""
+    return dict(line.split(": ", 1) for line in stdout.strip().splitlines() if ": " in line)
+
+
+def results(ws: Path) -> list[dict[str, str]]:
+    header, *rows = (ws / "results.tsv").read_text().splitlines()
+    assert header.split("\t") == list(RESULTS_COLUMNS)
+    return [dict(zip(RESULTS_COLUMNS, row.split("\t"), strict=True)) for row in rows]
+
+
+def with_config(source: str, config: dict[str, object]) -> str:
+    return source + f"\nCONFIG = {json.dumps(config)}\n"
+
+
+# A correct RMSNorm that repeats its sum of squares: slow in the interpreter, on purpose.
+SLOW_RMSNORM = with_config(
+    planted("correct_rmsnorm").replace(
+        "    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)\n",
+        "    total = tl.sum(x * x, axis=0)\n"
+        "    for _ in range(40):  # the same sum again and again: correct, and slow on purpose\n"
+        "        total = tl.sum(x * x, axis=0)\n"
+        "    rstd = tl.rsqrt(total / N + eps)\n",
+    ),
+    {"num_warps": 4},
+)
+FAST_RMSNORM = with_config(planted("correct_rmsnorm"), {"num_warps": 4})
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return str(tmp_path / "agent.db")
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    return tmp_path / "ws"
+
+
+def init(ws: Path, db: str, op: str = "rmsnorm") -> None:
+    result = cli("agent", "init", op, "--shape", "8x64", "--dtype", "fp32", "--dir", str(ws), "--db", db)
+    assert result.exit_code == 0, result.output
+
+
+def store_winner(db: str, source: str) -> str:
+    """Store ``source`` as the kept winner of RMSNORM, as an earlier session would have."""
+    fp = current_fingerprint("interpreter")
+    with open_database(db) as database:
+        database.put_fingerprint(fp)
+        source_hash = database.put_variant_source("rmsnorm", source)
+        database.put_decision(DecisionRecord(
+            fp.hash, RMSNORM.workload_hash, "rmsnorm", RMSNORM.to_dict(), "kernel", "agent", source_hash,
+            read_config(source), {"median_us": 1.0},
+        ))  # fmt: skip
+    return source_hash
+
+
+# ---- init ----------------------------------------------------------------------------------------
+def test_init_writes_a_complete_workspace(ws: Path, db: str) -> None:
+    init(ws, db)
+    assert sorted(p.name for p in ws.iterdir()) == ["AGENTS.md", "best.py", "kernel.py", "results.tsv",
+                                                    "workspace.json"]
+    data = json.loads((ws / "workspace.json").read_text())
+    assert data["op"] == "rmsnorm" and data["mode"] == "interpreter"
+    assert data["spec"] == RMSNORM.to_dict() and data["workload"] == RMSNORM.workload_hash
+    assert data["fingerprint"] == current_fingerprint("interpreter").hash
+    assert data["incumbent"] == {"kind": "baseline", "time_us": None}
+    assert data["start"]["origin"] == "first variant" and data["start"]["variant"] == "whole_row"
+    assert data["db"] == db
+    kernel = (ws / "kernel.py").read_text()
+    assert check_source(kernel) == [] and (ws / "best.py").read_text() == kernel
+    assert Config(read_config(kernel)) == get_op("rmsnorm").variant("whole_row").space(RMSNORM).configs()[0]
+    agents = (ws / "AGENTS.md").read_text()
+    for promise in ("Edit only `kernel.py`", "Playbook", "Persistent scheduling", "When to move on",
+                    "interpreter timings are not performance"):
+        assert promise in agents
+    assert results(ws) == []
+    again = cli("agent", "init", "rmsnorm", "--shape", "8x64", "--dtype", "fp32", "--dir", str(ws), "--db", db)
+    assert again.exit_code == 2 and "--force" in again.stderr
+
+
+def test_init_starts_from_the_stored_winner(ws: Path, db: str) -> None:
+    store_winner(db, SLOW_RMSNORM)
+    init(ws, db)
+    assert (ws / "kernel.py").read_text() == SLOW_RMSNORM
+    data = json.loads((ws / "workspace.json").read_text())
+    assert data["start"]["origin"] == "database winner"
+    assert data["incumbent"]["kind"] == "kernel" and data["incumbent"]["time_us"] == 1.0
+
+
+def test_init_shrinks_large_shapes_in_the_interpreter(ws: Path, db: str) -> None:
+    result = init_workspace("softmax", "4096x4096", "fp32", directory=ws, db=db)
+    assert result.spec.inputs[0].shape == (32, 512)
+    assert any("asked 4096x4096" in note for note in result.notes)
+
+
+CUT_OUT = ["rmsnorm", "softmax", "layernorm", "swiglu", "gelu", "cross_entropy"]
+
+
+@pytest.mark.parametrize("op", CUT_OUT)
+def test_first_variants_are_cut_out_cleanly(op: str) -> None:
+    family = get_op(op)
+    text = variant_source(family, family.variants[0].name, "header")
+    assert check_source(text) == []
+    assert "\nbuild = " in text and "\nspace = " in text
+    compile(text, "kernel.py", "exec")
+
+
+def test_cut_out_variants_pass_the_harness() -> None:
+    """The extracted modules are complete: the worker loads and validates them (rmsnorm and
+    softmax are benched by other tests)."""
+    jobs = []
+    for op in CUT_OUT[2:]:
+        family = get_op(op)
+        spec = family.spec((8, 64), "float32")
+        variant = family.variants[0]
+        candidate = Candidate("agent", variant.space(spec).configs()[0], variant_source(family, variant.name))
+        jobs.append((op, spec, candidate))
+    with Evaluator("interpreter", workers=2) as evaluator:
+        futures = [(op, evaluator.submit(spec, candidate, measure=False)) for op, spec, candidate in jobs]
+        outcomes = {op: future.result() for op, future in futures}
+    assert {op: (r.status, r.error[:200]) for op, r in outcomes.items()} == {op: ("ok", "") for op in outcomes}
+
+
+def test_variants_that_cannot_be_cut_out_say_why() -> None:
+    with pytest.raises(ExtractionError, match="factory or a closure"):
+        variant_source(get_op("sum"), get_op("sum").variants[0].name)
+    with pytest.raises(ExtractionError, match=r"torch\.cuda"):  # asks the device its SM count
+        variant_source(get_op("rmsnorm"), "persistent")
+    with pytest.raises(ExtractionError, match="decorated class"):  # a dataclass
+        variant_source(get_op("rope"), get_op("rope").variants[0].name)
+
+
+def test_an_op_with_neither_extraction_nor_template_is_an_error(ws: Path, db: str) -> None:
+    result = cli("agent", "init", "sum", "--shape", "8x64", "--dtype", "fp32", "--dir", str(ws), "--db", db)
+    assert result.exit_code == 2 and "no starting kernel for sum" in result.stderr
+    assert not (ws / "kernel.py").exists()
+
+
+@pytest.mark.parametrize("op", sorted(TEMPLATE_OPS))
+def test_templates_are_the_fallback_and_are_correct(op: str, ws: Path, db: str, monkeypatch) -> None:
+    def refuse(family, name, header=""):
+        raise ExtractionError(f"{family.name}/{name}: refused by the test")
+
+    monkeypatch.setattr(extract_module, "variant_source", refuse)
+    init(ws, db, op)
+    assert json.loads((ws / "workspace.json").read_text())["start"]["origin"] == "template"
+    assert "hand-written template" in (ws / "kernel.py").read_text()
+    report = bench_workspace(ws)
+    assert report.correct, report.reason
+
+
+# ---- bench: what must be reverted ----------------------------------------------------------------
+def test_an_unedited_workspace_is_correct_but_not_faster_than_eager(ws: Path, db: str) -> None:
+    init(ws, db)
+    result = cli("agent", "bench", "--dir", str(ws))
+    assert result.exit_code == 0, result.output
+    block = verdict_block(result.stdout)
+    assert block["correct"] == "yes" and block["verdict"] == "REVERT"
+    assert block["mode"] == "interpreter" and "timings are not performance" in block["note"]
+    assert block["incumbent"] == "baseline (eager PyTorch)" and float(block["time_us"]) > 0
+    for key in ("gbps", "pct_of_ceiling", "speedup_vs_incumbent", "reason"):
+        assert key in block
+    (row,) = results(ws)
+    assert row["verdict"] == "REVERT" and row["correct"] == "yes"
+    with open_database(db) as database:
+        (trial,) = database.trials(workload=RMSNORM.workload_hash)
+        assert trial.variant == "agent" and trial.status == "ok"
+        assert database.decisions() == []
+    assert json.loads((ws / "workspace.json").read_text())["incumbent"]["time_us"] > 0  # measured now
+
+
+TORCH_COMPUTE = '''
+import torch
+from kernelsmith.space import Config
+from kernelsmith.spec import OpSpec
+
+
+def build(spec: OpSpec, config: Config):
+    def launch(inputs, outputs):
+        x, w = inputs
+        outputs[0].copy_(x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w)
+    return launch
+
+
+CONFIG = {}
+'''
+
+READS_FILES = [
+    ("open", "REF = open('/tmp/reference_outputs.pt', 'rb').read()\n"),
+    ("pathlib", "from pathlib import Path\nREF = Path('/tmp/reference_outputs.pt').read_bytes()\n"),
+    ("os", "import os\nREF = os.listdir('/tmp')\n"),
+    ("harness", "from kernelsmith.evaluate import validate\n"),
+]
+
+
+def test_computing_with_torch_is_reverted(ws: Path, db: str) -> None:
+    init(ws, db)
+    (ws / "kernel.py").write_text(TORCH_COMPUTE)
+    result = cli("agent", "bench", "--dir", str(ws), "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["correct"] is False and report["verdict"] == "REVERT" and report["status"] == "cheat"
+    assert "static gate" in report["reason"] and "torch" in report["reason"]
+    assert results(ws)[0]["verdict"] == "REVERT"
+    with open_database(db) as database:
+        assert [t.status for t in database.trials()] == ["cheat"]
+        assert database.decisions() == [] and database.variant_sources() == []
+
+
+@pytest.mark.parametrize(("how", "snippet"), READS_FILES, ids=[how for how, _ in READS_FILES])
+def test_reading_files_or_the_harness_is_reverted(how: str, snippet: str, ws: Path, db: str) -> None:
+    init(ws, db)
+    (ws / "kernel.py").write_text(FAST_RMSNORM + snippet)
+    block = verdict_block(cli("agent", "bench", "--dir", str(ws)).stdout)
+    assert block["correct"] == "no" and block["verdict"] == "REVERT"
+    assert block["status"] == "cheat" and "static gate" in block["reason"]
+
+
+def test_a_wrong_kernel_is_reverted_by_the_harness(ws: Path, db: str) -> None:
+    init(ws, db)
+    best = (ws / "best.py").read_text()
+    wrong = FAST_RMSNORM.replace("y = x * rstd * w", "y = x * rstd")  # forgets the weight
+    assert wrong != FAST_RMSNORM
+    (ws / "kernel.py").write_text(wrong)
+    block = verdict_block(cli("agent", "bench", "--dir", str(ws)).stdout)
+    assert block["correct"] == "no" and block["status"] == "validate" and block["verdict"] == "REVERT"
+    assert (ws / "best.py").read_text() == best
+    with open_database(db) as database:
+        assert database.decisions() == [] and database.variant_sources() == []
+
+
+def test_a_kernel_without_config_is_reverted(ws: Path, db: str) -> None:
+    init(ws, db)
+    (ws / "kernel.py").write_text(planted("correct_rmsnorm"))
+    report = bench_workspace(ws)
+    assert report.verdict == "REVERT" and report.status == "build" and "CONFIG" in report.reason
+
+
+# ---- bench: keep, and serve ----------------------------------------------------------------------
+def test_a_faster_kernel_is_kept_and_then_served_with_zero_evaluations(ws: Path, db: str) -> None:
+    slow_hash = store_winner(db, SLOW_RMSNORM)
+    init(ws, db)
+    (ws / "kernel.py").write_text(FAST_RMSNORM)
+    result = cli("agent", "bench", "--dir", str(ws))
+    block = verdict_block(result.stdout)
+    assert block["correct"] == "yes" and block["verdict"] == "KEEP", block["reason"]
+    assert block["incumbent"].startswith(f"kernel agent@{slow_hash[:8]}")
+    assert float(block["speedup_vs_incumbent"]) > 1.0
+    fast_hash = variant_source_hash(FAST_RMSNORM)
+    assert block["source_hash"] == fast_hash
+    with open_database(db) as database:
+        decision = database.get_decision(current_fingerprint("interpreter").hash, RMSNORM.workload_hash)
+        assert decision is not None and decision.winner == "kernel" and decision.variant == "agent"
+        assert decision.source_hash == fast_hash and decision.strategy == "agent"
+        assert database.get_variant_source(fast_hash) == FAST_RMSNORM
+    assert (ws / "best.py").read_text() == FAST_RMSNORM
+    assert json.loads((ws / "workspace.json").read_text())["incumbent"]["source_hash"] == fast_hash
+    assert results(ws)[-1]["verdict"] == "KEEP"
+
+    fn = kernelsmith.optimize(hf_rmsnorm, mode="db", db=db)
+    x, w = torch.randn(8, 64), torch.randn(64)
+    for _ in range(3):
+        y = fn(x, w)
+        assert check_close(y, get_op("rmsnorm").reference_fp64(RMSNORM, (x, w))[0], hf_rmsnorm(x, w),
+                           get_op("rmsnorm").tolerance) is None
+    stats = fn.kernelsmith.stats
+    assert stats["evaluations"] == 0 and stats["tunes"] == 0 and stats["kernel_calls"] == 2, fn.kernelsmith.reasons
+
+
+def _fake_result(candidate, median: float, baseline: float = 50.0) -> EvalResult:
+    metrics = {
+        "median_us": median, "p10_us": median, "p90_us": median, "baseline_median_us": baseline,
+        "samples_us": [median * (1 + 0.01 * (i % 3)) for i in range(12)],
+        "baseline_samples_us": [baseline] * 12, "gbps": 4096 / (median * 1e-6) / 1e9, "timer": "fake",
+    }  # fmt: skip
+    source_hash = variant_source_hash(candidate.source) if candidate.source else "builtin"
+    return EvalResult(candidate, "ok", metrics=metrics, source_hash=source_hash)
+
+
+def test_injected_evaluations_decide_keep_then_revert_against_the_new_incumbent(ws: Path, db: str) -> None:
+    init(ws, db)
+    (ws / "kernel.py").write_text(FAST_RMSNORM)
+    seen = []
+
+    def faster(spec, candidates, settings):
+        seen.append([c.variant for c in candidates])
+        return [_fake_result(candidates[0], 10.0)] + [_fake_result(c, 20.0) for c in candidates[1:]]
+
+    kept = bench_workspace(ws, evaluate=faster)
+    assert kept.verdict == "KEEP" and kept.stored and seen == [["agent"]]  # the incumbent was the baseline
+    assert kept.speedup_vs_incumbent == pytest.approx(5.0, rel=0.05)
+    same = bench_workspace(ws, evaluate=lambda spec, cands, s: [_fake_result(c, 10.0) for c in cands])
+    assert same.verdict == "REVERT" and "not faster" in same.reason
+    assert same.incumbent.startswith("kernel agent@")
+    assert [row["verdict"] for row in results(ws)] == ["KEEP", "REVERT"]
+
+
+def test_bench_outside_a_workspace_is_a_one_line_error(tmp_path: Path) -> None:
+    result = cli("agent", "bench", "--dir", str(tmp_path))
+    assert result.exit_code == 2 and "not a kernelsmith workspace" in result.stderr
+    with pytest.raises(WorkspaceError):
+        bench_workspace(tmp_path)
+
+
+# ---- stored sources in dispatch ------------------------------------------------------------------
+def _decision(source_hash: str) -> DecisionRecord:
+    return DecisionRecord("fp", RMSNORM.workload_hash, "rmsnorm", RMSNORM.to_dict(), "kernel", "agent",
+                          source_hash, {"num_warps": 4})
+
+
+def test_build_runner_serves_a_stored_source(db: str) -> None:
+    with open_database(db) as database:
+        source_hash = database.put_variant_source("rmsnorm", FAST_RMSNORM)
+    runner = dispatch.build_runner(get_op("rmsnorm"), RMSNORM, _decision(source_hash), db=db)
+    x, w = torch.randn(8, 64), torch.randn(64)
+    (y,) = runner([x, w])
+    assert torch.allclose(y, hf_rmsnorm(x, w), atol=1e-5)
+
+
+def test_build_runner_refuses_missing_edited_or_gate_failing_sources(db: str) -> None:
+    family = get_op("rmsnorm")
+    with pytest.raises(LookupError, match="no stored source"):
+        dispatch.build_runner(family, RMSNORM, _decision("0" * 16), db=db)
+    with open_database(db) as database:
+        edited = database.put_variant_source("rmsnorm", FAST_RMSNORM + "# v2\n")
+        cheat = database.put_variant_source("rmsnorm", TORCH_COMPUTE)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE variant_sources SET source = ? WHERE source_hash = ?", (TORCH_COMPUTE, edited))
+    conn.close()
+    with pytest.raises(LookupError, match="does not match its hash"):
+        dispatch.build_runner(family, RMSNORM, _decision(edited), db=db)
+    with pytest.raises(LookupError, match="static gate"):
+        dispatch.build_runner(family, RMSNORM, _decision(cheat), db=db)
