@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kernelsmith.cli.agent import agent_app
+from kernelsmith.cli.profile import profile as profile_command
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Search, verify and serve faster Triton kernels for PyTorch ops."
@@ -28,6 +29,7 @@ app = typer.Typer(
 db_app = typer.Typer(no_args_is_help=True, help="Inspect, export and import the results database.")
 app.add_typer(db_app, name="db")
 app.add_typer(agent_app, name="agent")
+app.command("profile")(profile_command)
 
 out = Console()
 err = Console(stderr=True)

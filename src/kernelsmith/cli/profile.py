@@ -1,0 +1,158 @@
+"""``kernelsmith profile MODEL``: where a model's forward spends its time, and a ranked Amdahl plan.
+
+A thin command over :func:`kernelsmith.profile.profile_model` and
+:func:`kernelsmith.models.load_model`; see docs/models.md for the plan format. Heavy imports
+(torch, the models) happen inside the command so that ``kernelsmith --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+# Sizes when --batch / --seq are not given: the GPU shape of a realistic run; on a CPU, where the
+# plan only shows structure, one small enough to finish in seconds.
+GPU_DEFAULTS = {"batch": 8, "seq": 1024, "warmup": 3, "iterations": 5}
+CPU_DEFAULTS = {"batch": 2, "seq": 128, "warmup": 1, "iterations": 2}
+
+
+def profile(
+    model: Annotated[
+        str | None,
+        typer.Argument(help="A built-in model (gpt2, llama-160m, llama-7b, bert-base) or path/to/file.py:ClassName."),
+    ] = None,
+    kwargs: Annotated[
+        str | None,
+        typer.Option("--kwargs", help="JSON object: constructor arguments, or configuration overrides."),
+    ] = None,
+    hf_config: Annotated[
+        str | None,
+        typer.Option("--hf-config", help="A Hugging Face config (hub name or directory): random weights, no download."),
+    ] = None,
+    tiny: Annotated[bool, typer.Option("--tiny", help="The built-in model's tiny test configuration.")] = False,
+    batch: Annotated[int | None, typer.Option("--batch", min=1, help="Batch size (default 8; 2 on a CPU).")] = None,
+    seq: Annotated[
+        int | None,
+        typer.Option("--seq", min=1, help="Sequence length (default 1024 within the model's limit; 128 on a CPU)."),
+    ] = None,
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="auto (bf16 on a GPU, fp32 on a CPU), bf16, fp16 or fp32.")
+    ] = "auto",
+    device: Annotated[str, typer.Option("--device", help="auto, cuda, cuda:N or cpu.")] = "auto",
+    warmup: Annotated[int | None, typer.Option("--warmup", min=0, help="Forwards before measuring.")] = None,
+    iters: Annotated[int | None, typer.Option("--iters", min=1, help="Forwards measured (and profiled).")] = None,
+    compile: Annotated[
+        bool, typer.Option("--compile", help="Profile torch.compile(model) (Inductor) instead of eager.")
+    ] = False,
+    out_file: Annotated[Path, typer.Option("--out", help="Where to write the plan JSON.")] = Path("plan.json"),
+    top: Annotated[int, typer.Option("--top", min=1, help="Rows of the printed table.")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan JSON instead of a table.")] = False,
+) -> None:
+    """Profile a model's forward, attribute its time to op families and shapes, write a ranked plan."""
+    from kernelsmith.cli.main import UserError, _run, err, out
+
+    def run() -> Any:
+        import torch
+
+        from kernelsmith.models import example_inputs, load_model, max_positions, parameter_count
+        from kernelsmith.profile import profile_model
+        from kernelsmith.spec import DTYPES, dtype_name
+
+        target = _device(device, torch)
+        on_gpu = target.type == "cuda"
+        defaults = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
+        name = dtype_name(dtype) if dtype != "auto" else ("bfloat16" if on_gpu else "float32")
+        if not DTYPES[name].is_floating_point:
+            raise UserError(f"--dtype {dtype}: the model's dtype must be a floating-point type")
+        loaded = load_model(model, kwargs=_kwargs(kwargs, UserError), hf_config=hf_config, tiny=tiny, device=target)
+        module = loaded.module.to(DTYPES[name])
+        limit = max_positions(module)
+        run_seq = seq if seq is not None else min(defaults["seq"], limit or defaults["seq"])
+        run_batch = batch if batch is not None else defaults["batch"]
+        inputs = example_inputs(module, run_batch, run_seq, target)
+        err.print(
+            f"profiling {loaded.name} ({parameter_count(module) / 1e6:,.1f}M parameters) on {target}: "
+            f"batch {run_batch}, seq {run_seq}, {name}{', torch.compile' if compile else ''}",
+            highlight=False,
+        )
+        plan = profile_model(
+            module,
+            inputs,
+            name=loaded.name,
+            warmup=warmup if warmup is not None else defaults["warmup"],
+            iterations=iters if iters is not None else defaults["iterations"],
+            compile=compile,
+            batch=run_batch,
+            seq=run_seq,
+            dtype=name,
+            source=loaded.source,
+        )
+        plan.write(out_file)
+        return plan
+
+    plan = _run(run)
+    if as_json:
+        print(json.dumps(plan.to_dict()))
+    else:
+        _print_plan(plan, top, out)
+    if plan.note:
+        err.print(f"[yellow]{plan.note}[/yellow]", highlight=False)
+    err.print(f"plan written to {out_file}", highlight=False)
+
+
+def _device(text: str, torch: Any) -> Any:
+    if text == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        target = torch.device(text)
+    except RuntimeError as error:
+        raise ValueError(f"bad --device {text!r}: expected auto, cuda, cuda:N or cpu") from error
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {text}: no CUDA GPU here (use --device cpu for a structure-only profile)")
+    if target.type not in ("cuda", "cpu"):
+        raise ValueError(f"--device {text}: only cuda and cpu are supported")
+    return target
+
+
+def _kwargs(text: str | None, error: type[Exception]) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"--kwargs is not JSON ({exc.msg}): expected an object such as '{{\"n_layers\": 2}}'") from None
+    if not isinstance(value, dict):
+        raise error("--kwargs must be a JSON object, such as '{\"n_layers\": 2}'")
+    return value
+
+
+def _print_plan(plan: Any, top: int, console: Any) -> None:
+    from rich.table import Table
+
+    unit = "kernel" if plan.mode == "gpu" else "CPU op"
+    table = Table(title=f"{plan.model}: {unit} time by op family and shape ({plan.mode}, {plan.dtype})")
+    for column in ("#", "family", "shapes", "us/iter", "share", "gain at 1.5x 2x 3x", "tunable", "via"):
+        table.add_column(column, justify="left" if column in ("family", "shapes", "via") else "right")
+    for row in plan.rows[:top]:
+        table.add_row(
+            str(row.rank),
+            row.family,
+            row.shape if len(row.shape) <= 60 else row.shape[:57] + "...",
+            f"{row.time_us:,.1f}",
+            f"{100 * row.share:.1f}%",
+            " ".join(f"{row.gain[k]:.3f}" for k in ("1.5x", "2x", "3x")),
+            "yes" if row.tunable else "",
+            row.ops[0] if row.ops else (row.kernels[0][:40] if row.kernels else ""),
+        )
+    console.print(table)
+    families = ", ".join(f"{f['family']} {100 * f['share']:.0f}%" for f in plan.families[:8])
+    console.print(f"by family: {families}", highlight=False)
+    summary = f"measured {plan.total_us / 1000:,.2f} ms per forward"
+    if plan.wall_ms is not None:
+        summary += f", wall {plan.wall_ms:,.2f} ms unprofiled"
+    if plan.busy is not None:
+        summary += f" (GPU busy {100 * plan.busy:.0f}% of it)"
+    console.print(summary + f"; {len(plan.rows)} rows, {plan.iterations} iterations", highlight=False)
