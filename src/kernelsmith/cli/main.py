@@ -88,7 +88,7 @@ def tune(
     shape: Annotated[str, typer.Option("--shape", help="Activation shape, such as 8192x4096.")] = "8192x4096",
     dtype: Annotated[str, typer.Option("--dtype", help="bf16, fp16 or fp32.")] = "bf16",
     budget: Annotated[int, typer.Option("--budget", min=1, help="Candidates to evaluate.")] = 50,
-    strategy: Annotated[str, typer.Option("--strategy", help="auto, grid, random, tpe or coordinate.")] = "auto",
+    strategy: Annotated[str, typer.Option("--strategy", help="auto, grid, random, tpe, coordinate or llm.")] = "auto",
     seed: Annotated[int, typer.Option("--seed", help="Strategy seed.")] = 0,
     workers: Annotated[int | None, typer.Option("--workers", help="Worker processes.")] = None,
     const: Annotated[list[str] | None, typer.Option("--const", help="Op constant NAME=VALUE (repeatable).")] = None,
