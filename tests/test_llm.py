@@ -18,6 +18,7 @@ import types
 from typing import Any
 
 import pytest
+import torch
 from pydantic import BaseModel
 
 from kernelsmith.db import current_fingerprint, open_database
@@ -366,6 +367,29 @@ def test_malicious_proposals_are_rejected_and_the_search_continues(llm_tune):
     assert len(lazy) == 1 and lazy[0].variant == SOURCE_VARIANT and lazy[0].status == "validate"
     assert "NaN" in lazy[0].error
     assert result.failures == {"validate": 1}
+
+
+def test_a_winning_llm_kernel_is_stored_and_served(tmp_path, monkeypatch):
+    """When an LLM's kernel wins, its text goes into the database, and dispatch builds it from there."""
+    import kernelsmith.tuner as tuner
+    from kernelsmith import dispatch
+    from kernelsmith.decide import Comparison
+
+    # Interpreter timings decide nothing: declare every comparison won, so the search's best wins.
+    monkeypatch.setattr(tuner, "compare", lambda a, b: Comparison(2.0, 1.5, 2.5, True, len(a)))
+    op = get_op("rmsnorm")
+    spec = op.spec((8, 64), "float32")
+    good = source("correct_rmsnorm")
+    client = FakeClient([{"kernels": [_kernel("one_pass", good, {"num_warps": 4})]}])
+    db = str(tmp_path / "win.db")
+    result = tune_spec(spec, budget=1, strategy="llm", db=db, workers=1, client=client)
+    assert result.winner == "kernel" and result.variant == SOURCE_VARIANT
+    with open_database(db) as database:
+        decision = database.get_decision(current_fingerprint().hash, spec.workload_hash)
+        assert decision is not None and database.get_variant_source(decision.source_hash) == good
+    runner = dispatch.build_runner(op, spec, decision, db=db)
+    x, w = op.make_inputs(spec, seed=1, device="cpu")
+    assert torch.allclose(runner((x, w))[0], op.reference_fp64(spec, (x, w))[0].float(), atol=1e-5, rtol=1e-5)
 
 
 def test_llm_usage_is_in_the_tuning_cost(llm_tune):

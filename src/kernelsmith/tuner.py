@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections import Counter
@@ -28,6 +27,7 @@ import torch
 from kernelsmith import notify
 from kernelsmith.cost import EVAL_SECONDS_KEY, LLM_TOKENS_KEY, SearchCost, search_cost
 from kernelsmith.db import Database, DecisionRecord, Fingerprint, TrialRecord, current_fingerprint, open_database
+from kernelsmith.db.records import variant_source_hash
 from kernelsmith.decide import Comparison, compare
 from kernelsmith.evaluate.pool import Evaluator
 from kernelsmith.evaluate.protocol import Candidate, EvalResult, TimingSettings
@@ -189,6 +189,7 @@ class _Search:
         self.results: list[EvalResult] = []
         self.fresh: list[bool] = []  # per result: evaluated now (True) or reused from the database
         self.recheck_s = 0.0  # worker seconds of the final re-check
+        self.winner_source = ""  # the winning candidate's module text, when a strategy wrote it
         self.evaluated = 0
         self.meter: Metered | None = None  # the LLM client of the run's strategy, if it has one
 
@@ -236,7 +237,7 @@ class _Search:
         """A built-in variant's hash, or for source proposed by a strategy (an LLM's kernel) the
         hash of that source, as the worker computes it (evaluate/worker.py ``_load_source``)."""
         if candidate.source:
-            return hashlib.sha256(candidate.source.encode()).hexdigest()[:16]
+            return variant_source_hash(candidate.source)
         return self.source_hashes[candidate.variant]
 
     def _record(self, strategy: Strategy, result: EvalResult, *, fresh: bool, budget: int) -> None:
@@ -332,6 +333,8 @@ class _Search:
             metrics["note"] = "interpreter mode: host-clock timings of the Triton interpreter, not GPU performance"
         if not verdict.significant:
             metrics.setdefault("note", "no candidate beat the baseline with confidence")
+        if verdict.significant:
+            self.winner_source = incumbent.candidate.source
         # A baseline decision keeps the best candidate's identity and figures, for the record.
         return DecisionRecord(
             winner="kernel" if verdict.significant else "baseline",
@@ -406,6 +409,8 @@ def tune_spec(
             llm=meter.usage.as_cost() if meter is not None else None,
         )
         decision = replace(decision, metrics={**decision.metrics, "cost": cost.totals()})
+        if search.winner_source:  # a strategy's own kernel won: keep its text so dispatch can serve it
+            database.put_variant_source(spec.op, search.winner_source)
         database.put_decision(decision)
         result = _result_from_decision(
             decision,
