@@ -1,0 +1,46 @@
+"""The worker's compile step (GPU mode runs it outside the device lock): every validation shape is
+launched once on zero inputs, under the same call checks as any candidate call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernelsmith.evaluate.validate import Rejected
+from kernelsmith.evaluate.worker import _compile
+from kernelsmith.ops import get_op
+
+
+def test_every_validation_shape_is_launched_on_zeros():
+    op = get_op("rmsnorm")
+    spec = op.spec((20, 48), "float32")
+    variant = op.variants[0]
+    config = variant.space(spec).configs()[0]
+    seen: list[torch.Tensor] = []
+
+    def build(vspec, cfg):
+        launcher = variant.build(vspec, cfg)
+
+        def launch(inputs, outputs):
+            seen.append(inputs[0])  # looked at afterwards: torch calls in here count as cheating
+            launcher(inputs, outputs)
+
+        return launch
+
+    _compile(op, spec, build, config, torch.device("cpu"), lambda: None)
+    assert [tuple(x.shape) for x in seen] == [s.inputs[0].shape for s in op.validation_specs(spec)]
+    assert all(bool(torch.all(x == 0)) for x in seen)
+
+
+def test_a_cheat_is_caught_already_while_compiling():
+    op = get_op("softmax")
+    spec = op.spec((4, 32), "float32")
+
+    def build(vspec, cfg):
+        def launch(inputs, outputs):
+            outputs[0].copy_(torch.softmax(inputs[0], dim=-1))  # PyTorch, not a kernel
+
+        return launch
+
+    with pytest.raises(Rejected, match="PyTorch"):
+        _compile(op, spec, build, None, torch.device("cpu"), lambda: None)
