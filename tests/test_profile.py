@@ -165,7 +165,7 @@ def test_build_plan_groups_ranks_and_divides_by_iterations():
     assert matmul.kernels == ["nvjet_a", "nvjet_b"] and matmul.ops == ["aten::linear"]
     assert matmul.shape == "8x768, 768x3072" and matmul.shapes == [[8, 768], [768, 3072]]
     assert rmsnorm.calls == 1.5 and rmsnorm.gain["2x"] == pytest.approx(amdahl_gain(0.25, 2.0))
-    assert rmsnorm.tunable and not matmul.tunable and copy.shape == "-"
+    assert rmsnorm.tunable and matmul.tunable and not copy.tunable and copy.shape == "-"
     assert plan.total_us == 600.0 and sum(r.share for r in plan.rows) == pytest.approx(1.0)
     assert plan.busy == pytest.approx(0.75)
     assert plan.attributed_by == pytest.approx({"op": 2 / 3, "module": 0.25, "kernel": 1 / 12})

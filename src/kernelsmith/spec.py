@@ -24,6 +24,7 @@ DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
     "int64": torch.int64,
     "int32": torch.int32,
+    "bool": torch.bool,  # attention's boolean masks
 }
 DTYPE_ALIASES: dict[str, str] = {
     "fp16": "float16",

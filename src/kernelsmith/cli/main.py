@@ -92,6 +92,15 @@ def tune(
     seed: Annotated[int, typer.Option("--seed", help="Strategy seed.")] = 0,
     workers: Annotated[int | None, typer.Option("--workers", help="Worker processes.")] = None,
     const: Annotated[list[str] | None, typer.Option("--const", help="Op constant NAME=VALUE (repeatable).")] = None,
+    epilogue: Annotated[
+        str | None,
+        typer.Option("--epilogue", help="matmul: bias, gelu, gelu_tanh, silu, residual or swiglu (bias+gelu: both)."),
+    ] = None,
+    causal: Annotated[
+        bool, typer.Option("--causal", help="attention: causal masking (torch's is_causal, top-left aligned).")
+    ] = False,
+    kv_heads: Annotated[int | None, typer.Option("--kv-heads", help="attention: key/value heads (GQA).")] = None,
+    kv_len: Annotated[int | None, typer.Option("--kv-len", help="attention: key/value length (a cache).")] = None,
     full_size: Annotated[
         bool, typer.Option("--full-size", help="In the interpreter, keep the shape as given.")
     ] = False,
@@ -99,6 +108,10 @@ def tune(
     as_json: JsonOption = False,
 ) -> None:
     """Search kernels for one op and shape, print a table, store the winner."""
+    if epilogue is not None:  # the matmul family's constant (another family refuses it by name)
+        const = [*(const or []), f"epilogue={epilogue}"]
+    attention = {"causal": causal or None, "kv_heads": kv_heads, "kv_len": kv_len}  # (another family refuses them)
+    const = [*(const or []), *(f"{name}={json.dumps(v)}" for name, v in attention.items() if v is not None)]
     from kernelsmith.db import current_fingerprint, open_database
     from kernelsmith.ops import get_op
     from kernelsmith.spec import dtype_name, parse_shape

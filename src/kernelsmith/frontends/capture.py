@@ -88,7 +88,7 @@ class Kind(enum.StrEnum):
     SLICE = "slice"  # x[..., a:b], x.narrow(d, a, n): params dim, start, stop (step 1)
     CROSS_ENTROPY = "cross_entropy"  # inputs (logits, target, weight or Const(None))
     CONST = "const"  # torch.tensor(<python number>) made inside the function
-    OTHER = "other"  # anything else: no pattern looks through it
+    OTHER = "other"  # anything else; params "args" and "kwargs" hold the call's arguments
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,6 +181,17 @@ class Const:
 
 
 Value = TensorValue | Const
+
+
+class _Unrecorded:
+    """The value of an opaque call's argument that is not plain data (a module, a container of
+    tensors...): see ``Recorder._arguments``."""
+
+    def __repr__(self) -> str:
+        return "<unrecorded>"
+
+
+UNRECORDED = _Unrecorded()
 
 
 @dataclass(eq=False)
@@ -780,7 +791,33 @@ class Recorder:
             self._normalized(name, args, kwargs, result)
         except (_Unnormalized, ValueError, TypeError, IndexError) as err:
             logger.debug("%s recorded as an opaque call: %s", name, err)
-            self._add(Kind.OTHER, name, [self.value(t) for t in tensors_in], result=result)
+            self._add(Kind.OTHER, name, [self.value(t) for t in tensors_in], self._arguments(args, kwargs), result)
+
+    def _arguments(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """An opaque call's arguments, for the patterns that read them (attention's ``is_causal``
+        and ``scale``, a transpose's dims): ``{"args": (...), "kwargs": {...}}``, each tensor as
+        its graph value, plain data as a :class:`Const`, anything else as ``Const(UNRECORDED)``
+        (the graph keeps no references to the call's objects)."""
+
+        def plain(a: Any, depth: int = 0) -> bool:  # plain data, indexing (slices, ...) included
+            if isinstance(a, slice):
+                return all(plain(x, depth + 1) for x in (a.start, a.stop, a.step))
+            if a is Ellipsis:
+                return True
+            if isinstance(a, tuple | list):
+                return depth < 4 and all(plain(x, depth + 1) for x in a)
+            try:
+                _freeze(a)
+            except TypeError:
+                return False
+            return True
+
+        def convert(a: Any) -> Value:
+            if isinstance(a, torch.Tensor):
+                return self.value(a)
+            return Const(a) if plain(a) else Const(UNRECORDED)
+
+        return {"args": tuple(convert(a) for a in args), "kwargs": {k: convert(v) for k, v in kwargs.items()}}
 
     # ---- normalization -----------------------------------------------------------------------
     def _normalized(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any], result: Any) -> None:

@@ -18,6 +18,7 @@ _MODULES: dict[str, str] = {
     "rmsnorm_backward": "kernelsmith.ops.rmsnorm_backward",
     "softmax": "kernelsmith.ops.softmax",
     "rope": "kernelsmith.ops.rope",
+    "attention": "kernelsmith.ops.attention",
     "layernorm": "kernelsmith.ops.layernorm",
     "layernorm_backward": "kernelsmith.ops.layernorm_backward",
     "add_rmsnorm": "kernelsmith.ops.add_rmsnorm",
@@ -34,6 +35,7 @@ _MODULES: dict[str, str] = {
     "sum": "kernelsmith.ops.reductions:SUM",
     "mean": "kernelsmith.ops.reductions:MEAN",
     "max": "kernelsmith.ops.reductions:MAX",
+    "matmul": "kernelsmith.ops.matmul",
 }
 _LOADED: dict[str, OpFamily] = {}
 

@@ -17,7 +17,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kernelsmith.frontends.capture import Graph
-from kernelsmith.frontends.patterns import cross_entropy, gated, gelu, layernorm, reductions, rmsnorm, softmax
+from kernelsmith.frontends.patterns import (
+    attention,
+    cross_entropy,
+    gated,
+    gelu,
+    layernorm,
+    matmul,
+    reductions,
+    rmsnorm,
+    softmax,
+)
 from kernelsmith.frontends.recognize import Match
 
 PATTERNS: dict[str, Callable[[Graph], Match | None]] = {
@@ -32,6 +42,8 @@ PATTERNS: dict[str, Callable[[Graph], Match | None]] = {
     "mean": reductions.match_mean,
     "max": reductions.match_max,
     "cross_entropy": cross_entropy.match,
+    "attention": attention.match,
+    "matmul": matmul.match,
 }
 
 __all__ = ["PATTERNS"]

@@ -1,0 +1,271 @@
+"""Matmul benchmark: tune the ``matmul`` family at the issue's shapes, then time the winner side by
+side with cuBLAS (``F.linear``), in one process.
+
+    python benchmarks/matmul.py --out matmul.json [--only plain|fused|decode] [--budget 60]
+
+Rows (bfloat16, weights stored (N, K) as nn.Linear does):
+
+- plain products at 4096^3, 8192^3 and the Llama MLP shape 8192 x 11008 x 4096 (M x N x K), and
+  decode shapes (M = 1 and 16 at N = 4096 and 11008, K = 4096): the tuned kernel against
+  ``F.linear`` (cuBLAS) and ``torch.compile(mode="max-autotune-no-cudagraphs")``. Target: 0.95x
+  cuBLAS or better;
+- fused epilogues (bias+GELU, SiLU, residual add, SwiGLU; large and decode M): the tuned fused
+  kernel against the same expression in eager PyTorch (cuBLAS, then the epilogue as separate
+  kernels), against max-autotune (which may fuse the epilogue into its own Triton matmul), against
+  the product alone (cuBLAS without the epilogue: the floor a fused kernel tries to reach), and,
+  for bias+GELU(tanh), against cuBLASLt's own fused epilogue (``torch._addmm_activation``). Target:
+  1.1x the eager expression or better.
+
+Every implementation is timed with ``triton.testing.do_bench`` (CUDA events, L2 flushed, median).
+TFLOP/s = the family's flop count (2 M N K per product, plus the epilogue's) / time; GB/s = bytes
+(each input read once, the output written once) / time, which is what decode rows are bound by.
+Prints a table and writes JSON with the date, GPU, versions and command after every row. Needs a
+CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.testing
+
+import kernelsmith
+from kernelsmith import dispatch
+from kernelsmith.db import current_fingerprint
+from kernelsmith.evaluate.timing import measure_copy_bandwidth
+from kernelsmith.ops import get_op
+from kernelsmith.space import Config
+from kernelsmith.spec import OpSpec
+from kernelsmith.tuner import TuneResult, tune_spec
+
+Fn = Callable[..., Any]
+
+# ---- what users write (the eager baselines), by epilogue -------------------------------------------
+
+EAGER: dict[str, Fn] = {
+    "none": lambda x, w: F.linear(x, w),
+    "bias+gelu": lambda x, w, b: F.gelu(F.linear(x, w, b)),
+    "bias+gelu_tanh": lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"),
+    "silu": lambda x, w: F.silu(F.linear(x, w)),
+    "residual": lambda x, w, r: F.linear(x, w) + r,
+    "swiglu": lambda x, w1, w3: F.silu(F.linear(x, w1)) * F.linear(x, w3),
+}
+
+# The product alone, without its epilogue (cuBLAS): the floor of a fused kernel.
+PRODUCT_ONLY: dict[str, Fn] = {
+    "bias+gelu": lambda x, w, b: F.linear(x, w, b),
+    "bias+gelu_tanh": lambda x, w, b: F.linear(x, w, b),
+    "silu": lambda x, w: F.linear(x, w),
+    "residual": lambda x, w, r: F.linear(x, w),
+    "swiglu": lambda x, w1, w3: (F.linear(x, w1), F.linear(x, w3)),
+}
+
+
+def cublaslt_gelu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """cuBLASLt's fused bias + GELU(tanh) epilogue (a private PyTorch entry point)."""
+    return torch._addmm_activation(b, x, w.t(), use_gelu=True)
+
+
+@dataclass(frozen=True)
+class Workload:
+    group: str  # plain, decode or fused
+    shape: tuple[int, int, int]  # M, N, K
+    epilogue: str = "none"
+
+    @property
+    def label(self) -> str:
+        return f"{self.group}:{self.epilogue}"
+
+
+WORKLOADS = [
+    Workload("plain", (4096, 4096, 4096)),
+    Workload("plain", (8192, 8192, 8192)),
+    Workload("plain", (8192, 11008, 4096)),
+    Workload("decode", (1, 4096, 4096)),
+    Workload("decode", (16, 4096, 4096)),
+    Workload("decode", (1, 11008, 4096)),
+    Workload("decode", (16, 11008, 4096)),
+    Workload("fused", (8192, 11008, 4096), "bias+gelu"),
+    Workload("fused", (8192, 11008, 4096), "bias+gelu_tanh"),
+    Workload("fused", (8192, 11008, 4096), "silu"),
+    Workload("fused", (8192, 4096, 11008), "residual"),
+    Workload("fused", (8192, 11008, 4096), "swiglu"),
+    Workload("fused", (16, 11008, 4096), "swiglu"),
+    Workload("fused", (16, 4096, 11008), "residual"),
+]
+
+TARGETS = {"plain": 0.95, "decode": 0.95, "fused": 1.1}  # kernelsmith / eager, at least
+
+
+def bench(fn: Fn) -> float:
+    """Median device time of ``fn()`` in microseconds."""
+    return float(triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")) * 1000.0
+
+
+def tune(spec: OpSpec, budget: int, db: str, strategy: str) -> tuple[TuneResult, dict[str, Any]]:
+    started = time.perf_counter()
+    result = tune_spec(spec, budget=budget, strategy=strategy, db=db)
+    summary = {
+        "search_wall_s": time.perf_counter() - started,
+        "evaluations": result.evaluations,
+        "failures": result.failures,
+        "failure_examples": result.failure_examples,
+        "winner": result.winner,
+        "variant": result.variant,
+        "config": result.best_config,
+        "engine_speedup": result.speedup_vs_baseline,
+        "engine_ci": result.speedup_ci,
+        "top": result.top[:5],
+    }
+    return result, summary
+
+
+def as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(out) if isinstance(out, tuple | list) else (out,)
+
+
+def max_abs_diff(got: Any, want: Any) -> float:
+    pairs = zip(as_tuple(got), as_tuple(want), strict=True)
+    return max(float((g.double() - w.double()).abs().max()) for g, w in pairs)
+
+
+def run_workload(w: Workload, budget: int, db: str, strategy: str, copy_gbps: float) -> dict[str, Any]:
+    family = get_op("matmul")
+    spec = family.spec(w.shape, "bf16", epilogue=w.epilogue)
+    m, n, k = w.shape
+    row: dict[str, Any] = {"group": w.group, "epilogue": w.epilogue, "shape": f"{m}x{n}x{k}", "dtype": "bf16"}
+    result, row["tune"] = tune(spec, budget, db, strategy)
+    inputs = family.make_inputs(spec, 1234, "normal", "cuda")
+    flops, nbytes = family.flops(spec), family.bytes_moved(spec)
+
+    eager = EAGER[w.epilogue]
+    torch._dynamo.reset()  # fresh caches and static shapes: the strongest compiled baseline per shape
+    impls: dict[str, Fn] = {
+        "eager": eager,
+        "max-autotune": torch.compile(eager, mode="max-autotune-no-cudagraphs", dynamic=False),
+    }
+    if w.epilogue in PRODUCT_ONLY:
+        impls["product only"] = PRODUCT_ONLY[w.epilogue]
+    if w.epilogue == "bias+gelu_tanh":
+        impls["cublaslt epilogue"] = cublaslt_gelu
+    if result.winner == "kernel":
+        config = Config(result.best_config)
+        launcher = family.variant(str(result.variant)).build(spec, config)
+        runner = dispatch.KernelRunner.build(family, spec, launcher, str(result.variant), config)
+        impls["kernelsmith"] = lambda *args: runner(args)[0]
+
+    times: dict[str, float] = {}
+    reference = None
+    for name, fn in impls.items():
+        try:
+            out = fn(*inputs)
+            torch.cuda.synchronize()
+            if name == "eager":
+                reference = out
+            elif reference is not None and name != "product only":
+                row.setdefault("max_abs_diff_vs_eager", {})[name] = max_abs_diff(out, reference)
+            times[name] = bench(lambda fn=fn: fn(*inputs))
+        except Exception as exc:  # a baseline that fails to compile is reported, not fatal
+            row.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:500]
+    row["us"] = times
+    # The product-only time is for fewer flops and bytes: its rates use the product's own counts.
+    product_flops = 2 * m * n * k * (2 if w.epilogue == "swiglu" else 1)
+    row["tflops"] = {k_: (product_flops if k_ == "product only" else flops) / (t * 1e-6) / 1e12
+                     for k_, t in times.items()}  # fmt: skip
+    row["gbps"] = {k_: nbytes / (t * 1e-6) / 1e9 for k_, t in times.items() if k_ != "product only"}
+    row["pct_of_copy"] = {k_: 100.0 * v / copy_gbps for k_, v in row["gbps"].items()}
+    if "kernelsmith" in times and "eager" in times:
+        row["speedup_vs_eager"] = times["eager"] / times["kernelsmith"]
+        row["target"] = TARGETS[w.group]
+        row["meets_target"] = row["speedup_vs_eager"] >= TARGETS[w.group]
+        others = [t for k_, t in times.items() if k_ not in ("kernelsmith", "product only")]
+        row["speedup_vs_best_other"] = min(others) / times["kernelsmith"]
+    return row
+
+
+COLUMNS = ("eager", "max-autotune", "product only", "cublaslt epilogue", "kernelsmith")
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(f"\n{report['gpu']}  copy {report['copy_gbps']:.0f} GB/s  {report['date']}")
+    print("TFLOP/s (decode rows: GB/s in brackets); x eager = eager time / kernelsmith time")
+    header = f"{'row':22} {'M x N x K':18} " + " ".join(f"{c:>17}" for c in COLUMNS)
+    print(header + f" {'x eager':>8} {'target':>6} winner")
+    for row in report["rows"]:
+        label = f"{row.get('group', '?')}:{row.get('epilogue', '?')}"
+        if "us" not in row:
+            print(f"{label:22} {row.get('shape', ''):18} ERROR")
+            continue
+        cells = []
+        for name in COLUMNS:
+            if name not in row["tflops"]:
+                cells.append(f"{'-':>17}")
+            elif row["group"] == "decode":
+                cells.append(f"{row['tflops'][name]:7.2f} ({row['gbps'].get(name, 0.0):5.0f})")
+            else:
+                cells.append(f"{row['tflops'][name]:17.1f}")
+        speedup = row.get("speedup_vs_eager")
+        tune_info = row["tune"]
+        print(
+            f"{label:22} {row['shape']:18} {' '.join(cells)} "
+            f"{(f'{speedup:.3f}' if speedup else '-'):>8} {row.get('target', '-'):>6} "
+            f"{tune_info['winner']} {tune_info.get('variant') or ''}"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="matmul.json")
+    parser.add_argument("--budget", type=int, default=60)
+    parser.add_argument("--strategy", default="auto")
+    parser.add_argument("--db", default="/tmp/kernelsmith-bench.db")
+    parser.add_argument("--only", default="", help="rows of these groups only (comma-separated: plain, decode, fused)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("benchmarks/matmul.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    copy_gbps, _ = measure_copy_bandwidth(torch.device("cuda"))
+    report: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "gpu": current_fingerprint("gpu").describe(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "kernelsmith": kernelsmith.__version__,
+        "copy_gbps": copy_gbps,
+        "budget": args.budget,
+        "strategy": args.strategy,
+        "rows": [],
+    }
+    only = {s for s in args.only.split(",") if s}
+    for w in WORKLOADS:
+        if only and w.group not in only:
+            continue
+        try:
+            row = run_workload(w, args.budget, args.db, args.strategy, copy_gbps)
+        except Exception:
+            row = {"group": w.group, "epilogue": w.epilogue, "shape": "x".join(map(str, w.shape)),
+                   "error": traceback.format_exc()[-2000:]}  # fmt: skip
+        report["rows"].append(row)
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1, default=str)
+        print(json.dumps(row, default=str)[:700], flush=True)
+    print_table(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
