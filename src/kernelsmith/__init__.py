@@ -56,6 +56,23 @@ def optimize(fn: Any = None, **options: Any) -> Any:
     return _optimize(fn, **options)
 
 
+def optimize_model(model: Any, example_inputs: Any, **options: Any) -> tuple[Any, dict[str, Any]]:
+    """Profile a model, tune its top ops within ``budget``, return ``(compiled_model, report)``;
+    see :mod:`kernelsmith.frontends.model`."""
+    from kernelsmith.frontends.model import optimize_model as _optimize_model
+
+    return _optimize_model(model, example_inputs, **options)
+
+
+def backend(**options: Any) -> Any:
+    """A ``torch.compile`` backend with options (``tune``, ``budget``, ``db``...):
+    ``torch.compile(model, backend=kernelsmith.backend(db="runs.db"))``; see
+    :mod:`kernelsmith.frontends.backend`. ``backend="kernelsmith"`` is the same with defaults."""
+    from kernelsmith.frontends.backend import backend as _backend
+
+    return _backend(**options)
+
+
 def ops() -> list[str]:
     """Names of the op families kernelsmith can tune."""
     from kernelsmith.ops import op_names
@@ -63,4 +80,4 @@ def ops() -> list[str]:
     return op_names()
 
 
-__all__ = ["__version__", "ops", "optimize", "tune"]
+__all__ = ["__version__", "backend", "ops", "optimize", "optimize_model", "tune"]

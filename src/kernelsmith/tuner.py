@@ -196,8 +196,16 @@ class _Search:
     def candidates(self) -> list[Candidate]:
         return [Candidate(v.name, c) for v in self.family.variants for c in v.space(self.spec)]
 
-    def run(self, strategy_name: str, budget: int, seed: int, client: Metered | None = None) -> None:
-        """Keep every worker busy: each finished evaluation makes room for the next proposal."""
+    def run(
+        self,
+        strategy_name: str,
+        budget: int,
+        seed: int,
+        client: Metered | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> None:
+        """Keep every worker busy: each finished evaluation makes room for the next proposal.
+        ``stop()`` returning True ends the proposals early (evaluations in flight finish)."""
         strategy = make_strategy(
             strategy_name, seed, budget=budget, db=self.db, spec=self.spec, fingerprint=self.fp.hash, client=client
         )
@@ -207,6 +215,9 @@ class _Search:
         exhausted = False
         while True:
             while not exhausted and len(running) < self.evaluator.n_workers and self.evaluated + len(running) < budget:
+                if stop is not None and stop():
+                    exhausted = True
+                    break
                 proposal = strategy.propose(1)
                 if not proposal:
                     exhausted = True
@@ -372,8 +383,13 @@ def tune_spec(
     mode: str | None = None,
     progress: Progress | None = None,
     client: LLMClient | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> TuneResult:
     """Tune one workload (see the module docstring); returns a :class:`TuneResult`.
+
+    ``stop``, when given, is asked before each new proposal; True ends the search early (the
+    whole-model optimizer uses it for wall-time budgets and diminishing returns), and the
+    decision is then made over what was evaluated.
 
     ``client`` is the LLM of ``strategy="llm"`` (which otherwise builds one from the environment,
     see :mod:`kernelsmith.llm`) and of ``"auto"`` (which uses an LLM only when given one); its
@@ -402,7 +418,7 @@ def tune_spec(
         with Evaluator(fp.mode, workers) as evaluator:
             copy_gbps = _copy_bandwidth(database, fp, evaluator)
             search = _Search(family, spec, fp, database, evaluator, progress, copy_gbps)
-            search.run(strategy, budget, seed, client=meter)
+            search.run(strategy, budget, seed, client=meter, stop=stop)
             decision = search.decide(strategy, copy_gbps)
         cost = search_cost(
             search.results, search.fresh, fp.mode, wall_s=time.perf_counter() - started, recheck_s=search.recheck_s,

@@ -21,7 +21,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kernelsmith.cli.agent import agent_app
+from kernelsmith.cli.optimize import optimize as optimize_command
 from kernelsmith.cli.profile import profile as profile_command
+from kernelsmith.cli.report import report as report_command
+from kernelsmith.cli.verify import verify as verify_command
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Search, verify and serve faster Triton kernels for PyTorch ops."
@@ -30,6 +33,9 @@ db_app = typer.Typer(no_args_is_help=True, help="Inspect, export and import the 
 app.add_typer(db_app, name="db")
 app.add_typer(agent_app, name="agent")
 app.command("profile")(profile_command)
+app.command("optimize")(optimize_command)
+app.command("verify")(verify_command)
+app.command("report")(report_command)
 
 out = Console()
 err = Console(stderr=True)

@@ -1,0 +1,187 @@
+"""``kernelsmith optimize MODEL``: profile a model, tune its top ops within a budget, report.
+
+A thin command over :func:`kernelsmith.optimize_model` (see :mod:`kernelsmith.frontends.model`
+for the steps and how the budget is shared) and :func:`kernelsmith.models.load_model` (what
+``MODEL`` may be). Progress bars on standard error: the whole budget, and the search under way.
+Writes the report (JSON) to ``--out``; ``kernelsmith verify`` then measures the result end to end.
+
+Without a GPU (``--device cpu`` or no CUDA) the kernels run in the Triton interpreter on the CPU:
+the command says so, uses small inputs by default, and its timings are not performance.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from kernelsmith.cli.profile import _device, _kwargs
+
+GPU_DEFAULTS = {"batch": 8, "seq": 1024}
+CPU_DEFAULTS = {"batch": 2, "seq": 32}  # the interpreter is thousands of times slower than a GPU
+
+
+def optimize(
+    model: Annotated[
+        str | None,
+        typer.Argument(help="A built-in model (gpt2, llama-160m, llama-7b, bert-base) or path/to/file.py:ClassName."),
+    ] = None,
+    kwargs: Annotated[
+        str | None,
+        typer.Option("--kwargs", help="JSON object: constructor arguments, or configuration overrides."),
+    ] = None,
+    hf_config: Annotated[
+        str | None,
+        typer.Option("--hf-config", help="A Hugging Face config (hub name or directory): random weights, no download."),
+    ] = None,
+    tiny: Annotated[bool, typer.Option("--tiny", help="The built-in model's tiny test configuration.")] = False,
+    batch: Annotated[int | None, typer.Option("--batch", min=1, help="Batch size (default 8; 2 on a CPU).")] = None,
+    seq: Annotated[
+        int | None,
+        typer.Option("--seq", min=1, help="Sequence length (default 1024 within the model's limit; 32 on a CPU)."),
+    ] = None,
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="auto (bf16 on a GPU, fp32 on a CPU), bf16, fp16 or fp32.")
+    ] = "auto",
+    device: Annotated[str, typer.Option("--device", help="auto, cuda, cuda:N or cpu.")] = "auto",
+    budget: Annotated[int, typer.Option("--budget", min=0, help="Evaluations in all, over every op tuned.")] = 100,
+    seconds: Annotated[
+        float | None, typer.Option("--seconds", min=0, help="Wall-time limit in seconds (default: none).")
+    ] = None,
+    strategy: Annotated[str, typer.Option("--strategy", help="auto, grid, random, tpe, coordinate or llm.")] = "auto",
+    patience: Annotated[
+        int, typer.Option("--patience", min=1, help="Move on after this many evaluations without a 1% better time.")
+    ] = 12,
+    plan_file: Annotated[
+        Path | None, typer.Option("--plan", help="A plan JSON from `kernelsmith profile` to use instead of profiling.")
+    ] = None,
+    train: Annotated[bool, typer.Option("--train", help="Also tune the backward ops (training).")] = False,
+    compare: Annotated[
+        bool, typer.Option("--compare", help="Keep the kernels only if the compiled model times faster in context.")
+    ] = False,
+    db: Annotated[
+        str | None,
+        typer.Option("--db", help="Database path or sqlite:/// URL (default: $KERNELSMITH_DB or the per-user cache)."),
+    ] = None,
+    out_file: Annotated[Path, typer.Option("--out", help="Where to write the report JSON.")] = Path("optimize.json"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON instead of tables.")] = False,
+) -> None:
+    """Profile a model, tune its top ops (highest expected gain first) within the budget, report."""
+    from kernelsmith.cli.main import UserError, _run, err, out
+
+    def prepare() -> tuple[Any, tuple[Any, ...], Any, str]:
+        import torch
+
+        target = _device(device, torch)
+        on_gpu = target.type == "cuda"
+        if not on_gpu:  # before any kernel is defined: Triton reads this when it compiles one
+            os.environ.setdefault("KERNELSMITH_INTERPRET", "1")
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        from kernelsmith.models import example_inputs, load_model, max_positions
+        from kernelsmith.profile import Plan
+        from kernelsmith.spec import DTYPES, dtype_name
+
+        defaults = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
+        name = dtype_name(dtype) if dtype != "auto" else ("bfloat16" if on_gpu else "float32")
+        if not DTYPES[name].is_floating_point:
+            raise UserError(f"--dtype {dtype}: the model's dtype must be a floating-point type")
+        loaded = load_model(model, kwargs=_kwargs(kwargs, UserError), hf_config=hf_config, tiny=tiny, device=target)
+        module = loaded.module.to(DTYPES[name])
+        limit = max_positions(module)
+        run_seq = seq if seq is not None else min(defaults["seq"], limit or defaults["seq"])
+        inputs = example_inputs(module, batch if batch is not None else defaults["batch"], run_seq, target)
+        plan = Plan.read(plan_file) if plan_file is not None else None
+        return module, inputs, plan, loaded.name
+
+    module, inputs, plan, name = _run(prepare)
+    from kernelsmith.frontends.model import optimize_model
+
+    with _Bars(err, disabled=as_json) as bars:
+        _, report = _run(
+            lambda: optimize_model(
+                module, inputs, budget=budget, seconds=seconds, db=db, strategy=strategy, plan=plan, train=train,
+                patience=patience, compare=compare, name=name, progress=bars.update,
+            )
+        )
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    if as_json:
+        print(json.dumps(report, default=str))
+    else:
+        _print_report(report, out)
+    if report["note"]:
+        err.print(f"[yellow]{report['note']}[/yellow]", highlight=False)
+    err.print(f"report written to {out_file}; measure the result with `kernelsmith verify`", highlight=False)
+
+
+class _Bars:
+    """Two rich progress bars: evaluations of the whole budget, and of the search under way."""
+
+    def __init__(self, console: Any, disabled: bool) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console, self.disabled = console, disabled
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console, disable=disabled,
+        )
+        self.total: Any = None
+        self.search: Any = None
+        self.started = 0
+
+    def __enter__(self) -> _Bars:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def update(self, event: Any) -> None:
+        if self.disabled:
+            return
+        if self.total is None:
+            self.total = self.progress.add_task("budget", total=max(event.total_budget, 1))
+        if event.stage in ("profile", "discover", "compile"):
+            self.console.print(f"{event.message}...", highlight=False)
+        elif event.stage == "tune":
+            if self.search is not None:
+                self.progress.remove_task(self.search)
+            self.started = event.total_done
+            label = f"[{event.workload}/{event.workloads}] {event.message.split(':')[0]}"
+            self.search = self.progress.add_task(label, total=max(event.budget, 1))
+        elif event.stage == "evaluation" and self.search is not None:
+            best = f" best {event.best_us:.1f} us" if event.best_us is not None else ""
+            self.progress.update(self.search, completed=event.done)
+            self.progress.update(self.total, completed=self.started + event.done, description=f"budget{best}")
+        elif event.stage == "tuned":
+            self.console.print(f"  {event.message}", highlight=False)
+            self.progress.update(self.total, completed=event.total_done)
+
+
+def _print_report(report: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{report['model']}: workloads by share of the profiled time ({report['mode']})")
+    for column in ("#", "workload", "share", "gain at 2x", "status", "evals", "winner"):
+        table.add_column(column, justify="left" if column in ("workload", "status", "winner") else "right")
+    for i, w in enumerate(report["workloads"], 1):
+        winner = w["winner"] + (f" {w['speedup']:.2f}x" if w["speedup"] else "")
+        table.add_row(
+            str(i), w["spec"], f"{100 * w['share']:.1f}%", f"{w['gain_2x']:.3f}", w["status"], str(w["evaluations"]),
+            winner,
+        )
+    console.print(table)
+    counts: dict[str, int] = {}
+    for site in report["sites"]:
+        counts[site["status"]] = counts.get(site["status"], 0) + 1
+    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    console.print(f"sites in the compiled model: {summary or 'none found'}", highlight=False)
+    console.print(
+        f"{report['evaluations']} evaluations in {report['wall_s']:.1f} s"
+        + (f"; stopped: {report['stopped']}" if report["stopped"] else "")
+        + f"; expected forward speedup {report['expected_gain']:.3f}x (stored speedups vs eager, profiled shares)",
+        highlight=False,
+    )

@@ -1,0 +1,263 @@
+"""``kernelsmith verify MODEL``: the optimized model against the original, and end-to-end time.
+
+A thin command over :mod:`kernelsmith.verify` (see there, and docs/models.md, for what is compared
+and how). The model is loaded as ``kernelsmith profile`` loads it; the optimized model is
+``torch.compile(model, backend="kernelsmith")`` when that backend is registered, else Inductor
+(the command says so), or the backend named by ``--backend``.
+
+Exit status: 0 when every check passed, 1 when the optimized model differs, 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Annotated, Any
+
+import typer
+
+# Sizes when --batch / --seq are not given: a realistic GPU run; on a CPU, small enough for seconds.
+GPU_DEFAULTS = {"batch": 8, "seq": 1024, "warmup": 3, "rounds": 20}
+CPU_DEFAULTS = {"batch": 2, "seq": 64, "warmup": 2, "rounds": 5}
+
+
+def verify(
+    model: Annotated[
+        str | None,
+        typer.Argument(help="A built-in model (gpt2, llama-160m, llama-7b, bert-base) or path/to/file.py:ClassName."),
+    ] = None,
+    kwargs: Annotated[
+        str | None,
+        typer.Option("--kwargs", help="JSON object: constructor arguments, or configuration overrides."),
+    ] = None,
+    hf_config: Annotated[
+        str | None,
+        typer.Option("--hf-config", help="A Hugging Face config (hub name or directory): random weights, no download."),
+    ] = None,
+    tiny: Annotated[bool, typer.Option("--tiny", help="The built-in model's tiny test configuration.")] = False,
+    batch: Annotated[int | None, typer.Option("--batch", min=1, help="Batch size (default 8; 2 on a CPU).")] = None,
+    seq: Annotated[
+        int | None,
+        typer.Option("--seq", min=1, help="Sequence length (default 1024 within the model's limit; 64 on a CPU)."),
+    ] = None,
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="auto (bf16 on a GPU, fp32 on a CPU), bf16, fp16 or fp32.")
+    ] = "auto",
+    device: Annotated[str, typer.Option("--device", help="auto, cuda, cuda:N or cpu.")] = "auto",
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="Input sets to compare on, one per seed.")] = 3,
+    seed: Annotated[
+        int | None, typer.Option("--seed", help="First seed (default: fresh random seeds, printed for a re-run).")
+    ] = None,
+    train: Annotated[bool, typer.Option("--train", help="Compare parameter and input gradients too.")] = False,
+    truth: Annotated[
+        str, typer.Option("--truth", help="auto (float64 copy where it fits), fp64, or original (no float64 copy).")
+    ] = "auto",
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend", help="torch.compile backend of the optimized model (default: kernelsmith, else inductor)."
+        ),
+    ] = None,
+    db: Annotated[
+        str | None,
+        typer.Option(
+            "--db", help="Database the kernelsmith backend reads its winners from (default: $KERNELSMITH_DB)."
+        ),
+    ] = None,
+    diagnose: Annotated[
+        bool, typer.Option("--diagnose", help="Swap the backend's replacements in one at a time to find a culprit.")
+    ] = False,
+    timing: Annotated[
+        bool, typer.Option("--time/--no-time", help="Time eager, torch.compile and the optimized model in one run.")
+    ] = True,
+    max_autotune: Annotated[
+        bool, typer.Option("--max-autotune", help="Also time torch.compile(mode='max-autotune-no-cudagraphs').")
+    ] = False,
+    warmup: Annotated[int | None, typer.Option("--warmup", min=0, help="Calls of each variant before timing.")] = None,
+    rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="Interleaved timing rounds.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")] = False,
+) -> None:
+    """Check the optimized model against the original on fresh random inputs, and time both."""
+    from kernelsmith.cli.main import UserError, _run, err
+
+    if truth not in ("auto", "fp64", "original"):
+        err.print(f"[red]error:[/red] --truth {truth}: use auto, fp64 or original", highlight=False)
+        raise typer.Exit(2)
+    first_seed = seed if seed is not None else secrets.randbelow(1 << 30)
+    seed_list = list(range(first_seed, first_seed + seeds))
+
+    def run() -> dict[str, Any]:
+        import torch
+
+        from kernelsmith import verify as v
+        from kernelsmith.cli.profile import _device, _kwargs
+        from kernelsmith.models import example_inputs, load_model, max_positions, parameter_count
+        from kernelsmith.spec import DTYPES, dtype_name
+
+        target = _device(device, torch)
+        on_gpu = target.type == "cuda"
+        defaults = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
+        name = dtype_name(dtype) if dtype != "auto" else ("bfloat16" if on_gpu else "float32")
+        if not DTYPES[name].is_floating_point:
+            raise UserError(f"--dtype {dtype}: the model's dtype must be a floating-point type")
+        if diagnose and backend not in (None, v.BACKEND_NAME):
+            raise UserError("--diagnose swaps in the kernelsmith backend's replacements: leave out --backend")
+        loaded = load_model(model, kwargs=_kwargs(kwargs, UserError), hf_config=hf_config, tiny=tiny, device=target)
+        module = loaded.module.to(DTYPES[name]).eval()
+        limit = max_positions(module)
+        run_seq = seq if seq is not None else min(defaults["seq"], limit or defaults["seq"])
+        run_batch = batch if batch is not None else defaults["batch"]
+
+        def inputs_fn(s: int) -> tuple[Any, ...]:
+            return example_inputs(module, run_batch, run_seq, target, seed=s)
+
+        inputs_fn(seed_list[0])  # a bad --seq fails here, before anything compiles
+        err.print(
+            f"verifying {loaded.name} ({parameter_count(module) / 1e6:,.1f}M parameters) on {target}: batch "
+            f"{run_batch}, seq {run_seq}, {name}, seeds {', '.join(map(str, seed_list))}"
+            + (", with gradients" if train else ""),
+            highlight=False,
+        )
+        optimized, backend_name, note = v.optimized_model(module, backend, {"db": db} if db else None)
+        hooks = _diagnose_hooks(backend_name, db, train, UserError) if diagnose else None
+        if note:
+            err.print(f"[yellow]{note}[/yellow]", highlight=False)
+        result = v.verify_model(module, optimized, inputs_fn, seeds=seed_list, train=train, truth=truth)
+        report: dict[str, Any] = {
+            "model": loaded.name,
+            "source": loaded.source,
+            "device": str(target),
+            "dtype": name,
+            "batch": run_batch,
+            "seq": run_seq,
+            "backend": backend_name,
+            "note": note,
+            "verify": result.to_dict(),
+        }
+        if hooks is not None:
+            list_replacements, build = hooks
+            names = list(list_replacements(module, inputs_fn(seed_list[0])))
+            diagnosis = v.diagnose(module, build, names, inputs_fn, seeds=seed_list, train=train, truth=truth)
+            report["diagnosis"] = diagnosis.to_dict()
+        if timing:
+            report["timing"] = _time(
+                module, optimized, backend_name, inputs_fn(seed_list[0]), target, train, max_autotune,
+                warmup if warmup is not None else defaults["warmup"],
+                rounds if rounds is not None else defaults["rounds"],
+            ).to_dict()  # fmt: skip
+        return report
+
+    report = _run(run)
+    if as_json:
+        print(json.dumps(report, default=str))
+    else:
+        _print(report)
+    if not report["verify"]["ok"]:
+        raise typer.Exit(1)
+
+
+def _diagnose_hooks(backend_name: str, db: str | None, train: bool, error: type[Exception]) -> Any:
+    """The kernelsmith backend's hooks for :func:`kernelsmith.verify.diagnose`, or a usage error."""
+    from kernelsmith import verify as v
+
+    if backend_name != v.BACKEND_NAME:
+        raise error("--diagnose swaps in the kernelsmith backend's replacements, and that backend is not in use here")
+    hooks = v.backend_hooks(db, train)
+    if hooks is None:
+        raise error(
+            f"--diagnose needs the kernelsmith backend ({v.BACKEND_MODULE}.KernelsmithBackend, with its families "
+            "option and sites), which this installation does not provide"
+        )
+    return hooks
+
+
+def _time(
+    module: Any,
+    optimized: Any,
+    backend_name: str,
+    inputs: Any,
+    device: Any,
+    train: bool,
+    max_autotune: bool,
+    warmup: int,
+    rounds: int,
+) -> Any:
+    import torch
+
+    from kernelsmith import verify as v
+
+    variants = {"eager": v.forward_runner(module, inputs, train=train)}
+    if backend_name != "inductor":
+        variants["inductor"] = v.forward_runner(torch.compile(module), inputs, train=train)
+    if max_autotune:
+        compiled = torch.compile(module, mode="max-autotune-no-cudagraphs")
+        variants["max-autotune"] = v.forward_runner(compiled, inputs, train=train)
+    variants[backend_name] = v.forward_runner(optimized, inputs, train=train)
+    return v.time_models(variants, device=device, warmup=warmup, rounds=rounds, train=train, optimized=backend_name)
+
+
+def _print(report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from kernelsmith.cli.main import _fmt, err, out
+
+    result = report["verify"]
+    checks = result["checks"]
+    failed = [c for c in checks if not c["ok"]]
+    colour = "green" if result["ok"] else "red"
+    truth = "the float64 truth" if result["truth"] == "fp64" else "the original model (no float64 truth)"
+    out.print(
+        f"[{colour}]{'PASS' if result['ok'] else 'FAIL'}[/{colour}]: {len(checks) - len(failed)}/{len(checks)} "
+        f"checks passed against {truth}, optimized with {report['backend']}",
+        highlight=False,
+    )
+    if failed:
+        table = Table(title=f"{len(failed)} failed checks")
+        for column in ("seed", "kind", "tensor", "rel L2", "original's", "reason"):
+            table.add_column(column)
+        for c in failed[:20]:
+            table.add_row(
+                str(c["seed"]),
+                c["kind"],
+                c["name"],
+                _fmt(c["error"].get("rel_l2"), 3) if "rel_l2" in c["error"] else "-",
+                f"{c['reference_error']['rel_l2']:.3g}" if c["reference_error"] else "-",
+                c["reason"][:100],
+            )
+        out.print(table)
+    diagnosis = report.get("diagnosis")
+    if diagnosis is not None:
+        table = Table(title="diagnosis: replacements enabled one at a time")
+        for column in ("enabled", "result", "detail"):
+            table.add_column(column)
+        for step in diagnosis["steps"]:
+            table.add_row(", ".join(step["enabled"]) or "(none)", "ok" if step["ok"] else "FAIL", step["detail"][:100])
+        out.print(table)
+        out.print(f"diagnosis: {diagnosis['verdict']}", highlight=False)
+    timing = report.get("timing")
+    if timing is not None:
+        mode = "forward + backward" if timing["train"] else "forward"
+        table = Table(title=f"end-to-end {mode} time ({timing['timer']}, {timing['rounds']} interleaved rounds)")
+        for column in ("variant", "median ms", "p10-p90 ms", "vs eager"):
+            table.add_column(column, justify="left" if column == "variant" else "right")
+        for row in timing["rows"]:
+            table.add_row(
+                row["name"],
+                f"{row['median_ms']:,.3f}",
+                f"{row['p10_ms']:,.3f}-{row['p90_ms']:,.3f}",
+                _fmt(row["speedup_vs_eager"], 3, "x"),
+            )
+        out.print(table)
+        for other, c in timing["comparisons"].items():
+            if c.get("speedup") is not None:
+                out.print(
+                    f"{report['backend']} vs {other}: {c['speedup']:.3f}x "
+                    f"(95% CI {c['ci_low']:.3f}-{c['ci_high']:.3f})",
+                    highlight=False,
+                )
+        if timing["note"]:
+            err.print(f"[yellow]{timing['note']}[/yellow]", highlight=False)
+    if result["note"] and result["note"] != report["note"]:
+        err.print(f"[yellow]{result['note']}[/yellow]", highlight=False)
+    seeds = result["seeds"]
+    err.print(f"seeds {seeds[0]}..{seeds[-1]}: re-run with --seed {seeds[0]} --seeds {len(seeds)}", highlight=False)
