@@ -45,3 +45,14 @@ def test_a_non_contiguous_first_input_never_lends_its_layout():
     assert not any(runner.like_first_input)
     runner([x, x, cos, sin])
     assert all(contiguous for _, _, contiguous in seen[0])
+
+
+def test_the_custom_op_falls_back_to_autograd_references_of_backward_families(tmp_path, monkeypatch):
+    """Without a stored kernel the op runs the family's PyTorch reference, which for a backward
+    family is autograd through the forward: it must work inside the custom op's body."""
+    monkeypatch.setenv("KERNELSMITH_DB", str(tmp_path / "empty.db"))
+    dy, x, w = torch.randn(4, 16), torch.randn(4, 16), torch.randn(16)
+    dx, dw = torch.ops.kernelsmith.kernel("rmsnorm_backward", [dy, x, w], '{"eps": 1e-06}')
+    family = get_op("rmsnorm_backward")
+    want_dx, want_dw = family.reference(family.spec_for(dy, x, w, eps=1e-6), (dy, x, w))
+    assert torch.equal(dx, want_dx) and torch.equal(dw, want_dw) and not dx.requires_grad

@@ -30,6 +30,7 @@ determined attacker with write access to the database, who could equally edit th
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -248,13 +249,30 @@ def _runner_for(op: str, inputs: Sequence[torch.Tensor], constants: str) -> Kern
     return runner
 
 
+def _autograd_inside_op() -> contextlib.AbstractContextManager[Any]:
+    """Autograd, re-enabled inside a custom op's body (where the dispatcher switches it off).
+
+    The PyTorch references of the backward families *are* autograd (the gradient of the
+    forward's formulation), so the reference fallback of ``kernelsmith::kernel`` needs it.
+    """
+    guard = getattr(torch._C, "_SetExcludeDispatchKeyGuard", None)
+    if guard is None:  # an older torch: the references of forward families still work
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    for key in ("AutogradFunctionality", "ADInplaceOrView"):
+        stack.enter_context(guard(getattr(torch._C.DispatchKey, key), False))
+    stack.enter_context(torch.enable_grad())
+    return stack
+
+
 @torch.library.custom_op("kernelsmith::kernel", mutates_args=())
 def kernel_op(op: str, inputs: list[torch.Tensor], constants: str) -> list[torch.Tensor]:
     """Run op family ``op`` on ``inputs`` (constants as JSON) with its stored winner."""
     runner = _runner_for(op, inputs, constants)
     if runner is None:
         family, spec = _spec_of(op, inputs, constants)
-        return [t.clone() for t in family.reference(spec, inputs)]
+        with _autograd_inside_op():
+            return [t.detach().clone() for t in family.reference(spec, inputs)]
     return runner(inputs)
 
 
