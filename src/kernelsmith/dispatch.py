@@ -229,8 +229,26 @@ def _spec_of(op: str, inputs: Sequence[torch.Tensor], constants: str) -> tuple[O
     return family, family.spec_for(*inputs, **json.loads(constants))
 
 
-def _runner_for(op: str, inputs: Sequence[torch.Tensor], constants: str) -> KernelRunner | None:
-    key = (op, constants, *((tuple(t.shape), t.dtype, t.stride(), t.device) for t in inputs))
+def _runner_key(
+    op: str, inputs: Sequence[torch.Tensor], constants: str, device: torch.device | None = None
+) -> tuple[Any, ...]:
+    return (op, constants, *((tuple(t.shape), t.dtype, t.stride(), device or t.device) for t in inputs))
+
+
+def install_runner(
+    op: str, inputs: Sequence[torch.Tensor], constants: str, runner: KernelRunner, device: torch.device | None = None
+) -> None:
+    """Serve ``runner`` to ``kernelsmith::kernel`` calls with exactly these inputs' shapes,
+    dtypes, strides and device (``device`` overrides theirs: the compile backend installs from
+    example tensors) in this process; other calls resolve from the database as usual."""
+    with _RUNNERS_LOCK:
+        _RUNNERS[_runner_key(op, inputs, constants, device)] = runner
+
+
+def runner_for(op: str, inputs: Sequence[torch.Tensor], constants: str) -> KernelRunner | None:
+    """The runner ``kernelsmith::kernel`` uses for these inputs: installed, or built from the
+    stored decision (cached), or None when the op's PyTorch reference must run."""
+    key = _runner_key(op, inputs, constants)
     if key in _RUNNERS:
         return _RUNNERS[key]
     runner: KernelRunner | None = None
@@ -268,7 +286,7 @@ def _autograd_inside_op() -> contextlib.AbstractContextManager[Any]:
 @torch.library.custom_op("kernelsmith::kernel", mutates_args=())
 def kernel_op(op: str, inputs: list[torch.Tensor], constants: str) -> list[torch.Tensor]:
     """Run op family ``op`` on ``inputs`` (constants as JSON) with its stored winner."""
-    runner = _runner_for(op, inputs, constants)
+    runner = runner_for(op, inputs, constants)
     if runner is None:
         family, spec = _spec_of(op, inputs, constants)
         with _autograd_inside_op():

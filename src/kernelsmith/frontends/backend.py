@@ -125,7 +125,7 @@ def _backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> tuple[None, lis
         (torch.zeros_like(out) if g is None else g).contiguous() for g, out in zip(grads, outputs, strict=True)
     )
     backward_inputs = family.backward_inputs(filled, inputs, outputs)
-    if dispatch._runner_for(family.backward, backward_inputs, ctx.constants) is not None:
+    if dispatch.runner_for(family.backward, backward_inputs, ctx.constants) is not None:
         gradients = _KERNEL(family.backward, list(backward_inputs), ctx.constants)
     else:  # the backward family's reference differentiates with autograd, which a custom op's body cannot use
         backward = get_op(family.backward)
@@ -545,12 +545,9 @@ def _install(op: str, inputs: Sequence[torch.Tensor], constants: str, runner: di
              device: torch.device) -> None:
     """Serve ``runner`` to ``kernelsmith::kernel`` calls with exactly these inputs in this process.
 
-    The custom op keeps its launchers in :data:`kernelsmith.dispatch._RUNNERS`, keyed as here; a
-    call that misses (other strides) resolves from the default database as usual.
+    A call that misses (other strides) resolves from the default database as usual.
     """
-    key = (op, constants, *((tuple(t.shape), t.dtype, t.stride(), device) for t in inputs))
-    with dispatch._RUNNERS_LOCK:
-        dispatch._RUNNERS[key] = runner
+    dispatch.install_runner(op, inputs, constants, runner, device)
 
 
 # ---------------------------------------------------------------------------------------------
