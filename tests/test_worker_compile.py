@@ -44,3 +44,16 @@ def test_a_cheat_is_caught_already_while_compiling():
 
     with pytest.raises(Rejected, match="PyTorch"):
         _compile(op, spec, build, None, torch.device("cpu"), lambda: None)
+
+
+def test_only_large_workloads_compile_under_the_device_lock():
+    from types import SimpleNamespace
+
+    from kernelsmith.evaluate.worker import _workload_bytes, compile_needs_lock
+
+    h200 = SimpleNamespace(total_memory=140 * 2**30)
+    op = get_op("cross_entropy")
+    logits = _workload_bytes(op, op.spec((8192, 128256), "bf16"))  # 2 GiB of logits: compiled freely
+    assert 1.9 * 2**30 < logits < 2.1 * 2**30 and not compile_needs_lock(logits, h200)
+    huge = _workload_bytes(get_op("softmax"), get_op("softmax").spec((65536, 32768), "bf16"))  # 8 GiB
+    assert compile_needs_lock(huge, h200)

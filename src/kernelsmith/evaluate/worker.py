@@ -136,6 +136,22 @@ def _gpu_lock(path: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+# A workload whose tensors take more than this share of the device's memory is compiled under the
+# device lock too: eight workers each holding a full-size set of zero inputs would not fit.
+COMPILE_UNLOCKED_SHARE = 0.02
+
+
+def _workload_bytes(op: OpFamily, spec: OpSpec) -> int:
+    """Bytes of one full-size set of the workload's inputs and outputs."""
+    tensors = (*spec.inputs, *op.output_specs(spec))
+    return sum(t.numel * t.torch_dtype.itemsize for t in tensors)
+
+
+def compile_needs_lock(nbytes: int, device_properties: Any) -> bool:
+    """Whether compiling (one launch per validation shape on zero inputs) must hold the lock."""
+    return nbytes > COMPILE_UNLOCKED_SHARE * int(device_properties.total_memory)
+
+
 def _compile(
     op: OpFamily, spec: OpSpec, build: Callable[..., Launcher], config: Any, device: torch.device,
     synchronize: Callable[[], None],
@@ -313,7 +329,9 @@ class Worker:
             try:
                 build, source_hash = _load(op, spec, candidate, request.static_gate)
                 if request.mode == "gpu":
-                    _compile(op, spec, build, candidate.config, device, synchronize)
+                    big = compile_needs_lock(_workload_bytes(op, spec), torch.cuda.get_device_properties(device))
+                    with _gpu_lock(request.lock_path) if big else contextlib.nullcontext():
+                        _compile(op, spec, build, candidate.config, device, synchronize)
                 with _gpu_lock(request.lock_path):
                     try:
                         validate(op, spec, build, candidate.config, device, synchronize)
