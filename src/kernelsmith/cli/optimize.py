@@ -18,35 +18,32 @@ from typing import Annotated, Any
 
 import typer
 
-from kernelsmith.cli.profile import _device, _kwargs
+from kernelsmith.cli.model_options import (
+    BatchOption,
+    DeviceOption,
+    DtypeOption,
+    HfConfigOption,
+    KwargsOption,
+    ModelArg,
+    TinyOption,
+    parse_device,
+    parse_kwargs,
+    seq_option,
+)
 
 GPU_DEFAULTS = {"batch": 8, "seq": 1024}
 CPU_DEFAULTS = {"batch": 2, "seq": 32}  # the interpreter is thousands of times slower than a GPU
 
 
 def optimize(
-    model: Annotated[
-        str | None,
-        typer.Argument(help="A built-in model (gpt2, llama-160m, llama-7b, bert-base) or path/to/file.py:ClassName."),
-    ] = None,
-    kwargs: Annotated[
-        str | None,
-        typer.Option("--kwargs", help="JSON object: constructor arguments, or configuration overrides."),
-    ] = None,
-    hf_config: Annotated[
-        str | None,
-        typer.Option("--hf-config", help="A Hugging Face config (hub name or directory): random weights, no download."),
-    ] = None,
-    tiny: Annotated[bool, typer.Option("--tiny", help="The built-in model's tiny test configuration.")] = False,
-    batch: Annotated[int | None, typer.Option("--batch", min=1, help="Batch size (default 8; 2 on a CPU).")] = None,
-    seq: Annotated[
-        int | None,
-        typer.Option("--seq", min=1, help="Sequence length (default 1024 within the model's limit; 32 on a CPU)."),
-    ] = None,
-    dtype: Annotated[
-        str, typer.Option("--dtype", help="auto (bf16 on a GPU, fp32 on a CPU), bf16, fp16 or fp32.")
-    ] = "auto",
-    device: Annotated[str, typer.Option("--device", help="auto, cuda, cuda:N or cpu.")] = "auto",
+    model: ModelArg = None,
+    kwargs: KwargsOption = None,
+    hf_config: HfConfigOption = None,
+    tiny: TinyOption = False,
+    batch: BatchOption = None,
+    seq: Annotated[int | None, seq_option(32)] = None,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
     budget: Annotated[int, typer.Option("--budget", min=0, help="Evaluations in all, over every op tuned.")] = 100,
     seconds: Annotated[
         float | None, typer.Option("--seconds", min=0, help="Wall-time limit in seconds (default: none).")
@@ -75,7 +72,7 @@ def optimize(
     def prepare() -> tuple[Any, tuple[Any, ...], Any, str]:
         import torch
 
-        target = _device(device, torch)
+        target = parse_device(device, torch)
         on_gpu = target.type == "cuda"
         if not on_gpu:  # before any kernel is defined: Triton reads this when it compiles one
             os.environ.setdefault("KERNELSMITH_INTERPRET", "1")
@@ -88,7 +85,8 @@ def optimize(
         name = dtype_name(dtype) if dtype != "auto" else ("bfloat16" if on_gpu else "float32")
         if not DTYPES[name].is_floating_point:
             raise UserError(f"--dtype {dtype}: the model's dtype must be a floating-point type")
-        loaded = load_model(model, kwargs=_kwargs(kwargs, UserError), hf_config=hf_config, tiny=tiny, device=target)
+        options = parse_kwargs(kwargs, UserError)
+        loaded = load_model(model, kwargs=options, hf_config=hf_config, tiny=tiny, device=target)
         module = loaded.module.to(DTYPES[name])
         limit = max_positions(module)
         run_seq = seq if seq is not None else min(defaults["seq"], limit or defaults["seq"])

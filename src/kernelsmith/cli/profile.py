@@ -13,6 +13,19 @@ from typing import Annotated, Any
 
 import typer
 
+from kernelsmith.cli.model_options import (
+    BatchOption,
+    DeviceOption,
+    DtypeOption,
+    HfConfigOption,
+    KwargsOption,
+    ModelArg,
+    TinyOption,
+    parse_device,
+    parse_kwargs,
+    seq_option,
+)
+
 # Sizes when --batch / --seq are not given: the GPU shape of a realistic run; on a CPU, where the
 # plan only shows structure, one small enough to finish in seconds.
 GPU_DEFAULTS = {"batch": 8, "seq": 1024, "warmup": 3, "iterations": 5}
@@ -20,28 +33,14 @@ CPU_DEFAULTS = {"batch": 2, "seq": 128, "warmup": 1, "iterations": 2}
 
 
 def profile(
-    model: Annotated[
-        str | None,
-        typer.Argument(help="A built-in model (gpt2, llama-160m, llama-7b, bert-base) or path/to/file.py:ClassName."),
-    ] = None,
-    kwargs: Annotated[
-        str | None,
-        typer.Option("--kwargs", help="JSON object: constructor arguments, or configuration overrides."),
-    ] = None,
-    hf_config: Annotated[
-        str | None,
-        typer.Option("--hf-config", help="A Hugging Face config (hub name or directory): random weights, no download."),
-    ] = None,
-    tiny: Annotated[bool, typer.Option("--tiny", help="The built-in model's tiny test configuration.")] = False,
-    batch: Annotated[int | None, typer.Option("--batch", min=1, help="Batch size (default 8; 2 on a CPU).")] = None,
-    seq: Annotated[
-        int | None,
-        typer.Option("--seq", min=1, help="Sequence length (default 1024 within the model's limit; 128 on a CPU)."),
-    ] = None,
-    dtype: Annotated[
-        str, typer.Option("--dtype", help="auto (bf16 on a GPU, fp32 on a CPU), bf16, fp16 or fp32.")
-    ] = "auto",
-    device: Annotated[str, typer.Option("--device", help="auto, cuda, cuda:N or cpu.")] = "auto",
+    model: ModelArg = None,
+    kwargs: KwargsOption = None,
+    hf_config: HfConfigOption = None,
+    tiny: TinyOption = False,
+    batch: BatchOption = None,
+    seq: Annotated[int | None, seq_option(128)] = None,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
     warmup: Annotated[int | None, typer.Option("--warmup", min=0, help="Forwards before measuring.")] = None,
     iters: Annotated[int | None, typer.Option("--iters", min=1, help="Forwards measured (and profiled).")] = None,
     compile: Annotated[
@@ -61,13 +60,14 @@ def profile(
         from kernelsmith.profile import profile_model
         from kernelsmith.spec import DTYPES, dtype_name
 
-        target = _device(device, torch)
+        target = parse_device(device, torch)
         on_gpu = target.type == "cuda"
         defaults = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
         name = dtype_name(dtype) if dtype != "auto" else ("bfloat16" if on_gpu else "float32")
         if not DTYPES[name].is_floating_point:
             raise UserError(f"--dtype {dtype}: the model's dtype must be a floating-point type")
-        loaded = load_model(model, kwargs=_kwargs(kwargs, UserError), hf_config=hf_config, tiny=tiny, device=target)
+        options = parse_kwargs(kwargs, UserError)
+        loaded = load_model(model, kwargs=options, hf_config=hf_config, tiny=tiny, device=target)
         module = loaded.module.to(DTYPES[name])
         limit = max_positions(module)
         run_seq = seq if seq is not None else min(defaults["seq"], limit or defaults["seq"])
@@ -101,32 +101,6 @@ def profile(
     if plan.note:
         err.print(f"[yellow]{plan.note}[/yellow]", highlight=False)
     err.print(f"plan written to {out_file}", highlight=False)
-
-
-def _device(text: str, torch: Any) -> Any:
-    if text == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        target = torch.device(text)
-    except RuntimeError as error:
-        raise ValueError(f"bad --device {text!r}: expected auto, cuda, cuda:N or cpu") from error
-    if target.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {text}: no CUDA GPU here (use --device cpu for a structure-only profile)")
-    if target.type not in ("cuda", "cpu"):
-        raise ValueError(f"--device {text}: only cuda and cpu are supported")
-    return target
-
-
-def _kwargs(text: str | None, error: type[Exception]) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise error(f"--kwargs is not JSON ({exc.msg}): expected an object such as '{{\"n_layers\": 2}}'") from None
-    if not isinstance(value, dict):
-        raise error("--kwargs must be a JSON object, such as '{\"n_layers\": 2}'")
-    return value
 
 
 def _print_plan(plan: Any, top: int, console: Any) -> None:

@@ -16,34 +16,33 @@ from typing import Annotated, Any
 
 import typer
 
+from kernelsmith.cli.model_options import (
+    BatchOption,
+    DeviceOption,
+    DtypeOption,
+    HfConfigOption,
+    KwargsOption,
+    ModelArg,
+    TinyOption,
+    parse_device,
+    parse_kwargs,
+    seq_option,
+)
+
 # Sizes when --batch / --seq are not given: a realistic GPU run; on a CPU, small enough for seconds.
 GPU_DEFAULTS = {"batch": 8, "seq": 1024, "warmup": 3, "rounds": 20}
 CPU_DEFAULTS = {"batch": 2, "seq": 64, "warmup": 2, "rounds": 5}
 
 
 def verify(
-    model: Annotated[
-        str | None,
-        typer.Argument(help="A built-in model (gpt2, llama-160m, llama-7b, bert-base) or path/to/file.py:ClassName."),
-    ] = None,
-    kwargs: Annotated[
-        str | None,
-        typer.Option("--kwargs", help="JSON object: constructor arguments, or configuration overrides."),
-    ] = None,
-    hf_config: Annotated[
-        str | None,
-        typer.Option("--hf-config", help="A Hugging Face config (hub name or directory): random weights, no download."),
-    ] = None,
-    tiny: Annotated[bool, typer.Option("--tiny", help="The built-in model's tiny test configuration.")] = False,
-    batch: Annotated[int | None, typer.Option("--batch", min=1, help="Batch size (default 8; 2 on a CPU).")] = None,
-    seq: Annotated[
-        int | None,
-        typer.Option("--seq", min=1, help="Sequence length (default 1024 within the model's limit; 64 on a CPU)."),
-    ] = None,
-    dtype: Annotated[
-        str, typer.Option("--dtype", help="auto (bf16 on a GPU, fp32 on a CPU), bf16, fp16 or fp32.")
-    ] = "auto",
-    device: Annotated[str, typer.Option("--device", help="auto, cuda, cuda:N or cpu.")] = "auto",
+    model: ModelArg = None,
+    kwargs: KwargsOption = None,
+    hf_config: HfConfigOption = None,
+    tiny: TinyOption = False,
+    batch: BatchOption = None,
+    seq: Annotated[int | None, seq_option(64)] = None,
+    dtype: DtypeOption = "auto",
+    device: DeviceOption = "auto",
     seeds: Annotated[int, typer.Option("--seeds", min=1, help="Input sets to compare on, one per seed.")] = 3,
     seed: Annotated[
         int | None, typer.Option("--seed", help="First seed (default: fresh random seeds, printed for a re-run).")
@@ -90,11 +89,10 @@ def verify(
         import torch
 
         from kernelsmith import verify as v
-        from kernelsmith.cli.profile import _device, _kwargs
         from kernelsmith.models import example_inputs, load_model, max_positions, parameter_count
         from kernelsmith.spec import DTYPES, dtype_name
 
-        target = _device(device, torch)
+        target = parse_device(device, torch)
         on_gpu = target.type == "cuda"
         defaults = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
         name = dtype_name(dtype) if dtype != "auto" else ("bfloat16" if on_gpu else "float32")
@@ -102,7 +100,8 @@ def verify(
             raise UserError(f"--dtype {dtype}: the model's dtype must be a floating-point type")
         if diagnose and backend not in (None, v.BACKEND_NAME):
             raise UserError("--diagnose swaps in the kernelsmith backend's replacements: leave out --backend")
-        loaded = load_model(model, kwargs=_kwargs(kwargs, UserError), hf_config=hf_config, tiny=tiny, device=target)
+        options = parse_kwargs(kwargs, UserError)
+        loaded = load_model(model, kwargs=options, hf_config=hf_config, tiny=tiny, device=target)
         module = loaded.module.to(DTYPES[name]).eval()
         limit = max_positions(module)
         run_seq = seq if seq is not None else min(defaults["seq"], limit or defaults["seq"])
