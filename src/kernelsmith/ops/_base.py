@@ -225,6 +225,14 @@ def check_eps(op: str, eps: Any) -> float:
     return value
 
 
+def tensor_specs(op: str, tensors: Sequence[torch.Tensor]) -> tuple[TensorSpec, ...]:
+    """The specs of call tensors; UnsupportedWorkload for a dtype kernelsmith does not know at all."""
+    try:
+        return tuple(TensorSpec.of(t) for t in tensors)
+    except ValueError as err:
+        raise UnsupportedWorkload(f"{op}: {err}") from None
+
+
 def generator(seed: int, device: str | torch.device) -> torch.Generator:
     g = torch.Generator(device=device)
     g.manual_seed(seed)

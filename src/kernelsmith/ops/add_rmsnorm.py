@@ -100,6 +100,7 @@ from kernelsmith.ops._base import (
     check_eps,
     generator,
     rows_and_width,
+    tensor_specs,
 )
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
@@ -550,10 +551,7 @@ class AddRMSNorm(OpFamily):
             raise UnsupportedWorkload(
                 f"add_rmsnorm: x, residual and weight must share a dtype, not {x.dtype}, "
                 f"{residual.dtype} and {weight.dtype}")
-        try:
-            specs = (TensorSpec.of(x), TensorSpec.of(residual), TensorSpec.of(weight))
-        except ValueError as err:  # a dtype kernelsmith does not know at all
-            raise UnsupportedWorkload(f"add_rmsnorm: {err}") from None
+        specs = tensor_specs(self.name, (x, residual, weight))
         spec = OpSpec(self.name, specs, {"eps": check_eps(self.name, eps)})
         self.check_supported(spec)
         return spec

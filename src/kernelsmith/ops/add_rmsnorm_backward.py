@@ -83,6 +83,7 @@ from kernelsmith.ops._base import (
     check_eps,
     generator,
     rows_and_width,
+    tensor_specs,
 )
 from kernelsmith.ops.add_rmsnorm import _to_storage
 from kernelsmith.ops.rmsnorm import DEFAULT_EPS
@@ -319,10 +320,7 @@ class AddRMSNormBackward(OpFamily):
                                       f"not {h.dim()}-D and {weight.dim()}-D")
         if h.numel() == 0:
             raise UnsupportedWorkload("add_rmsnorm_backward: empty inputs are not supported")
-        try:
-            specs = tuple(TensorSpec.of(t) for t in inputs)
-        except ValueError as err:  # a dtype kernelsmith does not know at all
-            raise UnsupportedWorkload(f"add_rmsnorm_backward: {err}") from None
+        specs = tensor_specs(self.name, inputs)
         spec = OpSpec(self.name, specs, {"eps": check_eps(self.name, eps)})
         self.check_supported(spec)
         return spec

@@ -92,6 +92,7 @@ from kernelsmith.ops._base import (
     check_eps,
     generator,
     rows_and_width,
+    tensor_specs,
 )
 from kernelsmith.ops.layernorm import AFFINE, AFFINE_PARAMS, DEFAULT_EPS, _check_affine, _has_weight_and_bias
 from kernelsmith.ops.layernorm import OP as _LAYERNORM
@@ -511,10 +512,7 @@ class LayerNormBackward(OpFamily):
         found = AFFINE[::-1][len(inputs) - 2]  # "none", "weight", "weight_bias" by parameter count
         if affine is not None and _check_affine(affine) != found:
             raise UnsupportedWorkload(f"layernorm_backward: affine={affine!r} but the inputs are those of {found!r}")
-        try:
-            specs = tuple(TensorSpec.of(t) for t in inputs)
-        except ValueError as err:  # a dtype kernelsmith does not know at all
-            raise UnsupportedWorkload(f"layernorm_backward: {err}") from None
+        specs = tensor_specs(self.name, inputs)
         spec = OpSpec(self.name, specs, {"eps": check_eps(self.name, eps), "affine": found})
         self.check_supported(spec)
         return spec

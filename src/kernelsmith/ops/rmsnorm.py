@@ -69,6 +69,7 @@ from kernelsmith.ops._base import (
     check_eps,
     generator,
     rows_and_width,
+    tensor_specs,
 )
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
@@ -449,10 +450,7 @@ class RMSNorm(OpFamily):
             raise UnsupportedWorkload("rmsnorm: empty inputs are not supported")
         if x.dtype != weight.dtype:
             raise UnsupportedWorkload(f"rmsnorm: x is {x.dtype} but weight is {weight.dtype}")
-        try:
-            specs = (TensorSpec.of(x), TensorSpec.of(weight))
-        except ValueError as err:  # a dtype kernelsmith does not know at all
-            raise UnsupportedWorkload(f"rmsnorm: {err}") from None
+        specs = tensor_specs(self.name, (x, weight))
         spec = OpSpec(self.name, specs, {"eps": check_eps(self.name, eps)})
         self.check_supported(spec)
         return spec

@@ -74,6 +74,7 @@ from kernelsmith.ops._base import (
     check_eps,
     generator,
     rows_and_width,
+    tensor_specs,
 )
 from kernelsmith.ops.rmsnorm import (
     DEFAULT_EPS,
@@ -417,10 +418,7 @@ class RMSNormBackward(OpFamily):
                                       f"not {x.dim()}-D and {weight.dim()}-D")
         if x.numel() == 0:
             raise UnsupportedWorkload("rmsnorm_backward: empty inputs are not supported")
-        try:
-            specs = (TensorSpec.of(dy), TensorSpec.of(x), TensorSpec.of(weight))
-        except ValueError as err:  # a dtype kernelsmith does not know at all
-            raise UnsupportedWorkload(f"rmsnorm_backward: {err}") from None
+        specs = tensor_specs(self.name, (dy, x, weight))
         spec = OpSpec(self.name, specs, {"eps": check_eps(self.name, eps)})
         self.check_supported(spec)
         return spec
