@@ -17,12 +17,9 @@ table and writes JSON with the date, GPU, versions and command after every row. 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
-import platform
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,16 +27,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.testing
+from _common import bench, environment, tune
 
-import kernelsmith
 from kernelsmith import dispatch
-from kernelsmith.db import current_fingerprint
 from kernelsmith.ops import get_op
 from kernelsmith.space import Config
-from kernelsmith.spec import OpSpec
-from kernelsmith.tuner import TuneResult, tune_spec
 
 Fn = Callable[[], Any]
 
@@ -80,10 +72,6 @@ BACKENDS = {
 COLUMNS = ("sdpa", "cudnn", "flash", "kernelsmith")
 
 
-def bench(fn: Fn) -> float:
-    return float(triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")) * 1000.0
-
-
 def sdpa_call(inputs: tuple[torch.Tensor, ...], causal: bool, backend: str | None) -> Fn:
     """A closure running SDPA on ``inputs`` with one backend (None: SDPA's own choice)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -100,28 +88,11 @@ def sdpa_call(inputs: tuple[torch.Tensor, ...], causal: bool, backend: str | Non
     return call
 
 
-def tune(spec: OpSpec, budget: int, strategy: str, db: str) -> tuple[TuneResult, dict[str, Any]]:
-    started = time.perf_counter()
-    result = tune_spec(spec, budget=budget, strategy=strategy, db=db)
-    summary = {
-        "search_wall_s": time.perf_counter() - started,
-        "evaluations": result.evaluations,
-        "failures": result.failures,
-        "failure_examples": result.failure_examples,
-        "winner": result.winner,
-        "variant": result.variant,
-        "config": result.best_config,
-        "engine_speedup": result.speedup_vs_baseline,
-        "engine_ci": result.speedup_ci,
-    }
-    return result, summary
-
-
 def run_workload(w: Workload, budget: int, strategy: str, db: str) -> dict[str, Any]:
     family = get_op("attention")
     spec = family.spec(w.shape, "bf16", causal=w.causal, kv_heads=w.kv_heads, kv_len=w.kv_len)
     row: dict[str, Any] = {"workload": w.label, "shape": w.describe(), "dtype": "bf16"}
-    result, row["tune"] = tune(spec, budget, strategy, db)
+    result, row["tune"] = tune(spec, budget, db, strategy)
     inputs = family.make_inputs(spec, 1234, "normal", "cuda")
     flops, nbytes = family.flops(spec), family.bytes_moved(spec)
     row["flops"], row["bytes"] = flops, nbytes
@@ -194,17 +165,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("benchmarks/attention.py needs a CUDA GPU", file=sys.stderr)
         return 2
-    report: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv),
-        "gpu": current_fingerprint("gpu").describe(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cudnn": torch.backends.cudnn.version(),
-        "kernelsmith": kernelsmith.__version__,
-        "rows": [],
-    }
+    report = environment(cudnn=torch.backends.cudnn.version())
     only = {s for s in args.only.split(",") if s}
     for w in WORKLOADS:
         if only and w.label not in only:

@@ -26,11 +26,8 @@ CUDA GPU.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,17 +35,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.testing
+from _common import bench, environment, max_abs_diff, tune
 
-import kernelsmith
 from kernelsmith import dispatch
-from kernelsmith.db import current_fingerprint
 from kernelsmith.evaluate.timing import measure_copy_bandwidth
 from kernelsmith.ops import get_op
 from kernelsmith.space import Config
-from kernelsmith.spec import OpSpec
-from kernelsmith.tuner import TuneResult, tune_spec
 
 Fn = Callable[..., Any]
 
@@ -107,38 +99,6 @@ WORKLOADS = [
 ]
 
 TARGETS = {"plain": 0.95, "decode": 0.95, "fused": 1.1}  # kernelsmith / eager, at least
-
-
-def bench(fn: Fn) -> float:
-    """Median device time of ``fn()`` in microseconds."""
-    return float(triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")) * 1000.0
-
-
-def tune(spec: OpSpec, budget: int, db: str, strategy: str) -> tuple[TuneResult, dict[str, Any]]:
-    started = time.perf_counter()
-    result = tune_spec(spec, budget=budget, strategy=strategy, db=db)
-    summary = {
-        "search_wall_s": time.perf_counter() - started,
-        "evaluations": result.evaluations,
-        "failures": result.failures,
-        "failure_examples": result.failure_examples,
-        "winner": result.winner,
-        "variant": result.variant,
-        "config": result.best_config,
-        "engine_speedup": result.speedup_vs_baseline,
-        "engine_ci": result.speedup_ci,
-        "top": result.top[:5],
-    }
-    return result, summary
-
-
-def as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
-    return tuple(out) if isinstance(out, tuple | list) else (out,)
-
-
-def max_abs_diff(got: Any, want: Any) -> float:
-    pairs = zip(as_tuple(got), as_tuple(want), strict=True)
-    return max(float((g.double() - w.double()).abs().max()) for g, w in pairs)
 
 
 def run_workload(w: Workload, budget: int, db: str, strategy: str, copy_gbps: float) -> dict[str, Any]:
@@ -237,19 +197,7 @@ def main() -> int:
         print("benchmarks/matmul.py needs a CUDA GPU", file=sys.stderr)
         return 2
     copy_gbps, _ = measure_copy_bandwidth(torch.device("cuda"))
-    report: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv),
-        "gpu": current_fingerprint("gpu").describe(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "kernelsmith": kernelsmith.__version__,
-        "copy_gbps": copy_gbps,
-        "budget": args.budget,
-        "strategy": args.strategy,
-        "rows": [],
-    }
+    report = environment(copy_gbps=copy_gbps, budget=args.budget, strategy=args.strategy)
     only = {s for s in args.only.split(",") if s}
     for w in WORKLOADS:
         if only and w.group not in only:

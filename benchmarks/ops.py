@@ -17,10 +17,8 @@ command after every row. Needs a CUDA GPU; Liger is optional (its column stays e
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
-import platform
 import sys
 import time
 import traceback
@@ -30,17 +28,14 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.testing
+from _common import as_tuple, bench, environment, max_abs_diff, tune
 
-import kernelsmith
 from kernelsmith import dispatch
-from kernelsmith.db import current_fingerprint
 from kernelsmith.evaluate.timing import measure_copy_bandwidth
 from kernelsmith.ops import OpFamily, get_op
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
-from kernelsmith.tuner import TuneResult, tune_spec
+from kernelsmith.tuner import TuneResult
 
 Fn = Callable[..., Any]
 
@@ -164,41 +159,10 @@ WORKLOADS = [
 ]
 
 
-def bench(fn: Fn) -> float:
-    return float(triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")) * 1000.0
-
-
-def tune(spec: OpSpec, budget: int, db: str) -> tuple[TuneResult, dict[str, Any]]:
-    started = time.perf_counter()
-    result = tune_spec(spec, budget=budget, strategy="random", db=db)
-    summary = {
-        "search_wall_s": time.perf_counter() - started,
-        "evaluations": result.evaluations,
-        "failures": result.failures,
-        "failure_examples": result.failure_examples,
-        "winner": result.winner,
-        "variant": result.variant,
-        "config": result.best_config,
-        "engine_speedup": result.speedup_vs_baseline,
-        "engine_ci": result.speedup_ci,
-        "engine_pct": result.pct_of_copy_bandwidth,
-    }
-    return result, summary
-
-
 def runner_of(family: OpFamily, spec: OpSpec, result: TuneResult) -> dispatch.KernelRunner:
     config = Config(result.best_config)
     launcher = family.variant(str(result.variant)).build(spec, config)
     return dispatch.KernelRunner.build(family, spec, launcher, str(result.variant), config)
-
-
-def as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
-    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
-
-
-def max_abs_diff(got: Any, want: Any) -> float:
-    pairs = zip(as_tuple(got), as_tuple(want), strict=True)
-    return max(float((g.double() - w.double()).abs().max()) for g, w in pairs)
 
 
 def training_step(fn: Fn, inputs: Sequence[torch.Tensor]) -> Fn:
@@ -352,18 +316,7 @@ def main() -> int:
         print("benchmarks/ops.py needs a CUDA GPU", file=sys.stderr)
         return 2
     copy_gbps, _ = measure_copy_bandwidth(torch.device("cuda"))
-    report: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv),
-        "gpu": current_fingerprint("gpu").describe(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "kernelsmith": kernelsmith.__version__,
-        "liger": _liger_version(),
-        "copy_gbps": copy_gbps,
-        "rows": [],
-    }
+    report = environment(liger=_liger_version(), copy_gbps=copy_gbps)
     only = {s for s in args.only.split(",") if s}
     train = {s for s in args.train.split(",") if s}
     for w in WORKLOADS:

@@ -1,0 +1,71 @@
+"""What the benchmark scripts share: device timing, a tuning run with its summary, output
+comparison, and the environment header of every JSON report."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import triton
+import triton.testing
+
+import kernelsmith
+from kernelsmith.db import current_fingerprint
+from kernelsmith.spec import OpSpec
+from kernelsmith.tuner import TuneResult, tune_spec
+
+Fn = Callable[..., Any]
+
+
+def bench(fn: Fn) -> float:
+    """Median device time of ``fn()`` in microseconds (CUDA events, L2 flushed)."""
+    return float(triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")) * 1000.0
+
+
+def tune(spec: OpSpec, budget: int, db: str, strategy: str = "random") -> tuple[TuneResult, dict[str, Any]]:
+    """Tune ``spec`` and summarize the search for the report."""
+    started = time.perf_counter()
+    result = tune_spec(spec, budget=budget, strategy=strategy, db=db)
+    summary = {
+        "search_wall_s": time.perf_counter() - started,
+        "evaluations": result.evaluations,
+        "failures": result.failures,
+        "failure_examples": result.failure_examples,
+        "winner": result.winner,
+        "variant": result.variant,
+        "config": result.best_config,
+        "engine_speedup": result.speedup_vs_baseline,
+        "engine_ci": result.speedup_ci,
+        "engine_pct": result.pct_of_copy_bandwidth,
+        "top": result.top[:5],
+    }
+    return result, summary
+
+
+def as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(out) if isinstance(out, tuple | list) else (out,)
+
+
+def max_abs_diff(got: Any, want: Any) -> float:
+    pairs = zip(as_tuple(got), as_tuple(want), strict=True)
+    return max(float((g.double() - w.double()).abs().max()) for g, w in pairs)
+
+
+def environment(**extra: Any) -> dict[str, Any]:
+    """The header of a report: date, command, GPU, versions (plus ``extra``), and no rows yet."""
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+        "gpu": current_fingerprint("gpu").describe(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "kernelsmith": kernelsmith.__version__,
+        **extra,
+        "rows": [],
+    }
