@@ -294,6 +294,33 @@ def kernel_op(op: str, inputs: list[torch.Tensor], constants: str) -> list[torch
     return runner(inputs)
 
 
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+    op, tensors, constants = inputs
+    ctx.op, ctx.constants, ctx.count = op, constants, len(tensors)
+    ctx.save_for_backward(*tensors, *output)
+
+
+def _backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> tuple[None, list[torch.Tensor | None], None]:
+    """The gradient of ``kernelsmith::kernel``: the op family's backward family, itself a
+    ``kernelsmith::kernel`` call (its tuned winner, or its PyTorch reference), so that
+    torch.compile graphs of training steps hold the tuned backward too."""
+    family = get_op(ctx.op)
+    if family.backward is None:
+        raise RuntimeError(f"kernelsmith::kernel({ctx.op}) has no backward family: it cannot be differentiated")
+    saved = ctx.saved_tensors
+    inputs, outputs = saved[: ctx.count], saved[ctx.count :]
+    filled = tuple(
+        (torch.zeros_like(out) if g is None else g).contiguous() for g, out in zip(grads, outputs, strict=True)
+    )
+    backward_inputs = family.backward_inputs(filled, inputs, outputs)
+    gradients = kernel_op(family.backward, list(backward_inputs), ctx.constants)
+    per_input = family.input_gradients(gradients, inputs)
+    return None, [None if g is None else g.to(t.dtype) for g, t in zip(per_input, inputs, strict=True)], None
+
+
+kernel_op.register_autograd(_backward, setup_context=_setup_context)
+
+
 @kernel_op.register_fake
 def _kernel_op_fake(op: str, inputs: list[torch.Tensor], constants: str) -> list[torch.Tensor]:
     family, spec = _spec_of(op, inputs, constants)

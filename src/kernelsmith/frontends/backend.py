@@ -64,7 +64,6 @@ between its first node and its output is left alone; installed launchers live in
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import operator
 import time
@@ -102,40 +101,6 @@ _CHARACTERISTIC = frozenset({
 _ADDS = frozenset({"add", "__add__", "iadd"})
 MAX_REGION = 40  # nodes: more than any op family's formulation takes
 _KERNEL = torch.ops.kernelsmith.kernel.default
-
-
-# ---------------------------------------------------------------------------------------------
-# Autograd of the custom op: the backward family, as a kernelsmith::kernel call
-# ---------------------------------------------------------------------------------------------
-
-
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    op, tensors, constants = inputs
-    ctx.op, ctx.constants, ctx.count = op, constants, len(tensors)
-    ctx.save_for_backward(*tensors, *output)
-
-
-def _backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> tuple[None, list[torch.Tensor | None], None]:
-    family = get_op(ctx.op)
-    if family.backward is None:
-        raise RuntimeError(f"kernelsmith::kernel({ctx.op}) has no backward family: it cannot be differentiated")
-    saved = ctx.saved_tensors
-    inputs, outputs = saved[: ctx.count], saved[ctx.count :]
-    filled = tuple(
-        (torch.zeros_like(out) if g is None else g).contiguous() for g, out in zip(grads, outputs, strict=True)
-    )
-    backward_inputs = family.backward_inputs(filled, inputs, outputs)
-    if dispatch.runner_for(family.backward, backward_inputs, ctx.constants) is not None:
-        gradients = _KERNEL(family.backward, list(backward_inputs), ctx.constants)
-    else:  # the backward family's reference differentiates with autograd, which a custom op's body cannot use
-        backward = get_op(family.backward)
-        spec = backward.spec_for(*backward_inputs, **json.loads(ctx.constants))
-        gradients = list(backward.reference(spec, backward_inputs))
-    per_input = family.input_gradients(gradients, inputs)
-    return None, [None if g is None else g.to(t.dtype) for g, t in zip(per_input, inputs, strict=True)], None
-
-
-dispatch.kernel_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ---------------------------------------------------------------------------------------------
