@@ -15,7 +15,7 @@ from kernelsmith.ops import UnsupportedWorkload
 from kernelsmith.ops.rmsnorm_backward import MAX_WHOLE_ROW, OP, RMSNormBackward
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
-from kernelsmith.testing.kernels import covering_configs, launch_guarded
+from kernelsmith.testing.kernels import assert_guarded_outputs, covering_configs, launch_guarded
 
 DTYPES = ("float16", "bfloat16", "float32")
 WIDTHS = (1, 3, 341, 1000)
@@ -41,13 +41,7 @@ def formula_fp64(inputs: tuple[torch.Tensor, ...], eps: float) -> tuple[torch.Te
 
 def assert_correct(spec: OpSpec, inputs: tuple[torch.Tensor, ...], outs: list[torch.Tensor],
                    guards: list[torch.Tensor], what: str) -> None:
-    refs64 = OP.reference_fp64(spec, inputs)
-    lowps = OP.reference(spec, inputs)
-    for name, out, guard, ref64, lowp in zip(("dx", "dw"), outs, guards, refs64, lowps, strict=True):
-        assert bool(torch.isfinite(out).all()), f"{what}: some {name} elements were never written"
-        assert bool(torch.isnan(guard).all()), f"{what}: the kernel wrote past the end of {name}"
-        problem = check_close(out, ref64, lowp, OP.tolerance)
-        assert problem is None, f"{what} {name}: {problem}"
+    assert_guarded_outputs(OP, spec, inputs, outs, guards, ("dx", "dw"), what)
 
 
 # ---- the kernels ----------------------------------------------------------------------------

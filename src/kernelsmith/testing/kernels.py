@@ -52,3 +52,24 @@ def launch_guarded(
         guards.append(buffer[t.numel :])
     op.variant(variant).build(spec, config)(inputs, outs)
     return outs, guards
+
+
+def assert_guarded_outputs(
+    op: OpFamily,
+    spec: OpSpec,
+    inputs: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
+    guards: Sequence[torch.Tensor],
+    names: Sequence[str],
+    what: str,
+) -> None:
+    """Each output fully written, nothing written past its end (its guard still NaN), and within
+    the family's tolerance of the float64 reference (see :func:`launch_guarded`)."""
+    from kernelsmith.evaluate.errors import check_close
+
+    refs64, lowps = op.reference_fp64(spec, inputs), op.reference(spec, inputs)
+    for name, out, guard, ref64, lowp in zip(names, outputs, guards, refs64, lowps, strict=True):
+        assert bool(torch.isfinite(out).all()), f"{what}: some {name} elements were never written"
+        assert bool(torch.isnan(guard).all()), f"{what}: the kernel wrote past the end of {name}"
+        problem = check_close(out, ref64, lowp, op.tolerance)
+        assert problem is None, f"{what} {name}: {problem}"
