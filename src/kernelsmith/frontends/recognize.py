@@ -227,6 +227,18 @@ def _match(graph: Graph) -> tuple[Match | None, str]:
 # ---------------------------------------------------------------------------------------------
 
 
+def match_of(found: tuple[str, Match | NoMatch] | None, op: str) -> Match | None:
+    """One family's answer from the analysis of a pattern module serving several families
+    (``(family, match or refusal)``, or None): its match, its refusal raised, or None when the
+    graph is shaped like another family of the module (whose refusal is that family's to give)."""
+    if found is None or found[0] != op:
+        return None
+    result = found[1]
+    if isinstance(result, NoMatch):
+        raise result
+    return result
+
+
 def single_tensor_output(graph: Graph) -> TensorValue:
     """The function's output, which must be one tensor computed by the captured call."""
     if graph.problems:

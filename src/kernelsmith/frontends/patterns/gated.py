@@ -29,6 +29,7 @@ from kernelsmith.frontends.recognize import (
     NoMatch,
     describe,
     input_ref,
+    match_of,
     product_factors,
     require_only,
     single_tensor_output,
@@ -43,22 +44,12 @@ _ACTIVATIONS = (Kind.SILU, Kind.GELU, Kind.SIGMOID)
 
 def match_swiglu(graph: Graph) -> Match | None:
     """The ``swiglu`` match of ``graph``; None when it has nothing of a SwiGLU's shape."""
-    return _match_for(graph, SWIGLU)
+    return match_of(_analyze(graph), SWIGLU)
 
 
 def match_geglu(graph: Graph) -> Match | None:
     """The ``geglu`` match of ``graph``; None when it has nothing of a GeGLU's shape."""
-    return _match_for(graph, GEGLU)
-
-
-def _match_for(graph: Graph, op: str) -> Match | None:
-    found = _analyze(graph)
-    if found is None or found[0] != op:
-        return None
-    result = found[1]
-    if isinstance(result, NoMatch):
-        raise result
-    return result
+    return match_of(_analyze(graph), GEGLU)
 
 
 def _analyze(graph: Graph) -> tuple[str, Match | NoMatch] | None:

@@ -37,6 +37,7 @@ from kernelsmith.frontends.recognize import (
     describe,
     input_or_upcast,
     input_ref,
+    match_of,
     require_only,
     single_tensor_output,
 )
@@ -74,22 +75,12 @@ _FORMS: dict[Kind, tuple[str, Poly, Poly, str]] = {
 
 def match_exact(graph: Graph) -> Match | None:
     """The ``gelu`` match of ``graph``; None when it has nothing of an exact GELU's shape."""
-    return _match_for(graph, EXACT)
+    return match_of(_analyze(graph), EXACT)
 
 
 def match_tanh(graph: Graph) -> Match | None:
     """The ``gelu_tanh`` match of ``graph``; None when it has nothing of a tanh GELU's shape."""
-    return _match_for(graph, TANH)
-
-
-def _match_for(graph: Graph, op: str) -> Match | None:
-    found = _analyze(graph)
-    if found is None or found[0] != op:
-        return None
-    result = found[1]
-    if isinstance(result, NoMatch):
-        raise result
-    return result
+    return match_of(_analyze(graph), TANH)
 
 
 def _analyze(graph: Graph) -> tuple[str, Match | NoMatch] | None:
