@@ -102,6 +102,7 @@ from kernelsmith.ops._base import (
     rows_and_width,
     tensor_specs,
 )
+from kernelsmith.ops._launch import direct_launch
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
@@ -372,7 +373,7 @@ def _whole_row_build(spec: OpSpec, config: Config) -> Launcher:
     eps = float(spec.const("eps"))
     num_warps = int(config["num_warps"])
     evict_x = str(config["EVICT_X"])
-    kernel = _add_rmsnorm_whole_row_kernel[(rows,)]
+    kernel = direct_launch(_add_rmsnorm_whole_row_kernel, (rows,))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         x, r, w, y, h = _views(n, inputs, outputs)
@@ -404,7 +405,7 @@ def _multi_row_build(spec: OpSpec, config: Config) -> Launcher:
     block_n = next_power_of_two(n)
     eps = float(spec.const("eps"))
     num_warps = int(config["num_warps"])
-    kernel = _add_rmsnorm_multi_row_kernel[(triton.cdiv(rows, rows_per_program),)]
+    kernel = direct_launch(_add_rmsnorm_multi_row_kernel, (triton.cdiv(rows, rows_per_program),))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         x, r, w, y, h = _views(n, inputs, outputs)
@@ -437,7 +438,7 @@ def _looped_build(spec: OpSpec, config: Config) -> Launcher:
     block_n = int(config["BLOCK_N"])
     eps = float(spec.const("eps"))
     num_warps, num_stages = int(config["num_warps"]), int(config["num_stages"])
-    kernel = _add_rmsnorm_looped_kernel[(rows,)]
+    kernel = direct_launch(_add_rmsnorm_looped_kernel, (rows,))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         x, r, w, y, h = _views(n, inputs, outputs)
@@ -479,7 +480,7 @@ def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
     block_n = next_power_of_two(n)
     eps = float(spec.const("eps"))
     num_warps, num_stages = int(config["num_warps"]), int(config["num_stages"])
-    kernel = _add_rmsnorm_persistent_kernel[(min(rows, _programs(int(config["PROGRAMS_PER_SM"]))),)]
+    kernel = direct_launch(_add_rmsnorm_persistent_kernel, (min(rows, _programs(int(config["PROGRAMS_PER_SM"]))),))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         x, r, w, y, h = _views(n, inputs, outputs)

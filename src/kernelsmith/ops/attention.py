@@ -124,6 +124,7 @@ import triton
 import triton.language as tl
 
 from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._launch import direct_launch
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, contiguous_strides, dtype_name
 
@@ -686,7 +687,7 @@ def _flash_build(spec: OpSpec, config: Config) -> Launcher:
     plan = _plan(spec, config)
     d = plan.dims
     grid = (plan.m_blocks * d.batch * plan.head_tiles,)
-    kernel = _attn_flash_kernel[grid]
+    kernel = direct_launch(_attn_flash_kernel, grid)
     keys = triton.cdiv(d.kv_len, plan.constexprs["BLOCK_N"]) * plan.constexprs["BLOCK_N"]
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
@@ -728,7 +729,7 @@ def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
     plan = _plan(spec, config)
     d = plan.dims
     tiles = plan.m_blocks * d.batch * plan.head_tiles
-    kernel = _attn_persistent_kernel[(min(tiles, _programs(int(config["PROGRAMS_PER_SM"]))),)]
+    kernel = direct_launch(_attn_persistent_kernel, (min(tiles, _programs(int(config["PROGRAMS_PER_SM"]))),))
     keys = triton.cdiv(d.kv_len, plan.constexprs["BLOCK_N"]) * plan.constexprs["BLOCK_N"]
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
@@ -769,9 +770,9 @@ def _split_build(spec: OpSpec, config: Config) -> Launcher:
     block_n = plan.constexprs["BLOCK_N"]
     keys_per_split = triton.cdiv(triton.cdiv(_keys_needed(plan), block_n), splits) * block_n
     grid = (splits * plan.m_blocks * d.batch * plan.head_tiles,)
-    kernel = _attn_split_kernel[grid]
+    kernel = direct_launch(_attn_split_kernel, grid)
     rows = d.batch * d.heads * d.q_len
-    combine = _attn_combine_kernel[(rows,)]
+    combine = direct_launch(_attn_combine_kernel, (rows,))
     # The partials: acc as [SPLITS, B, H, Sq, D] and m, l as [SPLITS, B, H, Sq], float32.
     acc_strides = (d.heads * d.q_len * d.head_dim, d.q_len * d.head_dim, d.head_dim, rows * d.head_dim)
     ml_strides = (d.heads * d.q_len, d.q_len, rows)

@@ -78,6 +78,7 @@ import triton
 import triton.language as tl
 
 from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._launch import direct_launch
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
@@ -396,7 +397,7 @@ def _reducer(spec: OpSpec) -> Reducer | None:
     rows, _ = _rows_and_vocab(spec)
     block = min(_REDUCE_BLOCK, next_power_of_two(rows))
     mean = reduction == "mean"
-    kernel = _ce_reduce_kernel[(1,)]
+    kernel = direct_launch(_ce_reduce_kernel, (1,))
 
     def reduce(losses: torch.Tensor, target: torch.Tensor, out: torch.Tensor) -> None:
         kernel(losses, target, out, rows, ignore_index, MEAN=mean, BLOCK_R=block, num_warps=_AUX_WARPS)
@@ -430,7 +431,7 @@ def _online_row_build(spec: OpSpec, config: Config) -> Launcher:
     block, num_warps, num_stages = config["BLOCK_V"], config["num_warps"], config["num_stages"]
     smooth = smoothing > 0
     reduce = _reducer(spec)
-    kernel = _ce_online_row_kernel[(rows,)]
+    kernel = direct_launch(_ce_online_row_kernel, (rows,))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         logits, target = inputs
@@ -490,7 +491,7 @@ def _split_vocab_build(spec: OpSpec, config: Config) -> Launcher:
     chunk_cols, n_chunks = _split_layout(vocab, config["SPLITS"], block)
     planes = 3 if smooth else 2
     plane_stride = rows * n_chunks
-    partial = _ce_split_partial_kernel[(rows, n_chunks)]
+    partial = direct_launch(_ce_split_partial_kernel, (rows, n_chunks))
 
     chunks_p2 = next_power_of_two(n_chunks)
     combine_rows = min(next_power_of_two(rows), _COMBINE_MAX_ROWS, max(1, _COMBINE_ELEMENTS // chunks_p2))
@@ -498,7 +499,7 @@ def _split_vocab_build(spec: OpSpec, config: Config) -> Launcher:
     # otherwise the combine writes per-row losses and the reduction kernel sums them.
     fused = reduction != "none" and rows <= combine_rows
     reduce_mode = (2 if reduction == "mean" else 1) if fused else 0  # REDUCE: 0 per-row, 1 sum, 2 mean
-    combine = _ce_split_combine_kernel[(triton.cdiv(rows, combine_rows),)]
+    combine = direct_launch(_ce_split_combine_kernel, (triton.cdiv(rows, combine_rows),))
     reduce = None if fused else _reducer(spec)
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
@@ -546,7 +547,7 @@ def _whole_row_build(spec: OpSpec, config: Config) -> Launcher:
     num_warps, evict_x = config["num_warps"], str(config["EVICT_X"])
     smooth = smoothing > 0
     reduce = _reducer(spec)
-    kernel = _ce_whole_row_kernel[(rows,)]
+    kernel = direct_launch(_ce_whole_row_kernel, (rows,))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         logits, target = inputs

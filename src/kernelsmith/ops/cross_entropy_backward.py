@@ -88,6 +88,7 @@ import triton
 import triton.language as tl
 
 from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._launch import direct_launch
 from kernelsmith.ops.cross_entropy import (
     _AUX_WARPS,
     _REDUCE_BLOCK,
@@ -371,7 +372,7 @@ class _Plan:
             self.scale_mode = _SCALE_ONE
         else:
             self.scale_mode = _SCALE_PER_ROW if self.reduction == "none" else _SCALE_SCALAR
-        self._count = _ceb_mean_scale_kernel[(1,)] if self.reduction == "mean" else None
+        self._count = direct_launch(_ceb_mean_scale_kernel, (1,)) if self.reduction == "mean" else None
         self._count_block = min(_REDUCE_BLOCK, next_power_of_two(self.rows))
         # The fused "mean"/"sum" loss: the forward's reduction over per-row losses.
         self.reduce = _reducer(_forward_spec(spec)) if self.fused else None
@@ -417,7 +418,7 @@ def _online_row_build(spec: OpSpec, config: Config) -> Launcher:
     _checked(_online_space(spec), config)
     plan = _Plan(spec)
     block, num_warps, num_stages = config["BLOCK_V"], config["num_warps"], config["num_stages"]
-    kernel = _ceb_online_row_kernel[(plan.rows,)]
+    kernel = direct_launch(_ceb_online_row_kernel, (plan.rows,))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         logits, target, dlogits, scale, losses, loss = plan.prepare(inputs, outputs)
@@ -442,8 +443,8 @@ def _split_vocab_build(spec: OpSpec, config: Config) -> Launcher:
     chunk_cols, n_chunks = _split_layout(vocab, config["SPLITS"], block)
     planes = 3 if plan.loss_smooth else 2
     plane_stride = rows * n_chunks
-    partial = _ce_split_partial_kernel[(rows, n_chunks)]
-    grad = _ceb_split_grad_kernel[(rows, n_chunks)]
+    partial = direct_launch(_ce_split_partial_kernel, (rows, n_chunks))
+    grad = direct_launch(_ceb_split_grad_kernel, (rows, n_chunks))
     chunks_p2 = next_power_of_two(n_chunks)
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
@@ -472,7 +473,7 @@ def _whole_row_build(spec: OpSpec, config: Config) -> Launcher:
     plan = _Plan(spec)
     block = next_power_of_two(plan.vocab)
     num_warps, evict_x = config["num_warps"], str(config["EVICT_X"])
-    kernel = _ceb_whole_row_kernel[(plan.rows,)]
+    kernel = direct_launch(_ceb_whole_row_kernel, (plan.rows,))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         logits, target, dlogits, scale, losses, loss = plan.prepare(inputs, outputs)

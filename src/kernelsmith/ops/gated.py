@@ -78,6 +78,7 @@ import triton.language as tl
 
 from kernelsmith.ops import gelu as _gelu_module
 from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant
+from kernelsmith.ops._launch import direct_launch
 from kernelsmith.ops.gelu import (
     EVICTION,
     STAGES,
@@ -305,7 +306,7 @@ def _blocked_build(spec: OpSpec, config: Config) -> Launcher:
     act, evict, num_warps = _act(spec), str(config["EVICT"]), int(config["num_warps"])
 
     if spec.const("layout") == "concat":
-        concat_kernel = _gated_concat_blocked_kernel[grid]
+        concat_kernel = direct_launch(_gated_concat_blocked_kernel, grid)
 
         def launch_concat(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
             concat_kernel(inputs[0].view(-1), outputs[0].view(-1), n,
@@ -313,7 +314,7 @@ def _blocked_build(spec: OpSpec, config: Config) -> Launcher:
 
         return launch_concat
 
-    pair_kernel = _gated_pair_blocked_kernel[grid]
+    pair_kernel = direct_launch(_gated_pair_blocked_kernel, grid)
 
     def launch_pair(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         pair_kernel(inputs[0].view(-1), inputs[1].view(-1), outputs[0].view(-1), n,
@@ -345,7 +346,7 @@ def _rows_build(spec: OpSpec, config: Config) -> Launcher:
     rows, h = _geometry(spec)
     block_m, block_n = int(config["BLOCK_M"]), int(config["BLOCK_N"])
     # Row blocks on axis 0 (up to 2**31 - 1 programs); column blocks on axis 1 (at most 65535).
-    kernel = _gated_rows_kernel[(triton.cdiv(rows, block_m), triton.cdiv(h, block_n))]
+    kernel = direct_launch(_gated_rows_kernel, (triton.cdiv(rows, block_m), triton.cdiv(h, block_n)))
     act, num_warps = _act(spec), int(config["num_warps"])
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
@@ -383,7 +384,8 @@ def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
     block_m, block_n = _persistent_tile(h, int(config["TILE"]))
     n_col_tiles = triton.cdiv(h, block_n)
     n_tiles = triton.cdiv(rows, block_m) * n_col_tiles
-    kernel = _gated_persistent_kernel[(min(n_tiles, int(config["PROGRAMS_PER_SM"]) * multiprocessor_count()),)]
+    programs = min(n_tiles, int(config["PROGRAMS_PER_SM"]) * multiprocessor_count())
+    kernel = direct_launch(_gated_persistent_kernel, (programs,))
     act, num_warps, num_stages = _act(spec), int(config["num_warps"]), int(config["num_stages"])
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:

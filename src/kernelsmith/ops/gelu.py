@@ -100,6 +100,7 @@ import triton
 import triton.language as tl
 
 from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._launch import direct_launch
 from kernelsmith.space import Config, Constraint, Param, Space, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec
 
@@ -380,7 +381,7 @@ def _blocked_build(spec: OpSpec, config: Config) -> Launcher:
     checked(_blocked_space(spec), config)
     n = _numel(spec)
     block = int(config["BLOCK"])
-    kernel = _gelu_blocked_kernel[(triton.cdiv(n, block),)]
+    kernel = direct_launch(_gelu_blocked_kernel, (triton.cdiv(n, block),))
     approx, evict, num_warps = _approx(spec), str(config["EVICT_X"]), int(config["num_warps"])
     fast_erf = _fast_erf(config)
 
@@ -409,7 +410,7 @@ def _multi_block_build(spec: OpSpec, config: Config) -> Launcher:
     checked(_multi_block_space(spec), config)
     n = _numel(spec)
     block, items = int(config["BLOCK"]), int(config["ITEMS"])
-    kernel = _gelu_multi_block_kernel[(triton.cdiv(n, block * items),)]
+    kernel = direct_launch(_gelu_multi_block_kernel, (triton.cdiv(n, block * items),))
     approx, num_warps, num_stages = _approx(spec), int(config["num_warps"]), int(config["num_stages"])
     fast_erf = _fast_erf(config)
 
@@ -441,7 +442,8 @@ def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
     n = _numel(spec)
     block = int(config["BLOCK"])
     n_blocks = triton.cdiv(n, block)
-    kernel = _gelu_persistent_kernel[(min(n_blocks, int(config["PROGRAMS_PER_SM"]) * multiprocessor_count()),)]
+    programs = min(n_blocks, int(config["PROGRAMS_PER_SM"]) * multiprocessor_count())
+    kernel = direct_launch(_gelu_persistent_kernel, (programs,))
     approx, num_warps, num_stages = _approx(spec), int(config["num_warps"]), int(config["num_stages"])
     fast_erf = _fast_erf(config)
 

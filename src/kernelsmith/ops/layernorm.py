@@ -121,6 +121,7 @@ from kernelsmith.ops._base import (
     generator,
     rows_and_width,
 )
+from kernelsmith.ops._launch import direct_launch
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
@@ -479,7 +480,7 @@ def _two_pass_launcher(spec: OpSpec, config: Config, save_stats: bool) -> Launch
         "STORE_STATS": save_stats,
         "num_warps": int(config["num_warps"]),
     }
-    kernel = _layernorm_two_pass_kernel[(rows,)]
+    kernel = direct_launch(_layernorm_two_pass_kernel, (rows,))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         x, w, b, y, mean, rstd = _operands(inputs, outputs, n, has_bias, save_stats)
@@ -535,7 +536,7 @@ def _welford_launcher(spec: OpSpec, config: Config, save_stats: bool) -> Launche
         "num_warps": int(config["num_warps"]),
         "num_stages": num_stages,
     }
-    kernel = _layernorm_welford_kernel[(rows,)]
+    kernel = direct_launch(_layernorm_welford_kernel, (rows,))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         x, w, b, y, mean, rstd = _operands(inputs, outputs, n, has_bias, save_stats)
@@ -587,7 +588,7 @@ def _multi_row_launcher(spec: OpSpec, config: Config, save_stats: bool) -> Launc
         "STORE_STATS": save_stats,
         "num_warps": int(config["num_warps"]),
     }
-    kernel = _layernorm_multi_row_kernel[(triton.cdiv(rows, rows_per_program),)]
+    kernel = direct_launch(_layernorm_multi_row_kernel, (triton.cdiv(rows, rows_per_program),))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         x, w, b, y, mean, rstd = _operands(inputs, outputs, n, has_bias, save_stats)
@@ -668,7 +669,7 @@ def _persistent_launcher(spec: OpSpec, config: Config, save_stats: bool) -> Laun
         "num_warps": int(config["num_warps"]),
         "num_stages": num_stages,
     }
-    kernel = _layernorm_persistent_kernel[(min(rows, _programs(int(config["PROGRAMS_PER_SM"]))),)]
+    kernel = direct_launch(_layernorm_persistent_kernel, (min(rows, _programs(int(config["PROGRAMS_PER_SM"]))),))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         x, w, b, y, mean, rstd = _operands(inputs, outputs, n, has_bias, save_stats)

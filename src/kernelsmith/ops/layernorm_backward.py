@@ -94,6 +94,7 @@ from kernelsmith.ops._base import (
     rows_and_width,
     tensor_specs,
 )
+from kernelsmith.ops._launch import direct_launch
 from kernelsmith.ops.layernorm import AFFINE, AFFINE_PARAMS, DEFAULT_EPS, _check_affine, _has_weight_and_bias
 from kernelsmith.ops.layernorm import OP as _LAYERNORM
 from kernelsmith.ops.rmsnorm import STAGES, WARPS, _warps_fit
@@ -336,7 +337,7 @@ def _partials(dx: torch.Tensor, programs: int, n: int, has_weight: bool, has_bia
 def _reducer(n: int, block_r: int) -> Callable[[torch.Tensor, torch.Tensor, int], None]:
     """A launcher of rmsnorm_backward's fixed-order sum: (partial, out, programs) -> None."""
     block_c = _reduce_block_c(block_r, n)
-    kernel = _sum_partials_kernel[(triton.cdiv(n, block_c),)]
+    kernel = direct_launch(_sum_partials_kernel, (triton.cdiv(n, block_c),))
 
     def reduce(partial: torch.Tensor, out: torch.Tensor, programs: int) -> None:
         kernel(partial, out, programs, n, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=REDUCE_WARPS)
@@ -384,7 +385,7 @@ def _two_stage_build(spec: OpSpec, config: Config) -> Launcher:
     eps = float(spec.const("eps"))
     constexprs = {"BLOCK_N": next_power_of_two(n), "NUM_STAGES": int(config["num_stages"]),
                   "HAS_WEIGHT": has_weight, "HAS_BIAS": has_bias, **_launch_kwargs(config)}
-    rows_kernel = _two_stage_rows_kernel[(programs,)]
+    rows_kernel = direct_launch(_two_stage_rows_kernel, (programs,))
     reduce = _reducer(n, int(config["BLOCK_R"]))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
@@ -430,8 +431,8 @@ def _looped_build(spec: OpSpec, config: Config) -> Launcher:
     eps = float(spec.const("eps"))
     constexprs = {"BLOCK_N": block_n, "NUM_STAGES": int(config["num_stages"]), "HAS_WEIGHT": has_weight,
                   **_launch_kwargs(config)}
-    stats_kernel = _looped_stats_kernel[(rows,)]
-    rows_kernel = _looped_rows_kernel[(triton.cdiv(n, block_n), groups)]
+    stats_kernel = direct_launch(_looped_stats_kernel, (rows,))
+    rows_kernel = direct_launch(_looped_rows_kernel, (triton.cdiv(n, block_n), groups))
     reduce = _reducer(n, LOOPED_REDUCE_ROWS)
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:

@@ -122,6 +122,7 @@ import triton.language as tl
 
 from kernelsmith.ops import gelu as _gelu_module
 from kernelsmith.ops._base import Launcher, OpFamily, Tolerance, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._launch import direct_launch
 from kernelsmith.ops.gelu import checked, gelu_f32, multiprocessor_count, sigmoid_f32
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
@@ -537,7 +538,7 @@ def _tiled_launcher(g: _Geometry, config: Config) -> Launcher:
     """The tiled kernel's launcher for a config already checked (tiled's, or tma's for its fallback)."""
     flags = _tile_flags(g, config)
     tiles = triton.cdiv(g.m, flags["BLOCK_M"]) * triton.cdiv(g.n, flags["BLOCK_N"])
-    kernel = _matmul_tiled_kernel[(tiles,)]
+    kernel = direct_launch(_matmul_tiled_kernel, (tiles,))
     stride_wk, stride_wn = _weight_strides(g)
     group_m, num_warps, num_stages = int(config["GROUP_M"]), int(config["num_warps"]), int(config["num_stages"])
 
@@ -568,7 +569,7 @@ def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
     g = _geometry(spec)
     flags = _tile_flags(g, config)
     tiles = triton.cdiv(g.m, flags["BLOCK_M"]) * triton.cdiv(g.n, flags["BLOCK_N"])
-    kernel = _matmul_persistent_kernel[(min(tiles, multiprocessor_count()),)]
+    kernel = direct_launch(_matmul_persistent_kernel, (min(tiles, multiprocessor_count()),))
     stride_wk, stride_wn = _weight_strides(g)
     group_m, flatten = int(config["GROUP_M"]), bool(config["FLATTEN"])
     num_warps, num_stages = int(config["num_warps"]), int(config["num_stages"])
@@ -611,9 +612,10 @@ def _split_k_build(spec: OpSpec, config: Config) -> Launcher:
     flags = _tile_flags(g, config)
     splits = int(config["SPLIT_K"])
     tiles = triton.cdiv(g.m, flags["BLOCK_M"]) * triton.cdiv(g.n, flags["BLOCK_N"])
-    partial_kernel = _matmul_split_k_kernel[(tiles, splits)]
+    partial_kernel = direct_launch(_matmul_split_k_kernel, (tiles, splits))
     reduce_m, reduce_n = _reduce_tile(g.m)
-    reduce_kernel = _matmul_split_k_reduce_kernel[(triton.cdiv(g.m, reduce_m), triton.cdiv(g.n, reduce_n))]
+    reduce_grid = (triton.cdiv(g.m, reduce_m), triton.cdiv(g.n, reduce_n))
+    reduce_kernel = direct_launch(_matmul_split_k_reduce_kernel, reduce_grid)
     stride_wk, stride_wn = _weight_strides(g)
     num_warps, num_stages = int(config["num_warps"]), int(config["num_stages"])
     scratch_shape = (g.weights * splits, g.m, g.n)
@@ -681,7 +683,7 @@ def _tma_build(spec: OpSpec, config: Config) -> Launcher:
     flags = _tile_flags(g, config)
     block_m, block_n, block_k = flags["BLOCK_M"], flags["BLOCK_N"], flags["BLOCK_K"]
     tiles = triton.cdiv(g.m, block_m) * triton.cdiv(g.n, block_n)
-    kernel = _matmul_tma_kernel[(tiles,)]
+    kernel = direct_launch(_matmul_tma_kernel, (tiles,))
     descriptor = _tensor_descriptor()
     linear = g.layout == "linear"
     w_shape, w_block = ([g.n, g.k], [block_n, block_k]) if linear else ([g.k, g.n], [block_k, block_n])

@@ -76,6 +76,7 @@ import triton
 import triton.language as tl
 
 from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator, rows_and_width
+from kernelsmith.ops._launch import direct_launch
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec
 
@@ -284,11 +285,11 @@ def _whole_row_build(kind: int) -> Callable[[OpSpec, Config], Launcher]:
         evict_x = str(config["EVICT_X"])
         width = float(n)
 
+        kernel = direct_launch(_reduce_whole_row_kernel, grid)
+
         def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-            x = inputs[0].view(-1, n)
-            y = outputs[0].view(-1)
-            _reduce_whole_row_kernel[grid](
-                x, y, x.stride(0), n, width,
+            kernel(
+                inputs[0], outputs[0], n, n, width,
                 KIND=kind, BLOCK_N=block_n, EVICT_X=evict_x, num_warps=num_warps,
             )  # fmt: skip
 
@@ -324,11 +325,11 @@ def _looped_build(kind: int) -> Callable[[OpSpec, Config], Launcher]:
         block_n, num_warps, num_stages = int(config["BLOCK_N"]), int(config["num_warps"]), int(config["num_stages"])
         width = float(n)
 
+        kernel = direct_launch(_reduce_looped_kernel, grid)
+
         def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-            x = inputs[0].view(-1, n)
-            y = outputs[0].view(-1)
-            _reduce_looped_kernel[grid](
-                x, y, x.stride(0), n, width,
+            kernel(
+                inputs[0], outputs[0], n, n, width,
                 KIND=kind, BLOCK_N=block_n, NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages,
             )  # fmt: skip
 
@@ -364,11 +365,11 @@ def _multi_row_build(kind: int) -> Callable[[OpSpec, Config], Launcher]:
         block_n = next_power_of_two(n)
         width = float(n)
 
+        kernel = direct_launch(_reduce_multi_row_kernel, grid)
+
         def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-            x = inputs[0].view(-1, n)
-            y = outputs[0].view(-1)
-            _reduce_multi_row_kernel[grid](
-                x, y, x.stride(0), rows, n, width,
+            kernel(
+                inputs[0], outputs[0], n, rows, n, width,
                 KIND=kind, ROWS=block_rows, BLOCK_N=block_n, num_warps=num_warps,
             )  # fmt: skip
 

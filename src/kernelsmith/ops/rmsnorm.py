@@ -71,6 +71,7 @@ from kernelsmith.ops._base import (
     rows_and_width,
     tensor_specs,
 )
+from kernelsmith.ops._launch import direct_launch
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
@@ -278,12 +279,12 @@ def _whole_row_build(spec: OpSpec, config: Config) -> Launcher:
     eps = float(spec.const("eps"))
     kwargs = _launch_kwargs(config)
     evict_x = str(config["EVICT_X"])
-    kernel = _rmsnorm_whole_row_kernel[grid]
+    kernel = direct_launch(_rmsnorm_whole_row_kernel, grid)
+    # Inputs are contiguous (the family refuses others), so row r starts at element r * n of x
+    # and y: the tensors go to the kernel as they are, with row strides n, and no view per call.
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x = inputs[0].view(-1, n)
-        y = outputs[0].view(-1, n)
-        kernel(x, inputs[1], y, x.stride(0), y.stride(0), n, eps, BLOCK_N=block_n, EVICT_X=evict_x, **kwargs)
+        kernel(inputs[0], inputs[1], outputs[0], n, n, n, eps, BLOCK_N=block_n, EVICT_X=evict_x, **kwargs)
 
     return launch
 
@@ -312,12 +313,10 @@ def _multi_row_build(spec: OpSpec, config: Config) -> Launcher:
     block_n = next_power_of_two(n)
     eps = float(spec.const("eps"))
     kwargs = _launch_kwargs(config)
-    kernel = _rmsnorm_multi_row_kernel[grid]
+    kernel = direct_launch(_rmsnorm_multi_row_kernel, grid)
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x = inputs[0].view(-1, n)
-        y = outputs[0].view(-1, n)
-        kernel(x, inputs[1], y, x.stride(0), y.stride(0), rows, n, eps,
+        kernel(inputs[0], inputs[1], outputs[0], n, n, rows, n, eps,
                ROWS=rows_per_program, BLOCK_N=block_n, **kwargs)
 
     return launch
@@ -348,12 +347,10 @@ def _looped_build(spec: OpSpec, config: Config) -> Launcher:
     block_n = int(config["BLOCK_N"])
     eps = float(spec.const("eps"))
     kwargs = _launch_kwargs(config)
-    kernel = _rmsnorm_looped_kernel[grid]
+    kernel = direct_launch(_rmsnorm_looped_kernel, grid)
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x = inputs[0].view(-1, n)
-        y = outputs[0].view(-1, n)
-        kernel(x, inputs[1], y, x.stride(0), y.stride(0), n, eps, BLOCK_N=block_n, **kwargs)
+        kernel(inputs[0], inputs[1], outputs[0], n, n, n, eps, BLOCK_N=block_n, **kwargs)
 
     return launch
 
@@ -382,12 +379,10 @@ def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
     block_n = next_power_of_two(n)
     eps = float(spec.const("eps"))
     kwargs = _launch_kwargs(config)
-    kernel = _rmsnorm_persistent_kernel[grid]
+    kernel = direct_launch(_rmsnorm_persistent_kernel, grid)
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x = inputs[0].view(-1, n)
-        y = outputs[0].view(-1, n)
-        kernel(x, inputs[1], y, x.stride(0), y.stride(0), rows, n, eps, BLOCK_N=block_n,
+        kernel(inputs[0], inputs[1], outputs[0], n, n, rows, n, eps, BLOCK_N=block_n,
                **kwargs)
 
     return launch

@@ -76,6 +76,7 @@ from kernelsmith.ops._base import (
     rows_and_width,
     tensor_specs,
 )
+from kernelsmith.ops._launch import direct_launch
 from kernelsmith.ops.rmsnorm import (
     DEFAULT_EPS,
     STAGES,
@@ -312,8 +313,8 @@ def _two_stage_build(spec: OpSpec, config: Config) -> Launcher:
     eps = float(spec.const("eps"))
     kwargs = _launch_kwargs(config)
     num_stages = int(config["num_stages"])
-    rows_kernel = _two_stage_rows_kernel[(programs,)]
-    sum_kernel = _sum_partials_kernel[(triton.cdiv(n, block_c),)]
+    rows_kernel = direct_launch(_two_stage_rows_kernel, (programs,))
+    sum_kernel = direct_launch(_sum_partials_kernel, (triton.cdiv(n, block_c),))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         dy, x, w, dx, dw = _views(n, inputs, outputs)
@@ -354,9 +355,9 @@ def _looped_build(spec: OpSpec, config: Config) -> Launcher:
     eps = float(spec.const("eps"))
     kwargs = _launch_kwargs(config)
     num_stages = int(config["num_stages"])
-    stats_kernel = _looped_stats_kernel[(rows,)]
-    rows_kernel = _looped_rows_kernel[(triton.cdiv(n, block_n), groups)]
-    sum_kernel = _sum_partials_kernel[(triton.cdiv(n, block_c),)]
+    stats_kernel = direct_launch(_looped_stats_kernel, (rows,))
+    rows_kernel = direct_launch(_looped_rows_kernel, (triton.cdiv(n, block_n), groups))
+    sum_kernel = direct_launch(_sum_partials_kernel, (triton.cdiv(n, block_c),))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         dy, x, w, dx, dw = _views(n, inputs, outputs)

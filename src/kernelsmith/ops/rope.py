@@ -89,6 +89,7 @@ import triton
 import triton.language as tl
 
 from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._launch import direct_launch
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, contiguous_strides, dtype_name
 
@@ -545,7 +546,7 @@ def _per_head_build(spec: OpSpec, config: Config) -> Launcher:
     block_h = int(config["BLOCK_H"])
     q_blocks = triton.cdiv(d.heads, block_h)
     head_blocks = q_blocks + triton.cdiv(d.kv_heads, block_h)
-    kernel = _rope_per_head_kernel[(d.batch * d.seq * head_blocks,)]
+    kernel = direct_launch(_rope_per_head_kernel, (d.batch * d.seq * head_blocks,))
     constexprs = common.constexprs
     num_warps = int(config["num_warps"])
 
@@ -584,7 +585,7 @@ def _per_token_build(spec: OpSpec, config: Config) -> Launcher:
     block_h = int(config["BLOCK_H"])
     q_blocks = triton.cdiv(d.heads, block_h)
     k_blocks = triton.cdiv(d.kv_heads, block_h)
-    kernel = _rope_per_token_kernel[(d.batch * d.seq,)]
+    kernel = direct_launch(_rope_per_token_kernel, (d.batch * d.seq,))
     constexprs = common.constexprs
     num_warps, num_stages = int(config["num_warps"]), int(config["num_stages"])
 
@@ -615,7 +616,7 @@ def _blocked_seq_build(spec: OpSpec, config: Config) -> Launcher:
     d = common.dims
     block_s = int(config["BLOCK_S"])
     s_blocks = triton.cdiv(d.seq, block_s)
-    kernel = _rope_blocked_seq_kernel[(d.batch * (d.heads + d.kv_heads) * s_blocks,)]
+    kernel = direct_launch(_rope_blocked_seq_kernel, (d.batch * (d.heads + d.kv_heads) * s_blocks,))
     constexprs = common.constexprs
     num_warps = int(config["num_warps"])
 

@@ -1,0 +1,168 @@
+"""Launching a compiled Triton kernel without Triton re-binding its arguments on every call.
+
+``kernel[grid](*args, **meta)`` runs a good deal of Python on every call before the launch
+itself: it binds the arguments to the kernel's signature, works out the specialization of each
+one (a tensor's dtype and whether its address is 16-byte aligned; an integer's width and whether
+it is 1 or a multiple of 16), hashes that into a key and looks the compiled kernel up. For the
+small, launch-bound calls a decorated function serves, that is most of the host time.
+
+:func:`direct_launch` returns a callable taking the same arguments. Its first call goes through
+Triton (which compiles, or finds the compiled kernel) and records what the compiled kernel's
+specialization depended on: every tensor argument's dtype and alignment, every other argument's
+value, the keyword arguments and the current device. A later call that agrees on all of those
+launches the compiled kernel directly, through the same ``CompiledKernel.run`` Triton's own
+launch ends in; a call that differs in any of them, or any argument of another kind (a host
+tensor descriptor, say), goes through Triton as before, so the result never depends on which path
+ran. Triton's launch hooks (used by its profiler) are honoured by taking Triton's path whenever
+one is set.
+
+Set ``KERNELSMITH_DIRECT_LAUNCH=0`` to always go through Triton (for example to compare, or with
+a Triton whose internals moved). Under the Triton interpreter every call goes through Triton.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# Argument kinds whose specialization is fully described by their value (or, for a tensor, by
+# its dtype and alignment). Anything else makes a launcher go through Triton on every call.
+_SCALARS = (int, float, bool, str, type(None))
+
+
+def direct_launch_enabled() -> bool:
+    return os.environ.get("KERNELSMITH_DIRECT_LAUNCH", "1") != "0"
+
+
+def direct_launch(kernel: Any, grid: Sequence[int]) -> Callable[..., Any]:
+    """``kernel[grid]``, launching directly once the compiled kernel is known (module docstring).
+
+    Falls back to plain ``kernel[grid]`` for a grid given as a function, for the interpreter
+    (which has no compiled kernel) and when ``KERNELSMITH_DIRECT_LAUNCH=0``.
+    """
+    from triton.runtime.jit import JITFunction
+
+    if callable(grid) or not isinstance(kernel, JITFunction) or not direct_launch_enabled():
+        return kernel[grid]  # type: ignore[no-any-return]
+    return DirectLaunch(kernel, grid)
+
+
+class DirectLaunch:
+    """One kernel at one grid; see the module docstring. Public for tests, which drive it with
+    a stand-in for a Triton kernel."""
+
+    def __init__(self, kernel: Any, grid: Sequence[int]) -> None:
+        grid = tuple(int(g) for g in grid)
+        self.kernel = kernel
+        self.grid = (*grid, 1, 1)[:3]
+        self.through_triton = kernel[grid]
+        self.launches = {"direct": 0, "triton": 0}  # counts, for tests and curiosity
+        self._run: Any = None  # CompiledKernel.run of the recorded call, once there is one
+        self._given_up = False  # an argument kind this launcher cannot check: Triton every time
+
+    def __call__(self, *args: Any, **meta: Any) -> None:
+        run = self._run
+        if run is not None:
+            device = _current_device()
+            if device == self._device and self._matches(args, meta):
+                self.launches["direct"] += 1
+                run(*self.grid, _current_stream(device), self._function, self._packed, None, None, None,
+                    *args, *self._tail)
+                return
+        self.launches["triton"] += 1
+        compiled = self.through_triton(*args, **meta)
+        if run is None and not self._given_up:
+            self._record(compiled, args, meta)
+
+    # ---- what a direct call must agree on ----------------------------------------------------------
+    def _record(self, compiled: Any, args: tuple[Any, ...], meta: dict[str, Any]) -> None:
+        if compiled is None or not hasattr(compiled, "packed_metadata"):
+            self._given_up = True  # the interpreter, or a Triton that launches differently
+            return
+        tensors, values = [], []
+        for index, value in enumerate(args):
+            if isinstance(value, torch.Tensor):
+                tensors.append((index, value.dtype, value.data_ptr() % 16 == 0))
+            elif isinstance(value, _SCALARS):
+                values.append((index, type(value), value))
+            else:
+                self._given_up = True
+                return
+        for value in meta.values():
+            if not isinstance(value, _SCALARS):
+                self._given_up = True
+                return
+        # Triton launches with every parameter of the kernel in order, constexprs included and
+        # defaults applied; the call's positional arguments are a prefix of them.
+        names = self.kernel.signature.parameters
+        bound = self.kernel.signature.bind(*args, **{k: v for k, v in meta.items() if k in names})
+        bound.apply_defaults()
+        every = list(bound.arguments.values())
+        if len(every) != len(names) or any(a is not b for a, b in zip(args, every, strict=False)):
+            self._given_up = True
+            return
+        self._count = len(args)
+        self._tensors = tuple(tensors)
+        self._values = tuple(values)
+        self._meta = dict(meta)
+        self._tail = tuple(every[len(args) :])
+        self._device = _current_device()
+        self._function = compiled.function
+        self._packed = compiled.packed_metadata
+        self._run = compiled.run
+
+    def _matches(self, args: tuple[Any, ...], meta: dict[str, Any]) -> bool:
+        if len(args) != self._count or meta != self._meta or _hooks_set():
+            return False
+        for index, dtype, aligned in self._tensors:
+            tensor = args[index]
+            if not isinstance(tensor, torch.Tensor):
+                return False
+            if tensor.dtype != dtype or (tensor.data_ptr() % 16 == 0) != aligned:
+                return False
+        for index, kind, value in self._values:
+            given = args[index]
+            if type(given) is not kind or given != value:
+                return False
+        return True
+
+
+# ---- the few Triton and CUDA facts a direct launch needs, looked up once ----------------------------
+def _hooks_set() -> bool:
+    runtime = _runtime_knobs()
+    return runtime is not None and (runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None)
+
+
+def _runtime_knobs() -> Any:
+    global _RUNTIME
+    if _RUNTIME is _UNSET:
+        try:
+            from triton import knobs
+
+            _RUNTIME = knobs.runtime
+        except ImportError:
+            _RUNTIME = None
+    return _RUNTIME
+
+
+_UNSET = object()
+_RUNTIME: Any = _UNSET
+
+
+def _current_device() -> int:
+    getter = getattr(torch._C, "_cuda_getDevice", None)
+    return int(getter()) if getter is not None else torch.cuda.current_device()
+
+
+def _current_stream(device: int) -> int:
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return int(raw(device)) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+
+
+__all__ = ["DirectLaunch", "direct_launch", "direct_launch_enabled"]
