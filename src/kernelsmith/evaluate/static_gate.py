@@ -37,6 +37,7 @@ ALLOWED_IMPORTS = frozenset(
         "torch",
         "kernelsmith.space",
         "kernelsmith.ops._base",
+        "kernelsmith.ops._launch",  # direct_launch: Triton's own launch, minus the per-call binding
         "kernelsmith.spec",
     }
 )
