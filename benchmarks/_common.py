@@ -1,9 +1,15 @@
 """What the benchmark scripts share: device timing, a tuning run with its summary, output
-comparison, and the environment header of every JSON report."""
+comparison, and the environment header of every JSON report.
+
+A script's ``--smoke`` runs its code path on the CPU in the Triton interpreter (tiny shapes, CUDA-only
+baselines skipped): ``bench(fn, smoke=True)`` then times with the host clock and the report carries
+``SMOKE_NOTE``. Smoke timings are NOT performance; the run only proves the script does not crash."""
 
 from __future__ import annotations
 
 import datetime
+import json
+import os
 import platform
 import sys
 import time
@@ -21,10 +27,26 @@ from kernelsmith.tuner import TuneResult, tune_spec
 
 Fn = Callable[..., Any]
 
+SMOKE_NOTE = "SMOKE TEST on the CPU (Triton interpreter, tiny shapes): timings are NOT performance"
 
-def bench(fn: Fn) -> float:
-    """Median device time of ``fn()`` in microseconds (CUDA events, L2 flushed)."""
+
+def bench(fn: Fn, smoke: bool = False) -> float:
+    """Median device time of ``fn()`` in microseconds (CUDA events, L2 flushed); with ``smoke``,
+    the median host wall time of 3 calls (no GPU: NOT performance)."""
+    if smoke:
+        samples = []
+        for _ in range(3):
+            started = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - started) * 1e6)
+        return sorted(samples)[1]
     return float(triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")) * 1000.0
+
+
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work (nothing to wait for on the CPU)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def tune(spec: OpSpec, budget: int, db: str, strategy: str = "random") -> tuple[TuneResult, dict[str, Any]]:
@@ -56,12 +78,22 @@ def max_abs_diff(got: Any, want: Any) -> float:
     return max(float((g.double() - w.double()).abs().max()) for g, w in pairs)
 
 
+def write_report(report: dict[str, Any], path: str) -> None:
+    """Write the JSON report whole or not at all (a run killed by its time limit mid-write keeps the
+    previous version)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
 def environment(**extra: Any) -> dict[str, Any]:
-    """The header of a report: date, command, GPU, versions (plus ``extra``), and no rows yet."""
+    """The header of a report: date, command, GPU (the interpreter in a smoke test), versions (plus
+    ``extra``), and no rows yet."""
     return {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join(sys.argv),
-        "gpu": current_fingerprint("gpu").describe(),
+        "gpu": current_fingerprint().describe(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": triton.__version__,

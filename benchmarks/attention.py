@@ -12,6 +12,15 @@ as FlashAttention's and cuDNN's figures do); GB/s use its byte count (q, k, v re
 output written once), which is what bounds a decode step. A backend that cannot run a shape
 (cuDNN without GQA support in the installed torch, say) gets an error entry, not a crash. Prints a
 table and writes JSON with the date, GPU, versions and command after every row. Needs a CUDA GPU.
+
+When the tuned kernel does not beat SDPA's default (the decision is "baseline": a user gets PyTorch),
+the best candidate is still timed, as ``best candidate``, for the record.
+
+``--smoke`` runs the same code on the CPU in the Triton interpreter (set ``TRITON_INTERPRET=1``):
+each workload shrunk to one sequence of a few positions, the CUDA-only SDPA backends skipped and a
+host-clock timer: a test that the script runs, whose timings are NOT performance.
+
+    TRITON_INTERPRET=1 python benchmarks/attention.py --smoke --out /tmp/attention-smoke.json
 """
 
 from __future__ import annotations
@@ -19,15 +28,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _common import bench, environment, tune
+from _common import SMOKE_NOTE, bench, environment, max_abs_diff, synchronize, tune, write_report
 
 from kernelsmith import dispatch
 from kernelsmith.ops import get_op
@@ -53,6 +64,16 @@ class Workload:
             text += f" Skv{self.kv_len}"
         return text + (" causal" if self.causal else "")
 
+    def tiny(self) -> Workload:
+        """The same kind of workload at a size the Triton interpreter runs in seconds (--smoke)."""
+        _, _, s, d = self.shape
+        return replace(
+            self,
+            shape=(1, 2, 1 if s == 1 else 17 if d >= 128 else 33, 32 if d >= 128 else 16),
+            kv_heads=None if self.kv_heads is None else 1,
+            kv_len=None if self.kv_len is None else 33,
+        )
+
 
 WORKLOADS = [
     Workload("causal-d128", (8, 32, 2048, 128), causal=True),
@@ -69,7 +90,7 @@ BACKENDS = {
     "cudnn": "CUDNN_ATTENTION",
     "flash": "FLASH_ATTENTION",
 }
-COLUMNS = ("sdpa", "cudnn", "flash", "kernelsmith")
+COLUMNS = ("sdpa", "cudnn", "flash", "kernelsmith", "best candidate")
 
 
 def sdpa_call(inputs: tuple[torch.Tensor, ...], causal: bool, backend: str | None) -> Fn:
@@ -88,36 +109,44 @@ def sdpa_call(inputs: tuple[torch.Tensor, ...], causal: bool, backend: str | Non
     return call
 
 
-def run_workload(w: Workload, budget: int, strategy: str, db: str) -> dict[str, Any]:
+def run_workload(w: Workload, budget: int, strategy: str, db: str, smoke: bool = False) -> dict[str, Any]:
+    """One row: tune, then run and time every implementation (errors recorded per implementation)."""
+    device = "cpu" if smoke else "cuda"
     family = get_op("attention")
     spec = family.spec(w.shape, "bf16", causal=w.causal, kv_heads=w.kv_heads, kv_len=w.kv_len)
     row: dict[str, Any] = {"workload": w.label, "shape": w.describe(), "dtype": "bf16"}
     result, row["tune"] = tune(spec, budget, db, strategy)
-    inputs = family.make_inputs(spec, 1234, "normal", "cuda")
+    inputs = family.make_inputs(spec, 1234, "normal", device)
     flops, nbytes = family.flops(spec), family.bytes_moved(spec)
     row["flops"], row["bytes"] = flops, nbytes
 
     impls: dict[str, Fn] = {"sdpa": sdpa_call(inputs, w.causal, None)}
-    for name, backend in BACKENDS.items():
-        impls[name] = sdpa_call(inputs, w.causal, backend)
-    if result.winner == "kernel" and result.variant is not None:
-        config = Config(result.best_config)
-        launcher = family.variant(str(result.variant)).build(spec, config)
-        runner = dispatch.KernelRunner.build(family, spec, launcher, str(result.variant), config)
-        impls["kernelsmith"] = lambda: runner(inputs)[0]
+    if smoke:
+        row["skipped"] = sorted(BACKENDS)  # CUDA-only backends
+    else:
+        for name, backend in BACKENDS.items():
+            impls[name] = sdpa_call(inputs, w.causal, backend)
+    if result.variant:  # the tuned kernel, or the best candidate of a "baseline" decision
+        name = "kernelsmith" if result.winner == "kernel" else "best candidate"
+        try:
+            config = Config(result.best_config)
+            launcher = family.variant(str(result.variant)).build(spec, config)
+            runner = dispatch.KernelRunner.build(family, spec, launcher, str(result.variant), config)
+            impls[name] = lambda: runner(inputs)[0]
+        except Exception as exc:  # a variant that no longer builds is reported, not fatal
+            row.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:500]
 
     times: dict[str, float] = {}
     reference = None
     for name, call in impls.items():
         try:
             out = call()
-            torch.cuda.synchronize()
+            synchronize(device)
             if name == "sdpa":
                 reference = out
             elif reference is not None:
-                diff = float((out.double() - reference.double()).abs().max())
-                row.setdefault("max_abs_diff_vs_sdpa", {})[name] = diff
-            times[name] = bench(call)
+                row.setdefault("max_abs_diff_vs_sdpa", {})[name] = max_abs_diff(out, reference)
+            times[name] = bench(call, smoke)
         except Exception as exc:  # a backend that cannot run this shape is reported, not fatal
             row.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:500]
     row["us"] = times
@@ -131,6 +160,8 @@ def run_workload(w: Workload, budget: int, strategy: str, db: str) -> dict[str, 
 
 
 def print_table(report: dict[str, Any]) -> None:
+    if report.get("smoke"):
+        print(f"\n*** {SMOKE_NOTE} ***")
     print(f"\n{report['gpu']}  {report['date']}  (TFLOP/s; GB/s for the decode row's bound)")
     header = f"{'workload':12} {'shape':34} " + " ".join(f"{c:>12}" for c in COLUMNS)
     print(header + f" {'x cudnn':>8} {'x flash':>8} {'search s':>8} winner")
@@ -153,30 +184,49 @@ def print_table(report: dict[str, Any]) -> None:
             print(f"{'':12} {'':34} {gbps}")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="attention.json")
-    parser.add_argument("--budget", type=int, default=50)
+    parser.add_argument("--budget", type=int, default=None, help="evaluations per workload (default 50)")
     parser.add_argument("--strategy", default="auto")
-    parser.add_argument("--db", default="/tmp/kernelsmith-bench.db")
+    parser.add_argument("--db", default=None, help="the decisions database (default /tmp/kernelsmith-bench.db; "
+                        "with --smoke a fresh one, so that every smoke run tunes)")
     parser.add_argument("--only", default="", help=f"these workloads only (comma-separated: "
                                                    f"{', '.join(w.label for w in WORKLOADS)})")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("benchmarks/attention.py needs a CUDA GPU", file=sys.stderr)
-        return 2
-    report = environment(cudnn=torch.backends.cudnn.version())
+    parser.add_argument("--smoke", action="store_true", help="a CPU smoke test in the Triton interpreter (tiny "
+                        "shapes, budget 2 unless given, no CUDA backends): timings are NOT performance")
+    args = parser.parse_args(argv)
     only = {s for s in args.only.split(",") if s}
+    unknown = only - {w.label for w in WORKLOADS}
+    if unknown:
+        print(f"unknown workloads {sorted(unknown)} (known: {', '.join(w.label for w in WORKLOADS)})",
+              file=sys.stderr)
+        return 2
+    if args.smoke:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            print("--smoke runs the kernels in the Triton interpreter: set TRITON_INTERPRET=1", file=sys.stderr)
+            return 2
+        args.budget = args.budget or 2
+        args.db = args.db or os.path.join(tempfile.mkdtemp(prefix="kernelsmith-smoke-"), "bench.db")
+    elif not torch.cuda.is_available():
+        print("benchmarks/attention.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
+        return 2
+    args.db = args.db or "/tmp/kernelsmith-bench.db"
+    args.budget = args.budget or 50
+    report = environment(cudnn=torch.backends.cudnn.version(), budget=args.budget, strategy=args.strategy)
+    if args.smoke:
+        report.update(smoke=True, note=SMOKE_NOTE)
+    write_report(report, args.out)
     for w in WORKLOADS:
         if only and w.label not in only:
             continue
+        w = w.tiny() if args.smoke else w
         try:
-            row = run_workload(w, args.budget, args.strategy, args.db)
-        except Exception:
+            row = run_workload(w, args.budget, args.strategy, args.db, args.smoke)
+        except Exception:  # a row that fails is recorded, and the next one runs
             row = {"workload": w.label, "shape": w.describe(), "error": traceback.format_exc()[-2000:]}
         report["rows"].append(row)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1, default=str)
+        write_report(report, args.out)
         print(json.dumps(row, default=str)[:700], flush=True)
     print_table(report)
     return 0

@@ -1,7 +1,12 @@
 """Matmul benchmark: tune the ``matmul`` family at the issue's shapes, then time the winner side by
 side with cuBLAS (``F.linear``), in one process.
 
-    python benchmarks/matmul.py --out matmul.json [--only plain|fused|decode] [--budget 60]
+    python benchmarks/matmul.py --out matmul.json [--only plain,fused:swiglu,8192x11008x4096] [--budget 60]
+        [--skip max-autotune]
+
+``--only`` takes rows by group (plain, decode, fused), by group and epilogue (fused:swiglu), by
+shape (16x4096x4096) or by both (fused:swiglu:16x11008x4096); ``--skip`` leaves implementations out
+(max-autotune's search costs tens of seconds a row).
 
 Rows (bfloat16, weights stored (N, K) as nn.Linear does):
 
@@ -20,22 +25,31 @@ Every implementation is timed with ``triton.testing.do_bench`` (CUDA events, L2 
 TFLOP/s = the family's flop count (2 M N K per product, plus the epilogue's) / time; GB/s = bytes
 (each input read once, the output written once) / time, which is what decode rows are bound by.
 Prints a table and writes JSON with the date, GPU, versions and command after every row. Needs a
-CUDA GPU.
+CUDA GPU. When the tuned kernel does not beat eager PyTorch (the decision is "baseline": a user gets
+PyTorch), the best candidate is still timed, as ``best candidate``, for the record.
+
+``--smoke`` runs the same code on the CPU in the Triton interpreter (set ``TRITON_INTERPRET=1``):
+each row shrunk to M, N, K of a few dozen, max-autotune skipped and a host-clock timer: a test that
+the script runs, whose timings are NOT performance.
+
+    TRITON_INTERPRET=1 python benchmarks/matmul.py --smoke --out /tmp/matmul-smoke.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _common import bench, environment, max_abs_diff, tune
+from _common import SMOKE_NOTE, bench, environment, max_abs_diff, synchronize, tune, write_report
 
 from kernelsmith import dispatch
 from kernelsmith.evaluate.timing import measure_copy_bandwidth
@@ -80,6 +94,21 @@ class Workload:
     def label(self) -> str:
         return f"{self.group}:{self.epilogue}"
 
+    @property
+    def shape_text(self) -> str:
+        return "x".join(map(str, self.shape))
+
+    def matches(self, selector: str) -> bool:
+        """Whether ``--only``'s ``selector`` names this row: its group, group:epilogue, shape or
+        group:epilogue:shape."""
+        return selector in (self.group, self.label, self.shape_text, f"{self.label}:{self.shape_text}")
+
+    def tiny(self) -> Workload:
+        """The same kind of row at a size the Triton interpreter runs in seconds (--smoke): decode
+        rows keep M (1 or 16); N and K become a few dozen, different sizes staying different."""
+        m, n, k = self.shape
+        return replace(self, shape=(m if m <= 16 else 33, 48 if n <= 4096 else 64, 64 if k <= 4096 else 40))
+
 
 WORKLOADS = [
     Workload("plain", (4096, 4096, 4096)),
@@ -99,44 +128,57 @@ WORKLOADS = [
 ]
 
 TARGETS = {"plain": 0.95, "decode": 0.95, "fused": 1.1}  # kernelsmith / eager, at least
+SMOKE_SKIPS = ("max-autotune",)  # compiles for CUDA: not part of a CPU smoke test
 
 
-def run_workload(w: Workload, budget: int, db: str, strategy: str, copy_gbps: float) -> dict[str, Any]:
+def run_workload(
+    w: Workload, budget: int, db: str, strategy: str, copy_gbps: float | None, skip: frozenset[str] = frozenset(),
+    smoke: bool = False,
+) -> dict[str, Any]:
+    """One row: tune, then run and time every implementation not in ``skip`` (errors recorded per
+    implementation)."""
+    device = "cpu" if smoke else "cuda"
     family = get_op("matmul")
     spec = family.spec(w.shape, "bf16", epilogue=w.epilogue)
     m, n, k = w.shape
-    row: dict[str, Any] = {"group": w.group, "epilogue": w.epilogue, "shape": f"{m}x{n}x{k}", "dtype": "bf16"}
+    row: dict[str, Any] = {"group": w.group, "epilogue": w.epilogue, "shape": w.shape_text, "dtype": "bf16"}
     result, row["tune"] = tune(spec, budget, db, strategy)
-    inputs = family.make_inputs(spec, 1234, "normal", "cuda")
+    inputs = family.make_inputs(spec, 1234, "normal", device)
     flops, nbytes = family.flops(spec), family.bytes_moved(spec)
 
     eager = EAGER[w.epilogue]
     torch._dynamo.reset()  # fresh caches and static shapes: the strongest compiled baseline per shape
-    impls: dict[str, Fn] = {
-        "eager": eager,
-        "max-autotune": torch.compile(eager, mode="max-autotune-no-cudagraphs", dynamic=False),
-    }
+    impls: dict[str, Fn] = {"eager": eager}
+    if "max-autotune" not in skip:  # compiled (and autotuned) at its first call, below
+        impls["max-autotune"] = torch.compile(eager, mode="max-autotune-no-cudagraphs", dynamic=False)
     if w.epilogue in PRODUCT_ONLY:
         impls["product only"] = PRODUCT_ONLY[w.epilogue]
     if w.epilogue == "bias+gelu_tanh":
         impls["cublaslt epilogue"] = cublaslt_gelu
-    if result.winner == "kernel":
-        config = Config(result.best_config)
-        launcher = family.variant(str(result.variant)).build(spec, config)
-        runner = dispatch.KernelRunner.build(family, spec, launcher, str(result.variant), config)
-        impls["kernelsmith"] = lambda *args: runner(args)[0]
+    if result.variant:  # the tuned kernel, or the best candidate of a "baseline" decision
+        name = "kernelsmith" if result.winner == "kernel" else "best candidate"
+        try:
+            config = Config(result.best_config)
+            launcher = family.variant(str(result.variant)).build(spec, config)
+            runner = dispatch.KernelRunner.build(family, spec, launcher, str(result.variant), config)
+            impls[name] = lambda *args: runner(args)[0]
+        except Exception as exc:  # a variant that no longer builds is reported, not fatal
+            row.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:500]
+    impls = {name: fn for name, fn in impls.items() if name not in skip}
+    if skip:
+        row["skipped"] = sorted(skip)
 
     times: dict[str, float] = {}
     reference = None
     for name, fn in impls.items():
         try:
             out = fn(*inputs)
-            torch.cuda.synchronize()
+            synchronize(device)
             if name == "eager":
                 reference = out
             elif reference is not None and name != "product only":
                 row.setdefault("max_abs_diff_vs_eager", {})[name] = max_abs_diff(out, reference)
-            times[name] = bench(lambda fn=fn: fn(*inputs))
+            times[name] = bench(lambda fn=fn: fn(*inputs), smoke)
         except Exception as exc:  # a baseline that fails to compile is reported, not fatal
             row.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:500]
     row["us"] = times
@@ -145,7 +187,8 @@ def run_workload(w: Workload, budget: int, db: str, strategy: str, copy_gbps: fl
     row["tflops"] = {k_: (product_flops if k_ == "product only" else flops) / (t * 1e-6) / 1e12
                      for k_, t in times.items()}  # fmt: skip
     row["gbps"] = {k_: nbytes / (t * 1e-6) / 1e9 for k_, t in times.items() if k_ != "product only"}
-    row["pct_of_copy"] = {k_: 100.0 * v / copy_gbps for k_, v in row["gbps"].items()}
+    if copy_gbps:
+        row["pct_of_copy"] = {k_: 100.0 * v / copy_gbps for k_, v in row["gbps"].items()}
     if "kernelsmith" in times and "eager" in times:
         row["speedup_vs_eager"] = times["eager"] / times["kernelsmith"]
         row["target"] = TARGETS[w.group]
@@ -155,11 +198,13 @@ def run_workload(w: Workload, budget: int, db: str, strategy: str, copy_gbps: fl
     return row
 
 
-COLUMNS = ("eager", "max-autotune", "product only", "cublaslt epilogue", "kernelsmith")
+COLUMNS = ("eager", "max-autotune", "product only", "cublaslt epilogue", "kernelsmith", "best candidate")
 
 
 def print_table(report: dict[str, Any]) -> None:
-    print(f"\n{report['gpu']}  copy {report['copy_gbps']:.0f} GB/s  {report['date']}")
+    if report.get("smoke"):
+        print(f"\n*** {SMOKE_NOTE} ***")
+    print(f"\n{report['gpu']}  copy {report['copy_gbps'] or 0:.0f} GB/s  {report['date']}")
     print("TFLOP/s (decode rows: GB/s in brackets); x eager = eager time / kernelsmith time")
     header = f"{'row':22} {'M x N x K':18} " + " ".join(f"{c:>17}" for c in COLUMNS)
     print(header + f" {'x eager':>8} {'target':>6} winner")
@@ -185,31 +230,56 @@ def print_table(report: dict[str, Any]) -> None:
         )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="matmul.json")
-    parser.add_argument("--budget", type=int, default=60)
+    parser.add_argument("--budget", type=int, default=None, help="evaluations per row (default 60)")
     parser.add_argument("--strategy", default="auto")
-    parser.add_argument("--db", default="/tmp/kernelsmith-bench.db")
-    parser.add_argument("--only", default="", help="rows of these groups only (comma-separated: plain, decode, fused)")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("benchmarks/matmul.py needs a CUDA GPU", file=sys.stderr)
+    parser.add_argument("--db", default=None, help="the decisions database (default /tmp/kernelsmith-bench.db; "
+                        "with --smoke a fresh one, so that every smoke run tunes)")
+    parser.add_argument("--only", default="", help="these rows only (comma-separated groups plain, decode, fused; "
+                        "group:epilogue such as fused:swiglu; shapes MxNxK; or group:epilogue:MxNxK)")
+    parser.add_argument("--skip", default="", help=f"leave out these implementations (comma-separated: "
+                        f"{', '.join(c for c in COLUMNS if c != 'eager')})")
+    parser.add_argument("--smoke", action="store_true", help="a CPU smoke test in the Triton interpreter (tiny "
+                        "shapes, budget 2 unless given, no max-autotune): timings are NOT performance")
+    args = parser.parse_args(argv)
+    only = [s for s in args.only.split(",") if s]
+    unknown = [s for s in only if not any(w.matches(s) for w in WORKLOADS)]
+    skip = frozenset(s for s in args.skip.split(",") if s)
+    if unknown or "eager" in skip or skip - set(COLUMNS):
+        print(f"unknown rows {unknown} (groups plain, decode, fused; labels such as fused:swiglu; shapes such as "
+              f"8192x11008x4096) or implementations to skip {sorted(skip)} (eager is the reference)",
+              file=sys.stderr)
         return 2
-    copy_gbps, _ = measure_copy_bandwidth(torch.device("cuda"))
+    if args.smoke:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            print("--smoke runs the kernels in the Triton interpreter: set TRITON_INTERPRET=1", file=sys.stderr)
+            return 2
+        args.budget = args.budget or 2
+        args.db = args.db or os.path.join(tempfile.mkdtemp(prefix="kernelsmith-smoke-"), "bench.db")
+        skip |= set(SMOKE_SKIPS)
+    elif not torch.cuda.is_available():
+        print("benchmarks/matmul.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
+        return 2
+    args.db = args.db or "/tmp/kernelsmith-bench.db"
+    args.budget = args.budget or 60
+    copy_gbps = None if args.smoke else measure_copy_bandwidth(torch.device("cuda"))[0]
     report = environment(copy_gbps=copy_gbps, budget=args.budget, strategy=args.strategy)
-    only = {s for s in args.only.split(",") if s}
+    if args.smoke:
+        report.update(smoke=True, note=SMOKE_NOTE)
+    write_report(report, args.out)
     for w in WORKLOADS:
-        if only and w.group not in only:
+        if only and not any(w.matches(s) for s in only):
             continue
+        w = w.tiny() if args.smoke else w
         try:
-            row = run_workload(w, args.budget, args.db, args.strategy, copy_gbps)
-        except Exception:
-            row = {"group": w.group, "epilogue": w.epilogue, "shape": "x".join(map(str, w.shape)),
+            row = run_workload(w, args.budget, args.db, args.strategy, copy_gbps, skip, args.smoke)
+        except Exception:  # a row that fails is recorded, and the next one runs
+            row = {"group": w.group, "epilogue": w.epilogue, "shape": w.shape_text,
                    "error": traceback.format_exc()[-2000:]}  # fmt: skip
         report["rows"].append(row)
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1, default=str)
+        write_report(report, args.out)
         print(json.dumps(row, default=str)[:700], flush=True)
     print_table(report)
     return 0

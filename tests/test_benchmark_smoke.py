@@ -1,0 +1,95 @@
+"""The GPU benchmark scripts (benchmarks/attention.py, benchmarks/matmul.py) run end to end on the CPU.
+
+Each script's ``--smoke`` takes its real code path (tune, build the winner or best candidate, run
+every implementation that is not CUDA-only, compare outputs, write the JSON report) in the Triton
+interpreter at tiny shapes, so that a crash is found here rather than on scarce GPU time. Each run
+is one small row in a subprocess, exactly as the GPU session invokes the scripts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+
+
+def run_smoke(script: str, only: str, tmp_path: Path) -> dict[str, Any]:
+    out = tmp_path / f"{script}.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "src")}
+    command = [sys.executable, str(BENCHMARKS / f"{script}.py"), "--smoke", "--only", only,
+               "--out", str(out), "--db", str(tmp_path / "bench.db")]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "SMOKE TEST" in done.stdout  # the table says its timings are not performance
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize(
+    ("script", "only", "reference", "expected"),
+    [
+        ("attention", "decode", "sdpa", {"sdpa"}),
+        ("matmul", "fused:bias+gelu_tanh", "eager", {"eager", "product only", "cublaslt epilogue"}),
+    ],
+)
+def test_smoke_runs_a_row_and_compares_the_kernel_with_pytorch(
+    script: str, only: str, reference: str, expected: set[str], tmp_path: Path
+) -> None:
+    report = run_smoke(script, only, tmp_path)
+    assert report["smoke"] is True and "NOT performance" in report["note"]
+    (row,) = report["rows"]
+    assert "error" not in row and "errors" not in row, row
+    assert row["tune"]["evaluations"] == 2  # the smoke budget
+    kernel = "kernelsmith" if row["tune"]["winner"] == "kernel" else "best candidate"
+    assert set(row["us"]) == expected | {kernel}  # CUDA-only backends skipped, nothing failed
+    diffs = row[f"max_abs_diff_vs_{reference}"]
+    assert 0.0 <= diffs[kernel] < 0.1  # bf16 outputs of about unit size: a few units of the last place
+
+
+def _load(script: str) -> ModuleType:
+    sys.path.insert(0, str(BENCHMARKS))  # the scripts import their shared helpers as ``_common``
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{script}", BENCHMARKS / f"{script}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while it executes
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_matmul_only_selects_rows_by_group_label_or_shape() -> None:
+    matmul = _load("matmul")
+
+    def selected(selector: str) -> list[str]:
+        return [f"{w.label}:{w.shape_text}" for w in matmul.WORKLOADS if w.matches(selector)]
+
+    assert len(selected("plain")) == 3
+    assert selected("fused:swiglu") == ["fused:swiglu:8192x11008x4096", "fused:swiglu:16x11008x4096"]
+    assert selected("16x4096x4096") == ["decode:none:16x4096x4096"]
+    assert selected("fused:residual:16x4096x11008") == ["fused:residual:16x4096x11008"]
+    assert selected("swiglu") == []
+    assert matmul.main(["--only", "plain,nonsense"]) == 2  # refused before any work
+
+
+def test_smoke_shapes_keep_each_workload_kind() -> None:
+    attention, matmul = _load("attention"), _load("matmul")
+    for w in attention.WORKLOADS:
+        tiny = w.tiny()
+        assert (tiny.label, tiny.causal) == (w.label, w.causal)
+        assert (tiny.kv_heads is None, tiny.kv_len is None) == (w.kv_heads is None, w.kv_len is None)
+        assert (tiny.shape[2] == 1) == (w.shape[2] == 1)  # a decode step stays one query
+    for w in matmul.WORKLOADS:
+        tiny = w.tiny()
+        assert (tiny.group, tiny.epilogue) == (w.group, w.epilogue)
+        assert max(tiny.shape) <= 64 and (tiny.shape[0] <= 16) == (w.shape[0] <= 16)
