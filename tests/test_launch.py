@@ -15,6 +15,8 @@ import torch
 from kernelsmith.ops import _launch
 from kernelsmith.ops._launch import DirectLaunch, direct_launch
 
+REAL_HOOKS_SET = _launch._hooks_set  # before the fixture below stands in for it
+
 
 def kernel_source(x_ptr, y_ptr, n, alpha, BLOCK: int = 128, MODE: str = "fast"):
     """The signature the stand-in kernel pretends to have (BLOCK and MODE play constexprs)."""
@@ -160,3 +162,24 @@ def test_direct_launch_is_plain_triton_for_the_interpreter_and_when_switched_off
     assert paths(kernel) == ["triton"]
     monkeypatch.setenv("KERNELSMITH_DIRECT_LAUNCH", "0")
     assert not _launch.direct_launch_enabled()
+
+
+def test_an_empty_hook_chain_is_no_hook_and_an_added_hook_is_one():
+    """Triton 3.6+ keeps launch hooks in HookChain objects that are never None: only a chain
+    with a hook in it may send launches through Triton (a bug the first GPU run found)."""
+    from triton import knobs
+
+    assert REAL_HOOKS_SET() is False
+
+    def hook(metadata):
+        pass
+
+    chain = knobs.runtime.launch_enter_hook
+    if not hasattr(chain, "add"):
+        pytest.skip("a Triton without hook chains")
+    chain.add(hook)
+    try:
+        assert REAL_HOOKS_SET() is True
+    finally:
+        chain.remove(hook)
+    assert REAL_HOOKS_SET() is False

@@ -164,6 +164,8 @@ BUILTIN_SHAPES: dict[str, list[tuple[int, ...]]] = {
     "rope": [(2, 8, 256, 128), (1, 3, 17, 64)],
     "cross_entropy": [(512, 32000), (3, 50257)],
     "cross_entropy_backward": [(512, 32000), (3, 50257)],
+    "attention": [(2, 8, 512, 128), (1, 3, 17, 64)],  # B x H x S x D
+    "matmul": [(1024, 1024, 512), (17, 1000, 129)],  # M x N x K
 }
 DEFAULT_SHAPES = [(4096, 4096), (1, 4097)]
 BUILTIN_CASES = [

@@ -135,8 +135,16 @@ class DirectLaunch:
 
 # ---- the few Triton and CUDA facts a direct launch needs, looked up once ----------------------------
 def _hooks_set() -> bool:
+    """Whether a Triton launch hook is installed. Triton 3.6+ keeps its hooks in ``HookChain``
+    objects that are never None (an empty chain calls nothing); an older Triton kept a plain
+    callable or None."""
     runtime = _runtime_knobs()
-    return runtime is not None and (runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None)
+    if runtime is None:
+        return False
+    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
 
 
 def _runtime_knobs() -> Any:
