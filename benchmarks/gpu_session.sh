@@ -9,7 +9,8 @@
 # until STEP (in another lane) has finished: host-time measurements such as the call overhead want
 # the host to themselves. Without LANE0/LANE1 the default is "tests overhead ops" on one lane.
 #
-# Steps (each writes STEP.log and its JSON under $OUT, and is bounded by a timeout):
+# Steps (each writes STEP.log and its JSON under $RESULTS, and is bounded by a timeout). At the end
+# everything under $RESULTS is packed into $RESULTS/session.tar.gz (the lent machine returns few files).
 #   tests       pytest -m gpu tests                          (TEST_TIMEOUT, default 300 s)
 #   overhead    benchmarks/dispatch_overhead.py              (120 s)
 #   ops         benchmarks/ops.py $OPS_ARGS                  (OPS_TIMEOUT, default 540 s)
@@ -23,15 +24,16 @@
 # (see ../shared/gpu/fetch-wheels.sh).
 set -uo pipefail
 OUT=${OUT:-out}
-mkdir -p "$OUT"
+RESULTS=${RESULTS:-/tmp/ks-session}
+mkdir -p "$OUT" "$RESULTS"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
-nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/env.txt"
+nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$RESULTS/env.txt"
 python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)" \
-  | tee -a "$OUT/env.txt"
+  | tee -a "$RESULTS/env.txt"
 GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
 
 SPACES=${SPACES:-"rmsnorm:8192x4096 softmax:8192x4096"}
@@ -39,38 +41,38 @@ STRATEGY_WORKLOADS=${STRATEGY_WORKLOADS:-"rmsnorm:8192x4096 softmax:8192x4096"}
 MODEL=${MODEL:-llama-160m}
 MODEL_ARGS=${MODEL_ARGS:-"--batch 8 --seq 2048 --dtype bf16"}
 
-step() {  # step NAME: one step, its log in $OUT/NAME.log, then a marker $OUT/NAME.done
+step() {  # step NAME: one step, its log in $RESULTS/NAME.log, then a marker $RESULTS/NAME.done
   local name=$1 started=$SECONDS
   echo "=== $name (GPU ${CUDA_VISIBLE_DEVICES:-all}) $(date -u +%H:%M:%S)"
   case $name in
     tests) timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -m gpu tests -q -p no:cacheprovider ;;
-    overhead) timeout 120 python3 benchmarks/dispatch_overhead.py --out "$OUT/overhead.json" ;;
-    ops) timeout "${OPS_TIMEOUT:-540}" python3 benchmarks/ops.py --out "$OUT/ops.json" ${OPS_ARGS:-} ;;
-    attention) timeout "${ATTENTION_TIMEOUT:-300}" python3 benchmarks/attention.py --out "$OUT/attention.json" \
+    overhead) timeout 120 python3 benchmarks/dispatch_overhead.py --out "$RESULTS/overhead.json" ;;
+    ops) timeout "${OPS_TIMEOUT:-540}" python3 benchmarks/ops.py --out "$RESULTS/ops.json" ${OPS_ARGS:-} ;;
+    attention) timeout "${ATTENTION_TIMEOUT:-300}" python3 benchmarks/attention.py --out "$RESULTS/attention.json" \
                  --db "/tmp/ks-attention.db" ${ATTENTION_ARGS:-} ;;
-    matmul) timeout "${MATMUL_TIMEOUT:-300}" python3 benchmarks/matmul.py --out "$OUT/matmul.json" \
+    matmul) timeout "${MATMUL_TIMEOUT:-300}" python3 benchmarks/matmul.py --out "$RESULTS/matmul.json" \
               --db "/tmp/ks-matmul.db" ${MATMUL_ARGS:-} ;;
     spaces) timeout "${SPACES_TIMEOUT:-400}" python3 benchmarks/record_space.py $SPACES --dtype bf16 \
-              --out-dir "$OUT/spaces" ;;
+              --out-dir "$RESULTS/spaces" ;;
     strategies) timeout "${STRATEGIES_TIMEOUT:-300}" python3 benchmarks/strategies.py $STRATEGY_WORKLOADS \
-                  --budget "${STRATEGY_BUDGET:-20}" --out "$OUT/strategies.json" ;;
+                  --budget "${STRATEGY_BUDGET:-20}" --out "$RESULTS/strategies.json" ;;
     model) (export KERNELSMITH_DB=/tmp/ks-model.db
             timeout "${MODEL_TIMEOUT:-400}" bash -c "python3 -m kernelsmith optimize $MODEL $MODEL_ARGS \
-              --budget ${MODEL_BUDGET:-60} --out $OUT/model-optimize.json && python3 -m kernelsmith verify $MODEL \
-              $MODEL_ARGS --seeds 1 --max-autotune --json > $OUT/model-verify.json; \
-              tail -c 3000 $OUT/model-verify.json") ;;
+              --budget ${MODEL_BUDGET:-60} --out $RESULTS/model-optimize.json && python3 -m kernelsmith verify $MODEL \
+              $MODEL_ARGS --seeds 1 --max-autotune --json > $RESULTS/model-verify.json; \
+              tail -c 3000 $RESULTS/model-verify.json") ;;
     *) echo "unknown step $name" ;;
-  esac > "$OUT/$name.log" 2>&1
+  esac > "$RESULTS/$name.log" 2>&1
   echo "=== $name: exit $? after $((SECONDS - started)) s"
-  tail -"${TAIL_LINES:-25}" "$OUT/$name.log" | grep -v '^{'
-  touch "$OUT/$name.done"
+  tail -"${TAIL_LINES:-25}" "$RESULTS/$name.log" | grep -v '^{'
+  touch "$RESULTS/$name.done"
 }
 
 lane() {  # lane GPU STEPS...
   local gpu=$1; shift
   for item in "$@"; do
     if [[ $item == after:* ]]; then
-      for _ in $(seq 600); do [ -e "$OUT/${item#after:}.done" ] && break; sleep 2; done
+      for _ in $(seq 600); do [ -e "$RESULTS/${item#after:}.done" ] && break; sleep 2; done
     else
       CUDA_VISIBLE_DEVICES=$gpu step "$item"
     fi
@@ -80,10 +82,11 @@ lane() {  # lane GPU STEPS...
 LANE0=${LANE0:-"tests overhead ops"}
 LANE1=${LANE1:-}
 if [ "$GPUS" -ge 2 ] && [ -n "$LANE1" ]; then
-  lane 0 $LANE0 > "$OUT/lane0.txt" 2>&1 &
-  lane 1 $LANE1 > "$OUT/lane1.txt" 2>&1 &
+  lane 0 $LANE0 > "$RESULTS/lane0.txt" 2>&1 &
+  lane 1 $LANE1 > "$RESULTS/lane1.txt" 2>&1 &
   wait
-  cat "$OUT/lane0.txt" "$OUT/lane1.txt"
+  cat "$RESULTS/lane0.txt" "$RESULTS/lane1.txt"
 else
   lane 0 $LANE0 $LANE1  # one GPU: one lane after the other ("after:" steps have run by then)
 fi
+tar czf "$OUT/session.tar.gz" -C "$RESULTS" .

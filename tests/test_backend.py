@@ -9,6 +9,7 @@ compiles take seconds; one test compiles a model with the real Inductor.
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -273,6 +274,58 @@ def test_compare_keeps_inductor_alone_when_the_kernels_are_slower(tmp_path, monk
     (site,) = backend.sites
     assert site.status == "slower in context" and "Inductor alone" in site.reason
     torch.testing.assert_close(out, rmsnorm(x, w))
+
+
+def norm_then_swiglu(x, w, b):
+    xf = x.float()
+    h = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
+    return F.silu(h) * b
+
+
+def test_compare_falls_back_to_the_one_family_that_pays_in_context(tmp_path, monkeypatch):
+    """Every replacement together loses; RMSNorm's alone wins; SwiGLU's alone loses: the graph
+    with only the RMSNorm kernel is kept and the SwiGLU site says why it was not."""
+    torch._dynamo.reset()
+    db = str(tmp_path / "k.db")
+    x, w, b = torch.randn(64, 256), torch.randn(256), torch.randn(64, 256)
+    store_all(db, discover(norm_then_swiglu, x, w, b))
+    seen = record_inductor(monkeypatch)
+    timings = iter([[1.0, 1.2], [1.0, 0.9, 1.1]])  # [alone, all]; then [alone, rmsnorm, swiglu]
+    monkeypatch.setattr(ks_backend, "time_graphs", lambda graphs, inputs: next(timings))
+    backend = ks_backend.backend(db=db, compare=True)
+    out = torch.compile(norm_then_swiglu, backend=backend)(x, w, b)
+    # compiled: all, alone, then each family alone (rmsnorm, swiglu)
+    assert [sorted(kernel_ops(g)) for g in seen] == [["rmsnorm", "swiglu"], [], ["rmsnorm"], ["swiglu"]]
+    status = {site.op: site for site in backend.sites}
+    assert status["rmsnorm"].status == "replaced"
+    assert status["swiglu"].status == "slower in context" and "rmsnorm alone: 0.900 ms" in status["swiglu"].reason
+    torch.testing.assert_close(out, norm_then_swiglu(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_compare_keeps_inductor_alone_when_no_family_pays(tmp_path, monkeypatch):
+    torch._dynamo.reset()
+    db = str(tmp_path / "k.db")
+    x, w, b = torch.randn(64, 256), torch.randn(256), torch.randn(64, 256)
+    store_all(db, discover(norm_then_swiglu, x, w, b))
+    record_inductor(monkeypatch)
+    timings = iter([[1.0, 1.2], [1.0, 1.05, 1.1]])
+    monkeypatch.setattr(ks_backend, "time_graphs", lambda graphs, inputs: next(timings))
+    backend = ks_backend.backend(db=db, compare=True)
+    torch.compile(norm_then_swiglu, backend=backend)(x, w, b)
+    assert {site.status for site in backend.sites} == {"slower in context"}
+
+
+def test_compare_is_off_by_default_in_interpreter_mode(tmp_path, monkeypatch):
+    """Interpreter times are not performance: by default a CPU graph is not timed in context."""
+    torch._dynamo.reset()
+    db = str(tmp_path / "k.db")
+    x, w, b = torch.randn(64, 256), torch.randn(256), torch.randn(64, 256)
+    store_all(db, discover(norm_then_swiglu, x, w, b))
+    seen = record_inductor(monkeypatch)
+    monkeypatch.setattr(ks_backend, "time_graphs", lambda graphs, inputs: pytest.fail("timed a CPU graph"))
+    backend = ks_backend.backend(db=db)
+    torch.compile(norm_then_swiglu, backend=backend)(x, w, b)
+    assert len(seen) == 1 and sorted(kernel_ops(seen[0])) == ["rmsnorm", "swiglu"]
 
 
 def test_families_limit_the_sites():

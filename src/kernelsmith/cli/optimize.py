@@ -57,8 +57,10 @@ def optimize(
     ] = None,
     train: Annotated[bool, typer.Option("--train", help="Also tune the backward ops (training).")] = False,
     compare: Annotated[
-        bool, typer.Option("--compare", help="Keep the kernels only if the compiled model times faster in context.")
-    ] = False,
+        bool | None,
+        typer.Option("--compare/--no-compare", help="Keep kernels only where the compiled model times faster in "
+                     "context than with Inductor alone (default: on a GPU)."),
+    ] = None,
     db: Annotated[
         str | None,
         typer.Option("--db", help="Database path or sqlite:/// URL (default: $KERNELSMITH_DB or the per-user cache)."),

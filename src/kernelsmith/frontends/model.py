@@ -170,7 +170,7 @@ def optimize_model(
     train: bool = False,
     patience: int | None = 12,
     min_gain: float = 1.002,
-    compare: bool = False,
+    compare: bool | None = None,
     name: str = "model",
     progress: ProgressFn | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
@@ -183,7 +183,8 @@ def optimize_model(
     ``db`` the database; ``plan`` a plan to use instead of profiling; ``train`` also tunes the
     backward families and compiles for training; ``patience`` and ``min_gain`` say when returns
     diminish (see the module docstring); ``compare`` keeps the replacements only when the
-    compiled graph times faster than Inductor alone. See :mod:`kernelsmith.frontends.model`.
+    compiled graph times faster than Inductor alone (None: on for CUDA models, see
+    :class:`~kernelsmith.frontends.backend.KernelsmithBackend`). See :mod:`kernelsmith.frontends.model`.
     """
     if budget < 0:
         raise ValueError(f"budget must be a count of evaluations >= 0, not {budget}")
