@@ -18,7 +18,8 @@
 #   matmul      benchmarks/matmul.py $MATMUL_ARGS            (MATMUL_TIMEOUT, default 300 s)
 #   spaces      benchmarks/record_space.py $SPACES           (SPACES_TIMEOUT, default 400 s)
 #   strategies  benchmarks/strategies.py $STRATEGY_WORKLOADS (STRATEGIES_TIMEOUT, default 300 s)
-#   model       kernelsmith optimize + verify $MODEL         (MODEL_TIMEOUT, default 400 s)
+#   model       kernelsmith optimize $OPTIMIZE_ARGS, then verify --max-autotune, on $MODEL $MODEL_ARGS
+#                                                            (MODEL_TIMEOUT, default 400 s)
 #
 # Optional wheels (Liger-Kernel as a peer, optuna, pydantic) are installed from .whl/ when present
 # (see ../shared/gpu/fetch-wheels.sh).
@@ -58,7 +59,7 @@ step() {  # step NAME: one step, its log in $RESULTS/NAME.log, then a marker $RE
                   --budget "${STRATEGY_BUDGET:-20}" --out "$RESULTS/strategies.json" ;;
     model) (export KERNELSMITH_DB=/tmp/ks-model.db
             timeout "${MODEL_TIMEOUT:-400}" bash -c "python3 -m kernelsmith optimize $MODEL $MODEL_ARGS \
-              --budget ${MODEL_BUDGET:-60} --out $RESULTS/model-optimize.json && python3 -m kernelsmith verify $MODEL \
+              --budget ${MODEL_BUDGET:-60} ${OPTIMIZE_ARGS:-} --out $RESULTS/model-optimize.json && python3 -m kernelsmith verify $MODEL \
               $MODEL_ARGS --seeds 1 --max-autotune --json > $RESULTS/model-verify.json; \
               tail -c 3000 $RESULTS/model-verify.json") ;;
     *) echo "unknown step $name" ;;

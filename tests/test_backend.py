@@ -342,3 +342,23 @@ def test_families_limit_the_sites():
     assert ops(families=["add_rmsnorm"]) == ["add_rmsnorm", "add_rmsnorm"]
     assert ops(families=["rmsnorm", "swiglu"]) == ["rmsnorm", "rmsnorm", "swiglu", "rmsnorm"]
     assert ops(fuse_residual=False) == ["rmsnorm", "rmsnorm", "swiglu", "rmsnorm"]
+
+
+def test_in_context_timing_calls_real_inductor_output():
+    """time_graphs calls what compile_fx returns as Dynamo does (an H200 run found the boxed
+    convention wrong: compile_fx's output has ``_boxed_call`` yet takes the inputs as arguments)."""
+    torch._dynamo.reset()
+    timed: list[float] = []
+
+    def timing_backend(gm, example_inputs):
+        compiled = ks_backend.KernelsmithBackend()._inductor(gm, example_inputs)
+        timed.extend(ks_backend.time_graphs([compiled], example_inputs, rounds=1, calls=1))
+        return compiled
+
+    def fn(x, w):
+        return torch.relu(x) * w + 1.0
+
+    x, w = torch.randn(8, 16), torch.randn(16)
+    out = torch.compile(fn, backend=timing_backend)(x, w)
+    torch.testing.assert_close(out, fn(x, w))
+    assert len(timed) == 1 and timed[0] > 0

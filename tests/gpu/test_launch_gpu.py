@@ -38,8 +38,8 @@ def test_direct_launches_match_triton_and_unaligned_calls_stay_correct():
     # one float element off: not 16-byte aligned, so not what the compiled kernel assumed
     shifted = buffer[1 : n + 1]
     out = torch.empty(n, device="cuda")
-    launch(shifted, y, out, n, 3.0, BLOCK=block)
-    torch.testing.assert_close(out, 3.0 * shifted + y, rtol=0, atol=0)
+    launch(shifted, y, out, n, 4.0, BLOCK=block)  # a power of two: exact with or without an FMA
+    torch.testing.assert_close(out, 4.0 * shifted + y, rtol=0, atol=0)
     assert launch.launches["triton"] == 2
     # another length at the same grid: Triton again (the integer may change the specialization)
     out = torch.zeros(n, device="cuda")

@@ -607,7 +607,9 @@ def _set_value(node: fx.Node, fake_mode: Any, compute: Callable[[], Any]) -> Non
 
 
 def _call(compiled: Callable[..., Any], inputs: Sequence[Any]) -> Any:
-    return compiled(list(inputs)) if getattr(compiled, "_boxed_call", False) else compiled(*inputs)
+    """A backend's compiled graph is called as Dynamo calls it: with the inputs as arguments
+    (what ``compile_fx`` returns carries ``_boxed_call`` yet takes them so, in torch 2.11-2.13)."""
+    return compiled(*inputs)
 
 
 def time_graphs(candidates: Sequence[Callable[..., Any]], inputs: Sequence[Any], rounds: int = 7,
