@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -439,7 +440,10 @@ def db_import(
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # KERNELSMITH_LOG=info shows what the package logs (sites replaced or not and why, in-context
+    # timings, fallbacks); the default shows warnings only.
+    level = os.environ.get("KERNELSMITH_LOG", "warning").upper()
+    logging.basicConfig(level=getattr(logging, level, logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
     app()
 
 
