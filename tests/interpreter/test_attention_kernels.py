@@ -124,6 +124,9 @@ def test_head_dims(variant: str, device: str) -> None:
     for i, case in enumerate(HEAD_CASES):
         spec = case.spec()
         configs = OP.variant(variant).space(spec).configs()
+        if variant == "tma" and case.head_dim not in (16, 32, 64, 128, 256):
+            assert not configs  # a tensor descriptor's block is a power of two wide
+            continue
         config = configs[0] if i % 2 else configs[len(configs) // 2]
         run_and_check(variant, spec, config, seed=50 + i, distribution=OP.distributions[i % 2], device=device)
 
@@ -374,7 +377,7 @@ def test_output_specs_bytes_and_flops() -> None:
 
 def test_is_an_op_family() -> None:
     assert isinstance(OP, Attention) and OP.name == "attention"
-    assert VARIANTS == ["flash", "persistent", "split_kv"]
+    assert VARIANTS == ["flash", "persistent", "split_kv", "tma"]
     assert len({v.source_hash for v in OP.variants}) == len(OP.variants)
 
 
@@ -447,3 +450,53 @@ def test_make_inputs_is_deterministic_by_seed(device: str) -> None:
     assert mask.dtype == torch.bool and bool(mask.any(-1).all()) and not bool(mask.all())
     with pytest.raises(ValueError):
         OP.make_inputs(boolean, seed=0, distribution="uniform", device=device)
+
+
+# ---- the tma variant reads through descriptors where it can, through pointers where it cannot --------
+
+TMA_CASES = (
+    Case(2, 4, 17, "bfloat16", {"causal": True, "kv_heads": 2}),  # (B, H, S, D) memory, GQA
+    Case(2, 2, 9, "float16", {"layout": "bshd", "kv_len": 33}),  # (B, S, H, D) memory: heads side by side
+    Case(1, 4, 9, "float32", {"kv_len": 40, "kv_heads": 2, "mask": "additive", "memory": "bshd"}),  # HF's view
+    Case(1, 2, 33, "bfloat16", {"kv_len": 70, "mask": "boolean"}, head_dim=32),
+)
+
+
+@pytest.mark.parametrize("case", TMA_CASES, ids=lambda c: c.spec().describe())
+def test_tma_reads_k_and_v_through_descriptors(case: Case, monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    from kernelsmith.ops import attention
+
+    def no_fallback(spec: OpSpec, config: Config) -> Any:
+        return lambda inputs, outputs: pytest.fail("the tma variant fell back to pointer loads")
+
+    monkeypatch.setattr(attention, "_flash_build", no_fallback)
+    spec = case.spec()
+    configs = OP.variant("tma").space(spec).configs()
+    for i, config in enumerate((configs[0], configs[len(configs) // 2], configs[-1])):
+        run_and_check("tma", spec, config, seed=70 + i, distribution=OP.distributions[i % 2], device=device)
+
+
+def test_tma_values_past_the_keys_cannot_poison_the_output(device: str) -> None:
+    """A block that runs past Sk reads the next head's values; an infinite value there must not
+    turn the masked (zero) probabilities into NaN."""
+    spec = Case(1, 2, 5, "float32", {"kv_len": 9}, head_dim=16).spec()
+    q, k, v = OP.make_inputs(spec, seed=3, device=device)
+    v = v.clone()
+    v[:, 1, 0, :] = float("inf")  # head 1's first value: read by head 0's padded block
+    config = _smallest("tma", spec, BLOCK_N=16)
+    (out,), _ = launch_guarded(OP, "tma", spec, config, (q, k, v))
+    assert bool(torch.isfinite(out[:, 0]).all())
+    ref = OP.reference_fp64(spec, (q, k, v))[0]
+    assert torch.allclose(out[:, 0].double(), ref[:, 0], rtol=1e-4, atol=1e-4)
+
+
+def test_tma_falls_back_to_pointers_for_unaligned_storage(device: str) -> None:
+    spec = Case(1, 2, 9, "bfloat16", {}, head_dim=32).spec()
+    q, k, v = OP.make_inputs(spec, seed=4, device=device)
+    shifted = torch.empty(k.numel() + 1, dtype=k.dtype, device=device)[1:].view(k.shape)  # 2 bytes off
+    shifted.copy_(k)
+    from kernelsmith.ops.attention import _descriptor_rows
+
+    assert _descriptor_rows(k, "bhsd") is not None and _descriptor_rows(shifted, "bhsd") is None
+    config = OP.variant("tma").space(spec).configs()[0]
+    run_and_check("tma", spec, config, inputs=(q, shifted, v), device=device)

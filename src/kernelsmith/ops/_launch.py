@@ -133,6 +133,26 @@ class DirectLaunch:
         return True
 
 
+# ---- tensor descriptors (TMA) --------------------------------------------------------------------
+def tensor_descriptor_class() -> Any:
+    """Triton's host-side ``TensorDescriptor`` class, or None when this Triton has none."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+    except ImportError:
+        return None
+    return TensorDescriptor
+
+
+def tma_available(interpreted: bool) -> bool:
+    """Whether kernels may take tensor descriptors here: Triton has them, and the device is a
+    Hopper or newer GPU (compute capability 9.0+), or kernels run in the interpreter."""
+    if tensor_descriptor_class() is None:
+        return False
+    if interpreted:
+        return True
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
 # ---- the few Triton and CUDA facts a direct launch needs, looked up once ----------------------------
 def _hooks_set() -> bool:
     """Whether a Triton launch hook is installed. Triton 3.6+ keeps its hooks in ``HookChain``
@@ -173,4 +193,4 @@ def _current_stream(device: int) -> int:
     return int(raw(device)) if raw is not None else torch.cuda.current_stream(device).cuda_stream
 
 
-__all__ = ["DirectLaunch", "direct_launch", "direct_launch_enabled"]
+__all__ = ["DirectLaunch", "direct_launch", "direct_launch_enabled", "tensor_descriptor_class", "tma_available"]

@@ -97,9 +97,21 @@ validated on other lengths (see :meth:`Attention.validation_specs`); the one exc
 without splitting, and the partial buffers would be ``SPLITS`` times the output), which every
 validation tail of a short query is too.
 
-Tensor-memory-accelerator (TMA) descriptors and warp specialization are not used (yet): the
-kernels stay on plain pointer loads, which every Triton from 3.6 compiles on every GPU. They
-are the next step towards cuDNN's throughput on Hopper.
+``tma``
+    The flash forward with the key and value blocks loaded through tensor descriptors: on Hopper
+    the Tensor Memory Accelerator copies them to shared memory asynchronously (no address
+    arithmetic or bounds checks in registers, and Triton's pipeliner overlaps the copies with the
+    products). k and v are described as 2-D tensors whose rows are their position stride apart:
+    ``(B * Hk * Sk, D)`` for ``(B, H, S, D)`` memory, ``(B * Sk, Hk * D)`` for ``(B, S, H, D)``
+    memory, each (batch, head) starting at a row and a column of its own. A block that runs past
+    ``Sk`` reads the next head's rows (or zeros past the end): their scores are masked, and their
+    values are zeroed before the product so that an infinite value elsewhere cannot make a NaN.
+    Offered where Triton has tensor descriptors and the GPU is a Hopper or newer (and in the
+    interpreter), for power-of-two head dims; k or v that a descriptor cannot address (storage
+    not 16-byte aligned) run the flash variant's pointer loads with the same config.
+
+Warp specialization (producer and consumer warps, as cuDNN and FlashAttention-3 use on Hopper) is
+not used yet; it is the next step towards cuDNN's throughput.
 
 In the Triton interpreter (3.9 at least) ``tl.dot`` multiplies bfloat16 blocks as their raw
 uint16 bits; there, and only there, the kernels convert bfloat16 operands to float32 before the
@@ -124,7 +136,7 @@ import triton
 import triton.language as tl
 
 from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator
-from kernelsmith.ops._launch import direct_launch
+from kernelsmith.ops._launch import direct_launch, tensor_descriptor_class, tma_available
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, contiguous_strides, dtype_name
 
@@ -180,6 +192,8 @@ def _attn_steps(
     acc, l_i, m_i,  # running output [BLOCK_M, BLOCK_D], sum and max [BLOCK_M] (float32)
     q,  # [BLOCK_M, BLOCK_D] in the inputs' dtype
     k_base, v_base,  # k and v pointers at (batch, kv head)
+    k_desc, v_desc,  # with USE_DESC: tensor descriptors of k and v seen as 2-D (rows of D elements)
+    k_row, k_col, v_row, v_col,  # with USE_DESC: where key 0 of this (batch, kv head) is in them
     mask_rows,  # [BLOCK_M] pointers at each row's mask row (unused without a mask)
     pos, row_ok,  # [BLOCK_M]: each row's query position and whether it exists
     lo, hi, Sk,  # key range [lo, hi) of this loop, and the key count
@@ -193,6 +207,7 @@ def _attn_steps(
     EDGE: tl.constexpr,  # the blocks may cross Sk or the diagonal: mask by key index
     PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
+    USE_DESC: tl.constexpr,  # load k and v blocks through tensor descriptors (TMA on Hopper)
 ):  # fmt: skip
     """The online-softmax update over the key blocks [lo, hi)."""
     offs_n = tl.arange(0, BLOCK_N)
@@ -207,7 +222,10 @@ def _attn_steps(
         cols = start + offs_n
         cols_ok = cols < Sk
         start64 = tl.cast(start, tl.int64)  # (tl.cast: in the interpreter start is a Python int)
-        k = _load_block(k_block + start64 * k_ss, cols_ok, d_ok, EDGE, HEAD_DIM < BLOCK_D)
+        if USE_DESC:  # rows past Sk belong to the next head (or are zeros): their scores are masked
+            k = k_desc.load([k_row + start, k_col])
+        else:
+            k = _load_block(k_block + start64 * k_ss, cols_ok, d_ok, EDGE, HEAD_DIM < BLOCK_D)
         qk = _dot(q, tl.trans(k), None, PRECISION, DOT_IN_FP32)  # [BLOCK_M, BLOCK_N], float32
 
         if MASK_KIND != 0:
@@ -237,7 +255,12 @@ def _attn_steps(
             p = tl.exp2(s - shift[:, None])
             alpha = tl.exp2(m_i - shift)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_block(v_block + start64 * v_ss, cols_ok, d_ok, EDGE, HEAD_DIM < BLOCK_D)
+        if USE_DESC:
+            v = v_desc.load([v_row + start, v_col])
+            if EDGE:  # another head's values past Sk: p is 0 there, but 0 * inf would be NaN
+                v = tl.where(cols_ok[:, None], v, 0.0)
+        else:
+            v = _load_block(v_block + start64 * v_ss, cols_ok, d_ok, EDGE, HEAD_DIM < BLOCK_D)
         acc = acc * alpha[:, None]
         acc = _dot(p.to(v.dtype), v, acc, PRECISION, DOT_IN_FP32)
         m_i = m_new
@@ -246,7 +269,7 @@ def _attn_steps(
 
 @triton.jit
 def _attn_tile(
-    q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr,
+    q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, m_ptr, l_ptr, k_desc, v_desc,
     b, head, m_block, split,  # the tile: batch, head (of q, or of k/v when packed), query block, key split
     qk_scale, Sq, Sk, keys_per_split,
     q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
@@ -265,6 +288,7 @@ def _attn_tile(
     PARTIAL: tl.constexpr,  # split-kv: write (acc, m, l) unnormalised instead of the output
     PRECISION: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
+    USE_DESC: tl.constexpr,
 ):  # fmt: skip
     """Attention of one tile of query rows over the keys [split * keys_per_split, ...)."""
     rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -280,6 +304,13 @@ def _attn_tile(
     q = _load_block(q_rows[:, None] + offs_d[None, :], row_ok, d_ok, True, HEAD_DIM < BLOCK_D)
     k_base = k_ptr + b * k_sb + kvh * k_sh
     v_base = v_ptr + b * v_sb + kvh * v_sh
+    # In a descriptor, k is rows of k_ss elements: key 0 of this (batch, head) starts at row
+    # offset // k_ss, column offset % k_ss (column 0 for (B, H, S, D) memory, head * D for
+    # (B, S, H, D) memory). Unused without descriptors.
+    k_off = b * k_sb + kvh * k_sh
+    v_off = b * v_sb + kvh * v_sh
+    k_row, k_col = (k_off // k_ss).to(tl.int32), (k_off % k_ss).to(tl.int32)
+    v_row, v_col = (v_off // v_ss).to(tl.int32), (v_off % v_ss).to(tl.int32)
     mask_rows = mask_ptr + b * mask_sb + qh * mask_sh + pos64 * mask_sq
 
     # Keys this tile needs: all of them, or (causal) up to its last row's position; and the end
@@ -298,14 +329,14 @@ def _attn_tile(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     if TWO_LOOPS:
         mid = tl.maximum(lo, tl.minimum(interior, stop))
-        acc, l_i, m_i = _attn_steps(acc, l_i, m_i, q, k_base, v_base, mask_rows, pos, row_ok, lo, mid, Sk,
-                                    k_ss, v_ss, mask_sk, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, MASK_KIND,
-                                    False, PRECISION, DOT_IN_FP32)
+        acc, l_i, m_i = _attn_steps(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, k_row, k_col, v_row, v_col,
+                                    mask_rows, pos, row_ok, lo, mid, Sk, k_ss, v_ss, mask_sk, qk_scale, HEAD_DIM,
+                                    BLOCK_D, BLOCK_N, CAUSAL, MASK_KIND, False, PRECISION, DOT_IN_FP32, USE_DESC)
     else:
         mid = lo
-    acc, l_i, m_i = _attn_steps(acc, l_i, m_i, q, k_base, v_base, mask_rows, pos, row_ok, mid, stop, Sk,
-                                k_ss, v_ss, mask_sk, qk_scale, HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, MASK_KIND,
-                                True, PRECISION, DOT_IN_FP32)
+    acc, l_i, m_i = _attn_steps(acc, l_i, m_i, q, k_base, v_base, k_desc, v_desc, k_row, k_col, v_row, v_col,
+                                mask_rows, pos, row_ok, mid, stop, Sk, k_ss, v_ss, mask_sk, qk_scale, HEAD_DIM,
+                                BLOCK_D, BLOCK_N, CAUSAL, MASK_KIND, True, PRECISION, DOT_IN_FP32, USE_DESC)
 
     o_rows = o_ptr + b * o_sb + qh * o_sh + pos64 * o_ss
     store_mask = row_ok[:, None] & d_ok[None, :]
@@ -323,26 +354,27 @@ def _attn_tile(
 
 @triton.jit
 def _attn_flash_kernel(
-    q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr,
+    q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, k_desc, v_desc,
     qk_scale, Sq, Sk, keys_per_split, HEAD_TILES, M_BLOCKS,
     q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, o_ss,
     mask_sb, mask_sh, mask_sq, mask_sk,
     GROUP: tl.constexpr, PACK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
-    TWO_LOOPS: tl.constexpr, PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    TWO_LOOPS: tl.constexpr, PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, USE_DESC: tl.constexpr,
 ):  # fmt: skip
     """One program per tile; the query blocks of one head are consecutive programs (they share
-    its keys and values in L2), the heaviest first when causal."""
+    its keys and values in L2), the heaviest first when causal. USE_DESC (the tma variant): k and
+    v are read through tensor descriptors; otherwise k_desc and v_desc are unused."""
     pid = tl.program_id(0)
     m_block = pid % M_BLOCKS
     if CAUSAL:
         m_block = M_BLOCKS - 1 - m_block
     bh = (pid // M_BLOCKS).to(tl.int64)
-    _attn_tile(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, o_ptr, o_ptr, bh // HEAD_TILES, bh % HEAD_TILES, m_block, 0,
-               qk_scale, Sq, Sk, keys_per_split, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
-               o_sb, o_sh, o_ss, 0, 0, 0, 0, mask_sb, mask_sh, mask_sq, mask_sk,
-               GROUP, PACK, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, MASK_KIND, TWO_LOOPS, False, PRECISION,
-               DOT_IN_FP32)
+    _attn_tile(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, o_ptr, o_ptr, k_desc, v_desc, bh // HEAD_TILES,
+               bh % HEAD_TILES, m_block, 0, qk_scale, Sq, Sk, keys_per_split,
+               q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, o_ss, 0, 0, 0, 0,
+               mask_sb, mask_sh, mask_sq, mask_sk, GROUP, PACK, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL,
+               MASK_KIND, TWO_LOOPS, False, PRECISION, DOT_IN_FP32, USE_DESC)
 
 
 @triton.jit
@@ -361,11 +393,12 @@ def _attn_persistent_kernel(
         if CAUSAL:
             m_block = M_BLOCKS - 1 - m_block
         bh = tl.cast(tile // M_BLOCKS, tl.int64)  # (tl.cast: in the interpreter tile is a Python int)
-        _attn_tile(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, o_ptr, o_ptr, bh // HEAD_TILES, bh % HEAD_TILES, m_block,
-                   0, qk_scale, Sq, Sk, keys_per_split, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
-                   o_sb, o_sh, o_ss, 0, 0, 0, 0, mask_sb, mask_sh, mask_sq, mask_sk,
+        _attn_tile(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, o_ptr, o_ptr, k_ptr, v_ptr, bh // HEAD_TILES,
+                   bh % HEAD_TILES, m_block, 0, qk_scale, Sq, Sk, keys_per_split,
+                   q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, o_ss, 0, 0, 0, 0,
+                   mask_sb, mask_sh, mask_sq, mask_sk,
                    GROUP, PACK, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, MASK_KIND, TWO_LOOPS, False, PRECISION,
-               DOT_IN_FP32)
+                   DOT_IN_FP32, False)
 
 
 @triton.jit
@@ -385,11 +418,12 @@ def _attn_split_kernel(
     rest = pid // SPLITS
     m_block = rest % M_BLOCKS
     bh = (rest // M_BLOCKS).to(tl.int64)
-    _attn_tile(q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, bh // HEAD_TILES, bh % HEAD_TILES, m_block,
-               split, qk_scale, Sq, Sk, keys_per_split, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
+    _attn_tile(q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, k_ptr, v_ptr, bh // HEAD_TILES,
+               bh % HEAD_TILES, m_block, split, qk_scale, Sq, Sk, keys_per_split,
+               q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
                acc_sb, acc_sh, acc_ss, acc_split, ml_sb, ml_sh, ml_split, mask_sb, mask_sh, mask_sq, mask_sk,
                GROUP, PACK, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, MASK_KIND, TWO_LOOPS, True, PRECISION,
-               DOT_IN_FP32)
+               DOT_IN_FP32, False)
 
 
 @triton.jit
@@ -694,8 +728,65 @@ def _flash_build(spec: OpSpec, config: Config) -> Launcher:
         tensors, strides = _tensor_args(plan, inputs)
         o = outputs[0]
         o_strides = _bhs_strides(o, plan.layout)
-        kernel(*tensors, o, plan.qk_scale, d.q_len, d.kv_len, keys, plan.head_tiles, plan.m_blocks,
-               *strides[:9], *o_strides, *strides[9:], **plan.constexprs, **plan.launch)
+        kernel(*tensors, o, tensors[1], tensors[2], plan.qk_scale, d.q_len, d.kv_len, keys, plan.head_tiles,
+               plan.m_blocks, *strides[:9], *o_strides, *strides[9:], **plan.constexprs, USE_DESC=False,
+               **plan.launch)  # fmt: skip
+
+    return launch
+
+
+# ---- tma ------------------------------------------------------------------------------------------
+
+
+def _tma_space(spec: OpSpec) -> Space:
+    d = _dims(spec)
+    usable = tma_available(_interpreted()) and d.head_dim == next_power_of_two(d.head_dim)
+    only_here = Constraint("tensor descriptors: a Triton that has them, Hopper or newer, a power-of-two head_dim",
+                           lambda c: usable)  # fmt: skip
+    return Space(_tile_params(spec), [*_tile_constraints(spec), only_here])
+
+
+def _descriptor_rows(t: torch.Tensor, layout: str) -> tuple[int, int] | None:
+    """``(rows, row_length)`` of ``t`` seen as a 2-D tensor of rows ``row_length`` (its position
+    stride) elements apart, with every (batch, head)'s positions at the same columns of
+    consecutive rows; or None when a tensor descriptor cannot address ``t`` so (its storage not
+    16-byte aligned, or heads that do not fit in a row)."""
+    sb, sh, ss = _bhs_strides(t, layout)
+    b, h, s, d = (t.shape[0], t.shape[2], t.shape[1], t.shape[3]) if layout == "bshd" else tuple(t.shape)
+    if t.data_ptr() % 16 or (ss * t.element_size()) % 16 or ss < d or sb % ss:
+        return None
+    if sh % ss and (h - 1) * sh + d > ss:  # heads side by side in a row must fit in it
+        return None
+    rows = ((b - 1) * sb + (h - 1) * sh + (s - 1) * ss) // ss + 1
+    return (rows, ss) if rows < 2**31 else None
+
+
+def _tma_build(spec: OpSpec, config: Config) -> Launcher:
+    _checked(_tma_space(spec), config)
+    plan = _plan(spec, config)
+    d = plan.dims
+    grid = (plan.m_blocks * d.batch * plan.head_tiles,)
+    kernel = direct_launch(_attn_flash_kernel, grid)
+    keys = triton.cdiv(d.kv_len, plan.constexprs["BLOCK_N"]) * plan.constexprs["BLOCK_N"]
+    descriptor = tensor_descriptor_class()
+    block = [plan.constexprs["BLOCK_N"], d.head_dim]
+    # The same tiles through pointers, for k or v a descriptor cannot address (a view that does
+    # not start 16-byte aligned, say).
+    fallback = _flash_build(spec, config)
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        k_rows, v_rows = _descriptor_rows(inputs[1], plan.layout), _descriptor_rows(inputs[2], plan.layout)
+        if k_rows is None or v_rows is None:
+            fallback(inputs, outputs)
+            return
+        k_desc = descriptor(inputs[1], list(k_rows), [k_rows[1], 1], block)
+        v_desc = descriptor(inputs[2], list(v_rows), [v_rows[1], 1], block)
+        tensors, strides = _tensor_args(plan, inputs)
+        o = outputs[0]
+        o_strides = _bhs_strides(o, plan.layout)
+        kernel(*tensors, o, k_desc, v_desc, plan.qk_scale, d.q_len, d.kv_len, keys, plan.head_tiles,
+               plan.m_blocks, *strides[:9], *o_strides, *strides[9:], **plan.constexprs, USE_DESC=True,
+               **plan.launch)  # fmt: skip
 
     return launch
 
@@ -866,6 +957,8 @@ class Attention(OpFamily):
                 _persistent_space, _persistent_build),
         Variant("split_kv", "flash-decoding: key ranges in separate programs, then a merge kernel",
                 _split_space, _split_build),
+        Variant("tma", "the flash forward with k and v blocks loaded through tensor descriptors (TMA)",
+                _tma_space, _tma_build),
     )  # fmt: skip
 
     # ---- specs -----------------------------------------------------------------------------------

@@ -122,7 +122,8 @@ import triton.language as tl
 
 from kernelsmith.ops import gelu as _gelu_module
 from kernelsmith.ops._base import Launcher, OpFamily, Tolerance, UnsupportedWorkload, Variant, generator
-from kernelsmith.ops._launch import direct_launch
+from kernelsmith.ops._launch import direct_launch, tensor_descriptor_class
+from kernelsmith.ops._launch import tma_available as tma_descriptors_here
 from kernelsmith.ops.gelu import checked, gelu_f32, multiprocessor_count, sigmoid_f32
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
@@ -637,24 +638,10 @@ def _split_k_build(spec: OpSpec, config: Config) -> Launcher:
 # ---- tma ----------------------------------------------------------------------------------------
 
 
-def _tensor_descriptor() -> Any:
-    """Triton's host-side TensorDescriptor class, or None when this Triton has none."""
-    try:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-    except ImportError:
-        return None
-    return TensorDescriptor
-
-
 @functools.cache
 def tma_available() -> bool:
-    """Whether the tma variant can run here: Triton has tensor descriptors, and the device is a
-    Hopper or newer GPU (compute capability 9.0+), or kernels run in the interpreter."""
-    if _tensor_descriptor() is None:
-        return False
-    if INTERPRETED:
-        return True
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+    """Whether the tma variant can run here (see :func:`kernelsmith.ops._launch.tma_available`)."""
+    return tma_descriptors_here(INTERPRETED)
 
 
 def _tma_aligned(g: _Geometry) -> bool:
@@ -684,7 +671,7 @@ def _tma_build(spec: OpSpec, config: Config) -> Launcher:
     block_m, block_n, block_k = flags["BLOCK_M"], flags["BLOCK_N"], flags["BLOCK_K"]
     tiles = triton.cdiv(g.m, block_m) * triton.cdiv(g.n, block_n)
     kernel = direct_launch(_matmul_tma_kernel, (tiles,))
-    descriptor = _tensor_descriptor()
+    descriptor = tensor_descriptor_class()
     linear = g.layout == "linear"
     w_shape, w_block = ([g.n, g.k], [block_n, block_k]) if linear else ([g.k, g.n], [block_k, block_n])
     group_m, num_warps, num_stages = int(config["GROUP_M"]), int(config["num_warps"]), int(config["num_stages"])
