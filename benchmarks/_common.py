@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -76,6 +77,31 @@ def as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
 def max_abs_diff(got: Any, want: Any) -> float:
     pairs = zip(as_tuple(got), as_tuple(want), strict=True)
     return max(float((g.double() - w.double()).abs().max()) for g, w in pairs)
+
+
+def add_run_options(parser: Any, what: str, default_budget: int) -> None:
+    """The options every tuning benchmark shares: --budget, --strategy, --db and --smoke."""
+    parser.add_argument("--budget", type=int, default=None, help=f"evaluations per {what} (default {default_budget})")
+    parser.add_argument("--strategy", default="auto")
+    parser.add_argument("--db", default=None, help="the decisions database (default /tmp/kernelsmith-bench.db; "
+                        "with --smoke a fresh one, so that every smoke run tunes)")
+    parser.add_argument("--smoke", action="store_true", help="a CPU smoke test in the Triton interpreter (tiny "
+                        "shapes, budget 2 unless given, no CUDA-only baselines): timings are NOT performance")
+
+
+def settle_run_options(args: Any, script: str, default_budget: int) -> str | None:
+    """Fill in --budget and --db for a GPU run or a --smoke run; the reason to refuse, if any
+    (a smoke run outside the interpreter, a GPU run without a GPU)."""
+    if args.smoke:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            return "--smoke runs the kernels in the Triton interpreter: set TRITON_INTERPRET=1"
+        args.budget = args.budget or 2
+        args.db = args.db or os.path.join(tempfile.mkdtemp(prefix="kernelsmith-smoke-"), "bench.db")
+    elif not torch.cuda.is_available():
+        return f"{script} needs a CUDA GPU (or --smoke)"
+    args.db = args.db or "/tmp/kernelsmith-bench.db"
+    args.budget = args.budget or default_budget
+    return None
 
 
 def write_report(report: dict[str, Any], path: str) -> None:

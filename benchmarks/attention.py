@@ -28,9 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
-import tempfile
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -38,7 +36,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _common import SMOKE_NOTE, bench, environment, max_abs_diff, synchronize, tune, write_report
+from _common import (
+    SMOKE_NOTE,
+    add_run_options,
+    bench,
+    environment,
+    max_abs_diff,
+    settle_run_options,
+    synchronize,
+    tune,
+    write_report,
+)
 
 from kernelsmith import dispatch
 from kernelsmith.ops import get_op
@@ -187,14 +195,9 @@ def print_table(report: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="attention.json")
-    parser.add_argument("--budget", type=int, default=None, help="evaluations per workload (default 50)")
-    parser.add_argument("--strategy", default="auto")
-    parser.add_argument("--db", default=None, help="the decisions database (default /tmp/kernelsmith-bench.db; "
-                        "with --smoke a fresh one, so that every smoke run tunes)")
+    add_run_options(parser, "workload", 50)
     parser.add_argument("--only", default="", help=f"these workloads only (comma-separated: "
                                                    f"{', '.join(w.label for w in WORKLOADS)})")
-    parser.add_argument("--smoke", action="store_true", help="a CPU smoke test in the Triton interpreter (tiny "
-                        "shapes, budget 2 unless given, no CUDA backends): timings are NOT performance")
     args = parser.parse_args(argv)
     only = {s for s in args.only.split(",") if s}
     unknown = only - {w.label for w in WORKLOADS}
@@ -202,17 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown workloads {sorted(unknown)} (known: {', '.join(w.label for w in WORKLOADS)})",
               file=sys.stderr)
         return 2
-    if args.smoke:
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            print("--smoke runs the kernels in the Triton interpreter: set TRITON_INTERPRET=1", file=sys.stderr)
-            return 2
-        args.budget = args.budget or 2
-        args.db = args.db or os.path.join(tempfile.mkdtemp(prefix="kernelsmith-smoke-"), "bench.db")
-    elif not torch.cuda.is_available():
-        print("benchmarks/attention.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
+    refusal = settle_run_options(args, "benchmarks/attention.py", 50)
+    if refusal:
+        print(refusal, file=sys.stderr)
         return 2
-    args.db = args.db or "/tmp/kernelsmith-bench.db"
-    args.budget = args.budget or 50
     report = environment(cudnn=torch.backends.cudnn.version(), budget=args.budget, strategy=args.strategy)
     if args.smoke:
         report.update(smoke=True, note=SMOKE_NOTE)

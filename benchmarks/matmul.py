@@ -39,9 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -49,7 +47,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _common import SMOKE_NOTE, bench, environment, max_abs_diff, synchronize, tune, write_report
+from _common import (
+    SMOKE_NOTE,
+    add_run_options,
+    bench,
+    environment,
+    max_abs_diff,
+    settle_run_options,
+    synchronize,
+    tune,
+    write_report,
+)
 
 from kernelsmith import dispatch
 from kernelsmith.evaluate.timing import measure_copy_bandwidth
@@ -233,16 +241,11 @@ def print_table(report: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="matmul.json")
-    parser.add_argument("--budget", type=int, default=None, help="evaluations per row (default 60)")
-    parser.add_argument("--strategy", default="auto")
-    parser.add_argument("--db", default=None, help="the decisions database (default /tmp/kernelsmith-bench.db; "
-                        "with --smoke a fresh one, so that every smoke run tunes)")
+    add_run_options(parser, "row", 60)
     parser.add_argument("--only", default="", help="these rows only (comma-separated groups plain, decode, fused; "
                         "group:epilogue such as fused:swiglu; shapes MxNxK; or group:epilogue:MxNxK)")
     parser.add_argument("--skip", default="", help=f"leave out these implementations (comma-separated: "
                         f"{', '.join(c for c in COLUMNS if c != 'eager')})")
-    parser.add_argument("--smoke", action="store_true", help="a CPU smoke test in the Triton interpreter (tiny "
-                        "shapes, budget 2 unless given, no max-autotune): timings are NOT performance")
     args = parser.parse_args(argv)
     only = [s for s in args.only.split(",") if s]
     unknown = [s for s in only if not any(w.matches(s) for w in WORKLOADS)]
@@ -252,18 +255,12 @@ def main(argv: list[str] | None = None) -> int:
               f"8192x11008x4096) or implementations to skip {sorted(skip)} (eager is the reference)",
               file=sys.stderr)
         return 2
-    if args.smoke:
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            print("--smoke runs the kernels in the Triton interpreter: set TRITON_INTERPRET=1", file=sys.stderr)
-            return 2
-        args.budget = args.budget or 2
-        args.db = args.db or os.path.join(tempfile.mkdtemp(prefix="kernelsmith-smoke-"), "bench.db")
-        skip |= set(SMOKE_SKIPS)
-    elif not torch.cuda.is_available():
-        print("benchmarks/matmul.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
+    refusal = settle_run_options(args, "benchmarks/matmul.py", 60)
+    if refusal:
+        print(refusal, file=sys.stderr)
         return 2
-    args.db = args.db or "/tmp/kernelsmith-bench.db"
-    args.budget = args.budget or 60
+    if args.smoke:
+        skip |= set(SMOKE_SKIPS)
     copy_gbps = None if args.smoke else measure_copy_bandwidth(torch.device("cuda"))[0]
     report = environment(copy_gbps=copy_gbps, budget=args.budget, strategy=args.strategy)
     if args.smoke:

@@ -466,14 +466,15 @@ TMA_CASES = (
 def test_tma_reads_k_and_v_through_descriptors(case: Case, monkeypatch: pytest.MonkeyPatch, device: str) -> None:
     from kernelsmith.ops import attention
 
-    def no_fallback(spec: OpSpec, config: Config) -> Any:
-        return lambda inputs, outputs: pytest.fail("the tma variant fell back to pointer loads")
-
-    monkeypatch.setattr(attention, "_flash_build", no_fallback)
+    addressed: list[Any] = []  # what the launcher learned of k and v: None would mean pointer loads
+    real = attention._descriptor_rows
+    monkeypatch.setattr(attention, "_descriptor_rows", lambda t, layout: addressed.append(real(t, layout)) or
+                        addressed[-1])  # fmt: skip
     spec = case.spec()
     configs = OP.variant("tma").space(spec).configs()
     for i, config in enumerate((configs[0], configs[len(configs) // 2], configs[-1])):
         run_and_check("tma", spec, config, seed=70 + i, distribution=OP.distributions[i % 2], device=device)
+    assert len(addressed) >= 6 and None not in addressed  # k and v through descriptors on every call
 
 
 def test_tma_values_past_the_keys_cannot_poison_the_output(device: str) -> None:

@@ -718,21 +718,7 @@ def _flash_space(spec: OpSpec) -> Space:
 
 def _flash_build(spec: OpSpec, config: Config) -> Launcher:
     _checked(_flash_space(spec), config)
-    plan = _plan(spec, config)
-    d = plan.dims
-    grid = (plan.m_blocks * d.batch * plan.head_tiles,)
-    kernel = direct_launch(_attn_flash_kernel, grid)
-    keys = triton.cdiv(d.kv_len, plan.constexprs["BLOCK_N"]) * plan.constexprs["BLOCK_N"]
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        tensors, strides = _tensor_args(plan, inputs)
-        o = outputs[0]
-        o_strides = _bhs_strides(o, plan.layout)
-        kernel(*tensors, o, tensors[1], tensors[2], plan.qk_scale, d.q_len, d.kv_len, keys, plan.head_tiles,
-               plan.m_blocks, *strides[:9], *o_strides, *strides[9:], **plan.constexprs, USE_DESC=False,
-               **plan.launch)  # fmt: skip
-
-    return launch
+    return _flash_launcher(spec, config, descriptors=False)
 
 
 # ---- tma ------------------------------------------------------------------------------------------
@@ -744,6 +730,11 @@ def _tma_space(spec: OpSpec) -> Space:
     only_here = Constraint("tensor descriptors: a Triton that has them, Hopper or newer, a power-of-two head_dim",
                            lambda c: usable)  # fmt: skip
     return Space(_tile_params(spec), [*_tile_constraints(spec), only_here])
+
+
+def _tma_build(spec: OpSpec, config: Config) -> Launcher:
+    _checked(_tma_space(spec), config)
+    return _flash_launcher(spec, config, descriptors=True)
 
 
 def _descriptor_rows(t: torch.Tensor, layout: str) -> tuple[int, int] | None:
@@ -761,31 +752,32 @@ def _descriptor_rows(t: torch.Tensor, layout: str) -> tuple[int, int] | None:
     return (rows, ss) if rows < 2**31 else None
 
 
-def _tma_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_tma_space(spec), config)
+def _flash_launcher(spec: OpSpec, config: Config, descriptors: bool) -> Launcher:
+    """The flash kernel's launcher; with ``descriptors`` (the tma variant) k and v are read
+    through tensor descriptors wherever :func:`_descriptor_rows` can address them, and through
+    pointers (the same tiles) where it cannot."""
     plan = _plan(spec, config)
     d = plan.dims
     grid = (plan.m_blocks * d.batch * plan.head_tiles,)
     kernel = direct_launch(_attn_flash_kernel, grid)
     keys = triton.cdiv(d.kv_len, plan.constexprs["BLOCK_N"]) * plan.constexprs["BLOCK_N"]
-    descriptor = tensor_descriptor_class()
+    descriptor = tensor_descriptor_class() if descriptors else None
     block = [plan.constexprs["BLOCK_N"], d.head_dim]
-    # The same tiles through pointers, for k or v a descriptor cannot address (a view that does
-    # not start 16-byte aligned, say).
-    fallback = _flash_build(spec, config)
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        k_rows, v_rows = _descriptor_rows(inputs[1], plan.layout), _descriptor_rows(inputs[2], plan.layout)
-        if k_rows is None or v_rows is None:
-            fallback(inputs, outputs)
-            return
-        k_desc = descriptor(inputs[1], list(k_rows), [k_rows[1], 1], block)
-        v_desc = descriptor(inputs[2], list(v_rows), [v_rows[1], 1], block)
         tensors, strides = _tensor_args(plan, inputs)
+        k_desc, v_desc = tensors[1], tensors[2]  # placeholders the kernel ignores without descriptors
+        described = False
+        if descriptor is not None:
+            k_rows, v_rows = _descriptor_rows(inputs[1], plan.layout), _descriptor_rows(inputs[2], plan.layout)
+            if k_rows is not None and v_rows is not None:
+                k_desc = descriptor(inputs[1], list(k_rows), [k_rows[1], 1], block)
+                v_desc = descriptor(inputs[2], list(v_rows), [v_rows[1], 1], block)
+                described = True
         o = outputs[0]
         o_strides = _bhs_strides(o, plan.layout)
         kernel(*tensors, o, k_desc, v_desc, plan.qk_scale, d.q_len, d.kv_len, keys, plan.head_tiles,
-               plan.m_blocks, *strides[:9], *o_strides, *strides[9:], **plan.constexprs, USE_DESC=True,
+               plan.m_blocks, *strides[:9], *o_strides, *strides[9:], **plan.constexprs, USE_DESC=described,
                **plan.launch)  # fmt: skip
 
     return launch
