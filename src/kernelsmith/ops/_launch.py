@@ -183,14 +183,19 @@ _UNSET = object()
 _RUNTIME: Any = _UNSET
 
 
+# torch's raw getters (what Triton itself uses), looked up once: these run on every direct launch.
+_GET_DEVICE = getattr(torch._C, "_cuda_getDevice", None)
+_GET_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _current_device() -> int:
-    getter = getattr(torch._C, "_cuda_getDevice", None)
-    return int(getter()) if getter is not None else torch.cuda.current_device()
+    return int(_GET_DEVICE()) if _GET_DEVICE is not None else torch.cuda.current_device()
 
 
 def _current_stream(device: int) -> int:
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return int(raw(device)) if raw is not None else torch.cuda.current_stream(device).cuda_stream
+    if _GET_RAW_STREAM is not None:
+        return int(_GET_RAW_STREAM(device))
+    return int(torch.cuda.current_stream(device).cuda_stream)
 
 
 __all__ = ["DirectLaunch", "direct_launch", "direct_launch_enabled", "tensor_descriptor_class", "tma_available"]
