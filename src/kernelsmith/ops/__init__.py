@@ -36,6 +36,7 @@ _MODULES: dict[str, str] = {
     "mean": "kernelsmith.ops.reductions:MEAN",
     "max": "kernelsmith.ops.reductions:MAX",
     "matmul": "kernelsmith.ops.matmul",
+    "decode_matmul": "kernelsmith.ops.decode_matmul",
 }
 _LOADED: dict[str, OpFamily] = {}
 
