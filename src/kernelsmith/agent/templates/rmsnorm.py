@@ -6,19 +6,9 @@ float32, scaled, multiplied by the weight and stored in the output's dtype. Padd
 than 2**31 elements address correctly.
 """
 
-from __future__ import annotations
-
-from collections.abc import Sequence
-
-import torch
 import triton
 import triton.language as tl
 
-from kernelsmith.ops._base import Launcher, rows_and_width
-from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
-from kernelsmith.spec import OpSpec
-
-WARPS = (1, 2, 4, 8, 16, 32)
 MAX_BLOCK_N = 65536  # the widest row kept in registers
 MAX_VALUES_PER_THREAD = 128  # beyond this a thread's registers spill
 
@@ -44,33 +34,18 @@ def _rmsnorm_row_kernel(
     tl.store(y_ptr + row * y_row_stride + cols, (x * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(rows_and_width(spec)[1])
-    return Space(
-        [Param("num_warps", WARPS), Param("EVICT_X", ("", "evict_first"))],
-        [
-            Constraint(f"the row fits in registers (BLOCK_N <= {MAX_BLOCK_N})", lambda c: block_n <= MAX_BLOCK_N),
-            Constraint(
-                "no idle warps, no spilling",
-                lambda c: (c["num_warps"] == 1 or 32 * c["num_warps"] <= block_n)
-                and block_n <= MAX_VALUES_PER_THREAD * 32 * c["num_warps"],
-            ),
-        ],
-    )
+SPACE = {"num_warps": [1, 2, 4, 8, 16, 32], "EVICT_X": ["", "evict_first"]}
 
+CONSTRAINTS = [
+    "next_power_of_two(N) <= MAX_BLOCK_N",  # the row fits in registers
+    "num_warps == 1 or 32 * num_warps <= next_power_of_two(N)",  # no idle warps
+    "next_power_of_two(N) <= MAX_VALUES_PER_THREAD * 32 * num_warps",  # no spilling
+]
 
-def build(spec: OpSpec, config: Config) -> Launcher:
-    rows, n = rows_and_width(spec)
-    block_n = next_power_of_two(n)
-    eps = float(spec.const("eps"))
-    num_warps = int(config["num_warps"])
-    evict_x = str(config["EVICT_X"])
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x = inputs[0].view(-1, n)
-        y = outputs[0].view(-1, n)
-        _rmsnorm_row_kernel[(rows,)](
-            x, inputs[1], y, x.stride(0), y.stride(0), n, eps, BLOCK_N=block_n, EVICT_X=evict_x, num_warps=num_warps
-        )
-
-    return launch
+LAUNCH = {
+    "kernel": "_rmsnorm_row_kernel",
+    "grid": ["rows"],
+    "args": ["in0", "in1", "out0", "row_stride(in0)", "row_stride(out0)", "N", "eps"],
+    "constexprs": {"BLOCK_N": "next_power_of_two(N)", "EVICT_X": "EVICT_X"},
+    "num_warps": "num_warps",
+}

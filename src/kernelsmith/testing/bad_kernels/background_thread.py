@@ -4,6 +4,11 @@ A harness that stops its clock when the launcher returns (or records its end eve
 current stream) would time an empty call. The harness counts Python threads before and after
 every call and rejects the kernel as a "cheat" ("started a thread"); the static gate rejects
 the ``threading`` and ``time`` imports before the source is ever imported.
+
+Since issue 12 this cannot be a candidate: untrusted kernels are kernel files (Triton device
+code and a declarative launch, docs/kernel-files.md), and the gate rejects this host module
+before anything runs. The run-time defense described above stays behind the gate;
+tests/test_harness_rules.py exercises it in-process with a launcher of its own.
 """
 
 from __future__ import annotations

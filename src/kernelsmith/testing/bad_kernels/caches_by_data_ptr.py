@@ -12,6 +12,11 @@ this launcher serves the stale answers and is rejected as a "cheat".
 
 It needs ``data_ptr``, which the static gate forbids: with the gate on, it is rejected before it
 is even imported.
+
+Since issue 12 this cannot be a candidate: untrusted kernels are kernel files (Triton device
+code and a declarative launch, docs/kernel-files.md), and the gate rejects this host module
+before anything runs. The run-time defense described above stays behind the gate;
+tests/test_harness_rules.py exercises it in-process with a launcher of its own.
 """
 
 from __future__ import annotations

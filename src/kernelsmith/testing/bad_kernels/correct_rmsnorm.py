@@ -1,20 +1,12 @@
-"""Control: a correct RMSNorm kernel, proposed from source like any outside candidate.
+"""Control: a correct RMSNorm kernel file, proposed like any outside candidate.
 
 The harness must accept it (status "ok"); otherwise a test that sees a planted cheat rejected
 proves nothing, since a harness rejecting everything rejects the cheats too. The other planted
-kernels are variations of this one, each breaking one rule.
+kernel files are variations of this one, each breaking one rule.
 """
 
-from __future__ import annotations
-
-from collections.abc import Sequence
-
-import torch
 import triton
 import triton.language as tl
-
-from kernelsmith.space import Config, Param, Space, next_power_of_two
-from kernelsmith.spec import OpSpec
 
 
 @triton.jit
@@ -29,19 +21,12 @@ def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, N, eps, BLOCK_N: tl.constexpr):
     tl.store(y_ptr + row * N + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def space(spec: OpSpec) -> Space:
-    return Space([Param("num_warps", (1, 2, 4, 8))])
+SPACE = {"num_warps": [1, 2, 4, 8]}
 
-
-def build(spec: OpSpec, config: Config):
-    n = spec.inputs[0].shape[-1]
-    rows = spec.inputs[0].numel // n
-    eps = float(spec.const("eps"))
-    block_n = next_power_of_two(n)
-    num_warps = config["num_warps"]
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        _rmsnorm_kernel[(rows,)](inputs[0], inputs[1], outputs[0], n, eps,
-                                 BLOCK_N=block_n, num_warps=num_warps)
-
-    return launch
+LAUNCH = {
+    "kernel": "_rmsnorm_kernel",
+    "grid": ["rows"],
+    "args": ["in0", "in1", "out0", "N", "eps"],
+    "constexprs": {"BLOCK_N": "next_power_of_two(N)"},
+    "num_warps": "num_warps",
+}

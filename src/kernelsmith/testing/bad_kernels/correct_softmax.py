@@ -1,19 +1,10 @@
-"""Control: a correct softmax kernel (max-subtracted, float32 math), proposed from source.
+"""Control: a correct softmax kernel file (last dimension), proposed like any outside candidate.
 
-The harness must accept it (status "ok"), so that the rejections of the planted softmax cheats
-are shown to come from their cheating and not from a harness that rejects every softmax.
+The harness must accept it (status "ok"); the planted softmax cheats are variations of it.
 """
 
-from __future__ import annotations
-
-from collections.abc import Sequence
-
-import torch
 import triton
 import triton.language as tl
-
-from kernelsmith.space import Config, Param, Space, next_power_of_two
-from kernelsmith.spec import OpSpec
 
 
 @triton.jit
@@ -27,17 +18,12 @@ def _softmax_kernel(x_ptr, y_ptr, N, BLOCK_N: tl.constexpr):
     tl.store(y_ptr + row * N + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def space(spec: OpSpec) -> Space:
-    return Space([Param("num_warps", (1, 2, 4, 8))])
+SPACE = {"num_warps": [1, 2, 4, 8]}
 
-
-def build(spec: OpSpec, config: Config):
-    n = spec.inputs[0].shape[-1]
-    rows = spec.inputs[0].numel // n
-    block_n = next_power_of_two(n)
-    num_warps = config["num_warps"]
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        _softmax_kernel[(rows,)](inputs[0], outputs[0], n, BLOCK_N=block_n, num_warps=num_warps)
-
-    return launch
+LAUNCH = {
+    "kernel": "_softmax_kernel",
+    "grid": ["rows"],
+    "args": ["in0", "out0", "N"],
+    "constexprs": {"BLOCK_N": "next_power_of_two(N)"},
+    "num_warps": "num_warps",
+}

@@ -1,23 +1,35 @@
-"""Process isolation: a launcher that never returns (``while True``).
+"""Process isolation: a kernel that never returns (a device loop whose condition stays true).
 
-Candidate code runs only in a worker process: the harness's time limit kills the worker's
-whole process group and reports a "timeout"; the caller's process and the pool keep working
-(the next candidate gets a fresh worker).
+On a GPU the kernel spins until its process is killed; in the interpreter the loop runs in the
+worker's Python. Candidates run only in a worker process: the harness's time limit kills the
+worker's whole process group and reports a "timeout"; the caller's process and the pool keep
+working (the next candidate gets a fresh worker).
 """
 
-from __future__ import annotations
-
-from collections.abc import Sequence
-
-import torch
-
-from kernelsmith.space import Config
-from kernelsmith.spec import OpSpec
+import triton
+import triton.language as tl
 
 
-def build(spec: OpSpec, config: Config):
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        while True:
-            pass
+@triton.jit
+def _softmax_kernel(x_ptr, y_ptr, N, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < N
+    x = tl.load(x_ptr + row * N + cols, mask=mask, other=float("-inf")).to(tl.float32)
+    spin = tl.program_id(0) * 0 + 1
+    while spin > 0:  # never false: spin stays 1
+        spin = spin * 1
+    p = tl.exp(x - tl.max(x, axis=0))
+    y = p / tl.sum(p, axis=0)
+    tl.store(y_ptr + row * N + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
-    return launch
+
+SPACE = {"num_warps": [1, 2, 4, 8]}
+
+LAUNCH = {
+    "kernel": "_softmax_kernel",
+    "grid": ["rows"],
+    "args": ["in0", "out0", "N"],
+    "constexprs": {"BLOCK_N": "next_power_of_two(N)"},
+    "num_warps": "num_warps",
+}

@@ -6,18 +6,8 @@ kernel normalises the wrong groups of elements. The harness validates tail shape
 rows, rows + 3) besides the target, so the kernel is rejected on a tail ("validate").
 """
 
-from __future__ import annotations
-
-from collections.abc import Sequence
-
-import torch
 import triton
 import triton.language as tl
-
-from kernelsmith.space import Config, next_power_of_two
-from kernelsmith.spec import OpSpec
-
-ASSUMED_ROWS = 16
 
 
 @triton.jit
@@ -27,15 +17,18 @@ def _softmax_kernel(x_ptr, y_ptr, N, BLOCK_N: tl.constexpr):
     mask = cols < N
     x = tl.load(x_ptr + row * N + cols, mask=mask, other=float("-inf")).to(tl.float32)
     p = tl.exp(x - tl.max(x, axis=0))
-    tl.store(y_ptr + row * N + cols, (p / tl.sum(p, axis=0)).to(y_ptr.dtype.element_ty), mask=mask)
+    y = p / tl.sum(p, axis=0)
+    tl.store(y_ptr + row * N + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def build(spec: OpSpec, config: Config):
-    width = spec.inputs[0].numel // ASSUMED_ROWS  # the cheat: the row count is assumed
-    block_n = next_power_of_two(width)
+ASSUMED_ROWS = 16
 
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        _softmax_kernel[(ASSUMED_ROWS,)](inputs[0], outputs[0], width, BLOCK_N=block_n,
-                                         num_warps=config["num_warps"])
+SPACE = {"num_warps": [1, 2, 4, 8]}
 
-    return launch
+LAUNCH = {
+    "kernel": "_softmax_kernel",
+    "grid": ["ASSUMED_ROWS"],
+    "args": ["in0", "out0", "numel // ASSUMED_ROWS"],  # the cheat: the row count is assumed
+    "constexprs": {"BLOCK_N": "next_power_of_two(numel // ASSUMED_ROWS)"},
+    "num_warps": "num_warps",
+}

@@ -7,6 +7,11 @@ softmax with PyTorch into it, so a harness that just compares the output it gets
 reference sees the right values, and one that times the launcher times nothing. The harness
 checks that each output is still exactly the plain ``torch.Tensor`` it allocated and rejects
 the kernel as a "cheat" ("not a plain torch.Tensor").
+
+Since issue 12 this cannot be a candidate: untrusted kernels are kernel files (Triton device
+code and a declarative launch, docs/kernel-files.md), and the gate rejects this host module
+before anything runs. The run-time defense described above stays behind the gate;
+tests/test_harness_rules.py exercises it in-process with a launcher of its own.
 """
 
 from __future__ import annotations

@@ -1,40 +1,32 @@
 """Rule 1, never writing the output: the kernel computes every row but stores nothing.
 
 A harness that reuses output buffers, or allocates them from a cache that still holds the
-previous (correct) answer, would accept this. The harness allocates fresh outputs poisoned with
-NaN before every run, so the untouched output is all NaN and is rejected ("validate").
+previous (correct) answer, would accept this. The harness allocates fresh outputs poisoned
+before every run, so the untouched output is the poison and is rejected ("validate").
 """
 
-from __future__ import annotations
-
-from collections.abc import Sequence
-
-import torch
 import triton
 import triton.language as tl
 
-from kernelsmith.space import Config, next_power_of_two
-from kernelsmith.spec import OpSpec
-
 
 @triton.jit
-def _rmsnorm_no_store_kernel(x_ptr, w_ptr, y_ptr, N, eps, BLOCK_N: tl.constexpr):
+def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, N, eps, BLOCK_N: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
     x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = x * tl.rsqrt(tl.sum(x * x, axis=0) / N + eps) * w  # noqa: F841 (computed, never stored)
+    y = x * rstd * w
+    y = y + 0.0  # computed, never stored
 
 
-def build(spec: OpSpec, config: Config):
-    n = spec.inputs[0].shape[-1]
-    rows = spec.inputs[0].numel // n
-    eps = float(spec.const("eps"))
-    block_n = next_power_of_two(n)
+SPACE = {"num_warps": [1, 2, 4, 8]}
 
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        _rmsnorm_no_store_kernel[(rows,)](inputs[0], inputs[1], outputs[0], n, eps,
-                                          BLOCK_N=block_n, num_warps=config["num_warps"])
-
-    return launch
+LAUNCH = {
+    "kernel": "_rmsnorm_kernel",
+    "grid": ["rows"],
+    "args": ["in0", "in1", "out0", "N", "eps"],
+    "constexprs": {"BLOCK_N": "next_power_of_two(N)"},
+    "num_warps": "num_warps",
+}

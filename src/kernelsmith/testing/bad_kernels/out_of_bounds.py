@@ -6,37 +6,30 @@ CUDA call there fails. The harness runs candidates only in worker processes, rep
 in a clean context. Never run this in the interpreter: there the store lands in host memory.
 """
 
-from __future__ import annotations
-
-from collections.abc import Sequence
-
-import torch
 import triton
 import triton.language as tl
 
-from kernelsmith.space import Config, next_power_of_two
-from kernelsmith.spec import OpSpec
-
-# Elements past the output's start: nowhere near any allocation (a constexpr, so that the
-# kernel may read it).
-FAR_AWAY = tl.constexpr(1 << 40)
+FAR_AWAY = tl.constexpr(1099511627776)  # 2**40 elements: terabytes past the output
 
 
 @triton.jit
-def _wild_store_kernel(x_ptr, y_ptr, N, BLOCK_N: tl.constexpr):
+def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, N, eps, BLOCK_N: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
-    x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0)
-    tl.store(y_ptr + FAR_AWAY + row * N + cols, x, mask=mask)
+    x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = x * rstd * w
+    tl.store(y_ptr + FAR_AWAY + row * N + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def build(spec: OpSpec, config: Config):
-    n = spec.inputs[0].shape[-1]
-    rows = spec.inputs[0].numel // n
-    block_n = next_power_of_two(n)
+SPACE = {"num_warps": [1, 2, 4, 8]}
 
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        _wild_store_kernel[(rows,)](inputs[0], outputs[0], n, BLOCK_N=block_n)
-
-    return launch
+LAUNCH = {
+    "kernel": "_rmsnorm_kernel",
+    "grid": ["rows"],
+    "args": ["in0", "in1", "out0", "N", "eps"],
+    "constexprs": {"BLOCK_N": "next_power_of_two(N)"},
+    "num_warps": "num_warps",
+}

@@ -4,8 +4,11 @@ which then takes the place of the harness's output in the ``outputs`` list.
 The values are right, but not where the harness asked for them (a caller holding the original
 tensor would see NaN). The harness checks that every output is still the exact tensor it
 allocated, with the same storage, and rejects the kernel as a "cheat" ("storage was replaced").
-This passes the static gate (``new_empty`` and a list assignment are legitimate code): only the
-run-time check stops it.
+
+Since issue 12 this cannot be a candidate: untrusted kernels are kernel files (Triton device
+code and a declarative launch, docs/kernel-files.md), and the gate rejects this host module
+before anything runs. The run-time defense described above stays behind the gate;
+tests/test_harness_rules.py exercises it in-process with a launcher of its own.
 """
 
 from __future__ import annotations

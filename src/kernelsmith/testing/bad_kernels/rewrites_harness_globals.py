@@ -11,6 +11,11 @@ harness's functions with their originals sees nothing.
 The harness must reject it (the zeros are wrong); the static gate must not let frame
 introspection through, and the worker's integrity check must cover the names its own modules
 look up, not only the attributes of the modules they name.
+
+Since issue 12 this cannot be a candidate: untrusted kernels are kernel files (Triton device
+code and a declarative launch, docs/kernel-files.md), and the gate rejects this host module
+before anything runs. The run-time defense described above stays behind the gate;
+tests/test_harness_rules.py exercises it in-process with a launcher of its own.
 """
 
 from __future__ import annotations

@@ -3,6 +3,11 @@
 Python cannot catch a segfault; in the caller's process it would kill the tuner. The harness
 runs candidates only in a worker process: the dead worker is reported as a "crash" and the pool
 starts a fresh one for the next candidate. The static gate rejects ``ctypes``.
+
+Since issue 12 this cannot be a candidate: untrusted kernels are kernel files (Triton device
+code and a declarative launch, docs/kernel-files.md), and the gate rejects this host module
+before anything runs. The run-time defense described above stays behind the gate;
+tests/test_harness_rules.py exercises it in-process with a launcher of its own.
 """
 
 from __future__ import annotations

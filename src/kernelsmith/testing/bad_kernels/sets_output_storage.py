@@ -2,8 +2,12 @@
 
 Like ``swaps_output_data``, but through ``outputs[0].set_(my_buffer)``, an aten operation: the
 dispatch mode sees ``aten.set_`` and the harness rejects the kernel as a "cheat" before the
-storage check even runs. This passes the static gate (``set_`` is not on its list): only the
-run-time checks stop it.
+storage check even runs.
+
+Since issue 12 this cannot be a candidate: untrusted kernels are kernel files (Triton device
+code and a declarative launch, docs/kernel-files.md), and the gate rejects this host module
+before anything runs. The run-time defense described above stays behind the gate;
+tests/test_harness_rules.py exercises it in-process with a launcher of its own.
 """
 
 from __future__ import annotations

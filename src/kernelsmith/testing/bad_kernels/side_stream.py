@@ -6,6 +6,11 @@ worker synchronizes the whole device after each call). The harness also times ev
 implementation with a device-wide synchronize before the end event; the hidden work shows up
 there as an overhead far beyond the baseline's, and the kernel is rejected as a "cheat" ("work
 continued after the timed region"). The static gate rejects ``Stream`` and ``stream``.
+
+Since issue 12 this cannot be a candidate: untrusted kernels are kernel files (Triton device
+code and a declarative launch, docs/kernel-files.md), and the gate rejects this host module
+before anything runs. The run-time defense described above stays behind the gate;
+tests/test_harness_rules.py exercises it in-process with a launcher of its own.
 """
 
 from __future__ import annotations

@@ -3,7 +3,12 @@
 The output is still the same Python object, so an identity check (``is``) passes, and
 assigning ``.data`` issues no aten operation, so the dispatch mode sees nothing. The harness
 also records each output's storage address before the call and rejects the kernel as a "cheat"
-("storage was replaced"). This passes the static gate: only the run-time check stops it.
+("storage was replaced").
+
+Since issue 12 this cannot be a candidate: untrusted kernels are kernel files (Triton device
+code and a declarative launch, docs/kernel-files.md), and the gate rejects this host module
+before anything runs. The run-time defense described above stays behind the gate;
+tests/test_harness_rules.py exercises it in-process with a launcher of its own.
 """
 
 from __future__ import annotations

@@ -7,6 +7,11 @@ worker process (the caller's functions are never touched), the worker checks its
 for replacement after every call and rejects the kernel as a "cheat" ("tampered"), and the
 worker is then recycled so the next candidate gets a clean process. The static gate rejects the
 import and the module-attribute assignment before the source is ever imported.
+
+Since issue 12 this cannot be a candidate: untrusted kernels are kernel files (Triton device
+code and a declarative launch, docs/kernel-files.md), and the gate rejects this host module
+before anything runs. The run-time defense described above stays behind the gate;
+tests/test_harness_rules.py exercises it in-process with a launcher of its own.
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@ The kernel computes a correct output and then zeroes ``x`` (rule 2); the launche
 ``torch.equal`` afterwards would not see the change. The worker checks ``torch.equal`` (and the
 other functions it relies on) for replacement after every call and rejects the kernel as a
 "cheat" ("tampered"); the static gate rejects the assignment to a module attribute.
+
+Since issue 12 this cannot be a candidate: untrusted kernels are kernel files (Triton device
+code and a declarative launch, docs/kernel-files.md), and the gate rejects this host module
+before anything runs. The run-time defense described above stays behind the gate;
+tests/test_harness_rules.py exercises it in-process with a launcher of its own.
 """
 
 from __future__ import annotations

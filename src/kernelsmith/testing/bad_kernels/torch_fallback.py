@@ -5,6 +5,11 @@ on other widths the launch raises and the ``except`` branch computes the softmax
 The result is always right, and the tuner would record PyTorch's time as the kernel's. The
 static gate rejects any ``try``; behind the gate, the dispatch mode sees the torch operations
 and the harness rejects it as a "cheat" ("computed with PyTorch").
+
+Since issue 12 this cannot be a candidate: untrusted kernels are kernel files (Triton device
+code and a declarative launch, docs/kernel-files.md), and the gate rejects this host module
+before anything runs. The run-time defense described above stays behind the gate;
+tests/test_harness_rules.py exercises it in-process with a launcher of its own.
 """
 
 from __future__ import annotations

@@ -9,6 +9,11 @@ returns (the thread count is the same before and after), and the torch operation
 that thread (the dispatch mode that watches for them is thread-local).
 
 The harness must reject it: the "kernel" is PyTorch.
+
+Since issue 12 this cannot be a candidate: untrusted kernels are kernel files (Triton device
+code and a declarative launch, docs/kernel-files.md), and the gate rejects this host module
+before anything runs. The run-time defense described above stays behind the gate;
+tests/test_harness_rules.py exercises it in-process with a launcher of its own.
 """
 
 from __future__ import annotations

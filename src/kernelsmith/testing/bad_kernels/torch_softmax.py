@@ -4,6 +4,11 @@ The output is exactly the reference, and the "kernel" is as fast as the baseline
 gate rejects ``torch.softmax`` and ``copy_`` outside Triton kernels; behind the gate, the
 harness runs every call under a dispatch mode that sees the aten operations the candidate
 issues, and rejects it as a "cheat" ("computed with PyTorch").
+
+Since issue 12 this cannot be a candidate: untrusted kernels are kernel files (Triton device
+code and a declarative launch, docs/kernel-files.md), and the gate rejects this host module
+before anything runs. The run-time defense described above stays behind the gate;
+tests/test_harness_rules.py exercises it in-process with a launcher of its own.
 """
 
 from __future__ import annotations

@@ -1,37 +1,33 @@
-"""A Triton compile error: the kernel body uses a name that is defined nowhere.
+"""A kernel that uses a name it never defines (``undefined_scale``).
 
-The module imports fine (Python resolves names in a function body only when it runs); Triton
-fails when it compiles the kernel, at the first launch. The harness reports a "build" failure
-with the compiler's message, and the worker keeps working.
+In a Python module this is a compile error on the kernel's first launch. A kernel file is
+checked before anything runs: the gate sees a name in a ``@triton.jit`` body that is neither a
+parameter, a local, a constant of the file nor an allowed builtin, and rejects the file with
+the name and its line, costing no evaluation.
 """
 
-from __future__ import annotations
-
-from collections.abc import Sequence
-
-import torch
 import triton
 import triton.language as tl
 
-from kernelsmith.space import Config, next_power_of_two
-from kernelsmith.spec import OpSpec
-
 
 @triton.jit
-def _broken_kernel(x_ptr, y_ptr, N, BLOCK_N: tl.constexpr):
+def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, N, eps, BLOCK_N: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
-    x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0)
-    tl.store(y_ptr + row * N + cols, x * undefined_scale, mask=mask)  # type: ignore[name-defined]  # noqa: F821
+    x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = x * rstd * w
+    tl.store(y_ptr + row * N + cols, (y * undefined_scale).to(y_ptr.dtype.element_ty), mask=mask)  # noqa: F821
 
 
-def build(spec: OpSpec, config: Config):
-    n = spec.inputs[0].shape[-1]
-    rows = spec.inputs[0].numel // n
-    block_n = next_power_of_two(n)
+SPACE = {"num_warps": [1, 2, 4, 8]}
 
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        _broken_kernel[(rows,)](inputs[0], outputs[0], n, BLOCK_N=block_n)
-
-    return launch
+LAUNCH = {
+    "kernel": "_rmsnorm_kernel",
+    "grid": ["rows"],
+    "args": ["in0", "in1", "out0", "N", "eps"],
+    "constexprs": {"BLOCK_N": "next_power_of_two(N)"},
+    "num_warps": "num_warps",
+}

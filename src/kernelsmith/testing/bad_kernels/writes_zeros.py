@@ -1,37 +1,32 @@
-"""Rule 3, a zero output: every element is stored as 0.0.
+"""Rule 3, a zero output: the kernel stores zeros.
 
-Zeros pass a purely absolute tolerance on outputs whose values are small (normalised
-activations, probabilities). The harness's tolerance scales with the reference and with
-PyTorch's own error, and a zero canary must fail it on the same data, so this kernel is rejected
-("validate", relative L2 error).
+RMSNorm outputs are of order 1, and a tolerance that is absolute, or relative to a tiny
+reference, could let zeros through. The harness's tolerance scales with the reference (relative
+L2 error), and a zeros canary must fail it on the same data: rejected ("validate").
 """
 
-from __future__ import annotations
-
-from collections.abc import Sequence
-
-import torch
 import triton
 import triton.language as tl
 
-from kernelsmith.space import Config, next_power_of_two
-from kernelsmith.spec import OpSpec
-
 
 @triton.jit
-def _zeros_kernel(y_ptr, N, BLOCK_N: tl.constexpr):
+def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, N, eps, BLOCK_N: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
-    tl.store(y_ptr + row * N + cols, tl.zeros([BLOCK_N], dtype=y_ptr.dtype.element_ty),
-             mask=cols < N)
+    mask = cols < N
+    x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = x * rstd * w
+    tl.store(y_ptr + row * N + cols, (y * 0.0).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def build(spec: OpSpec, config: Config):
-    n = spec.inputs[0].shape[-1]
-    rows = spec.inputs[0].numel // n
-    block_n = next_power_of_two(n)
+SPACE = {"num_warps": [1, 2, 4, 8]}
 
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        _zeros_kernel[(rows,)](outputs[0], n, BLOCK_N=block_n, num_warps=config["num_warps"])
-
-    return launch
+LAUNCH = {
+    "kernel": "_rmsnorm_kernel",
+    "grid": ["rows"],
+    "args": ["in0", "in1", "out0", "N", "eps"],
+    "constexprs": {"BLOCK_N": "next_power_of_two(N)"},
+    "num_warps": "num_warps",
+}

@@ -1,20 +1,14 @@
-"""Rule 2 on the *second* input: a correct output, then a second kernel zeroes the weight.
+"""Rule 2, mutating an input from a second launch: after computing the output, a second
+kernel zeroes the weight.
 
-Only the first input of an op is the obvious one to check; this kernel scribbles on the other.
-The harness checks every input bit for bit after the call and rejects it as a "cheat"
-("modified its inputs").
+A harness that computed the reference after the run would compare against the all-zero output
+of a zero weight, and could also be fooled into checking later runs against wrong data. The
+harness compares every input bit for bit with a clone after each call: rejected ("cheat",
+"modified its inputs").
 """
 
-from __future__ import annotations
-
-from collections.abc import Sequence
-
-import torch
 import triton
 import triton.language as tl
-
-from kernelsmith.space import Config, next_power_of_two
-from kernelsmith.spec import OpSpec
 
 
 @triton.jit
@@ -23,8 +17,9 @@ def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, N, eps, BLOCK_N: tl.constexpr):
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
     x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = x * tl.rsqrt(tl.sum(x * x, axis=0) / N + eps) * w
+    y = x * rstd * w
     tl.store(y_ptr + row * N + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -34,14 +29,20 @@ def _zero_kernel(ptr, N, BLOCK_N: tl.constexpr):
     tl.store(ptr + cols, tl.zeros([BLOCK_N], dtype=ptr.dtype.element_ty), mask=cols < N)
 
 
-def build(spec: OpSpec, config: Config):
-    n = spec.inputs[0].shape[-1]
-    rows = spec.inputs[0].numel // n
-    eps = float(spec.const("eps"))
-    block_n = next_power_of_two(n)
+SPACE = {"num_warps": [1, 2, 4, 8]}
 
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        _rmsnorm_kernel[(rows,)](inputs[0], inputs[1], outputs[0], n, eps, BLOCK_N=block_n)
-        _zero_kernel[(1,)](inputs[1], n, BLOCK_N=block_n)  # the cheat: the weight is zeroed
-
-    return launch
+LAUNCH = [
+    {
+        "kernel": "_rmsnorm_kernel",
+        "grid": ["rows"],
+        "args": ["in0", "in1", "out0", "N", "eps"],
+        "constexprs": {"BLOCK_N": "next_power_of_two(N)"},
+        "num_warps": "num_warps",
+    },
+    {
+        "kernel": "_zero_kernel",  # the cheat: the weight is zeroed after use
+        "grid": ["1"],
+        "args": ["in1", "N"],
+        "constexprs": {"BLOCK_N": "next_power_of_two(N)"},
+    },
+]
