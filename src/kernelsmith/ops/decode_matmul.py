@@ -36,10 +36,14 @@ loads.
 ``split_k``
     ``K`` cut into ``SPLIT_K`` ranges as well, one program per (``M`` block, range, ``N`` block):
     ``SPLIT_K`` times more programs for the small projections (``N = 2048``: 64 blocks of 32 rows,
-    half the GPU). Each writes its float32 partial product to a ``(SPLIT_K, M, N)`` scratch buffer;
-    the matmul family's reduction kernel then sums the partials in order 0, 1, ... and applies the
-    epilogue. The order is fixed, so the output is bitwise reproducible (the harness requires it,
-    rule 9): no float atomics, whose order of arrival changes the rounding from run to run.
+    half the GPU). Each writes its float32 partial product to a ``(SPLIT_K, M, N)`` scratch buffer,
+    and the partials of an output block are summed in order 0, 1, ... before the epilogue: the
+    order is fixed, so the output is bitwise reproducible (the harness requires it, rule 9; float
+    atomics, whose order of arrival changes the rounding from run to run, would be rejected).
+    ``REDUCE`` says who sums: ``"last_program"``, the program that finishes a block's last range
+    (an atomic arrival counter per block, set back to zero by that program: one launch, which is
+    what a decode step of a few microseconds a projection wants), or ``"kernel"``, the matmul
+    family's reduction kernel, launched next (no counters).
 ``persistent``
     The ``split_k`` tiles walked by a fixed grid of ``PROGRAMS_PER_SM`` programs per multiprocessor
     (tile ``pid``, ``pid + programs``, ...): no program start-up between tiles, and a ``SPLIT_K``
@@ -64,7 +68,7 @@ LM head has 128256 x 4096 = 5e8 elements; 2**31 is near).
 Spaces
 ------
 Parameters: ``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K``, ``num_warps``, ``num_stages`` (plus ``SPLIT_K`` and
-``PROGRAMS_PER_SM``). *Validity* constraints depend on ``N``, ``K``, the dtype and the epilogue
+``PROGRAMS_PER_SM``, ``REDUCE``). *Validity* constraints depend on ``N``, ``K``, the dtype and the epilogue
 only, so a config tuned at one ``M`` is correct at every other (the validation tails, a bucket's
 rows): registers (the CUDA-core accumulator and weight block, or the tensor-core accumulators),
 shared memory for the ``num_stages`` pipelined blocks of a tensor-core loop, blocks no larger than
@@ -95,15 +99,14 @@ from kernelsmith.ops._base import Launcher, UnsupportedWorkload
 from kernelsmith.ops._launch import direct_launch
 from kernelsmith.ops.gelu import checked, multiprocessor_count
 from kernelsmith.ops.matmul import (
-    EPI_SWIGLU,
     SHARED_MEMORY_BUDGET,
     Matmul,
     _dot,
     _finish_tile,
     _Geometry,
     _geometry,
-    _MatmulVariant,
     _matmul_split_k_reduce_kernel,
+    _MatmulVariant,
     _operands,
     _reduce_tile,
 )
@@ -207,15 +210,20 @@ def _decode_gemv_kernel(
 
 @triton.jit
 def _decode_split_k_kernel(
-    x_ptr, w_ptr, w3_ptr, partial_ptr, M, N, K,
-    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, SWIGLU: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
-    UPCAST: tl.constexpr,
+    x_ptr, w_ptr, w3_ptr, partial_ptr, counter_ptr, y_ptr, bias_ptr, res_ptr, M, N, K,
+    HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr, LAST_REDUCES: tl.constexpr,
 ):  # fmt: skip
-    """split_k and persistent, step 1: programs walk the tiles pid, pid + programs, ... (one tile
-    each when there are as many programs as tiles). Tile t is rows block t % (M blocks), K range
+    """split_k and persistent: programs walk the tiles pid, pid + programs, ... (one tile each when
+    there are as many programs as tiles). Tile t is rows block t % (M blocks), K range
     (t // M blocks) % SPLIT_K and weight rows block t // (M blocks * SPLIT_K); its float32 product
-    goes to partial[range] (and x @ w3.T's to partial[SPLIT_K + range] for SwiGLU)."""
+    goes to partial[range] (and x @ w3.T's to partial[SPLIT_K + range] for SwiGLU).
+
+    LAST_REDUCES: the program that finishes an output block's last range (counted on the block's
+    counter) sums its SPLIT_K partials in order, applies the epilogue, stores, and sets the counter
+    back to 0 for the next launch: one launch instead of two. Otherwise the matmul family's
+    reduction kernel runs next."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_blocks = tl.cdiv(K, BLOCK_K)
@@ -229,15 +237,32 @@ def _decode_split_k_kernel(
         k_first = split * per_split
         k_last = tl.minimum(k_first + per_split, k_blocks)  # an empty range stores zeros
         acc, acc3 = _block_product(x_ptr, w_ptr, w3_ptr, pid_m, pid_n, k_first, k_last, M, N, K,
-                                   BLOCK_M, BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, SWIGLU, DOT, IEEE,
+                                   BLOCK_M, BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, EPILOGUE == 5, DOT, IEEE,
                                    UPCAST)  # fmt: skip
         rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = (rows < M)[:, None] & (cols < N)[None, :]
         offsets = rows[:, None] * N + cols[None, :]
         tl.store(partial_ptr + split * plane + offsets, acc, mask=mask)
-        if SWIGLU:
+        if EPILOGUE == 5:
             tl.store(partial_ptr + (SPLIT_K + split) * plane + offsets, acc3, mask=mask)
+        if LAST_REDUCES:
+            # Every thread's stores come before the counter's release (the barrier, then the
+            # release is cumulative); the last program's acquire comes before its loads, which
+            # bypass L1 (.cg), so they see the other programs' partials.
+            tl.debug_barrier()
+            counter = counter_ptr + pid_n * num_pid_m + pid_m
+            if tl.atomic_add(counter, 1, sem="acq_rel") == SPLIT_K - 1:
+                total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                total3 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                for s in tl.static_range(SPLIT_K):  # in order: bitwise the same whoever is last
+                    total += tl.load(partial_ptr + s * plane + offsets, mask=mask, other=0.0, cache_modifier=".cg")
+                    if EPILOGUE == 5:
+                        total3 += tl.load(partial_ptr + (SPLIT_K + s) * plane + offsets, mask=mask, other=0.0,
+                                          cache_modifier=".cg")  # fmt: skip
+                _finish_tile(total, total3, y_ptr, bias_ptr, res_ptr, pid_m, pid_n, M, N, N, N, BLOCK_M, BLOCK_N,
+                             HAS_BIAS, EPILOGUE)  # fmt: skip
+                tl.atomic_xchg(counter, 0)  # ready for the next launch
 
 
 # =================================================================================================
@@ -253,6 +278,9 @@ STAGES = (1, 2, 3, 4)
 SPLITS = (2, 4, 8, 16, 32)
 PERSISTENT_SPLITS = (1, 2, 4, 8, 16)
 PROGRAMS_PER_SM = (1, 2, 4)
+# Who sums a split output block's partials: its last program ("last_program", one launch) or a
+# second kernel ("kernel").
+REDUCTIONS = ("last_program", "kernel")
 # float32 values a thread holds on the CUDA cores: its partial sums plus the weight block it loads.
 MAX_FMA_VALUES_PER_THREAD = 128
 MAX_ACCUMULATORS_PER_THREAD = 128  # on the tensor cores, as in the matmul family
@@ -372,12 +400,14 @@ def _gemv_build(spec: OpSpec, config: Config) -> Launcher:
 
 def _split_k_space(spec: OpSpec, prune: bool = True) -> Space:
     g = _geometry(spec)
-    return _space([*_block_params(), Param("SPLIT_K", SPLITS)], g, prune, [_split_constraint(g)])
+    params = [*_block_params(), Param("SPLIT_K", SPLITS), Param("REDUCE", REDUCTIONS)]
+    return _space(params, g, prune, [_split_constraint(g)])
 
 
 def _persistent_space(spec: OpSpec, prune: bool = True) -> Space:
     g = _geometry(spec)
-    params = [*_block_params(), Param("SPLIT_K", PERSISTENT_SPLITS), Param("PROGRAMS_PER_SM", PROGRAMS_PER_SM)]
+    params = [*_block_params(), Param("SPLIT_K", PERSISTENT_SPLITS), Param("PROGRAMS_PER_SM", PROGRAMS_PER_SM),
+              Param("REDUCE", REDUCTIONS)]
     return _space(params, g, prune, [_split_constraint(g)])
 
 
@@ -385,7 +415,7 @@ def _split_k_build(spec: OpSpec, config: Config) -> Launcher:
     checked(_split_k_space(spec, prune=False), config)
     g = _geometry(spec)
     splits = int(config["SPLIT_K"])
-    return _two_pass_launcher(g, config, splits, _tiles(g, config, splits))
+    return _split_launcher(g, config, splits, _tiles(g, config, splits))
 
 
 def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
@@ -393,28 +423,42 @@ def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
     g = _geometry(spec)
     splits = int(config["SPLIT_K"])
     programs = min(_tiles(g, config, splits), int(config["PROGRAMS_PER_SM"]) * multiprocessor_count())
-    return _two_pass_launcher(g, config, splits, programs)
+    return _split_launcher(g, config, splits, programs)
 
 
-def _two_pass_launcher(g: _Geometry, config: Config, splits: int, programs: int) -> Launcher:
-    """The split-K kernel on ``programs`` programs, then the matmul family's ordered reduction and
-    epilogue (bitwise reproducible: see the module docstring)."""
+def _split_launcher(g: _Geometry, config: Config, splits: int, programs: int) -> Launcher:
+    """The split-K kernel on ``programs`` programs, the partials reduced in order (bitwise
+    reproducible, see the module docstring) by the last program of each output block
+    (``REDUCE="last_program"``: one launch) or by the matmul family's reduction kernel
+    (``REDUCE="kernel"``: two launches, no counters)."""
     flags = _flags(g, config)
+    last_reduces = config["REDUCE"] == "last_program"
     partial_kernel = direct_launch(_decode_split_k_kernel, (programs,))
     reduce_m, reduce_n = _reduce_tile(g.m)
-    reduce_kernel = direct_launch(_matmul_split_k_reduce_kernel, (triton.cdiv(g.m, reduce_m), triton.cdiv(g.n, reduce_n)))
+    reduce_grid = (triton.cdiv(g.m, reduce_m), triton.cdiv(g.n, reduce_n))
+    reduce_kernel = direct_launch(_matmul_split_k_reduce_kernel, reduce_grid)
     num_warps, num_stages = int(config["num_warps"]), int(config["num_stages"])
     scratch_shape = (g.weights * splits, g.m, g.n)
-    swiglu = g.epilogue == EPI_SWIGLU
+    # One arrival counter per output block, zero between launches (the last program of a block
+    # resets its own); made at the first call, on the inputs' device, and kept by the launcher.
+    counters: dict[torch.device, torch.Tensor] = {}
+    blocks = _tiles(g, config)
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         x, w, w3, bias, residual = _operands(g, inputs)
         y = outputs[0]
         partial = y.new_empty(scratch_shape, dtype=torch.float32)  # every element is written
-        partial_kernel(x, w, w3, partial, g.m, g.n, g.k, SPLIT_K=splits, SWIGLU=swiglu, **flags,
+        counter = y  # unused without LAST_REDUCES
+        if last_reduces:
+            counter = counters.get(y.device)  # type: ignore[assignment]
+            if counter is None:
+                counter = counters.setdefault(y.device, torch.zeros(blocks, dtype=torch.int32, device=y.device))
+        partial_kernel(x, w, w3, partial, counter, y, bias, residual, g.m, g.n, g.k, HAS_BIAS=g.has_bias,
+                       EPILOGUE=g.epilogue, SPLIT_K=splits, **flags, LAST_REDUCES=last_reduces,
                        num_warps=num_warps, num_stages=num_stages)  # fmt: skip
-        reduce_kernel(partial, y, bias, residual, g.m, g.n, g.n, g.n, SPLIT_K=splits, HAS_BIAS=g.has_bias,
-                      EPILOGUE=g.epilogue, BLOCK_M=reduce_m, BLOCK_N=reduce_n, num_warps=4)  # fmt: skip
+        if not last_reduces:
+            reduce_kernel(partial, y, bias, residual, g.m, g.n, g.n, g.n, SPLIT_K=splits, HAS_BIAS=g.has_bias,
+                          EPILOGUE=g.epilogue, BLOCK_M=reduce_m, BLOCK_N=reduce_n, num_warps=4)  # fmt: skip
 
     return launch
 
@@ -449,8 +493,9 @@ class DecodeMatmul(Matmul):
     variants = (
         _DecodeVariant("gemv", "split-N: one program per BLOCK_N weight rows (and BLOCK_M rows of x), all of K, "
                        "epilogue fused", _gemv_space, _gemv_build),
-        _DecodeVariant("split_k", "split-N and split-K: float32 partials of SPLIT_K ranges of K, summed in order by "
-                       "a second kernel with the epilogue", _split_k_space, _split_k_build),
+        _DecodeVariant("split_k", "split-N and split-K: float32 partials of SPLIT_K ranges of K, summed in order "
+                       "(by the last program of a block, or a second kernel) with the epilogue",
+                       _split_k_space, _split_k_build),
         _DecodeVariant("persistent", "the split_k tiles walked by PROGRAMS_PER_SM programs per multiprocessor, "
                        "then the ordered reduction", _persistent_space, _persistent_build),
     )  # fmt: skip
