@@ -1,5 +1,8 @@
 """A workspace where a coding agent (or a person) edits one kernel file against a fixed harness.
 
+``kernel.py`` is a kernel file (docs/kernel-files.md): Triton device code and a launch block,
+never run as host Python.
+
 The loop the autoresearch-style agents run, on kernelsmith's own harness::
 
     kernelsmith agent init rmsnorm --shape 8192x4096 --dtype bf16 --dir ws
@@ -13,8 +16,7 @@ From Python:
 'KEEP'
 
 - :mod:`kernelsmith.agent.workspace`: ``init`` and ``bench``;
-- :mod:`kernelsmith.agent.extract`: a built-in variant cut out of its op family as one module;
-- :mod:`kernelsmith.agent.templates`: hand-written starting kernels when extraction fails;
+- :mod:`kernelsmith.agent.templates`: the hand-written starting kernel file of each family;
 - :mod:`kernelsmith.agent.playbook`: the AGENTS.md text.
 
 See docs/agent.md.

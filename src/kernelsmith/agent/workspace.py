@@ -2,11 +2,13 @@
 
 :func:`init_workspace` creates a folder holding
 
-- ``kernel.py``: the current best variant for the workload as one readable, self-contained
-  candidate module: the database's stored winner when there is one (a kernel an earlier session
-  kept, verbatim; or a built-in variant cut out of its op family by
-  :mod:`kernelsmith.agent.extract`), else the family's first variant with its first config, else
-  a hand-written template (:mod:`kernelsmith.agent.templates`);
+- ``kernel.py``: a kernel file (docs/kernel-files.md: ``@triton.jit`` device code plus a literal
+  launch description and ``CONFIG``) to edit: the database's stored winner when it is a kernel
+  file this user trusts (a kernel an earlier session kept, or the ``llm`` strategy's, verbatim),
+  else the family's hand-written template (:mod:`kernelsmith.agent.templates`) with its first
+  config. The op families' built-in variants are the package's own code and launch through
+  Python, so they cannot be handed out as kernel files; a family with no template has no
+  workspace;
 - ``best.py``: a copy of it, the version to go back to after a REVERT;
 - ``AGENTS.md``: the rules and the playbook (:mod:`kernelsmith.agent.playbook`);
 - ``workspace.json``: the op, the workload's spec, the fingerprint mode and hash, the database,
@@ -16,11 +18,13 @@
 :func:`bench_workspace` evaluates ``kernel.py`` with the package's own harness, never with
 anything in the folder:
 
-1. the file is read as *text*; ``CONFIG`` is taken from its syntax tree, and the static gate
-   checks it, in this process, without running it (a gate failure is a REVERT at once);
-2. the source and the incumbent (the stored winner, or none: the eager baseline) are evaluated
-   together by an :class:`~kernelsmith.evaluate.pool.Evaluator` worker, which gates, validates
-   and times them interleaved with the baseline (``gpu`` mode with CUDA, else ``interpreter``);
+1. the file is read as *text* and checked by the kernel-file gate
+   (:func:`kernelsmith.evaluate.kernel_file.check_kernel_file`), in this process, without running
+   it: each problem the gate finds is a line of the REVERT reason, and nothing is evaluated;
+2. the kernel file (with its ``CONFIG``) and the incumbent (the stored winner, or none: the eager
+   baseline) are evaluated together by an :class:`~kernelsmith.evaluate.pool.Evaluator` worker,
+   which launches the file's kernels with kernelsmith's own launcher, validates and times them
+   interleaved with the baseline (``gpu`` mode with CUDA, else ``interpreter``);
 3. the verdict is KEEP when the kernel is correct and faster than the incumbent with 95%
    confidence (:func:`kernelsmith.decide.compare` on the paired rounds), else REVERT;
 4. every bench is stored as a trial (failures included) and appended to ``results.tsv``; on
@@ -33,9 +37,7 @@ Tests inject the evaluation (``evaluate=``) to fix a verdict without timing nois
 
 from __future__ import annotations
 
-import ast
 import datetime
-import importlib
 import json
 import logging
 import os
@@ -54,8 +56,8 @@ from kernelsmith.db import (
     variant_source_hash,
 )
 from kernelsmith.decide import compare
+from kernelsmith.evaluate.kernel_file import KernelFileError, check_kernel_file, parse_kernel_file
 from kernelsmith.evaluate.protocol import Candidate, EvalResult, TimingSettings
-from kernelsmith.evaluate.static_gate import check_source
 from kernelsmith.ops import OpFamily, get_op
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec, parse_shape
@@ -75,6 +77,7 @@ RESULTS_COLUMNS = (
     "gbps", "pct_of_ceiling", "speedup_vs_incumbent", "verdict", "reason",
 )  # fmt: skip
 INTERPRETER_NOTE = "interpreter: timings are not performance"
+GATE_REASON = "the kernel-file gate rejected kernel.py (nothing ran; AGENTS.md says what a kernel file may contain):"
 # Without a GPU the interpreter runs the kernels, thousands of times slower: shapes shrink to the
 # family's small_shape unless the caller insists (as `kernelsmith tune` does).
 GPU_TIMING = TimingSettings(rounds=100)
@@ -93,8 +96,8 @@ class WorkspaceError(Exception):
 class Start:
     """Where ``kernel.py`` came from."""
 
-    origin: str  # "database winner", "best kernel measured", "first variant", "template"
-    variant: str  # the built-in variant, "agent", or "template"
+    origin: str  # "database winner", "best kernel measured", "template"
+    variant: str  # "agent", "llm" (a stored kernel file) or "template"
     config: dict[str, Any]
     source: str  # the complete kernel.py
 
@@ -111,113 +114,81 @@ def _literal(value: Any) -> str:
 
 
 def config_block(config: Mapping[str, Any]) -> str:
-    """The ``CONFIG`` statement appended to a kernel module."""
+    """The ``CONFIG`` statement appended to a kernel file."""
     return (
-        "\n\n# ---- the config `kernelsmith agent bench` evaluates " + "-" * 42 + "\n"
-        "# A literal dict: bench reads it without running this file. With space() defined, it must\n"
-        "# be one of space(spec)'s configs.\n"
+        "\n# The config `kernelsmith agent bench` evaluates: a literal dict with a value for every\n"
+        "# parameter of SPACE, meeting CONSTRAINTS (bench reads it without running this file).\n"
         f"CONFIG = {_config_text(config)}\n"
     )
-
-
-def read_config(source: str) -> dict[str, Any]:
-    """``CONFIG`` of a kernel module, from its syntax tree (the file is never run here).
-
-    >>> read_config("CONFIG = {'num_warps': 4}")
-    {'num_warps': 4}
-    """
-    tree = ast.parse(source)
-    value: Any = None
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "CONFIG" for t in node.targets):
-            try:
-                value = ast.literal_eval(node.value)
-            except ValueError as exc:
-                raise ValueError(f"CONFIG must be a literal dict ({exc})") from None
-    if value is None:
-        raise ValueError("kernel.py defines no CONFIG = {...}")
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise ValueError("CONFIG must be a dict with string keys")
-    bad = [k for k, v in value.items() if not isinstance(v, int | float | str | bool)]
-    if bad:
-        raise ValueError(f"CONFIG values must be numbers, strings or booleans (not {bad})")
-    return value
 
 
 def _header(family: OpFamily, spec: OpSpec, where: str) -> str:
     return (
         f"{family.name}: {family.summary}.\n\n"
-        f"The kernel `kernelsmith agent bench` evaluates, on {spec.describe()}.\n"
+        f"The kernel file `kernelsmith agent bench` evaluates, on {spec.describe()}.\n"
         f"Started from {where}.\n\n"
-        "Contract (AGENTS.md has the rules): build(spec, config) returns launch(inputs, outputs), which\n"
-        "writes every output element in place; space(spec), optional, lists the configs build accepts;\n"
-        "CONFIG, a literal dict, is the config bench evaluates. Kernels compute; host code launches.\n"
+        "A kernel file (AGENTS.md has the rules): @triton.jit device code, literal constants, SPACE and\n"
+        "CONSTRAINTS (the configs), LAUNCH (how kernelsmith launches the kernels: grid, arguments,\n"
+        "constexprs, warps) and CONFIG (the config bench evaluates). Nothing here runs as host Python.\n"
     )
 
 
-def _template_start(family: OpFamily, spec: OpSpec) -> Start | None:
-    from kernelsmith.agent.templates import template_source
+def _with_config(source: str, config: Mapping[str, Any]) -> str:
+    return source.rstrip() + "\n\n" + config_block(config)
+
+
+def _template_start(family: OpFamily, spec: OpSpec) -> Start:
+    """``kernel.py`` from the family's template and the first config of its space for ``spec``."""
+    from kernelsmith.agent.templates import OPS, template_source
 
     text = template_source(family.name)
     if text is None:
-        return None
-    module = importlib.import_module(f"kernelsmith.agent.templates.{family.name}")  # our own code
-    configs = module.space(spec).configs()
+        raise WorkspaceError(
+            f"no kernel-file template for {family.name}: `kernelsmith agent init` supports {', '.join(OPS)}"
+        )
+    template = parse_kernel_file(text)  # the package's own file: a failure here is a bug
+    space = template.space(spec)
+    configs = space.configs()
     if not configs:
-        return None
+        raise WorkspaceError(
+            f"the {family.name} template has no config for {spec.describe()}: "
+            + "; ".join(c.reason for c in space.constraints)
+        )
     config = configs[0].to_dict()
-    # The template's own docstring gives way to the workspace's header.
-    first = ast.parse(text).body[0]
-    docstring_end = first.end_lineno if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) else 0
-    body = "".join(text.splitlines(keepends=True)[docstring_end or 0 :]).lstrip("\n")
-    header = _header(family, spec, f"the hand-written template kernelsmith/agent/templates/{family.name}.py")
-    source = '"""' + header + '"""\n\n' + body.rstrip() + "\n" + config_block(config)
-    return Start("template", "template", config, source)
+    # The workspace's header goes above the template's own docstring, which explains the kernel.
+    doc = '"""' + _header(family, spec, f"the template kernelsmith/agent/templates/{family.name}.py") + "\n"
+    body = text.lstrip()
+    body = body[3:] if body.startswith('"""') else '"""\n' + body
+    return Start("template", "template", config, _with_config(doc + body, config))
+
+
+def _trusted_source(db: Database, source_hash: str) -> str | None:
+    """The stored kernel file ``source_hash`` when this user trusts it and it passes the gate."""
+    record = db.variant_source(source_hash)
+    if record is None:
+        log.warning("the stored winner's source %s is missing from the database", source_hash)
+        return None
+    if not record.trusted:
+        log.warning("the stored winner's source %s is imported and not trusted (kernelsmith db trust)", source_hash)
+        return None
+    problems = check_kernel_file(record.source)
+    if problems:
+        log.warning("the stored winner's source %s is not a kernel file: %s", source_hash, problems[0])
+        return None
+    return record.source
 
 
 def starting_kernel(family: OpFamily, spec: OpSpec, decision: DecisionRecord | None, db: Database) -> Start:
     """The ``kernel.py`` of a new workspace for ``spec`` (see the module docstring)."""
-    from kernelsmith.agent.extract import ExtractionError, variant_source
-
     builtin = {v.name for v in family.variants}
-    attempts: list[tuple[str, str, dict[str, Any]]] = []
-    if decision is not None and decision.variant:
+    if decision is not None and decision.variant and decision.variant not in builtin:
         origin = "database winner" if decision.winner == "kernel" else "best kernel measured"
-        if decision.variant not in builtin:
-            stored = db.get_variant_source(decision.source_hash)
-            if stored is not None:
-                return Start(origin, decision.variant, dict(decision.config), stored)
-            log.warning("the stored winner's source %s is missing from the database", decision.source_hash)
-        else:
-            attempts.append((origin, decision.variant, dict(decision.config)))
-    for variant in family.variants:
-        configs = variant.space(spec).configs()
-        if configs:
-            attempts.append(("first variant", variant.name, configs[0].to_dict()))
-            break
-    problems = []
-    phrases = {
-        "database winner": "the database's winner for this workload",
-        "best kernel measured": "the best kernel measured for this workload (the baseline won)",
-        "first variant": "the op family's first variant",
-    }
-    for origin, name, config in attempts:
-        module = getattr(family.variant(name).build, "__module__", "kernelsmith.ops")
-        where = f"{phrases[origin]}: built-in variant `{name}`, cut out of {module}"
-        try:
-            body = variant_source(family, name, _header(family, spec, where))
-        except ExtractionError as exc:
-            problems.append(str(exc))
-            continue
-        return Start(origin, name, config, body + config_block(config))
-    template = _template_start(family, spec)
-    if template is not None:
-        log.info("kernel.py from the %s template: %s", family.name, "; ".join(problems))
-        return template
-    raise WorkspaceError(
-        f"no starting kernel for {family.name}: " + "; ".join(problems or ["no variant has a config"])
-        + " (and there is no hand-written template for it)"
-    )
+        stored = _trusted_source(db, decision.source_hash)
+        if stored is not None:
+            if parse_kernel_file(stored).config is None:  # an llm kernel: its config is the decision's
+                stored = _with_config(stored, decision.config)
+            return Start(origin, decision.variant, dict(decision.config), stored)
+    return _template_start(family, spec)
 
 
 # ---- the workspace -----------------------------------------------------------------------------
@@ -283,8 +254,8 @@ def _db_location(db: Any) -> str | None:
 
 
 def _io_facts(family: OpFamily, spec: OpSpec) -> tuple[str, str, str]:
-    inputs = ", ".join(f"inputs[{i}] {t}" for i, t in enumerate(spec.inputs))
-    outputs = ", ".join(f"outputs[{i}] {t}" for i, t in enumerate(family.output_specs(spec)))
+    inputs = ", ".join(f"`in{i}` {t}" for i, t in enumerate(spec.inputs))
+    outputs = ", ".join(f"`out{i}` {t}" for i, t in enumerate(family.output_specs(spec)))
     constants = ", ".join(f"{k}={v!r}" for k, v in spec.constants.items())
     return inputs, outputs, constants
 
@@ -362,14 +333,19 @@ def init_workspace(
     finally:
         database.close()
     incumbent = _incumbent_record(decision)
-    if start.origin == "template":
-        notes.append("kernel.py is the hand-written template: no built-in variant could be cut out cleanly")
+    if start.origin == "template" and incumbent["kind"] == "kernel":
+        notes.append(
+            f"kernel.py is the {family.name} template: the incumbent ({incumbent['variant']}) is not a kernel "
+            "file this workspace can edit (a built-in variant, or a stored source that is missing or not trusted)"
+        )
 
     inputs, outputs, consts = _io_facts(family, bucket)
     facts = Facts(
         op=family.name, summary=family.summary, workload=bucket.describe(), inputs=inputs, outputs=outputs,
         constants=consts, mode=fp.mode, machine=fp.describe(), sm_count=fp.sm_count,
         bytes_moved=family.bytes_moved(bucket), flops=_flops(family, bucket), start=start.describe(),
+        tensor_names=(*(f"in{i}" for i in range(len(bucket.inputs))),
+                      *(f"out{i}" for i in range(len(family.output_specs(bucket))))),
     )  # fmt: skip
     path.mkdir(parents=True, exist_ok=True)
     (path / KERNEL_FILE).write_text(start.source)
@@ -475,9 +451,10 @@ class BenchReport:
             ("speedup_ci", ci or "n/a"),
             ("speedup_vs_baseline", _num(self.speedup_vs_baseline, 3)),
             ("verdict", self.verdict),
-            ("reason", self.reason.replace("\n", " ")),
         ]
-        return [f"{key}: {value}" for key, value in rows]
+        # The reason comes last: its first line after the key, the gate's problems (one each) below.
+        first, *more = self.reason.splitlines() or [""]
+        return [f"{key}: {value}" for key, value in rows] + [f"reason: {first}", *more]
 
     def tsv_row(self) -> dict[str, Any]:
         return {
@@ -502,21 +479,18 @@ def _num(value: float | None, digits: int) -> str:
 
 
 def _precheck(source: str) -> tuple[dict[str, Any], str, str]:
-    """``(CONFIG, failure kind, problem)`` from reading the source, without running it."""
+    """``(CONFIG, failure kind, problem)`` from reading the kernel file, without running it.
+
+    The gate's problems are the problem, one a line (the first line says what happened); a file
+    that passes but has no ``CONFIG`` is a build failure.
+    """
     try:
-        compile(source, KERNEL_FILE, "exec")
-    except SyntaxError as exc:
-        return {}, "build", f"syntax error in kernel.py: {exc}"
-    problems = check_source(source)
-    config: dict[str, Any] = {}
-    try:
-        config = read_config(source)
-    except ValueError as exc:
-        if not problems:
-            return {}, "build", str(exc)
-    if problems:
-        return config, "cheat", "static gate: " + "; ".join(problems[:6])
-    return config, "", ""
+        kernel_file = parse_kernel_file(source)
+    except KernelFileError as exc:
+        return {}, "cheat", "\n".join([GATE_REASON, *(f"  {p}" for p in exc.problems)])
+    if kernel_file.config is None:
+        return {}, "build", "kernel.py defines no CONFIG = {...}: the config bench evaluates"
+    return dict(kernel_file.config), "", ""
 
 
 def _incumbent(
@@ -533,9 +507,13 @@ def _incumbent(
         if decision.source_hash and decision.source_hash != variant.source_hash:
             return None, baseline, f"the stored winner {decision.variant} changed since it was tuned"
         return Candidate(variant.name, config), f"kernel {variant.name} [{config.key}]", ""
-    source = db.get_variant_source(decision.source_hash)
-    if source is None:
+    record = db.variant_source(decision.source_hash)
+    if record is None:
         return None, baseline, f"the stored winner's source {decision.source_hash} is missing"
+    if not record.trusted:
+        return None, baseline, (f"the stored winner's source {decision.source_hash} is imported and not trusted "
+                                f"(`kernelsmith db trust {decision.source_hash}` after reading it)")
+    source = record.source
     label = f"kernel {decision.variant}@{decision.source_hash[:8]} [{config.key}]"
     return Candidate(decision.variant, config, source), label, ""
 
@@ -654,7 +632,7 @@ def bench_workspace(
         result: EvalResult | None = None
         if kind:
             figures: dict[str, Any] = {"status": kind, "error": problem, "verdict": "REVERT",
-                                       "reason": f"{kind}: {problem}"[:500]}  # fmt: skip
+                                       "reason": f"{kind}: {problem}"[:4000]}  # fmt: skip
         else:
             candidates = [candidate] + ([incumbent] if incumbent is not None else [])
             results, copy_gbps = _evaluate(fp, database, spec, candidates, evaluate)

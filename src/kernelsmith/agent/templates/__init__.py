@@ -1,14 +1,14 @@
-"""Hand-written starting kernels for the coding-agent workspace, one module per op family.
+"""Hand-written starting kernels for the coding-agent workspace: one kernel file per op family.
 
-A workspace's ``kernel.py`` is normally cut out of the op family's own module
-(:mod:`kernelsmith.agent.extract`). When that cannot be done cleanly (a variant built by a
-factory, or code the static gate would reject in a candidate), these templates are the fallback.
-Each is a complete candidate module (``space``, ``build``) in the form the worker loads from
-source; the workspace appends the ``CONFIG`` to evaluate. They are read as text, like
-:mod:`kernelsmith.testing.bad_kernels`, and tested for correctness in the interpreter.
+Each file is a complete kernel file (docs/kernel-files.md: ``@triton.jit`` device code, ``SPACE``,
+``CONSTRAINTS`` and the ``LAUNCH`` description, launched by kernelsmith's own launcher), the form
+every untrusted kernel takes. A new workspace's ``kernel.py`` is the template of its family with
+a ``CONFIG`` appended. The files are read as *text*, never imported: they are data of the
+package that happens to be valid Python (so editors and linters read them as such), and
+``tests/test_agent.py`` validates each in the interpreter.
 
->>> from kernelsmith.agent.templates import template_source
->>> "def build(" in template_source("rmsnorm")
+>>> from kernelsmith.agent.templates import OPS, template_source
+>>> "rmsnorm" in OPS and "LAUNCH = {" in template_source("rmsnorm")
 True
 >>> template_source("no_such_op") is None
 True
@@ -24,5 +24,5 @@ OPS: tuple[str, ...] = tuple(sorted(p.stem for p in _HERE.glob("*.py") if p.stem
 
 
 def template_source(op: str) -> str | None:
-    """The template module for op family ``op`` as text, or None when there is none."""
+    """The template kernel file for op family ``op`` as text, or None when there is none."""
     return (_HERE / f"{op}.py").read_text() if op in OPS else None

@@ -43,7 +43,7 @@ def _ce_row_kernel(
 
     cols = tl.arange(0, BLOCK_V)
     m = tl.full([], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_V], tl.float32)
+    lanes = tl.zeros([BLOCK_V], tl.float32)  # lane sums of exp(x - m)
     sx = tl.zeros([BLOCK_V], tl.float32)
     n_read = tl.where(valid, n_cols, 0)  # an ignored row reads nothing
     for start in tl.range(0, n_read, BLOCK_V, num_stages=NUM_STAGES):
@@ -53,11 +53,11 @@ def _ce_row_kernel(
         m_new = tl.maximum(m, tl.max(x, axis=0))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # no exp(-inf + inf)
         alpha = tl.where(m_new == m, 1.0, tl.exp(m - shift))
-        l = l * alpha + tl.exp(x - shift)
+        lanes = lanes * alpha + tl.exp(x - shift)
         m = m_new
         if SMOOTH:
             sx += tl.where(mask, x, 0.0)
-    s = tl.sum(l, axis=0)
+    s = tl.sum(lanes, axis=0)
 
     m = tl.where(valid, m, 0.0)
     s = tl.where(valid, s, 1.0)
