@@ -35,20 +35,26 @@ pattern fail): in-place mutation of any tensor (``add_``, ``x[...] = v``, ``out=
 the function could branch on data, and one captured call would not describe the next.
 Control flow on non-tensor values is invisible; :class:`CallSignature` therefore pins every
 non-tensor argument and every tensor argument's shape, dtype and device, so a later call that
-differs is re-recognized instead of trusting this graph.
+differs is re-recognized instead of trusting this graph. It also pins the plain values the
+function reads by name from outside its arguments (a global ``EPS``, ``self.eps``, a closure
+variable, a default: :func:`constant_reads`), which reach the graph as bare numbers; each is
+re-read on later calls, and a function that rebinds one while it runs is refused.
 """
 
 from __future__ import annotations
 
 import enum
 import functools
+import inspect
 import logging
 import math
+import operator
+import sys
 import types
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -333,13 +339,32 @@ class CallSignature:
     fn: Callable[..., Any]
     positional: tuple[TensorMeta | _ArgGuard, ...]
     keywords: Mapping[str, TensorMeta | _ArgGuard]
+    reads: tuple[ConstantRead, ...] = ()  # plain values read from outside the arguments
 
     @classmethod
-    def of(cls, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> CallSignature:
+    def of(
+        cls,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        reads: Sequence[ConstantRead] = (),
+    ) -> CallSignature:
         def guard(v: Any) -> TensorMeta | _ArgGuard:
             return TensorMeta.of(v) if isinstance(v, torch.Tensor) else _ArgGuard(v)
 
-        return cls(fn, tuple(guard(a) for a in args), {k: guard(v) for k, v in kwargs.items()})
+        return cls(fn, tuple(guard(a) for a in args), {k: guard(v) for k, v in kwargs.items()}, tuple(reads))
+
+    def reads_mismatch(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+        """None when every outside value the function reads by name (a global, a closure
+        variable, ``self.eps``, a default) still has its captured value, else which one changed.
+
+        Cheap enough for every call: a few attribute or dict reads per value, and an identity
+        test for immutable ones.
+        """
+        for read in self.reads:
+            if read.changed(self.fn, args, kwargs):
+                return f"{format_path(read.path)} is no longer {read.value!r}"
+        return None
 
     def mismatch(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
         """None when ``(args, kwargs)`` is a call like the captured one, else why not."""
@@ -355,7 +380,7 @@ class CallSignature:
             why = g.mismatch(kwargs[name])
             if why:
                 return f"argument {name!r}: {why}"
-        return None
+        return self.reads_mismatch(args, kwargs)
 
     def external_mismatch(
         self, tensor: torch.Tensor, path: Path, meta: TensorMeta, args: Sequence[Any], kwargs: Mapping[str, Any]
@@ -370,31 +395,63 @@ class CallSignature:
         return meta.mismatch(now)
 
 
+def _attr(obj: Any, dotted: Any) -> Any:
+    for part in str(dotted).split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# How each step of a path goes from an object to the next one.
+_STEPS: dict[str, Callable[[Any, Any], Any]] = {
+    "attr": _attr,
+    "cell": lambda obj, i: obj.__closure__[i].cell_contents,
+    "global": lambda obj, name: obj.__globals__[name],
+    "item": lambda obj, key: obj[key],
+    "self": lambda obj, _: obj.__self__,
+    "func": lambda obj, _: obj.func if isinstance(obj, functools.partial) else obj.__func__,
+    "default": lambda obj, i: obj.__defaults__[i],
+    "kwdefault": lambda obj, name: obj.__kwdefaults__[name],
+}
+
+
 def resolve_path(path: Path, fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
     """Follow ``path`` from its root (the function, or an argument of this call)."""
     (root, key), *steps = path
     obj: Any = fn if root == "fn" else args[key] if root == "arg" else kwargs[key]
     for step, key in steps:
-        if step == "attr":
-            for part in str(key).split("."):
-                obj = getattr(obj, part)
-        elif step == "cell":
-            obj = obj.__closure__[key].cell_contents
-        elif step == "global":
-            obj = obj.__globals__[key]
-        elif step == "item":
-            obj = obj[key]
-        elif step == "self":
-            obj = obj.__self__
-        elif step == "func":
-            obj = obj.func if isinstance(obj, functools.partial) else obj.__func__
-        elif step == "default":
-            obj = obj.__defaults__[key]
-        elif step == "kwdefault":
-            obj = obj.__kwdefaults__[key]
-        else:
+        if step not in _STEPS:
             raise ValueError(f"unknown path step {step!r}")
+        obj = _STEPS[step](obj, key)
     return obj
+
+
+def _apply_step(step: Callable[[Any, Any], Any], key: Any, obj: Any) -> Any:
+    return step(obj, key)
+
+
+def _path_reader(path: Path) -> Callable[[Any, Sequence[Any], Mapping[str, Any]], Any]:
+    """:func:`resolve_path` for one path, prepared once for checks that run on every call: a
+    run of attribute steps is one C-level ``attrgetter``, the other steps their functions."""
+    (root, key), *steps = path
+    getters: list[Callable[[Any], Any]] = []
+    attrs: list[str] = []
+    for step, k in [*steps, ("end", None)]:
+        if step == "attr":
+            attrs.append(str(k))
+            continue
+        if attrs:
+            getters.append(operator.attrgetter(".".join(attrs)))
+            attrs = []
+        if step != "end":
+            getters.append(functools.partial(_apply_step, _STEPS[step], k))
+
+    def read(fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        obj = fn if root == "fn" else args[key] if root == "arg" else kwargs[key]
+        for get in getters:
+            obj = get(obj)
+        return obj
+
+    return read
 
 
 def format_path(path: Path) -> str:
@@ -505,6 +562,220 @@ def reachable_tensors(roots: Iterable[tuple[Path, Any]]) -> dict[int, tuple[torc
         except Exception:  # an object whose attributes misbehave: leave it out
             logger.debug("not walking %s", type(obj).__name__, exc_info=True)
     return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain values the function reads from outside its arguments
+# ---------------------------------------------------------------------------------------------
+#
+# A Python number the function takes from a global, a closure variable, ``self.eps`` or a default
+# reaches the capture as a bare constant: nothing in the call says where it came from, and the
+# call signature pins only the arguments. So the places a function can read such a value *by
+# name* are listed before the call (the names its code, and the code of the functions and
+# modules it names, load), each with its value; every later call re-reads them and a change
+# makes the match stale (the decorator then recognizes the function again, with the new value).
+# What is followed: globals named by the code, closure cells, defaults, attributes named by the
+# code on the objects reached (``self``, a config object, an ``nn.Module`` and the submodules it
+# names, each module read with the names of its own ``forward``), dict items, user modules'
+# attributes. What is not: library code's own globals (torch's, the standard library's), values
+# reached through descriptors (properties run code) or through names built at run time
+# (``getattr(self, "e" + "ps")``).
+
+_MAX_READS = 64  # outside values checked on every call; a function reading more is refused
+_MAX_READ_OBJECTS = 2000  # objects looked at while listing them
+_MAX_READ_SIZE = 64  # elements of one plain container (larger ones cost too much to compare)
+_LIBRARIES = frozenset(sys.stdlib_module_names) | {"torch", "triton", "numpy", "kernelsmith", "typing_extensions"}
+_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, enum.Enum, torch.dtype, torch.device, torch.layout,
+              torch.memory_format)  # fmt: skip
+_MISSING = object()
+
+
+@dataclass(frozen=True, eq=False)
+class ConstantRead:
+    """A plain value (a number, a string, a small tuple or dict of them...) the function can read
+    from outside its arguments, where it is (``path``, from the function or an argument) and what
+    it was when the call was captured."""
+
+    path: Path
+    value: Any = field(repr=False)
+    frozen: Any = field(repr=False)
+    immutable: bool
+    read: Callable[[Any, Sequence[Any], Mapping[str, Any]], Any] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "read", _path_reader(self.path))
+
+    def changed(self, fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+        """Whether ``path`` now holds something other than the captured value (or nothing)."""
+        try:
+            now = self.read(fn, args, kwargs)
+        except Exception:  # an attribute deleted, a global removed, an argument missing
+            return True
+        if now is self.value and self.immutable:
+            return False
+        try:
+            return _freeze(now) != self.frozen
+        except TypeError:
+            return True
+
+
+def _library(obj: Any) -> bool:
+    """Whether ``obj`` (a function, a class, a module) belongs to torch, the standard library or
+    another library whose own state is taken as fixed."""
+    name = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
+    return isinstance(name, str) and name.partition(".")[0] in _LIBRARIES
+
+
+def _plain_read(value: Any) -> tuple[Any, bool] | None:
+    """``(frozen, immutable)`` for a small plain value worth pinning; None for anything else."""
+
+    def size(v: Any, depth: int = 0) -> int:
+        if isinstance(v, list | tuple | set | frozenset | dict) and depth < 4:
+            items = [*v.keys(), *v.values()] if isinstance(v, dict) else list(v)
+            return 1 + sum(size(i, depth + 1) for i in items[: _MAX_READ_SIZE + 1])
+        return 1
+
+    if isinstance(value, torch.Tensor) or size(value) > _MAX_READ_SIZE:
+        return None
+    try:
+        frozen = _freeze(value)
+    except TypeError:
+        return None
+
+    def immutable(v: Any) -> bool:
+        if isinstance(v, tuple | frozenset):
+            return all(immutable(i) for i in v)
+        return isinstance(v, _IMMUTABLE)
+
+    return frozen, immutable(value)
+
+
+def _function_names(fn: Any) -> frozenset[str]:
+    code = getattr(fn, "__code__", None)
+    return frozenset(_code_names(code)) if isinstance(code, types.CodeType) else frozenset()
+
+
+def _static_attribute(obj: Any, name: str) -> Any:
+    """``obj.name`` without running a property or ``__getattr__`` (``_MISSING`` when it is not a
+    plain stored value: an instance attribute, a submodule, a class attribute or a method)."""
+    try:
+        stored = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        stored = {}
+    if name in stored:
+        return stored[name]
+    if isinstance(obj, torch.nn.Module):
+        for table in ("_modules", "_parameters", "_buffers"):
+            if name in stored.get(table, {}):
+                return stored[table][name]
+    for klass in type(obj).__mro__:
+        if name in vars(klass):
+            found = vars(klass)[name]
+            if isinstance(found, types.FunctionType):
+                return types.MethodType(found, obj)
+            return _MISSING if hasattr(found, "__get__") or hasattr(found, "__set__") else found
+    return _MISSING
+
+
+def constant_reads(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[ConstantRead] | None:
+    """The plain values ``fn`` can read by name from outside its arguments (see above).
+
+    None when there are more than can be checked cheaply on every call.
+    """
+    reads: list[ConstantRead] = []
+    seen: dict[int, frozenset[str]] = {}
+    fn_names = _function_names(getattr(fn, "__func__", fn))
+    queue: deque[tuple[Path, Any, frozenset[str]]] = deque([((("fn", None),), fn, fn_names)])
+    queue.extend(((("arg", i),), a, fn_names) for i, a in enumerate(args) if not isinstance(a, torch.Tensor))
+    queue.extend(((("kwarg", k),), v, fn_names) for k, v in kwargs.items() if not isinstance(v, torch.Tensor))
+    looked = 0
+    while queue and looked < _MAX_READ_OBJECTS:
+        path, obj, names = queue.popleft()
+        if len(path) > 1 + _MAX_DEPTH or isinstance(obj, torch.Tensor):
+            continue
+        plain = _plain_read(obj)
+        if plain is not None:
+            if len(path) > 1:  # an argument itself is pinned by the call signature already
+                reads.append(ConstantRead(path, obj, *plain))
+                if len(reads) > _MAX_READS:
+                    return None
+            continue
+        before = seen.get(id(obj))
+        if before is not None and names <= before:
+            continue  # walked already, for these names at least
+        seen[id(obj)] = names if before is None else before | names
+        looked += 1
+        try:
+            queue.extend((((*path, step), child, child_names) for step, child, child_names in _reads_from(obj, names)))
+        except Exception:  # an object whose attributes misbehave: leave it out
+            logger.debug("not listing the reads of %s", type(obj).__name__, exc_info=True)
+    return reads
+
+
+def _reads_from(obj: Any, names: frozenset[str]) -> Iterator[tuple[tuple[str, Any], Any, frozenset[str]]]:
+    """(step, child, the names the code handling the child may read on it) to walk from ``obj``."""
+    if isinstance(obj, types.FunctionType):
+        if _library(obj):
+            return  # torch's and the standard library's own globals and defaults are theirs
+        own = _function_names(obj)
+        for i, cell in enumerate(obj.__closure__ or ()):
+            try:
+                yield ("cell", i), cell.cell_contents, own
+            except ValueError:  # an empty cell
+                continue
+        for name in own:
+            if name in obj.__globals__:
+                yield ("global", name), obj.__globals__[name], own
+        for i, d in enumerate(obj.__defaults__ or ()):
+            yield ("default", i), d, own
+        for k, d in (obj.__kwdefaults__ or {}).items():
+            yield ("kwdefault", k), d, own
+        if hasattr(obj, "__wrapped__"):
+            yield ("attr", "__wrapped__"), obj.__wrapped__, own
+    elif isinstance(obj, types.MethodType):
+        # The method's code reads its own names on self (self.eps), library method or not.
+        yield ("self", None), obj.__self__, _function_names(obj.__func__)
+        yield ("func", None), obj.__func__, names
+    elif isinstance(obj, functools.partial):
+        yield ("func", None), obj.func, names
+        yield ("attr", "args"), obj.args, names
+        yield ("attr", "keywords"), obj.keywords, names
+    elif isinstance(obj, list | tuple):
+        for i, v in enumerate(obj[:_MAX_ITEMS]):
+            yield ("item", i), v, names
+    elif isinstance(obj, dict):
+        for k, v in list(obj.items())[:_MAX_ITEMS]:
+            if isinstance(k, str | int):
+                yield ("item", k), v, names
+    elif isinstance(obj, types.ModuleType):
+        if not _library(obj):  # a user's config module: config.EPS
+            for name in names:
+                if name in vars(obj):
+                    yield ("attr", name), vars(obj)[name], names
+    elif isinstance(obj, type):
+        if not _library(obj):  # a user's class used as a namespace: Config.EPS
+            for name in names:
+                for klass in obj.__mro__:
+                    if name in vars(klass):
+                        if not hasattr(vars(klass)[name], "__get__"):  # not a method or property
+                            yield ("attr", name), vars(klass)[name], names
+                        break
+    elif isinstance(obj, types.BuiltinFunctionType):
+        return
+    else:
+        if isinstance(obj, torch.nn.Module):
+            names = names | _function_names(type(obj).forward)  # what calling the module reads
+        elif callable(obj):
+            names = names | _function_names(inspect.getattr_static(type(obj), "__call__", None))
+        for name in sorted(names):
+            child = _static_attribute(obj, name)
+            if child is _MISSING or isinstance(child, torch.Tensor):
+                continue
+            if isinstance(child, types.MethodType):
+                if not _library(child.__func__):  # self._norm(x): what the helper reads on self
+                    yield ("attr", name), child, names
+            else:
+                yield ("attr", name), child, names
 
 
 # ---------------------------------------------------------------------------------------------
@@ -670,7 +941,10 @@ class Recorder:
     """Builds a :class:`Graph` from the calls a capture mode reports."""
 
     def __init__(self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
-        self.graph = Graph(signature=CallSignature.of(fn, args, kwargs))
+        reads = constant_reads(fn, args, kwargs)
+        self.graph = Graph(signature=CallSignature.of(fn, args, kwargs, reads or ()))
+        if reads is None:
+            self.problem(f"reads more than {_MAX_READS} values from outside its arguments: too many to check per call")
         self._values: dict[int, TensorValue] = {}
         self._alive: list[Any] = []  # keeps every seen tensor alive, so that no id is reused
         self._container_ids: set[int] = set()
@@ -1089,6 +1363,34 @@ class _CaptureMode(TorchFunctionMode):
         return result
 
 
+def _settle_reads(recorder: Recorder, fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """The outside values a later call is checked against, as the captured call left them.
+
+    A value the call itself rebinds (a global counter, ``self.step += 1``) describes no later
+    call: no pattern may match. A container it changes in place (a list it appends to, a dict of
+    statistics) is its own bookkeeping, not a constant of the computation: it is not checked.
+    """
+    graph = recorder.graph
+    assert graph.signature is not None
+    kept = []
+    for read in graph.signature.reads:
+        if not read.changed(fn, args, kwargs):
+            kept.append(read)
+        elif not read.immutable and _reads_same_object(read, fn, args, kwargs):
+            logger.debug("%s is changed in place by the call: not checked on later calls", format_path(read.path))
+        else:
+            recorder.problem(f"changes {format_path(read.path)} while it runs")
+    if len(kept) != len(graph.signature.reads):
+        graph.signature = replace(graph.signature, reads=tuple(kept))
+
+
+def _reads_same_object(read: ConstantRead, fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    try:
+        return read.read(fn, args, kwargs) is read.value
+    except Exception:
+        return False
+
+
 def capture(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Graph:
     """Run ``fn(*args, **kwargs)`` once under a capture mode and return the graph of the call.
 
@@ -1120,6 +1422,7 @@ def capture(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, An
     try:
         if isinstance(output, torch.Tensor):
             graph.output_value = recorder.tensor_value(output)
+        _settle_reads(recorder, fn, args, kwargs)
     except Exception as err:
         recorder.fail(err)
     recorder._alive.clear()  # the graph keeps metadata only (and external tensors' references)

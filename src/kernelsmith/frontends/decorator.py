@@ -243,8 +243,20 @@ class Optimized:
         # what it cannot see is a tensor the function reaches by reference (a module's weight),
         # which may have been replaced: only then is the full check worth its microseconds.
         check = any(ref.kind == "external" for ref in match.inputs)
+        # Nor can it see a plain value the function reads from outside its arguments (a global
+        # eps, ``self.eps``, a closure variable, a default): those are re-read on every call (the
+        # full check above includes them), and a changed one makes the function be recognized
+        # again, with its new value.
+        signature = match.signature
+        reads_changed = signature.reads_mismatch if signature is not None and signature.reads and not check else None
 
         def entry(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if reads_changed is not None:
+                changed = reads_changed(args, kwargs)
+                if changed is not None:
+                    log.debug("%s: recognizing again: %s", getattr(self.fn, "__qualname__", self.fn), changed)
+                    self.table.pop(key, None)
+                    return self._first_call(key, args, kwargs)
             try:
                 inputs = bind(args, kwargs, check=check)
             except MatchDoesNotApply:

@@ -14,8 +14,10 @@ but the op.
 A :class:`Match` says where each op input comes from on a call (:class:`InputRef`) and is
 valid for calls like the captured one: :meth:`Match.bind` checks the call signature first
 (positional count, keyword names, every non-tensor argument, each tensor argument's shape,
-dtype, device and ``requires_grad``, and that external tensors such as a module's weight are
-still the ones reached from the function) and raises :class:`MatchDoesNotApply` otherwise, so
+dtype, device and ``requires_grad``, that external tensors such as a module's weight are
+still the ones reached from the function, and that the plain values it reads from outside its
+arguments, such as a global eps or ``self.eps``, are unchanged) and raises
+:class:`MatchDoesNotApply` otherwise, so
 a caller re-recognizes instead of replaying a graph that Python control flow could have
 changed.
 """
