@@ -1,9 +1,10 @@
 """The structured answers the LLM strategy asks for (pydantic models; ``pip install 'kernelsmith[llm]'``).
 
 A round's answer is a list of parameter proposals (a variant of the op family and a config) and,
-when whole-kernel proposals are enabled, a list of kernels (a module's source and the configs to
-try it with). The field descriptions go to the model with the JSON schema, so they are written
-for it. This module imports pydantic at the top: import it lazily (the strategy does).
+when whole-kernel proposals are enabled, a list of kernels (a kernel file's text, see
+docs/kernel-files.md, and the configs to try it with). The field descriptions go to the model
+with the JSON schema, so they are written for it. This module imports pydantic at the top: import
+it lazily (the strategy does).
 """
 
 from __future__ import annotations
@@ -24,15 +25,17 @@ class ParamProposal(BaseModel):
 
 
 class KernelProposal(BaseModel):
-    """A new kernel variant: a whole Python module, evaluated by the isolated harness."""
+    """A new kernel variant: a kernel file (device code and a launch description), evaluated by the
+    isolated harness."""
 
     name: str = Field(description="a short identifier for this kernel, e.g. 'two_rows_per_warp'")
     source: str = Field(
-        description="the complete Python module: Triton kernel(s), optional space(spec), build(spec, config)"
+        description="the complete kernel file: @triton.jit kernel(s), constants, SPACE, CONSTRAINTS and LAUNCH "
+        "(no other Python: it is parsed, never run)"
     )
     configs: list[dict[str, Any]] = Field(
         default_factory=list,
-        description="configs to evaluate it with (values for the parameters its space(spec) declares; [{}] if none)",
+        description="configs to evaluate it with (a value for every SPACE parameter; [{}] if it has no SPACE)",
     )
     rationale: str = Field(default="", description="one or two sentences: what should make it faster")
 

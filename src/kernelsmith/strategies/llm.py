@@ -22,11 +22,13 @@ The answer is structured (:mod:`kernelsmith.llm.schema`): parameter proposals
   the *nearest* untried valid config of that variant (fewest steps along the ordered values of
   each parameter, ties to candidate order), and the next prompt says so;
 - an unknown variant, or a variant with nothing untried left, is dropped and reported;
-- a kernel's source goes through the static gate here first (reading the syntax tree only: the
-  source is never imported in this process); a rejected kernel costs no evaluation and the
-  reasons go into the next prompt. An accepted one becomes ``Candidate("llm", config, source)``
-  per config, which the evaluator gates again and runs through the full harness in a worker.
-  Later rounds may name it as a variant to try it with other configs.
+- a kernel is a *kernel file* (docs/kernel-files.md: ``@triton.jit`` device code plus literal
+  ``SPACE``, ``CONSTRAINTS`` and ``LAUNCH``; no host Python at all). It goes through the
+  kernel-file gate here first (reading the syntax tree only: nothing of it runs in this process);
+  a rejected kernel costs no evaluation and the gate's problems go into the next prompt. An
+  accepted one becomes ``Candidate("llm", config, source)`` per config, which the worker gates
+  again, launches with kernelsmith's own launcher and runs through the full harness. Later
+  rounds may name it as a variant to try it with other configs.
 
 Rounds continue until the tuner's budget is spent. The search never fails because of the LLM:
 when a request fails (network, quota, an answer that does not parse) the round is filled in
@@ -56,8 +58,8 @@ from dataclasses import dataclass, field
 from numbers import Real
 from typing import TYPE_CHECKING, Any
 
+from kernelsmith.evaluate.kernel_file import check_kernel_file
 from kernelsmith.evaluate.protocol import Candidate, EvalResult
-from kernelsmith.evaluate.static_gate import ALLOWED_IMPORTS, check_source
 from kernelsmith.llm._base import LLMClient, Metered, Usage
 from kernelsmith.space import Config, Space
 from kernelsmith.spec import OpSpec
@@ -252,11 +254,11 @@ class LLMSearch(Strategy):
             if i >= self.kernels_per_round or len(batch) >= want:
                 notes.append(f"kernel {name!r} ignored: at most {self.kernels_per_round} new kernel(s) a round")
                 continue
-            problems = check_source(kernel.source)
+            problems = check_kernel_file(kernel.source)
             if problems:
                 why = "; ".join(problems[:4])
                 self.rejected.append((name, why))
-                notes.append(f"kernel {name!r} rejected by the static gate before evaluation: {_line(why, 400)}")
+                notes.append(f"kernel {name!r} rejected by the kernel-file gate before evaluation: {_line(why, 400)}")
                 continue
             self.kernels[name] = kernel.source
             for raw in (kernel.configs or [{}])[:MAX_CONFIGS_PER_KERNEL]:
@@ -343,10 +345,10 @@ class LLMSearch(Strategy):
         )
         if self.sources:
             text += (
-                f"\nYou may also propose up to {self.kernels_per_round} new kernel(s) a round as a complete Python "
-                "module (the user message says how), when the history suggests that the existing variants are "
-                "limited by their design rather than by their parameters. Each of a kernel's configs is one "
-                "candidate of the round."
+                f"\nYou may also propose up to {self.kernels_per_round} new kernel(s) a round as a kernel file "
+                "(Triton device code and a declarative launch description; the user message says how), when the "
+                "history suggests that the existing variants are limited by their design rather than by their "
+                "parameters. Each of a kernel's configs is one candidate of the round."
             )
         return text
 
@@ -426,22 +428,38 @@ class LLMSearch(Strategy):
         return "\n".join(blocks) or "empty"
 
     def _kernel_section(self) -> str:
-        allowed = ", ".join(sorted(m for m in ALLOWED_IMPORTS if m != "__future__"))
         parts = [
-            "A new kernel is a complete Python module that defines one or more @triton.jit kernels and "
-            "`build(spec, config)`, which returns `launch(inputs, outputs)`. `inputs` and `outputs` are "
-            "sequences of torch tensors in the order listed under Op. The harness allocates the outputs "
-            "(filled with NaN) and checks every element: the kernel must write all of them, in the output dtype. "
-            "`launch` only launches kernels. Optionally define `space(spec)` returning "
-            "`kernelsmith.space.Space([Param(name, (values...)), ...])`; each config you give must then be valid "
-            "in it. `spec.inputs[i].shape` is a tuple, `spec.inputs[i].dtype` a name such as 'float32', "
-            "`spec.inputs[i].numel` the element count, `spec.const(name)` a constant; `config[name]` a value.",
-            f"Rules (a static gate rejects the module otherwise): import only {allowed}; torch only for "
-            "dtypes (no torch computation, no tensor copies or conversions outside the kernel); no try/except, "
-            "no global state; no threads, streams, events, timers, files, network or introspection. The harness "
-            "also checks correctness on other shapes (1 row, odd row counts), so mask every load and store.",
+            "A new kernel is a kernel file: Python syntax, but kernelsmith never runs it as a program. It parses "
+            "the file, checks every statement, and launches the kernels itself from the file's launch description. "
+            "Top-level statements allowed: a docstring; `import triton`; `import triton.language as tl`; "
+            "`@triton.jit` functions (the device code); constants `NAME = literal` (or `NAME = "
+            "tl.constexpr(literal)` when a kernel body reads it); `SPACE = {param: [values...]}` (the configs "
+            "to search: `num_warps`, `num_stages` and constexprs of your choice); `CONSTRAINTS = [expr, ...]` "
+            "(conditions a config must meet); `LAUNCH = {...}` or a list of them run in order, with keys "
+            "`kernel` (a @triton.jit function of the file), `grid` (1 to 3 expressions), `args` (the kernel's "
+            "non-constexpr parameters, in order), `constexprs` ({name: expr}), `num_warps`, `num_stages`, and "
+            "optionally `scratch` ({name: {shape: [exprs], dtype: 'float32', fill: 0.0}}, memory allocated "
+            "and filled on every call, usable as a tensor name in `args`).",
+            "Launch expressions are strings in a small language: `in0`, `in1`, ... and `out0`, ... are the "
+            "tensors in the order listed under Op (only as a whole argument, or in `size(t, d)`, `stride(t, d)`, "
+            "`numel(t)`, `row_stride(t)`); `rows` and `N` are the first input's row count (leading dimensions "
+            "flattened) and row width; `numel`, `num_sms`; the workload's constants by name; the config's "
+            "parameters; the file's constants; `cdiv`, `next_power_of_two`, `min`, `max`, `abs`; arithmetic, "
+            "comparisons, `and`/`or`/`not` and `a if c else b`. Each config you give must be in SPACE and meet "
+            "CONSTRAINTS. The harness allocates the outputs (pre-filled with varying values) and checks every "
+            "element: the kernel must write all of them, in the output dtype, and read none of them.",
+            "Rules (the gate rejects the file otherwise, and its problems come back to you): no other imports, "
+            "no classes, no host functions, no top-level loops or calls, no try, no global, no "
+            "@triton.autotune or @triton.heuristics. Inside @triton.jit bodies: the Triton language, if/for/while, "
+            "assignments to locals; no nested functions, lambdas, comprehensions, with, f-strings, names or "
+            "attributes starting with `_`, clocks, printing or inline assembly. The harness also checks "
+            "correctness on other shapes (1 row, odd row counts), so mask every load and store.",
             "Format example (a different op):\n```python\n" + KERNEL_EXAMPLE + "```",
         ]
+        template = _template(self._family)
+        if template is not None:
+            parts.append("A correct kernel file for this op to start from (kernelsmith's agent template):\n"
+                         f"```python\n{_trim(template, SOURCE_CHARS, code=True)}```")
         if self._family is not None:
             module = inspect.getmodule(type(self._family))
             if module is not None and module.__doc__:
@@ -507,36 +525,33 @@ class LLMSearch(Strategy):
         return ()
 
 
-# A module in the format the worker loads, for the prompt; tests check that it passes the gate.
-KERNEL_EXAMPLE = '''import triton
-import triton.language as tl
+# A kernel file, for the prompt; tests check that it passes the gate and the harness.
+KERNEL_EXAMPLE = '''"""Doubles every element: one program per row."""
 
-from kernelsmith.space import Param, Space, next_power_of_two
+import triton
+import triton.language as tl
 
 
 @triton.jit
-def _double_kernel(x_ptr, y_ptr, N, BLOCK_N: tl.constexpr):
+def _double_kernel(x_ptr, y_ptr, x_row_stride, y_row_stride, N, BLOCK_N: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
-    x = tl.load(x_ptr + row * N + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * N + cols, (2.0 * x).to(y_ptr.dtype.element_ty), mask=mask)
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * y_row_stride + cols, (2.0 * x).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def space(spec):
-    return Space([Param("num_warps", (1, 2, 4, 8))])
+SPACE = {"num_warps": [1, 2, 4, 8]}
 
+CONSTRAINTS = ["num_warps == 1 or 32 * num_warps <= next_power_of_two(N)"]
 
-def build(spec, config):
-    n = spec.inputs[0].shape[-1]
-    rows = spec.inputs[0].numel // n
-    block_n = next_power_of_two(n)
-    num_warps = config["num_warps"]
-
-    def launch(inputs, outputs):
-        _double_kernel[(rows,)](inputs[0], outputs[0], n, BLOCK_N=block_n, num_warps=num_warps)
-
-    return launch
+LAUNCH = {
+    "kernel": "_double_kernel",
+    "grid": ["rows"],
+    "args": ["in0", "out0", "row_stride(in0)", "row_stride(out0)", "N"],
+    "constexprs": {"BLOCK_N": "next_power_of_two(N)"},
+    "num_warps": "num_warps",
+}
 '''
 
 
@@ -547,6 +562,15 @@ def _import_schema(sources: bool) -> type:
     except ImportError as exc:
         raise ImportError("the 'llm' strategy needs pydantic: pip install 'kernelsmith[llm]'") from exc
     return Round if sources else ParamRound
+
+
+def _template(family: OpFamily | None) -> str | None:
+    """The agent workspace's kernel file for ``family``, if it has one."""
+    if family is None:
+        return None
+    from kernelsmith.agent.templates import template_source
+
+    return template_source(family.name)
 
 
 def _family(spec: OpSpec | None) -> OpFamily | None:
