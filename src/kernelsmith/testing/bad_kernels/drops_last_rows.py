@@ -1,6 +1,6 @@
 """Rule 1 (and rule 4's tail shapes): the last, partial block of rows is never written.
 
-Each program normalises ROWS = 4 rows, and the grid is ``rows // ROWS`` (floor, where it should
+Each program normalises ROWS = 4 rows (ROWS_PER_PROGRAM), and the grid is ``rows // ROWS`` (floor, where it should
 be ``cdiv``). On the target shape of 16 rows that is exactly right; on a tail such as 7 rows the
 rows 4 to 6 are never written. The harness validates tail shapes (1, 7, rows + 3 rows) on
 poisoned outputs, so the unwritten rows are found and the kernel is rejected ("validate").
@@ -23,14 +23,14 @@ def _rmsnorm_rows_kernel(x_ptr, w_ptr, y_ptr, n_rows, N, eps, ROWS: tl.constexpr
     tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-ROWS = 4
+ROWS_PER_PROGRAM = 4
 
 SPACE = {"num_warps": [1, 2, 4, 8]}
 
 LAUNCH = {
     "kernel": "_rmsnorm_rows_kernel",
-    "grid": ["max(1, rows // ROWS)"],  # the bug: floor division drops the partial last block
+    "grid": ["max(1, rows // ROWS_PER_PROGRAM)"],  # the bug: floor division drops the partial last block
     "args": ["in0", "in1", "out0", "rows", "N", "eps"],
-    "constexprs": {"ROWS": "ROWS", "BLOCK_N": "next_power_of_two(N)"},
+    "constexprs": {"ROWS": "ROWS_PER_PROGRAM", "BLOCK_N": "next_power_of_two(N)"},
     "num_warps": "num_warps",
 }
