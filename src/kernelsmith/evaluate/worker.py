@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
-import importlib.util
 import logging
-import os
 import secrets
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,6 +23,7 @@ from typing import Any
 import torch
 
 from kernelsmith.evaluate import errors, timing
+from kernelsmith.evaluate.kernel_file import KernelFileError, check_kernel_file, parse_kernel_file
 from kernelsmith.evaluate.protocol import (
     Candidate,
     CeilingRequest,
@@ -35,7 +32,6 @@ from kernelsmith.evaluate.protocol import (
     EvalResult,
     WorkerReply,
 )
-from kernelsmith.evaluate.static_gate import check_source
 from kernelsmith.evaluate.validate import Rejected, allocate_outputs, run_checked, seal_harness, validate
 from kernelsmith.ops import get_op
 from kernelsmith.ops._base import Launcher, OpFamily
@@ -56,49 +52,47 @@ class _Loaded:
 
 
 # ---- loading candidates ------------------------------------------------------------------------
-def _load_source(
-    source: str, static_gate: bool
-) -> tuple[Callable[..., Launcher], Callable[[OpSpec], Space] | None, str]:
-    source_hash = hashlib.sha256(source.encode()).hexdigest()[:16]
+def _load_source(source: str) -> tuple[Callable[..., Launcher], Callable[[OpSpec], Space], str]:
+    """``build``, ``space`` and source hash of candidate source, which must be a kernel file.
+
+    There is no other form: a candidate's own Python never runs here (docs/kernel-files.md). A
+    file that fails the gate is a "cheat" whose message lists what is wrong and what is allowed;
+    one that passes but will not load (Triton refuses a function) is a "build" failure.
+    """
     try:
-        compile(source, "<candidate>", "exec")
-    except SyntaxError as exc:
+        compile(source, "<candidate>", "exec")  # compiled only, never run: to tell typos from the gate
+    except (SyntaxError, ValueError) as exc:
         raise Rejected("build", f"syntax error in candidate source: {exc}") from exc
-    if static_gate:
-        problems = check_source(source)
-        if problems:
-            raise Rejected("cheat", "static gate: " + "; ".join(problems[:6]))
-    # Triton reads kernel source with inspect, which needs a real file.
-    folder = tempfile.mkdtemp(prefix="kernelsmith-candidate-")
-    path = os.path.join(folder, f"candidate_{source_hash}.py")
-    with open(path, "w") as f:
-        f.write(source)
-    spec = importlib.util.spec_from_file_location(f"kernelsmith_candidate_{source_hash}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses and pickling look their module up by name
+    problems = check_kernel_file(source)
+    if problems:
+        raise Rejected("cheat", "kernel file: " + "; ".join(problems[:6]))
     try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        raise Rejected("build", f"candidate module failed to import: {type(exc).__name__}: {exc}") from exc
-    build = getattr(module, "build", None)
-    if not callable(build):
-        raise Rejected("build", "candidate module defines no build(spec, config) function")
-    return build, getattr(module, "space", None), source_hash
+        kernel_file = parse_kernel_file(source)
+    except KernelFileError as exc:
+        raise Rejected("build", f"kernel file: {exc}") from exc
+    return kernel_file.build, kernel_file.space, kernel_file.source_hash
 
 
-def _load(op: OpFamily, spec: OpSpec, candidate: Candidate, static_gate: bool) -> tuple[Callable[..., Launcher], str]:
+def _load(
+    op: OpFamily, spec: OpSpec, candidate: Candidate, static_gate: object = None
+) -> tuple[Callable[..., Launcher], str]:
+    """``build`` and source hash of a candidate whose config is in its space. ``static_gate`` is
+    ignored (a request can no longer turn the gate off) until the protocol drops the field."""
     if candidate.source:
-        build, space_fn, source_hash = _load_source(candidate.source, static_gate)
+        build, space_fn, source_hash = _load_source(candidate.source)
     else:
         variant = op.variant(candidate.variant)
         build, space_fn, source_hash = variant.build, variant.space, variant.source_hash
-    if space_fn is not None:
+    try:
         problems = space_fn(spec).violations(candidate.config)
-        if problems:
-            raise Rejected(
-                "build", f"config {candidate.config.key} is outside the variant's space: {'; '.join(problems)}"
-            )
+        if candidate.source and not problems:
+            build(spec, candidate.config)  # launch expressions that fail for this workload: a build failure
+    except KernelFileError as exc:
+        raise Rejected("build", f"kernel file: {exc}") from exc
+    if problems:
+        raise Rejected(
+            "build", f"config {candidate.config.key} is outside the variant's space: {'; '.join(problems)}"
+        )
     return build, source_hash
 
 
