@@ -35,5 +35,6 @@ def device() -> str:
 
 @pytest.fixture(autouse=True)
 def _isolated_db(tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test ever touches the user's real database."""
+    """No test ever touches the user's real database or kernel trust key."""
     monkeypatch.setenv("KERNELSMITH_DB", os.path.join(tmp_path, "kernelsmith.db"))
+    monkeypatch.setenv("KERNELSMITH_TRUST_KEY", os.path.join(tmp_path, "trust.key"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -263,17 +264,21 @@ def test_import_is_all_or_nothing() -> None:
         assert dst.trials() == []
 
 
-def test_import_upserts_decisions_and_keeps_distinct_statuses() -> None:
+def test_import_upserts_claims_keeps_local_decisions_and_distinct_statuses() -> None:
+    """An imported decision replaces an earlier claim, never a decision measured here (rule 13)."""
     with open_database(":memory:") as src:
         src.put_decision(make_decision(speedup=2.5))
+        src.put_decision(make_decision(workload="w2", speedup=3.5))
         src.add_trial(make_trial(status="timeout"))
         buf = io.StringIO()
         export_jsonl(src, buf)
     with open_database(":memory:") as dst:
         dst.put_decision(make_decision(speedup=1.1))
+        dst.put_decision(replace(make_decision(workload="w2", speedup=1.2), origin="imported", validated=False))
         dst.add_trial(make_trial(status="ok"))  # same candidate, other status: not a duplicate
         counts = import_jsonl(dst, io.StringIO(buf.getvalue()))
-        assert counts["decision"] == 1 and counts["trial"] == 1
-        (d,) = dst.decisions()
-        assert d.metrics["speedup"] == 2.5
+        assert counts["decision"] == 1 and counts["kept_local_decision"] == 1 and counts["trial"] == 1
+        local, claim = dst.decisions()
+        assert local.metrics["speedup"] == 1.1 and local.origin == "local"
+        assert claim.metrics["speedup"] == 3.5 and claim.origin == "imported" and not claim.servable
         assert [t.status for t in dst.trials()] == ["ok", "timeout"]

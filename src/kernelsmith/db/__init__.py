@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 
-from kernelsmith.db._base import Ceiling, Database, DatabaseError, config_key_of
+from kernelsmith.db._base import BrokenDatabaseError, Ceiling, Database, DatabaseError, config_key_of, repair_hint
 from kernelsmith.db.fingerprint import current_fingerprint
 from kernelsmith.db.records import DecisionRecord, Fingerprint, TrialRecord, VariantSource, variant_source_hash
 from kernelsmith.db.sqlite import MEMORY, SCHEMA_VERSION, SQLiteDatabase
 
 __all__ = [
     "SCHEMA_VERSION",
+    "BrokenDatabaseError",
     "Ceiling",
     "Database",
     "DatabaseError",
@@ -35,7 +37,9 @@ __all__ = [
     "current_fingerprint",
     "default_db_path",
     "open_database",
+    "repair_hint",
     "variant_source_hash",
+    "warn_unusable_database",
 ]
 
 logger = logging.getLogger(__name__)
@@ -90,3 +94,24 @@ def open_database(location: str | os.PathLike[str] | Database | None = None) -> 
     path = str(default_db_path()) if location is None else _location_to_path(os.fspath(location))
     logger.debug("opening database %s", path)
     return SQLiteDatabase(path)
+
+
+# Paths already warned about in this process: a broken cache is reported once, not per call.
+_WARNED: set[str] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def warn_unusable_database(exc: DatabaseError) -> None:
+    """Log, once per database file and process, that the front doors run the user's own code
+    because the database cannot be used, naming the file and the fix.
+
+    The front doors (decorator, ``kernelsmith::kernel``, compile backend) call this instead of
+    letting a corrupted or unreadable cache break the user's program: everything in the cache
+    can be measured again, so a broken one costs speed, never correctness or a crash.
+    """
+    where = exc.path or str(exc)
+    with _WARNED_LOCK:
+        if where in _WARNED:
+            return
+        _WARNED.add(where)
+    logger.warning("tuned kernels are off and your own code runs: %s; %s", exc, repair_hint(exc.path))

@@ -19,11 +19,30 @@ from dataclasses import asdict, dataclass, field
 from types import TracebackType
 from typing import Any
 
-from kernelsmith.db.records import DecisionRecord, Fingerprint, TrialRecord, VariantSource
+from kernelsmith.db.records import LOCAL, DecisionRecord, Fingerprint, TrialRecord, VariantSource
 
 
 class DatabaseError(RuntimeError):
-    """The database cannot be opened, read or written; the message names the location."""
+    """The database cannot be opened, read or written; the message names the location, and
+    ``path`` holds it when there is a file (empty for a bad URL or an in-memory database)."""
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class BrokenDatabaseError(DatabaseError):
+    """The file is not a usable kernelsmith database: not SQLite, corrupted, truncated, a
+    directory, unreadable, or written by a newer kernelsmith. Nothing in it can be trusted to
+    mean what it says, so the front doors run the user's code and the CLI points at
+    :func:`repair_hint`'s commands instead of guessing."""
+
+
+def repair_hint(path: str) -> str:
+    """What to run about a broken database file (one line, for warnings and CLI errors)."""
+    where = f" --db {path}" if path else ""
+    return (f"run `kernelsmith db check{where}` to see what is wrong, or `kernelsmith db reset{where}` "
+            "to move the file aside and start an empty cache")
 
 
 def config_key_of(config: Mapping[str, Any] | str) -> str:
@@ -49,6 +68,7 @@ class Ceiling:
     value: float
     detail: dict[str, Any] = field(default_factory=dict)
     measured_at: float = field(default_factory=time.time)
+    origin: str = LOCAL
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,7 +123,9 @@ class Database(ABC):
         source_hash: str,
         config_key: str | Mapping[str, Any],
     ) -> TrialRecord | None:
-        """The most recent trial of this exact candidate, or None if it was never evaluated.
+        """The most recent *local* trial of this exact candidate, or None if it was never
+        evaluated here. Imported trials are claims and never answer: a failure someone else
+        recorded must not stop this machine from measuring the candidate (DESIGN.md rule 13).
 
         ``config_key`` is in :attr:`TrialRecord.config_key` form (``"k=v,k=v"``, sorted); a
         config mapping is accepted too and converted with :func:`config_key_of`.
@@ -122,7 +144,8 @@ class Database(ABC):
 
     @abstractmethod
     def put_decision(self, rec: DecisionRecord) -> None:
-        """Store the decision for ``(rec.fingerprint, rec.workload)``, replacing any earlier one."""
+        """Store the decision for ``(rec.fingerprint, rec.workload)``, replacing any earlier one,
+        except that an imported decision (a claim) never replaces one measured here."""
 
     @abstractmethod
     def get_decision(self, fingerprint: str, workload: str) -> DecisionRecord | None:
@@ -145,12 +168,14 @@ class Database(ABC):
         detail: dict[str, Any] | None = None,
         *,
         measured_at: float | None = None,
+        origin: str = LOCAL,
     ) -> None:
-        """Store a measured ceiling; one value per ``(fingerprint, name)``, the latest wins."""
+        """Store a measured ceiling; one value per ``(fingerprint, name)``, the latest wins,
+        except that an imported value never replaces one measured here."""
 
     @abstractmethod
     def get_ceiling(self, fingerprint: str, name: str) -> float | None:
-        """The ceiling's value, or None if it was never measured on this fingerprint."""
+        """The ceiling's value as measured here, or None (imported values do not count)."""
 
     @abstractmethod
     def ceilings(self, fingerprint: str | None = None) -> list[Ceiling]:
@@ -159,13 +184,15 @@ class Database(ABC):
     # -- variant sources ---------------------------------------------------------------------
 
     @abstractmethod
-    def put_variant_source(self, op: str, source: str) -> str:
-        """Store the text of a kernel module written outside the package; returns its source hash.
+    def put_variant_source(self, op: str, source: str, *, origin: str = LOCAL, trusted: bool | None = None) -> str:
+        """Store the text of a kernel written outside the package; returns its source hash.
 
-        Call it only for source that passed the full evaluation harness: decisions naming the
-        hash are served by loading this text in the caller's process (see
-        :func:`kernelsmith.dispatch.build_runner`). Idempotent: the hash names the content, and
-        the first ``op`` stored for it is kept.
+        ``trusted`` (default: ``origin == "local"``) marks the text as one this user's
+        kernelsmith may load: pass it only for source that passed the full evaluation harness
+        here, since decisions naming the hash are served by loading this text in the caller's
+        process (see :func:`kernelsmith.dispatch.build_runner`). Imported text is stored
+        untrusted. Idempotent: the hash names the content, and the first ``op`` stored for it
+        is kept; storing it again trusted trusts the stored copy.
 
         >>> from kernelsmith.db import open_database
         >>> with open_database(":memory:") as db:
@@ -181,6 +208,18 @@ class Database(ABC):
     @abstractmethod
     def variant_sources(self, op: str | None = None) -> list[VariantSource]:
         """Stored sources, optionally of one op family only, in the order they were stored."""
+
+    def variant_source(self, source_hash: str) -> VariantSource | None:
+        """The stored source record (with its origin and whether this user trusts it), or None."""
+        for record in self.variant_sources():
+            if record.source_hash == source_hash:
+                return record
+        return None
+
+    @abstractmethod
+    def trust_variant_source(self, source_hash: str) -> bool:
+        """Mark the stored source trusted by this user (``kernelsmith db trust``); False when no
+        source is stored under ``source_hash``. The caller shows the text and checks it first."""
 
     # -- lifetime ----------------------------------------------------------------------------
 

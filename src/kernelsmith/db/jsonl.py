@@ -9,23 +9,39 @@ following line is one record with a ``"type"``: ``"fingerprint"``, ``"trial"``, 
 decisions naming it need; format version 2, written only when an export holds such records, so
 older readers still take every other file).
 
-Importing a ``variant_source`` trusts the file's author as much as installing their code: the
-text is checked against its hash here, and passes the static gate again before it is ever loaded
-(:func:`kernelsmith.dispatch.build_runner`), but it is not re-run through the harness.
+Everything imported is a claim (DESIGN.md rule 13), whatever the file says about it:
+
+- trials and ceilings are stored with ``origin="imported"``: shown, exported again, but never
+  used in place of a measurement here (an imported failure does not stop a candidate from being
+  measured, an imported ceiling does not move the plausibility check);
+- decisions are stored unvalidated: the front doors serve none of them until this machine
+  re-validated it (``kernelsmith db import`` does so at once unless ``--no-validate``; see
+  :mod:`kernelsmith.db.claims`), and none replaces a decision measured here;
+- kernel sources are stored untrusted: their text is checked against its hash, and nothing
+  loads it until the user trusts it (``kernelsmith db trust``, :mod:`kernelsmith.db.trust`).
 
 Import is idempotent: a trial already present (same fingerprint, workload, variant, source
-hash, config and status) is skipped, decisions and ceilings are upserted, so importing the same
-file twice changes nothing (sources are stored by content hash).
+hash, config and status) is skipped, decisions and ceilings are upserted (claims over claims),
+so importing the same file twice changes nothing (sources are stored by content hash).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from typing import IO, Any
 
 from kernelsmith.db._base import Ceiling, Database, DatabaseError
-from kernelsmith.db.records import DecisionRecord, Fingerprint, TrialRecord, VariantSource, variant_source_hash
+from kernelsmith.db.records import (
+    IMPORTED,
+    LOCAL,
+    DecisionRecord,
+    Fingerprint,
+    TrialRecord,
+    VariantSource,
+    variant_source_hash,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -153,13 +169,11 @@ def _parse(obj: Any, where: str) -> tuple[str, Any]:
         raise DatabaseError(f"{where}: bad {kind} record: {e}") from e
 
 
-def import_jsonl(db: Database, stream: IO[str]) -> dict[str, int]:
-    """Read an export from ``stream`` into ``db``; returns counts by record type.
+def read_jsonl(stream: IO[str]) -> list[tuple[str, Any]]:
+    """Parse and check a whole export: ``(type, record)`` pairs, records as the file has them.
 
-    The whole stream is validated before anything is written, so a malformed file imports
-    nothing. The counts are of records actually stored, under ``"fingerprint"``, ``"trial"``,
-    ``"decision"``, ``"ceiling"`` and ``"variant_source"``, plus ``"duplicate_trial"`` for trials skipped because the
-    database already held them.
+    Raises :class:`DatabaseError` naming the line of the first problem, so a malformed file is
+    refused before anything is stored.
     """
     name = getattr(stream, "name", "<stream>")
     records: list[tuple[str, Any]] = []
@@ -182,8 +196,27 @@ def import_jsonl(db: Database, stream: IO[str]) -> dict[str, int]:
         records.append(_parse(obj, where))
     if not seen_header:
         raise DatabaseError(f"{name}: empty, not a kernelsmith export")
+    return records
 
-    counts = dict.fromkeys((*RECORD_TYPES, "duplicate_trial"), 0)
+
+def import_jsonl(db: Database, stream: IO[str]) -> dict[str, int]:
+    """Read an export from ``stream`` into ``db`` as claims; returns counts by record type.
+
+    The whole stream is validated before anything is written, so a malformed file imports
+    nothing. See :func:`import_records` for the counts.
+    """
+    return import_records(db, read_jsonl(stream))
+
+
+def import_records(db: Database, records: list[tuple[str, Any]]) -> dict[str, int]:
+    """Store records read by :func:`read_jsonl` as claims (see the module docstring).
+
+    The counts are of records actually stored, under ``"fingerprint"``, ``"trial"``,
+    ``"decision"``, ``"ceiling"`` and ``"variant_source"``, plus ``"duplicate_trial"`` for
+    trials skipped because the database already held them and ``"kept_local_decision"`` for
+    decisions skipped because this machine measured its own.
+    """
+    counts = dict.fromkeys((*RECORD_TYPES, "duplicate_trial", "kept_local_decision"), 0)
     existing: dict[str, set[tuple[str, ...]]] = {}
     new_trials: list[TrialRecord] = []
     for kind, rec in records:
@@ -199,19 +232,28 @@ def import_jsonl(db: Database, stream: IO[str]) -> dict[str, int]:
                 counts["duplicate_trial"] += 1
                 continue
             keys.add(key)
-            new_trials.append(rec)
+            new_trials.append(replace(rec, origin=IMPORTED))
         elif kind == "decision":
-            db.put_decision(rec)
+            here = db.get_decision(rec.fingerprint, rec.workload)
+            if here is not None and here.origin == LOCAL:
+                counts["kept_local_decision"] += 1
+                continue
+            db.put_decision(as_claim(rec))
         elif kind == "variant_source":
-            db.put_variant_source(rec.op, rec.source)
+            db.put_variant_source(rec.op, rec.source, origin=IMPORTED, trusted=False)
         else:
             db.put_ceiling(rec.fingerprint, rec.name, rec.value, rec.detail,
-                           measured_at=rec.measured_at)
+                           measured_at=rec.measured_at, origin=IMPORTED)
         if kind != "trial":
             counts[kind] += 1
     counts["trial"] = db.add_trials(new_trials)
     logger.info("imported %s", ", ".join(f"{v} {k}" for k, v in counts.items()))
     return counts
+
+
+def as_claim(decision: DecisionRecord) -> DecisionRecord:
+    """``decision`` as an imported, unvalidated claim, whatever the file said about it."""
+    return replace(decision, origin=IMPORTED, validated=False, validation_error="")
 
 
 def _trial_key(t: TrialRecord) -> tuple[str, ...]:

@@ -3,6 +3,12 @@ source of kernels written outside the package (a coding agent's, an LLM's).
 
 Records are dataclasses of JSON-friendly fields so that they cross process boundaries, go into
 SQLite rows and come out as JSON lines without special cases.
+
+Where a record came from matters (DESIGN.md rule 13, imported records are claims): ``origin`` is
+``"local"`` for what this machine measured or stored after its own harness passed it,
+``"imported"`` for what ``kernelsmith db import`` read from a file, and ``"unknown"`` for kernel
+sources stored before the schema recorded it. A local record is a fact; an imported one is a
+claim that is re-validated here before anything acts on it.
 """
 
 from __future__ import annotations
@@ -16,6 +22,10 @@ from typing import Any, Literal
 # The outcome of one evaluated candidate: "ok", or the kind of failure.
 Status = Literal["ok", "build", "validate", "runtime", "timeout", "crash", "cheat"]
 FAILURE_KINDS: tuple[str, ...] = ("build", "validate", "runtime", "timeout", "crash", "cheat")
+
+# Where a record came from (see the module docstring).
+LOCAL, IMPORTED, UNKNOWN = "local", "imported", "unknown"
+ORIGINS: tuple[str, ...] = (LOCAL, IMPORTED, UNKNOWN)
 
 
 @dataclass(frozen=True)
@@ -63,7 +73,9 @@ class TrialRecord:
 
     ``metrics`` holds, for a successful trial, ``median_us`` and quantiles of the candidate, the
     interleaved baseline's ``baseline_median_us``, and ``gbps``; for a failure it may be empty
-    and ``error`` says what went wrong. Failed trials are kept so they are never measured again.
+    and ``error`` says what went wrong. Failed trials are kept so they are never measured again
+    here; an imported trial (``origin="imported"``) is shown but never stands in for a local
+    measurement, so a file of forged failures cannot switch tuning off.
     """
 
     fingerprint: str
@@ -76,6 +88,7 @@ class TrialRecord:
     error: str = ""
     metrics: dict[str, Any] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
+    origin: str = LOCAL
 
     @property
     def config_key(self) -> str:
@@ -101,6 +114,10 @@ class DecisionRecord:
     candidate beat the existing path with confidence; calls keep using it). ``metrics`` holds
     the final paired comparison: ``median_us``, ``baseline_median_us``, ``speedup`` and its
     confidence interval, ``gbps`` and ``pct_of_copy_bandwidth``.
+
+    An imported decision is a claim: ``validated`` is False until this machine ran its variant
+    and config through the harness (``kernelsmith db validate``), and ``validation_error`` says
+    why that failed. Only a :attr:`servable` decision is ever served.
     """
 
     fingerprint: str
@@ -115,6 +132,23 @@ class DecisionRecord:
     strategy: str = ""
     evaluations: int = 0
     created_at: float = field(default_factory=time.time)
+    origin: str = LOCAL
+    validated: bool = True
+    validation_error: str = ""
+
+    @property
+    def servable(self) -> bool:
+        """Whether the front doors may act on it: measured here, or a claim validated here."""
+        return self.validated and not self.validation_error
+
+    @property
+    def claim_state(self) -> str:
+        """``"local"``, or for a claim ``"validated"``, ``"failed"`` or ``"unvalidated"``."""
+        if self.origin == LOCAL and self.servable:
+            return "local"
+        if self.validation_error:
+            return "failed"
+        return "validated" if self.validated else "unvalidated"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,14 +170,21 @@ def variant_source_hash(source: str) -> str:
 
 @dataclass(frozen=True)
 class VariantSource:
-    """The text of a kernel module proposed from outside the package, stored once it passed the
-    full harness, so that a decision naming it (``variant`` not a built-in one, ``source_hash``
-    this record's) can be served. ``op`` is the family it was evaluated for."""
+    """The text of a kernel proposed from outside the package (a kernel file, see
+    docs/kernel-files.md), stored so that a decision naming it (``variant`` not a built-in one,
+    ``source_hash`` this record's) can be served. ``op`` is the family it was evaluated for.
+
+    ``trusted`` is whether this user's kernelsmith may load it at all: true for source stored
+    after it passed the harness here, false for imported source (and for everything in a
+    database another user wrote) until ``kernelsmith db trust`` (see :mod:`kernelsmith.db.trust`).
+    """
 
     source_hash: str
     op: str
     source: str
     created_at: float = field(default_factory=time.time)
+    origin: str = LOCAL
+    trusted: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

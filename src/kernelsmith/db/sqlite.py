@@ -26,8 +26,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kernelsmith.db._base import Ceiling, Database, DatabaseError, config_key_of
-from kernelsmith.db.records import DecisionRecord, Fingerprint, TrialRecord, VariantSource, variant_source_hash
+from kernelsmith.db._base import BrokenDatabaseError, Ceiling, Database, DatabaseError, config_key_of
+from kernelsmith.db.records import (
+    LOCAL,
+    DecisionRecord,
+    Fingerprint,
+    TrialRecord,
+    VariantSource,
+    variant_source_hash,
+)
+from kernelsmith.db.trust import source_token, token_trusts
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +105,19 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX variant_sources_op ON variant_sources (op);
     """,
+    # 2 -> 3: where each record came from, whether a claim was validated here, and this user's
+    # trust token for kernel sources (kernelsmith.db.trust). Sources stored before this version
+    # cannot be told apart from imported ones, so they are "unknown" and untrusted until
+    # `kernelsmith db trust`; everything else stored before was measured locally.
+    """
+    ALTER TABLE trials ADD COLUMN origin TEXT NOT NULL DEFAULT 'local';
+    ALTER TABLE decisions ADD COLUMN origin TEXT NOT NULL DEFAULT 'local';
+    ALTER TABLE decisions ADD COLUMN validated INTEGER NOT NULL DEFAULT 1;
+    ALTER TABLE decisions ADD COLUMN validation_error TEXT NOT NULL DEFAULT '';
+    ALTER TABLE ceilings ADD COLUMN origin TEXT NOT NULL DEFAULT 'local';
+    ALTER TABLE variant_sources ADD COLUMN origin TEXT NOT NULL DEFAULT 'unknown';
+    ALTER TABLE variant_sources ADD COLUMN trust TEXT NOT NULL DEFAULT '';
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -124,6 +145,17 @@ def _statements(script: str) -> Iterator[str]:
     rest = "".join(buf).strip()
     if rest:
         yield rest
+
+
+def _error(action: str, path: str, exc: sqlite3.Error) -> DatabaseError:
+    """The DatabaseError for an sqlite3 failure: :class:`BrokenDatabaseError` when the file
+    itself is the problem (not SQLite, corrupted, truncated, unreadable, a directory), a plain
+    DatabaseError when it may pass (locked, busy) or is a bug of ours."""
+    text = str(exc)
+    transient = "locked" in text or "busy" in text
+    ours = isinstance(exc, sqlite3.IntegrityError | sqlite3.ProgrammingError | sqlite3.InterfaceError)
+    kind = DatabaseError if transient or ours or not isinstance(exc, sqlite3.DatabaseError) else BrokenDatabaseError
+    return kind(f"cannot {action} database {path}: {text}", path)
 
 
 def _json_default(obj: Any) -> Any:
@@ -161,7 +193,7 @@ class SQLiteDatabase(Database):
                 parent.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise DatabaseError(
-                    f"cannot create the directory for database {self.path}: {e.strerror or e}"
+                    f"cannot create the directory for database {self.path}: {e.strerror or e}", self.path
                 ) from e
         self._connection()  # open (and migrate) now, so a bad path fails here, not later
 
@@ -199,7 +231,7 @@ class SQLiteDatabase(Database):
                 check_same_thread=False,
             )
         except sqlite3.Error as e:
-            raise DatabaseError(f"cannot open database {self.path}: {e}") from e
+            raise _error("open", self.path, e) from e
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._timeout_ms)}")
             if self.path != MEMORY:
@@ -215,7 +247,7 @@ class SQLiteDatabase(Database):
             raise
         except sqlite3.Error as e:
             conn.close()
-            raise DatabaseError(f"cannot open database {self.path}: {e}") from e
+            raise _error("open", self.path, e) from e
         logger.debug("opened database %s (schema version %d)", self.path, SCHEMA_VERSION)
         return conn
 
@@ -251,15 +283,15 @@ class SQLiteDatabase(Database):
 
     def _check_not_newer(self, version: int) -> None:
         if version > SCHEMA_VERSION:
-            raise DatabaseError(
+            raise BrokenDatabaseError(
                 f"database {self.path} has schema version {version}, newer than the "
                 f"{SCHEMA_VERSION} this kernelsmith understands; upgrade kernelsmith or use "
-                "another database"
+                "another database", self.path
             )
 
     def _connection(self) -> sqlite3.Connection:
         if self._closed:
-            raise DatabaseError(f"database {self.path} is closed")
+            raise DatabaseError(f"database {self.path} is closed", self.path)
         if self._conn is not None and os.getpid() != self._pid and self.path != MEMORY:
             _ABANDONED.append(self._conn)
             self._conn = None
@@ -275,7 +307,7 @@ class SQLiteDatabase(Database):
             try:
                 yield conn
             except sqlite3.Error as e:
-                raise DatabaseError(f"cannot read database {self.path}: {e}") from e
+                raise _error("read", self.path, e) from e
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -293,7 +325,7 @@ class SQLiteDatabase(Database):
             except sqlite3.Error as e:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-                raise DatabaseError(f"cannot write database {self.path}: {e}") from e
+                raise _error("write", self.path, e) from e
 
     def close(self) -> None:
         with self._lock:
@@ -328,7 +360,7 @@ class SQLiteDatabase(Database):
 
     _TRIAL_COLUMNS = (
         "fingerprint, workload, op, variant, source_hash, config, status, error, metrics, "
-        "created_at"
+        "created_at, origin"
     )
 
     @staticmethod
@@ -336,20 +368,21 @@ class SQLiteDatabase(Database):
         return (
             rec.fingerprint, rec.workload, rec.op, rec.variant, rec.source_hash, rec.config_key,
             _dumps(rec.config), rec.status, rec.error, _dumps(rec.metrics), float(rec.created_at),
+            rec.origin,
         )
 
     @staticmethod
     def _trial_from_row(row: tuple[Any, ...]) -> TrialRecord:
-        fp, workload, op, variant, source_hash, config, status, error, metrics, created_at = row
+        fp, workload, op, variant, source_hash, config, status, error, metrics, created_at, origin = row
         return TrialRecord(
             fingerprint=fp, workload=workload, op=op, variant=variant, source_hash=source_hash,
             config=json.loads(config), status=status, error=error, metrics=json.loads(metrics),
-            created_at=created_at,
+            created_at=created_at, origin=origin,
         )
 
     _INSERT_TRIAL = (
         "INSERT INTO trials (fingerprint, workload, op, variant, source_hash, config_key, config, "
-        "status, error, metrics, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        "status, error, metrics, created_at, origin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     )
 
     def add_trial(self, rec: TrialRecord) -> None:
@@ -375,8 +408,9 @@ class SQLiteDatabase(Database):
         with self._read() as conn:
             row = conn.execute(
                 f"SELECT {self._TRIAL_COLUMNS} FROM trials WHERE fingerprint = ? AND workload = ? "
-                "AND variant = ? AND source_hash = ? AND config_key = ? ORDER BY id DESC LIMIT 1",
-                (fingerprint, workload, variant, source_hash, config_key_of(config_key)),
+                "AND variant = ? AND source_hash = ? AND config_key = ? AND origin = ? "
+                "ORDER BY id DESC LIMIT 1",
+                (fingerprint, workload, variant, source_hash, config_key_of(config_key), LOCAL),
             ).fetchone()
         return self._trial_from_row(row) if row else None
 
@@ -397,36 +431,37 @@ class SQLiteDatabase(Database):
 
     _DECISION_COLUMNS = (
         "fingerprint, workload, op, spec, winner, variant, source_hash, config, metrics, "
-        "strategy, evaluations, created_at"
+        "strategy, evaluations, created_at, origin, validated, validation_error"
     )
 
     def put_decision(self, rec: DecisionRecord) -> None:
         row = (
             rec.fingerprint, rec.workload, rec.op, _dumps(rec.spec), rec.winner, rec.variant,
             rec.source_hash, _dumps(rec.config), _dumps(rec.metrics), rec.strategy,
-            int(rec.evaluations), float(rec.created_at),
+            int(rec.evaluations), float(rec.created_at), rec.origin, int(bool(rec.validated)),
+            rec.validation_error,
         )
+        updates = ", ".join(f"{c} = excluded.{c}" for c in self._DECISION_COLUMNS.replace(" ", "").split(",")[2:])
         with self._write() as conn:
+            # A claim never replaces a decision measured here (DESIGN.md rule 13).
             conn.execute(
                 f"INSERT INTO decisions ({self._DECISION_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (fingerprint, workload) DO UPDATE SET op = excluded.op, "
-                "spec = excluded.spec, winner = excluded.winner, variant = excluded.variant, "
-                "source_hash = excluded.source_hash, config = excluded.config, "
-                "metrics = excluded.metrics, strategy = excluded.strategy, "
-                "evaluations = excluded.evaluations, created_at = excluded.created_at",
-                row,
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                f"ON CONFLICT (fingerprint, workload) DO UPDATE SET {updates} "
+                "WHERE excluded.origin = ? OR decisions.origin != ?",
+                (*row, LOCAL, LOCAL),
             )
 
     @staticmethod
     def _decision_from_row(row: tuple[Any, ...]) -> DecisionRecord:
         (fp, workload, op, spec, winner, variant, source_hash, config, metrics, strategy,
-         evaluations, created_at) = row
+         evaluations, created_at, origin, validated, validation_error) = row
         return DecisionRecord(
             fingerprint=fp, workload=workload, op=op, spec=json.loads(spec), winner=winner,
             variant=variant, source_hash=source_hash, config=json.loads(config),
             metrics=json.loads(metrics), strategy=strategy, evaluations=evaluations,
-            created_at=created_at,
+            created_at=created_at, origin=origin, validated=bool(validated),
+            validation_error=validation_error,
         )
 
     def get_decision(self, fingerprint: str, workload: str) -> DecisionRecord | None:
@@ -458,24 +493,27 @@ class SQLiteDatabase(Database):
         detail: dict[str, Any] | None = None,
         *,
         measured_at: float | None = None,
+        origin: str = LOCAL,
     ) -> None:
         row = (
             fingerprint, name, float(value), _dumps(detail or {}),
-            time.time() if measured_at is None else float(measured_at),
+            time.time() if measured_at is None else float(measured_at), origin,
         )
         with self._write() as conn:
             conn.execute(
-                "INSERT INTO ceilings (fingerprint, name, value, detail, measured_at) "
-                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (fingerprint, name) DO UPDATE SET "
+                "INSERT INTO ceilings (fingerprint, name, value, detail, measured_at, origin) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (fingerprint, name) DO UPDATE SET "
                 "value = excluded.value, detail = excluded.detail, "
-                "measured_at = excluded.measured_at",
-                row,
+                "measured_at = excluded.measured_at, origin = excluded.origin "
+                "WHERE excluded.origin = ? OR ceilings.origin != ?",
+                (*row, LOCAL, LOCAL),
             )
 
     def get_ceiling(self, fingerprint: str, name: str) -> float | None:
         with self._read() as conn:
             row = conn.execute(
-                "SELECT value FROM ceilings WHERE fingerprint = ? AND name = ?", (fingerprint, name)
+                "SELECT value FROM ceilings WHERE fingerprint = ? AND name = ? AND origin = ?",
+                (fingerprint, name, LOCAL),
             ).fetchone()
         return float(row[0]) if row else None
 
@@ -483,21 +521,25 @@ class SQLiteDatabase(Database):
         where, args = _filters(fingerprint=fingerprint)
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT fingerprint, name, value, detail, measured_at FROM ceilings{where} "
+                f"SELECT fingerprint, name, value, detail, measured_at, origin FROM ceilings{where} "
                 "ORDER BY rowid", args
             ).fetchall()
-        return [Ceiling(fp, name, float(value), json.loads(detail), measured_at)
-                for fp, name, value, detail, measured_at in rows]
+        return [Ceiling(fp, name, float(value), json.loads(detail), measured_at, origin)
+                for fp, name, value, detail, measured_at, origin in rows]
 
     # -- variant sources ---------------------------------------------------------------------
 
-    def put_variant_source(self, op: str, source: str) -> str:
+    def put_variant_source(self, op: str, source: str, *, origin: str = LOCAL, trusted: bool | None = None) -> str:
         source_hash = variant_source_hash(source)
+        trust = source_token(source_hash) if (origin == LOCAL if trusted is None else trusted) else ""
         with self._write() as conn:
+            # Storing trusted text again (it passed the harness here) trusts the stored copy;
+            # storing untrusted text never takes trust away.
             conn.execute(
-                "INSERT INTO variant_sources (source_hash, op, source, created_at) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (source_hash) DO NOTHING",
-                (source_hash, op, source, time.time()),
+                "INSERT INTO variant_sources (source_hash, op, source, created_at, origin, trust) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (source_hash) DO UPDATE SET "
+                "trust = excluded.trust, origin = excluded.origin WHERE excluded.trust != ''",
+                (source_hash, op, source, time.time(), origin, trust),
             )
         return source_hash
 
@@ -508,13 +550,34 @@ class SQLiteDatabase(Database):
             ).fetchone()
         return str(row[0]) if row else None
 
+    _SOURCE_COLUMNS = "source_hash, op, source, created_at, origin, trust"
+
+    @staticmethod
+    def _source_from_row(row: tuple[Any, ...]) -> VariantSource:
+        source_hash, op, text, created_at, origin, trust = row
+        return VariantSource(source_hash, op, text, created_at, origin, token_trusts(trust, source_hash))
+
+    def variant_source(self, source_hash: str) -> VariantSource | None:
+        with self._read() as conn:
+            row = conn.execute(
+                f"SELECT {self._SOURCE_COLUMNS} FROM variant_sources WHERE source_hash = ?", (source_hash,)
+            ).fetchone()
+        return self._source_from_row(row) if row else None
+
     def variant_sources(self, op: str | None = None) -> list[VariantSource]:
         where, args = _filters(op=op)
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT source_hash, op, source, created_at FROM variant_sources{where} ORDER BY rowid", args
+                f"SELECT {self._SOURCE_COLUMNS} FROM variant_sources{where} ORDER BY rowid", args
             ).fetchall()
-        return [VariantSource(h, o, text, created_at) for h, o, text, created_at in rows]
+        return [self._source_from_row(r) for r in rows]
+
+    def trust_variant_source(self, source_hash: str) -> bool:
+        with self._write() as conn:
+            cursor = conn.execute(
+                "UPDATE variant_sources SET trust = ? WHERE source_hash = ?", (source_token(source_hash), source_hash)
+            )
+        return cursor.rowcount > 0
 
 
 def _filters(**columns: str | None) -> tuple[str, tuple[str, ...]]:

@@ -17,9 +17,11 @@ location with :func:`~kernelsmith.db.open_database` in each child, since childre
 from __future__ import annotations
 
 import io
+import json
 import multiprocessing as mp
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import pytest
@@ -352,10 +354,11 @@ class DatabaseSuite:
         with open_database(str(tmp_path / "copy.db")) as copy:
             counts = import_jsonl(copy, io.StringIO(buf.getvalue()))
             assert counts == {"fingerprint": 2, "trial": 3, "decision": 2, "ceiling": 1,
-                              "variant_source": 0, "duplicate_trial": 0}
-            assert copy.trials() == db.trials()
-            assert copy.decisions() == db.decisions()
-            assert copy.ceilings() == db.ceilings()
+                              "variant_source": 0, "duplicate_trial": 0, "kept_local_decision": 0}
+            # everything arrives as a claim, otherwise as it was
+            assert copy.trials() == [replace(t, origin="imported") for t in db.trials()]
+            assert copy.decisions() == [replace(d, origin="imported", validated=False) for d in db.decisions()]
+            assert copy.ceilings() == [replace(c, origin="imported") for c in db.ceilings()]
             assert sorted(f.hash for f in copy.fingerprints()) == sorted(
                 f.hash for f in db.fingerprints())
             # importing again adds nothing
@@ -406,3 +409,105 @@ class DatabaseSuite:
         assert export_jsonl(db, buf, op="softmax") == 1 + 2 + 1  # interp fp, 2 trials, 1 decision
         lines = buf.getvalue().splitlines()
         assert '"type": "header"' in lines[0]
+
+    # -- where records came from (DESIGN.md rule 13) ----------------------------------------
+
+    def test_origin_fields_round_trip(self, db: Database) -> None:
+        trial = replace(make_trial(), origin="imported")
+        claim = replace(make_decision(), origin="imported", validated=False, validation_error="validate: off by 3")
+        db.add_trial(trial)
+        db.put_decision(claim)
+        db.put_ceiling(GPU_FP.hash, "copy_gbps", 10.0, origin="imported")
+        assert db.trials() == [trial]
+        assert db.get_decision(claim.fingerprint, claim.workload) == claim
+        assert not claim.servable and claim.claim_state == "failed"
+        assert [c.origin for c in db.ceilings()] == ["imported"]
+        assert make_decision().claim_state == "local" and make_decision().servable
+
+    def test_find_trial_uses_only_local_trials(self, db: Database) -> None:
+        """An imported failure never stands in for a measurement here (rule 13)."""
+        cheat = replace(make_trial(status="cheat", error="claimed by a file"), origin="imported")
+        db.add_trial(cheat)
+        key = (cheat.fingerprint, cheat.workload, cheat.variant, cheat.source_hash, cheat.config_key)
+        assert db.find_trial(*key) is None
+        local = make_trial(status="timeout", error="measured here")
+        db.add_trial(local)
+        db.add_trial(replace(make_trial(status="crash"), origin="imported"))  # newer, but imported
+        assert db.find_trial(*key) == local
+        assert len(db.trials()) == 3  # imported trials are still stored and listed
+
+    def test_claims_never_replace_local_decisions(self, db: Database) -> None:
+        local = make_decision(speedup=1.1)
+        db.put_decision(local)
+        db.put_decision(replace(make_decision(speedup=9.0), origin="imported", validated=False))
+        assert db.get_decision(local.fingerprint, local.workload) == local
+        other = make_decision(workload="w2", speedup=2.0)
+        claim = replace(other, origin="imported", validated=False)
+        db.put_decision(claim)
+        assert db.get_decision(other.fingerprint, "w2") == claim
+        newer_claim = replace(claim, metrics={"speedup": 3.0})
+        db.put_decision(newer_claim)  # a claim over a claim: replaced
+        assert db.get_decision(other.fingerprint, "w2") == newer_claim
+        db.put_decision(other)  # measured here: replaces the claim
+        assert db.get_decision(other.fingerprint, "w2") == other
+
+    def test_imported_ceilings_are_not_used(self, db: Database) -> None:
+        db.put_ceiling(GPU_FP.hash, "copy_gbps", 1.0, origin="imported")
+        assert db.get_ceiling(GPU_FP.hash, "copy_gbps") is None  # measure it here instead
+        db.put_ceiling(GPU_FP.hash, "copy_gbps", 4000.0)
+        db.put_ceiling(GPU_FP.hash, "copy_gbps", 1.0, origin="imported")  # never over a measurement
+        assert db.get_ceiling(GPU_FP.hash, "copy_gbps") == 4000.0
+        assert [(c.value, c.origin) for c in db.ceilings()] == [(4000.0, "local")]
+
+    def test_variant_source_trust(self, db: Database) -> None:
+        text = "@triton.jit\ndef k(x):\n    pass\n"
+        local = db.put_variant_source("rmsnorm", text)
+        record = db.variant_source(local)
+        assert record is not None and record.trusted and record.origin == "local"
+        imported = db.put_variant_source("rmsnorm", text + "# 2\n", origin="imported")
+        record = db.variant_source(imported)
+        assert record is not None and not record.trusted and record.origin == "imported"
+        assert db.variant_source("0" * 16) is None
+        assert db.put_variant_source("rmsnorm", text, origin="imported", trusted=False) == local
+        assert db.variant_source(local).trusted  # type: ignore[union-attr]  # storing again never untrusts
+        assert db.trust_variant_source(imported)
+        assert db.variant_source(imported).trusted  # type: ignore[union-attr]
+        assert not db.trust_variant_source("f" * 16)
+        assert [(v.source_hash, v.trusted) for v in db.variant_sources()] == [(local, True), (imported, True)]
+
+    def test_trust_belongs_to_the_user_who_gave_it(self, location: str, tmp_path: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+        """A database another user wrote (a shared cache) carries no trust for this user."""
+        if not self.persistent:
+            pytest.skip("backend does not persist")
+        monkeypatch.setenv("KERNELSMITH_TRUST_KEY", str(tmp_path / "someone-else.key"))
+        with self.open(location) as db:
+            source_hash = db.put_variant_source("rmsnorm", "@triton.jit\ndef k(x):\n    pass\n")
+            assert db.variant_source(source_hash).trusted  # type: ignore[union-attr]
+        monkeypatch.setenv("KERNELSMITH_TRUST_KEY", str(tmp_path / "me.key"))
+        with self.open(location) as db:
+            assert not db.variant_source(source_hash).trusted  # type: ignore[union-attr]
+            assert db.trust_variant_source(source_hash)
+            assert db.variant_source(source_hash).trusted  # type: ignore[union-attr]
+
+    def test_import_makes_claims_whatever_the_file_says(self, db: Database) -> None:
+        """A file cannot declare its records local, validated or trusted."""
+        text = "@triton.jit\ndef k(x):\n    pass\n"
+        header = {"type": "header", "format": "kernelsmith-jsonl", "version": 2}
+        lines = [
+            header,
+            {"type": "trial", **make_trial(status="cheat").to_dict(), "origin": "local"},
+            {"type": "decision", **make_decision().to_dict(), "origin": "local", "validated": True},
+            {"type": "ceiling", "fingerprint": GPU_FP.hash, "name": "copy_gbps", "value": 1.0, "origin": "local"},
+            {"type": "variant_source", "source_hash": variant_source_hash(text), "op": "softmax", "source": text,
+             "origin": "local", "trusted": True},
+        ]
+        import_jsonl(db, io.StringIO("".join(json.dumps(line) + "\n" for line in lines)))
+        (trial,) = db.trials()
+        assert trial.origin == "imported" and db.find_trial(
+            trial.fingerprint, trial.workload, trial.variant, trial.source_hash, trial.config_key) is None
+        (decision,) = db.decisions()
+        assert decision.origin == "imported" and not decision.validated and not decision.servable
+        assert db.get_ceiling(GPU_FP.hash, "copy_gbps") is None
+        (source,) = db.variant_sources()
+        assert source.origin == "imported" and not source.trusted
