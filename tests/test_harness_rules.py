@@ -1,64 +1,75 @@
 """The harness must be impossible to fool: every planted bad kernel is rejected, for its reason.
 
-Each module in :mod:`kernelsmith.testing.bad_kernels` breaks one rule of DESIGN.md ("The harness
-must be impossible to fool"). Here they are evaluated the way outside candidates are, through
-:class:`~kernelsmith.evaluate.pool.Evaluator` worker processes running the Triton interpreter,
-and every test asserts both the failure kind *and* that the error names the problem. Two correct
-controls must come back "ok", so the rejections cannot come from a harness that rejects all.
+Untrusted kernels are kernel files (docs/kernel-files.md): Triton device code and a declarative
+launch that kernelsmith's own launcher runs. :mod:`kernelsmith.testing.bad_kernels` holds two
+kinds of planted kernels, and this file shows each rejected:
 
-Most candidates are evaluated with the static gate on (as in real use). Those the gate stops
-are evaluated again with ``static_gate=False``, to prove that the run-time defense behind the
-gate catches them too. The interpreter is slow and every worker costs a process start, so each
-group of candidates is evaluated once, in parallel, by a module-scoped fixture, and the tests
-look their results up by name. Rules that need a GPU (side streams, CUDA faults, real timings)
-are in tests/gpu/test_harness_gpu.py.
+- its *kernel files* break a rule on the device (never writing, zeros, mutating an input, reading
+  the output, a loop that never ends, ...): they pass the gate, so they are evaluated the way
+  outside candidates are, through :class:`~kernelsmith.evaluate.pool.Evaluator` worker processes
+  running the Triton interpreter, and every test asserts the failure kind *and* that the error
+  names the problem. Two correct controls must come back "ok", so the rejections cannot come from
+  a harness that rejects all;
+- its *host modules* are attacks that need host Python (threads, forged replies, tampering,
+  detecting the worker, ...): the gate rejects each before anything runs, and the tests show the
+  line that names the attack.
 
-Holes the planted kernels once found (frame tampering, PyTorch on a joined thread, a too-tame
-"large" distribution, failure kinds) stay here as regression tests.
+The run-time defenses behind the gate (thread counts, the dispatch mode that sees PyTorch compute,
+output identity, tampering checks, rule 5's refill while timing) can no longer be reached by a
+candidate, but they stay: the tests at the end call them in this process with cheating Python
+launchers written here (tests are trusted code). The interpreter is slow and every worker costs a
+process start, so each group of kernel files is evaluated once, in parallel, by a module-scoped
+fixture. Rules that need a GPU (side streams, CUDA faults, real timings) are in
+tests/gpu/test_harness_gpu.py.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import pytest
 import torch
 
+import kernelsmith.evaluate.validate as validate_module
 from kernelsmith.evaluate import errors
+from kernelsmith.evaluate.kernel_file import check_kernel_file, parse_kernel_file
 from kernelsmith.evaluate.pool import Evaluator
-from kernelsmith.evaluate.protocol import Candidate, EvalResult
+from kernelsmith.evaluate.protocol import Candidate, EvalRequest, EvalResult, TimingSettings
+from kernelsmith.evaluate.validate import Rejected, allocate_outputs, run_checked, validate
+from kernelsmith.evaluate.worker import Worker
 from kernelsmith.ops import get_op
-from kernelsmith.space import Config
+from kernelsmith.ops._base import Launcher, Variant
+from kernelsmith.space import Config, Space
 from kernelsmith.spec import OpSpec
-from kernelsmith.testing.bad_kernels import NAMES, source
+from kernelsmith.testing.bad_kernels import HOST_MODULES, KERNEL_FILES, NAMES, source
 
 # Small shapes: the interpreter is slow. The softmax width is not a power of two (the masks of
-# a correct kernel are exercised, and torch_fallback's kernel fails there), and wide enough that
-# the "large" distribution overflows exp in every draw (see test_softmax_large_distribution...).
+# a correct kernel are exercised), and wide enough that the "large" distribution overflows exp
+# in every draw (see test_softmax_large_distribution...).
 RMSNORM = get_op("rmsnorm").spec((16, 64), "float32")
 SOFTMAX = get_op("softmax").spec((16, 1000), "float32")
 CONFIG = Config(num_warps=4)
 
-# Bound in this (the caller's) process before any candidate runs; tampering candidates must not
-# be able to change them.
+# Bound in this (the caller's) process before any candidate runs.
 ORIGINAL_CHECK_CLOSE = errors.check_close
 ORIGINAL_TORCH_EQUAL = torch.equal
 
-# Planted kernels that need a GPU (tests/gpu/test_harness_gpu.py).
-GPU_ONLY = {"side_stream", "out_of_bounds"}
+# Planted kernel files that need a GPU (tests/gpu/test_harness_gpu.py).
+GPU_ONLY = {"out_of_bounds"}
 
 
 @dataclass(frozen=True)
 class Case:
-    """One planted candidate and what the harness must say about it."""
+    """One planted kernel file and what the harness must say about it."""
 
-    kernel: str  # a module of kernelsmith.testing.bad_kernels
+    kernel: str  # a kernel file of kernelsmith.testing.bad_kernels
     status: str
     says: tuple[str, ...] = ()  # fragments the error must contain
     config: Config = field(default=CONFIG)
-    text: str = ""  # source to use instead of the module's (a variation of it)
+    text: str = ""  # source to use instead of the file's (a variation of it)
 
     def candidate(self) -> Candidate:
         return Candidate("planted", self.config, self.text or source(self.kernel))
@@ -72,11 +83,10 @@ def _syntax_error_source() -> str:
     return broken
 
 
-# ---- the cases -------------------------------------------------------------------------------
-# Gate on, as in real use. Keys are test ids.
+# ---- kernel files: the cases -------------------------------------------------------------------
 RMSNORM_CASES: dict[str, Case] = {
     "control": Case("correct_rmsnorm", "ok"),
-    # rule 1: outputs are NaN-poisoned, every element compared
+    # rule 1: outputs are poisoned, every element compared
     "rule1_never_writes": Case("never_writes", "validate", ("1024 elements are NaN/Inf",)),
     "rule1_drops_last_rows": Case("drops_last_rows", "validate", ("7x64", "NaN/Inf")),
     "rule1_half_columns": Case("half_columns", "validate", ("512 elements are NaN/Inf",)),
@@ -88,38 +98,16 @@ RMSNORM_CASES: dict[str, Case] = {
     "rule3_identity": Case("writes_identity", "validate", ("16x64", "relative L2 error")),
     # rule 4: several distributions (eps matters for "small"; it may also show on "normal")
     "rule4_no_eps": Case("rmsnorm_no_eps", "validate", ("output 0 wrong on", "error")),
-    # rule 7: the outputs must stay the harness's own tensors (these pass the static gate)
-    "rule7_replaces_output": Case("replaces_output", "cheat", ("output storage was replaced",)),
-    "rule7_swaps_data": Case("swaps_output_data", "cheat", ("output storage was replaced",)),
-    "rule7_set_storage": Case("sets_output_storage", "cheat", ("PyTorch", "aten.set_")),
     # rule 8: tolerance relative to PyTorch's own float32 error
     "rule8_half_math": Case("half_precision_math", "validate", ("16x64", "relative L2 error")),
-    # rule 9: a second run on outputs poisoned with another value must agree bit for bit
-    "rule9_reads_output": Case("reads_output", "validate", ("bit for bit", "uninitialized")),
-    # the static gate stops these before they are imported (run time: RMSNORM_UNGATED_CASES)
-    "gate_data_ptr_cache": Case("caches_by_data_ptr", "cheat", ("static gate", "'data_ptr'")),
-    "gate_thread": Case("background_thread", "cheat", ("static gate", "'threading'")),
-    "gate_tamper_check_close": Case("tampers_check_close", "cheat",
-                                    ("static gate", "kernelsmith.evaluate.errors")),
-    "gate_tamper_torch_equal": Case("tampers_torch_equal", "cheat",
-                                    ("static gate", "module attribute (torch.equal)")),
-    "gate_exit": Case("exits", "cheat", ("static gate", "'os'")),
-    "gate_segfault": Case("segfaults", "cheat", ("static gate", "'ctypes'")),
+    # rule 9: a second run on outputs pre-filled with another value must agree bit for bit
+    "rule9_reads_output": Case("reads_output", "validate", ("bit for bit",)),
+    # rule 12: a kernel that recognises the harness's NaN poison and skips work elsewhere
+    "rule12_detects_poison": Case("detects_poison", "validate"),
     # build failures
-    "config_outside_space": Case("correct_rmsnorm", "build", ("outside the variant's space",
-                                                              "num_warps=3"),
-                                 config=Config(num_warps=3)),
-}
-
-# Gate off: the run-time defenses behind the gate.
-RMSNORM_UNGATED_CASES: dict[str, Case] = {
-    "control": Case("correct_rmsnorm", "ok"),
-    "rule5_data_ptr_cache": Case("caches_by_data_ptr", "cheat",
-                                 ("outputs written while timing are wrong",)),
-    "rule6_thread": Case("background_thread", "cheat", ("started a thread",)),
-    "rule10_torch_equal": Case("tampers_torch_equal", "cheat", ("tampered", "torch.equal")),
-    "build_syntax_error": Case("correct_rmsnorm", "build", ("syntax error", "never closed"),
-                               text=_syntax_error_source()),
+    "config_outside_space": Case("correct_rmsnorm", "build", ("num_warps=3",), config=Config(num_warps=3)),
+    "syntax_error": Case("correct_rmsnorm", "cheat", ("syntax",), text=_syntax_error_source()),
+    "undefined_name": Case("undefined_name", "cheat", ("undefined_scale",)),
 }
 
 SOFTMAX_CASES: dict[str, Case] = {
@@ -127,41 +115,34 @@ SOFTMAX_CASES: dict[str, Case] = {
     "rule3_constant": Case("writes_constant", "validate", ("16x1000", "relative L2 error")),
     "rule4_hardcoded_rows": Case("hardcoded_rows", "validate", ("wrong on softmax(1x1000",)),
     "rule4_no_max_subtraction": Case("softmax_no_max", "validate", ("large inputs", "NaN/Inf")),
-    "gate_torch_softmax": Case("torch_softmax", "cheat", ("static gate", "torch.softmax")),
-    "gate_try_except": Case("torch_fallback", "cheat", ("static gate", "try/except")),
-    "gate_lazy_subclass": Case("lazy_subclass", "cheat", ("static gate", "torch._C")),
-    "rule7_torch_in_joined_thread": Case("torch_in_joined_thread", "cheat"),
 }
 
-SOFTMAX_UNGATED_CASES: dict[str, Case] = {
-    "control": Case("correct_softmax", "ok"),
-    "rule7_torch_softmax": Case("torch_softmax", "cheat",
-                                ("computed with PyTorch", "aten._softmax")),
-    "rule7_try_except_fallback": Case("torch_fallback", "cheat",
-                                      ("computed with PyTorch", "aten._softmax")),
-    "rule7_lazy_subclass": Case("lazy_subclass", "cheat",
-                                ("LazyTensor", "not a plain torch.Tensor")),
+# Blind spots of the validation data (issue 12): kernels wrong only on inputs or row counts the
+# harness once never produced. They pass until the validation data covers those cases.
+BLIND_CASES: dict[str, Case] = {
+    "huge_values": Case("wrong_on_huge_values", "validate"),
+    "nonfinite_inputs": Case("wrong_on_nonfinite", "validate"),
+    "denormals": Case("wrong_on_denormals", "validate"),
+    "row_residue": Case("wrong_on_row_residue", "validate"),
 }
+BLIND_XFAIL = pytest.mark.xfail(
+    strict=True, reason="issue 12 item 5: the validation data does not cover this blind spot yet"
+)
 
-# Process isolation, in one worker, in this order: each failure must leave the evaluator able
-# to evaluate the next candidate correctly.
+# Process isolation, in one worker slot, in this order: each failure must leave the evaluator
+# able to evaluate the next candidate correctly.
 ISOLATION_TIMEOUT_S = 15.0
 ISOLATION_SEQUENCE: list[tuple[str, Case]] = [
     ("hang", Case("hangs", "timeout", (f"no answer within {ISOLATION_TIMEOUT_S:.0f} s",))),
-    ("exit", Case("exits", "crash", ("exit code 3",))),
-    ("segfault", Case("segfaults", "crash", ("worker died",))),
-    ("tamper", Case("tampers_check_close", "cheat",
-                    ("tampered", "kernelsmith.evaluate.errors.check_close"))),
-    ("after_tamper_zeros", Case("writes_zeros", "validate", ("relative L2 error",))),
+    ("host_module", Case("takes_over_worker", "cheat", ("kernel",), text=source("takes_over_worker"))),
+    ("after_takeover_zeros", Case("writes_zeros", "validate", ("relative L2 error",))),
     ("after_all_control", Case("correct_rmsnorm", "ok")),
 ]
 
 
 # ---- evaluation, once per group ----------------------------------------------------------------
-def _evaluate(evaluator: Evaluator, spec: OpSpec, cases: dict[str, Case],
-              static_gate: bool = True) -> dict[str, EvalResult]:
-    candidates = [c.candidate() for c in cases.values()]
-    results = evaluator.evaluate(spec, candidates, static_gate=static_gate)
+def _evaluate(evaluator: Evaluator, spec: OpSpec, cases: dict[str, Case]) -> dict[str, EvalResult]:
+    results = evaluator.evaluate(spec, [c.candidate() for c in cases.values()])
     return dict(zip(cases, results, strict=True))
 
 
@@ -177,27 +158,22 @@ def rmsnorm_results(evaluator: Evaluator) -> dict[str, EvalResult]:
 
 
 @pytest.fixture(scope="module")
-def rmsnorm_ungated_results(evaluator: Evaluator) -> dict[str, EvalResult]:
-    return _evaluate(evaluator, RMSNORM, RMSNORM_UNGATED_CASES, static_gate=False)
-
-
-@pytest.fixture(scope="module")
 def softmax_results(evaluator: Evaluator) -> dict[str, EvalResult]:
     return _evaluate(evaluator, SOFTMAX, SOFTMAX_CASES)
 
 
 @pytest.fixture(scope="module")
-def softmax_ungated_results(evaluator: Evaluator) -> dict[str, EvalResult]:
-    return _evaluate(evaluator, SOFTMAX, SOFTMAX_UNGATED_CASES, static_gate=False)
+def blind_results(evaluator: Evaluator) -> dict[str, EvalResult]:
+    return _evaluate(evaluator, RMSNORM, BLIND_CASES)
 
 
 @pytest.fixture(scope="module")
 def isolation_results() -> list[EvalResult]:
-    """The isolation sequence, in a one-worker evaluator (so each candidate follows the last in
-    the same worker slot) with the static gate off (it would stop most of them)."""
+    """The isolation sequence, in a one-worker evaluator (each candidate follows the last in the
+    same worker slot)."""
     cases = [case for _, case in ISOLATION_SEQUENCE]
     with Evaluator("interpreter", workers=1, timeout_s=ISOLATION_TIMEOUT_S) as ev:
-        return ev.evaluate(RMSNORM, [c.candidate() for c in cases], static_gate=False)
+        return ev.evaluate(RMSNORM, [c.candidate() for c in cases])
 
 
 def _assert_result(result: EvalResult, case: Case) -> None:
@@ -210,35 +186,32 @@ def _assert_result(result: EvalResult, case: Case) -> None:
         assert result.metrics["timer"] == "host-clock-interpreter"
 
 
-# ---- the tests ---------------------------------------------------------------------------------
+# ---- kernel files: the tests -------------------------------------------------------------------
 @pytest.mark.parametrize("name", list(RMSNORM_CASES))
 def test_rmsnorm_planted(name: str, rmsnorm_results: dict[str, EvalResult]) -> None:
     _assert_result(rmsnorm_results[name], RMSNORM_CASES[name])
 
 
-@pytest.mark.parametrize("name", list(RMSNORM_UNGATED_CASES))
-def test_rmsnorm_planted_without_gate(name: str,
-                                      rmsnorm_ungated_results: dict[str, EvalResult]) -> None:
-    _assert_result(rmsnorm_ungated_results[name], RMSNORM_UNGATED_CASES[name])
-
-
-def _params(cases: dict[str, Case]) -> list[object]:
-    return list(cases)
-
-
-@pytest.mark.parametrize("name", _params(SOFTMAX_CASES))
+@pytest.mark.parametrize("name", list(SOFTMAX_CASES))
 def test_softmax_planted(name: str, softmax_results: dict[str, EvalResult]) -> None:
     _assert_result(softmax_results[name], SOFTMAX_CASES[name])
 
 
-@pytest.mark.parametrize("name", list(SOFTMAX_UNGATED_CASES))
-def test_softmax_planted_without_gate(name: str,
-                                      softmax_ungated_results: dict[str, EvalResult]) -> None:
-    _assert_result(softmax_ungated_results[name], SOFTMAX_UNGATED_CASES[name])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=BLIND_XFAIL) for n in BLIND_CASES])
+def test_blind_spots_of_the_validation_data(name: str, blind_results: dict[str, EvalResult]) -> None:
+    _assert_result(blind_results[name], BLIND_CASES[name])
 
 
-def test_failures_carry_the_candidate_and_its_source_hash(
-        rmsnorm_results: dict[str, EvalResult]) -> None:
+def test_device_level_cheats_pass_the_gate() -> None:
+    """The kernel files' cheats are device code the grammar allows: only the harness can stop
+    them (the tests above), so the gate must not be what rejects them."""
+    gated = {"undefined_name"}  # a name no kernel body may use: the gate's business
+    for name in sorted(set(KERNEL_FILES) - gated):
+        assert check_kernel_file(source(name)) == [], name
+    assert any("undefined_scale" in p for p in check_kernel_file(source("undefined_name")))
+
+
+def test_failures_carry_the_candidate_and_its_source_hash(rmsnorm_results: dict[str, EvalResult]) -> None:
     """Results stay attributable: the candidate travels back, and a rejection after loading
     records which source was judged."""
     for name, case in RMSNORM_CASES.items():
@@ -249,33 +222,13 @@ def test_failures_carry_the_candidate_and_its_source_hash(
         assert len(rmsnorm_results[name].source_hash) == 16
 
 
-def test_data_ptr_cache_passes_validation_and_fails_only_while_timing(
-        rmsnorm_ungated_results: dict[str, EvalResult]) -> None:
-    """Rule 5 is a timing-phase defense: validation (fresh inputs per run) cannot see the cache,
-    and only the in-place refill of the timing inputs exposes it."""
-    error = rmsnorm_ungated_results["rule5_data_ptr_cache"].error
-    assert "outputs written while timing" in error
-    assert "wrong on" not in error  # not a validation failure
-
-
-@pytest.mark.parametrize("step", range(len(ISOLATION_SEQUENCE)),
-                         ids=[name for name, _ in ISOLATION_SEQUENCE])
+@pytest.mark.parametrize("step", range(len(ISOLATION_SEQUENCE)), ids=[name for name, _ in ISOLATION_SEQUENCE])
 def test_isolation_sequence(step: int, isolation_results: list[EvalResult]) -> None:
-    """A hang, an exit, a segfault and harness tampering, one after another in the same worker
-    slot: each gets its own failure kind, and every candidate after them is judged correctly
-    (the zeros after the tampering are still rejected, so the tampered checker did not survive;
-    the control at the end is "ok")."""
+    """A device loop that never ends, then a host module that would take the worker over, one
+    after another in the same worker slot: each gets its own failure kind, and every candidate
+    after them is judged correctly (the zeros after the takeover attempt are still rejected; the
+    control at the end is "ok")."""
     _assert_result(isolation_results[step], ISOLATION_SEQUENCE[step][1])
-
-
-def test_tampering_never_reaches_the_callers_process(isolation_results: list[EvalResult]) -> None:
-    tamper = dict(zip([n for n, _ in ISOLATION_SEQUENCE], isolation_results, strict=True))["tamper"]
-    assert tamper.status == "cheat"
-    assert errors.check_close is ORIGINAL_CHECK_CLOSE
-    assert torch.equal is ORIGINAL_TORCH_EQUAL
-    # and the caller's checker still rejects zeros
-    ref = torch.randn(8, 8, dtype=torch.float64)
-    assert errors.check_close(torch.zeros(8, 8), ref, ref.float(), get_op("rmsnorm").tolerance)
 
 
 def test_softmax_large_distribution_overflows_exp_in_the_validated_shapes() -> None:
@@ -297,61 +250,274 @@ def test_softmax_large_distribution_overflows_exp_at_any_width() -> None:
         assert float(x.max()) > 88.8, f"seed {seed}: max {float(x.max()):.1f}"
 
 
+# ---- host modules: the gate rejects every one, naming the attack ----------------------------------
+# module -> a fragment of the gate's problem that names the construct the attack needs.
+HOST_ATTACKS: dict[str, str] = {
+    "background_thread": "`import threading` is not allowed",
+    "caches_by_data_ptr": "function build has 0 decorators",
+    "caches_by_version": "function build has 0 decorators",
+    "counts_calls": "`import itertools` is not allowed",
+    "detects_worker_argv": "`import sys` is not allowed",
+    "detects_worker_environ": "`import os` is not allowed",
+    "detects_worker_stack": "`import inspect` is not allowed",
+    "disabled_dispatch": "function build has 0 decorators",
+    "exits": "`import os` is not allowed",
+    "forges_reply": "`from multiprocessing.connection import Connection` is not allowed",
+    "forks_child": "`import os` is not allowed",
+    "getattr_string": "unknown name 'getattr'",
+    "lazy_dispatch_mode": "class",
+    "lazy_subclass": "class",
+    "leaves_daemon": "`import subprocess` is not allowed",
+    "numpy_compute": "`import numpy as np` is not allowed",
+    "reads_clock": "`import time` is not allowed",
+    "rebinds_reference": "`from kernelsmith.ops import get_op` is not allowed",
+    "reexports_forbidden": "`from kernelsmith.ops._launch import os` is not allowed",
+    "replaces_output": "function build has 0 decorators",
+    "rewrites_harness_files": "`import pathlib` is not allowed",
+    "rewrites_harness_globals": "gi_frame",
+    "samples_values": "function build has 0 decorators",
+    "segfaults": "`import ctypes` is not allowed",
+    "sends_crafted_pickle": "`import pickle` is not allowed",
+    "sets_output_storage": "function build has 0 decorators",
+    "side_stream": "function build has 0 decorators",
+    "slows_baseline": "`import time` is not allowed",
+    "swaps_code_object": "__code__",
+    "swaps_output_data": "function build has 0 decorators",
+    "takes_over_worker": "`import sys` is not allowed",
+    "tampers_check_close": "kernelsmith.evaluate",
+    "tampers_torch_equal": "function _always_equal has 0 decorators",
+    "torch_fallback": "function build has 0 decorators",
+    "torch_in_joined_thread": "`from dataclasses import inspect` is not allowed",
+    "torch_softmax": "`import torch` is not allowed",
+    "writes_database": "`import sqlite3` is not allowed",
+}
+
+
+def test_every_host_module_has_its_expected_rejection() -> None:
+    assert set(HOST_ATTACKS) == set(HOST_MODULES)
+
+
+@pytest.mark.parametrize("name", sorted(HOST_ATTACKS))
+def test_host_module_is_rejected_by_the_gate_before_anything_runs(name: str) -> None:
+    problems = check_kernel_file(source(name))
+    assert any(HOST_ATTACKS[name] in p for p in problems), problems
+    assert all(p.startswith("line ") for p in problems), problems  # each names its line
+    assert any("the file has no LAUNCH" in p for p in problems)  # and it is no kernel file at all
+
+
 @pytest.fixture(scope="module")
-def frame_tampering_result() -> EvalResult:
-    """In an evaluator of its own: when the hole below is open, this candidate leaves its
-    worker's harness rewired, and no other test's candidate should be judged there."""
-    with Evaluator("interpreter", workers=1, timeout_s=120) as ev:
-        [result] = ev.evaluate(RMSNORM, [Case("rewrites_harness_globals", "cheat").candidate()])
+def host_results(evaluator: Evaluator) -> dict[str, EvalResult]:
+    """A few host modules through a worker, as an attacker would submit them."""
+    names = ["forges_reply", "sends_crafted_pickle", "rebinds_reference", "exits"]
+    return dict(zip(names, evaluator.evaluate(RMSNORM, [Candidate("planted", CONFIG, source(n)) for n in names]),
+                    strict=True))
+
+
+@pytest.mark.parametrize("name", ["forges_reply", "sends_crafted_pickle", "rebinds_reference", "exits"])
+def test_the_worker_gates_host_modules_too(name: str, host_results: dict[str, EvalResult]) -> None:
+    """The worker loads ``Candidate.source`` only as a kernel file: a forged reply, a crafted
+    pickle, a rebound reference never run there either."""
+    result = host_results[name]
+    assert result.status == "cheat", f"{name}: {result.status}: {result.error}"
+    assert HOST_ATTACKS[name] in result.error
+
+
+def test_tampering_never_reaches_the_callers_process(isolation_results: list[EvalResult]) -> None:
+    assert errors.check_close is ORIGINAL_CHECK_CLOSE
+    assert torch.equal is ORIGINAL_TORCH_EQUAL
+    ref = torch.randn(8, 8, dtype=torch.float64)
+    assert errors.check_close(torch.zeros(8, 8), ref, ref.float(), get_op("rmsnorm").tolerance)
+
+
+# ---- the run-time defenses behind the gate, in this process --------------------------------------
+# Candidates cannot run host code any more, so these checks of validate.run_checked and of the
+# worker's timing are exercised with Python launchers written here: each wraps the correct
+# RMSNorm kernel file's honest launcher with one cheat.
+def honest(spec: OpSpec = RMSNORM) -> Launcher:
+    return parse_kernel_file(source("correct_rmsnorm")).build(spec, CONFIG)
+
+
+def _run_once(launcher: Launcher, spec: OpSpec = RMSNORM) -> None:
+    op = get_op(spec.op)
+    inputs = list(op.make_inputs(spec, 1, "normal", "cpu"))
+    run_checked(launcher, inputs, allocate_outputs(op, spec, "cpu"), lambda: None)
+
+
+def _thread(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+    thread = threading.Thread(target=honest(), args=(inputs, outputs))
+    thread.start()  # rule 6: the work goes on after the launcher returns
+
+
+def _torch_in_joined_thread(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+    def work() -> None:
+        outputs[0][...] = inputs[0] * torch.rsqrt(inputs[0].pow(2).mean(-1, keepdim=True) + 1e-6) * inputs[1]
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+
+
+def _torch_compute(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+    outputs[0].copy_(torch.nn.functional.rms_norm(inputs[0], inputs[0].shape[-1:], inputs[1], 1e-6))
+
+
+def _replaces_output(inputs: Sequence[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+    mine = inputs[0].new_empty(inputs[0].shape)
+    honest()(inputs, [mine])
+    outputs[0] = mine
+
+
+def _swaps_output_data(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+    mine = inputs[0].new_empty(inputs[0].shape)
+    honest()(inputs, [mine])
+    outputs[0].data = mine
+
+
+def _sets_output_storage(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+    mine = inputs[0].new_empty(inputs[0].shape)
+    honest()(inputs, [mine])
+    outputs[0].set_(mine)  # type: ignore[call-overload]
+
+
+class _Lazy(torch.Tensor):
+    pass
+
+
+def _lazy_subclass(inputs: Sequence[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+    outputs[0] = outputs[0].as_subclass(_Lazy)
+
+
+RUN_TIME_CHEATS: dict[str, tuple[Callable[..., None], tuple[str, ...]]] = {
+    "rule6_thread": (_thread, ("started a thread",)),
+    "rule7_torch_in_joined_thread": (_torch_in_joined_thread, ("the candidate",)),
+    "rule7_torch_compute": (_torch_compute, ("computed with PyTorch",)),
+    "rule7_replaces_output": (_replaces_output, ("output storage was replaced",)),
+    "rule7_swaps_output_data": (_swaps_output_data, ("output storage was replaced",)),
+    "rule7_sets_output_storage": (_sets_output_storage, ("PyTorch", "aten.set_")),
+    "rule7_lazy_subclass": (_lazy_subclass, ("_Lazy", "not a plain torch.Tensor")),
+}
+
+
+@pytest.mark.parametrize("name", list(RUN_TIME_CHEATS))
+def test_run_time_check_behind_the_gate(name: str) -> None:
+    launcher, says = RUN_TIME_CHEATS[name]
+    with pytest.raises(Rejected) as caught:
+        _run_once(launcher)
+    assert caught.value.kind == "cheat", str(caught.value)
+    for fragment in says:
+        assert fragment in str(caught.value)
+
+
+def test_run_time_checks_accept_the_honest_launcher() -> None:
+    _run_once(honest())  # no exception: the checks above are not rejecting everything
+    assert validate(get_op("rmsnorm"), RMSNORM, lambda spec, config: honest(spec), CONFIG, "cpu", lambda: None) > 0
+
+
+@pytest.mark.parametrize(("owner", "name", "label"), [
+    (torch, "equal", "torch.equal"),
+    (errors, "check_close", "kernelsmith.evaluate.errors.check_close"),
+])
+def test_rule10_replacing_a_harness_function_is_tampering(owner: object, name: str, label: str) -> None:
+    original = getattr(owner, name)
+
+    def tamper(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        honest()(inputs, outputs)
+        setattr(owner, name, lambda *args, **kwargs: True)
+
+    try:
+        with pytest.raises(Rejected, match="tampered") as caught:
+            _run_once(tamper)
+    finally:
+        setattr(owner, name, original)
+    assert label in str(caught.value)
+
+
+def test_rule10_rebinding_a_global_of_a_harness_module_is_tampering(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What rewrites_harness_globals did through frames: a name the validation code looks up
+    (its ``errors``) rebound in the module itself. The sealed identities catch it."""
+    monkeypatch.setattr(validate_module, "_SEALED", {})
+    validate_module.seal_harness()
+    real = validate_module.errors
+
+    def rebind(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        honest()(inputs, outputs)
+        validate_module.errors = None  # type: ignore[assignment]
+
+    try:
+        with pytest.raises(Rejected, match="tampered") as caught:
+            _run_once(rebind)
+    finally:
+        validate_module.errors = real
+    assert "kernelsmith.evaluate.validate.errors" in str(caught.value)
+
+
+def _worker_result(monkeypatch: pytest.MonkeyPatch, build: Callable[[OpSpec, Config], Launcher]) -> EvalResult:
+    """One evaluation by a Worker in this process, of a variant whose launcher is ``build``'s
+    (the only way a Python launcher reaches the worker now: it is the package's own code)."""
+    family = get_op("rmsnorm")
+    cheat = Variant("python_cheat", "a launcher written by the test", lambda spec: Space([]), build)
+    real = family.variant
+    monkeypatch.setattr(family, "variant", lambda name: cheat if name == cheat.name else real(name))
+    request = EvalRequest(RMSNORM.to_dict(), (Candidate(cheat.name, Config()),), "interpreter",
+                          TimingSettings.interpreter())
+    reply = Worker().handle(request)
+    (result,) = reply.results
     return result
 
 
-def test_rewiring_the_harness_through_its_frames_is_rejected(
-        frame_tampering_result: EvalResult) -> None:
-    assert frame_tampering_result.status != "ok", "a kernel that writes zeros was accepted"
-    assert frame_tampering_result.status == "cheat", frame_tampering_result.error
+def _caches_by_data_ptr(spec: OpSpec, config: Config) -> Launcher:
+    """Rule 5: the first call for an input address computes; later calls copy the cached answer."""
+    launcher = honest(spec)
+    copy = parse_kernel_file(source("writes_identity")).build(spec, CONFIG)  # out0 = in0
+    cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        x, w = inputs
+        key = (x.data_ptr(), w.data_ptr())
+        if key not in cache:
+            result = torch.empty_like(outputs[0])
+            launcher(inputs, [result])
+            cache[key] = (x, w, result)
+        copy([cache[key][2], w], outputs)
+
+    return launch
 
 
-@pytest.fixture(scope="module")
-def compile_error_results(evaluator: Evaluator) -> dict[str, EvalResult]:
-    cases = {
-        "gated_syntax_error": Case("correct_rmsnorm", "build", text=_syntax_error_source()),
-        "undefined_name": Case("undefined_name", "build"),
-    }
-    return _evaluate(evaluator, RMSNORM, cases)
+def test_rule5_a_cache_by_address_passes_validation_and_fails_while_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Validation (fresh inputs per run) cannot see the cache; the in-place refill of the timing
+    inputs exposes it."""
+    result = _worker_result(monkeypatch, _caches_by_data_ptr)
+    assert result.status == "cheat", result.error
+    assert "outputs written while timing are wrong" in result.error
+    assert "wrong on" not in result.error.split("timing are wrong")[0]  # not a validation failure
 
 
-def test_syntax_error_is_a_build_failure_with_the_gate_on(
-        compile_error_results: dict[str, EvalResult]) -> None:
-    result = compile_error_results["gated_syntax_error"]
-    assert result.status == "build", result.error
-    assert "syntax" in result.error.lower()
-
-
-def test_undefined_name_in_a_kernel_is_a_build_failure(
-        compile_error_results: dict[str, EvalResult]) -> None:
-    result = compile_error_results["undefined_name"]
-    assert "undefined_scale" in result.error
-    assert result.status == "build", result.error
+def test_rule5_the_honest_launcher_is_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = _worker_result(monkeypatch, lambda spec, config: honest(spec))
+    assert result.status == "ok", result.error
+    assert result.metrics["median_us"] > 0
 
 
 # ---- the planted kernels themselves --------------------------------------------------------------
 def test_every_planted_kernel_is_exercised() -> None:
     """No planted kernel is left without a test (here or, for GPU-only ones, in tests/gpu)."""
-    covered = {c.kernel for group in (RMSNORM_CASES, RMSNORM_UNGATED_CASES, SOFTMAX_CASES,
-                                      SOFTMAX_UNGATED_CASES) for c in group.values()}
+    covered = {c.kernel for group in (RMSNORM_CASES, SOFTMAX_CASES, BLIND_CASES) for c in group.values()}
     covered |= {c.kernel for _, c in ISOLATION_SEQUENCE}
-    covered |= {"undefined_name", "rewrites_harness_globals"}
+    covered |= set(HOST_ATTACKS)
     assert covered | GPU_ONLY == set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_planted_kernel_is_a_documented_candidate_module(name: str) -> None:
+def test_planted_kernel_is_documented_in_its_form(name: str) -> None:
     tree = ast.parse(source(name))
     doc = ast.get_docstring(tree)
     assert doc and len(doc) > 80, f"{name} needs a docstring saying which rule it attacks"
     functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    assert "build" in functions
+    if name in KERNEL_FILES:
+        assert "build" not in functions  # device code and a launch block, nothing else
+    else:
+        # an attacker's module, and the docstring says why it cannot run any more
+        assert "build" in functions and "kernel file" in " ".join(doc.split())
 
 
 def test_source_rejects_unknown_names() -> None:
