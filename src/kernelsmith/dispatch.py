@@ -11,32 +11,32 @@ torch.export can hold kernelsmith kernels. Its implementation serves the stored 
 inputs' workload (or the op's PyTorch reference when the database has none).
 
 Kernels written outside the package. A decision may name a variant that is not one of the
-family's built-in ones: a kernel module a coding agent (``kernelsmith agent bench``) or an LLM
+family's built-in ones: a kernel file (``docs/kernel-files.md``: Triton device code and a
+declarative launch, no host Python) a coding agent (``kernelsmith agent bench``) or an LLM
 proposed, whose text the database keeps by source hash (``Database.put_variant_source``). Such
-source is evaluated only in worker processes; serving its winner, however, means loading it in
-the caller's process, which is a trust decision: :func:`build_runner` loads only text that
+source is evaluated in worker processes; serving its winner means compiling its kernels in the
+caller's process and launching them with kernelsmith's own launcher (the file's Python never
+runs, but its device code reads and writes the call's tensors), which is a trust decision:
+:func:`build_runner` loads only text that
 
 - the tool itself stored after it passed the full harness (static gate, validation on every
   distribution and tail shape, timing checks) in a worker; nothing else writes that table,
   except ``kernelsmith db import`` of a file whose author the user trusts like any code;
 - still hashes to the hash the decision names (a row edited by hand is refused);
-- passes the static gate again, as it did before evaluation (no torch compute, I/O, threads,
-  streams, try/except, introspection);
+- passes the kernel-file gate again, as it did before evaluation (only the Triton language in
+  kernel bodies, only literal launch data);
 
 and the front doors check the first call's output against the float64 reference before they
-adopt the runner. The gate is not a sandbox: it keeps honest mistakes and known cheats out, not a
+adopt the runner. Device code is not a sandbox: a kernel reaches whatever memory its pointers
+do, so the gate keeps host code out and trust keeps unknown device code out; neither stops a
 determined attacker with write access to the database, who could equally edit the package.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import logging
-import os
-import sys
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -142,23 +142,23 @@ def build_runner(family: OpFamily, spec: OpSpec, decision: DecisionRecord, db: A
     return KernelRunner.build(family, spec, variant.build(spec, config), variant.name, config)
 
 
-# Stored sources loaded in this process, by source hash: a module is imported once.
+# Stored kernel files loaded in this process, by source hash: each is parsed and compiled once.
 _SOURCE_BUILDS: dict[str, Callable[[OpSpec, Config], Launcher]] = {}
-_SOURCE_DIR: tempfile.TemporaryDirectory[str] | None = None
 _SOURCE_LOCK = threading.Lock()
 
 
 def load_stored_source(op: str, source_hash: str, db: Any = None) -> Callable[[OpSpec, Config], Launcher]:
-    """The ``build`` function of the kernel module stored under ``source_hash``.
+    """The ``build`` of the kernel file stored under ``source_hash``.
 
-    The text must still match its hash and pass the static gate; it is imported from a file
-    (Triton reads kernel source with :mod:`inspect`) in a private temporary folder. Raises
-    LookupError when there is no such source or it fails a check.
+    The text must still match its hash and be a kernel file that passes the gate
+    (:func:`kernelsmith.evaluate.kernel_file.parse_kernel_file`); its kernels are launched by
+    kernelsmith's launcher, so nothing in the text runs as host Python. Raises LookupError when
+    there is no such source or it fails a check.
     """
     with _SOURCE_LOCK:
         if source_hash in _SOURCE_BUILDS:
             return _SOURCE_BUILDS[source_hash]
-    from kernelsmith.evaluate.static_gate import check_source
+    from kernelsmith.evaluate.kernel_file import KernelFileError, parse_kernel_file
 
     database = open_database(db)
     try:
@@ -170,32 +170,15 @@ def load_stored_source(op: str, source_hash: str, db: Any = None) -> Callable[[O
         raise LookupError(f"{op}: no stored source for variant {source_hash or '(no hash)'} in the database")
     if variant_source_hash(source) != source_hash:
         raise LookupError(f"{op}: the stored source {source_hash} does not match its hash (edited?)")
-    problems = check_source(source)
-    if problems:
-        raise LookupError(f"{op}: the stored source {source_hash} fails the static gate: {'; '.join(problems[:3])}")
-    global _SOURCE_DIR
+    try:
+        kernel_file = parse_kernel_file(source)
+    except KernelFileError as exc:
+        problems = "; ".join(exc.problems[:3])
+        raise LookupError(f"{op}: the stored source {source_hash} is not a valid kernel file: {problems}") from None
     with _SOURCE_LOCK:
-        if _SOURCE_DIR is None:
-            _SOURCE_DIR = tempfile.TemporaryDirectory(prefix="kernelsmith-sources-")
-        path = os.path.join(_SOURCE_DIR.name, f"source_{source_hash}.py")
-        with open(path, "w") as handle:
-            handle.write(source)
-        module_spec = importlib.util.spec_from_file_location(f"kernelsmith_source_{source_hash}", path)
-        assert module_spec is not None and module_spec.loader is not None
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_spec.name] = module  # what dataclasses and pickling look modules up in
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as exc:
-            sys.modules.pop(module_spec.name, None)
-            problem = f"{type(exc).__name__}: {exc}"
-            raise LookupError(f"{op}: the stored source {source_hash} failed to import: {problem}") from exc
-        build = getattr(module, "build", None)
-        if not callable(build):
-            raise LookupError(f"{op}: the stored source {source_hash} defines no build(spec, config)")
-        _SOURCE_BUILDS[source_hash] = build
-    log.info("loaded stored kernel source %s for %s", source_hash, op)
-    return build  # type: ignore[no-any-return]
+        build = _SOURCE_BUILDS.setdefault(source_hash, kernel_file.build)
+    log.info("loaded stored kernel file %s for %s", source_hash, op)
+    return build
 
 
 def interpreter_enabled() -> bool:
