@@ -3,8 +3,9 @@
 No test here touches the network: the strategy talks to :class:`kernelsmith.llm.fake.FakeClient`,
 and each real client is exercised against a stand-in SDK module put in ``sys.modules`` (the
 clients import their SDK lazily), which records the request it receives. The end-to-end test runs
-``tune_spec`` in the Triton interpreter with proposed kernel sources: a correct RMSNorm is
-evaluated like any variant, and malicious ones are rejected while the search goes on.
+``tune_spec`` in the Triton interpreter with proposed kernel files: a correct RMSNorm is
+evaluated like any variant, and malicious ones (host Python the gate rejects, a kernel file that
+never writes) are rejected while the search goes on.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from pydantic import BaseModel
 
 from kernelsmith.db import current_fingerprint, open_database
+from kernelsmith.evaluate.kernel_file import parse_kernel_file
 from kernelsmith.evaluate.protocol import Candidate, EvalResult
 from kernelsmith.evaluate.static_gate import check_source
 from kernelsmith.llm import LLMError, Metered, Usage, make_client
@@ -130,12 +132,23 @@ def test_without_database_the_hardware_is_unknown_and_sources_are_explained():
     strategy.propose(1)
     user = client.calls[0].user
     assert "# Hardware\nunknown" in user and "Nothing evaluated yet." in user
-    assert "# Writing a new kernel" in user and "def build(spec, config)" in user and "LlamaRMSNorm" in user
+    assert "# Writing a new kernel" in user and "A new kernel is a kernel file" in user and "LlamaRMSNorm" in user
+    assert "def build(" not in user  # no host Python anywhere in what the model is shown
+    assert "LAUNCH = {" in user and '"args": ["in0", "out0"' in user
+    assert "kernelsmith's agent template" in user and "_rmsnorm_row_kernel" in user  # the family's template
     assert client.calls[0].schema is Round
 
 
-def test_the_prompts_kernel_example_passes_the_static_gate():
+def test_the_prompts_kernel_example_is_a_kernel_file_the_harness_accepts():
     assert check_source(KERNEL_EXAMPLE) == []
+    kernel_file = parse_kernel_file(KERNEL_EXAMPLE)
+    op = get_op("gelu")  # any op with one input and one output of its shape: here it is wrong, on purpose
+    spec = op.spec((5, 33), "float32")
+    launcher = kernel_file.build(spec, kernel_file.space(spec).configs()[0])
+    x = torch.randn(5, 33)
+    y = torch.full_like(x, float("nan"))
+    launcher([x], [y])
+    assert torch.equal(y, 2 * x)  # it launches, masks its tail and writes every element
 
 
 # ---- mapping proposals onto the candidate set --------------------------------------------------
@@ -299,9 +312,9 @@ def test_kernel_sources_are_gated_here_then_proposed_as_llm_candidates():
     strategy.setup(CANDIDATES)
     first = strategy.propose(2)
     assert set(first) <= set(CANDIDATES)  # the thread kernel never became a candidate: random fill
-    assert strategy.rejected[0][0] == "threads" and "threading" in strategy.rejected[0][1]
+    assert strategy.rejected[0][0] == "threads" and "`import threading` is not allowed" in strategy.rejected[0][1]
     kernels = strategy.propose(2)
-    assert "kernel 'threads' rejected by the static gate before evaluation" in client.calls[1].user
+    assert "kernel 'threads' rejected by the kernel-file gate before evaluation" in client.calls[1].user
     assert kernels == [Candidate(SOURCE_VARIANT, Config(num_warps=w), good) for w in (4, 8)]
     again = strategy.propose(2)  # the kernel named again with another config; the tried one dropped
     assert again[0] == Candidate(SOURCE_VARIANT, Config(num_warps=2), good)
@@ -327,10 +340,10 @@ def llm_tune(tmp_path_factory):
     whole_row = op.variant("whole_row").space(spec).configs()[0].to_dict()
     multi_row = op.variant("multi_row").space(spec).configs()[0].to_dict()
     client = FakeClient([
-        # round 1: PyTorch instead of a kernel (the static gate stops it) and a parameter proposal
+        # round 1: PyTorch instead of a kernel (host Python: the gate stops it) and a parameter proposal
         {"candidates": [{"variant": "whole_row", "config": whole_row}],
          "kernels": [_kernel("softmax_shortcut", source("torch_softmax"), {})]},
-        # round 2: a kernel that passes the gate but never writes its output (the harness stops it)
+        # round 2: a kernel file that passes the gate but never writes its output (the harness stops it)
         {"candidates": [{"variant": "multi_row", "config": multi_row}],
          "kernels": [_kernel("lazy", source("never_writes"), {"num_warps": 4})]},
         # round 3: a correct kernel
@@ -358,9 +371,9 @@ def test_malicious_proposals_are_rejected_and_the_search_continues(llm_tune):
     spec, result, client, db = llm_tune
     with open_database(db) as database:
         trials = database.trials(fingerprint=current_fingerprint().hash, workload=spec.workload_hash)
-    # the static gate: never a candidate, never run, reported back to the model
-    assert "kernel 'softmax_shortcut' rejected by the static gate before evaluation" in client.calls[1].user
-    assert "torch.softmax is not allowed" in client.calls[1].user
+    # the gate: never a candidate, never run, reported back to the model with what is allowed
+    assert "kernel 'softmax_shortcut' rejected by the kernel-file gate before evaluation" in client.calls[1].user
+    assert "`import torch` is not allowed; the imports are `import triton`" in client.calls[1].user
     assert len(trials) == 4 and all(t.source_hash != "" for t in trials)
     # the harness: evaluated in a worker, rejected as a failure, and the search went on
     lazy = [t for t in trials if t.status != "ok"]
