@@ -265,6 +265,14 @@ def _decode_split_k_kernel(
                 tl.atomic_xchg(counter, 0)  # ready for the next launch
 
 
+@triton.jit
+def _zero_kernel(ptr, n, BLOCK: tl.constexpr):
+    """Set ``n`` int32 counters to 0 (once, when a launcher first runs: a kernel, not PyTorch,
+    which the harness would take for the candidate computing with PyTorch, rule 7)."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(ptr + offsets, tl.zeros([BLOCK], dtype=tl.int32), mask=offsets < n)
+
+
 # =================================================================================================
 # Spaces and builders
 # =================================================================================================
@@ -274,13 +282,14 @@ DOT_MIN_M = 16  # BLOCK_M from here up multiplies on the tensor cores (tl.dot's 
 BLOCKS_N = (4, 8, 16, 32, 64, 128, 256)
 BLOCKS_K = (32, 64, 128, 256, 512)
 WARPS = (1, 2, 4, 8)
-STAGES = (1, 2, 3, 4)
+STAGES = (1, 2, 3)
 SPLITS = (2, 4, 8, 16, 32)
 PERSISTENT_SPLITS = (1, 2, 4, 8, 16)
-PROGRAMS_PER_SM = (1, 2, 4)
+PROGRAMS_PER_SM = (1, 2)
 # Who sums a split output block's partials: its last program ("last_program", one launch) or a
 # second kernel ("kernel").
 REDUCTIONS = ("last_program", "kernel")
+ZERO_BLOCK = 1024
 # float32 values a thread holds on the CUDA cores: its partial sums plus the weight block it loads.
 MAX_FMA_VALUES_PER_THREAD = 128
 MAX_ACCUMULATORS_PER_THREAD = 128  # on the tensor cores, as in the matmul family
@@ -452,7 +461,8 @@ def _split_launcher(g: _Geometry, config: Config, splits: int, programs: int) ->
         if last_reduces:
             counter = counters.get(y.device)  # type: ignore[assignment]
             if counter is None:
-                counter = counters.setdefault(y.device, torch.zeros(blocks, dtype=torch.int32, device=y.device))
+                counter = counters.setdefault(y.device, y.new_empty(blocks, dtype=torch.int32))
+                _zero_kernel[(triton.cdiv(blocks, ZERO_BLOCK),)](counter, blocks, BLOCK=ZERO_BLOCK)
         partial_kernel(x, w, w3, partial, counter, y, bias, residual, g.m, g.n, g.k, HAS_BIAS=g.has_bias,
                        EPILOGUE=g.epilogue, SPLIT_K=splits, **flags, LAST_REDUCES=last_reduces,
                        num_warps=num_warps, num_stages=num_stages)  # fmt: skip

@@ -1,0 +1,250 @@
+"""The ``decode_matmul`` family (a few rows of x against an nn.Linear weight): every variant and
+config class in the Triton interpreter on small and odd shapes against the float64 reference, the
+harness, split-K's bitwise reproducibility, specs and spaces.
+
+Kernel outputs are pre-filled with NaN and followed by a NaN guard (a kernel that skips an element
+or writes past the end is caught) and compared with the float64 reference under the harness's own
+tolerance. Configs come from each variant's *validity* space (what ``build`` accepts at any M), so
+that tall blocks run on one row too. The interpreter ignores ``num_warps`` and ``num_stages``, so
+the test covers the parameters that change what the kernels compute (block sizes, and with them
+CUDA cores or tensor cores, masked or even K and N; the splits; who reduces) and takes the fewest
+warps a config allows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from kernelsmith.evaluate.errors import check_close
+from kernelsmith.evaluate.validate import validate
+from kernelsmith.ops import UnsupportedWorkload, get_op
+from kernelsmith.ops.decode_matmul import (
+    MAX_M,
+    OP,
+    DecodeMatmul,
+    _gemv_space,
+    _persistent_space,
+    _split_k_space,
+)
+from kernelsmith.space import Config, Space
+from kernelsmith.spec import OpSpec
+
+VARIANTS = ("gemv", "split_k", "persistent")
+DTYPES = ("bfloat16", "float16", "float32")
+EPILOGUES = ("none", "bias", "residual", "bias+residual", "swiglu", "bias+gelu")
+# (M, N, K) with M of 1, 3 and 17, N of 1, 7 and 129, K of 1, 33, 257 (and 1025, where 32 splits
+# of 32 fit): nothing a multiple of a block, so every mask and modulo runs; 129 and 257 make the
+# widest blocks (256 and 512) valid. Split-K needs two K blocks: no K = 1 there.
+SHAPES = ((1, 7, 33), (3, 129, 1), (17, 1, 257), (1, 129, 257), (3, 7, 1025))
+SPLIT_SHAPES = ((1, 7, 33), (3, 129, 257), (17, 1, 257), (1, 7, 1025), (3, 1, 33))
+# What changes the computed values: everything but num_warps and num_stages.
+SEMANTIC = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "REDUCE", "PROGRAMS_PER_SM")
+GUARD = 64
+SPACES = {"gemv": _gemv_space, "split_k": _split_k_space, "persistent": _persistent_space}
+
+
+def validity_space(variant: str, spec: OpSpec) -> Space:
+    return SPACES[variant](spec, prune=False)
+
+
+def semantic(config: Config) -> frozenset[tuple[str, object]]:
+    return frozenset((k, v) for k, v in config.items() if k in SEMANTIC)
+
+
+def interpreter_cost(spec: OpSpec, config: Config) -> float:
+    """About how long the interpreter takes: one step per (program, K block), plus the elements."""
+    x, w = spec.inputs[0], spec.inputs[1]
+    m, (n, k) = x.numel // x.shape[-1], w.shape
+    splits = int(config.get("SPLIT_K", 1))
+    programs = math.ceil(m / config["BLOCK_M"]) * math.ceil(n / config["BLOCK_N"]) * splits
+    steps = programs * math.ceil(math.ceil(k / config["BLOCK_K"]) / splits)
+    return steps + steps * config["BLOCK_M"] * config["BLOCK_N"] * config["BLOCK_K"] / 2000
+
+
+def plan(variant: str, specs: list[OpSpec]) -> list[tuple[OpSpec, Config]]:
+    """(spec, config) runs: each spec once, with the cheapest config adding the most
+    (parameter, value) pairs not seen yet, then more until every pair of every spec's space has
+    been seen. Of configs equal in what they compute, the one with the fewest warps and stages."""
+    classes: dict[int, dict[frozenset[tuple[str, object]], Config]] = {}
+    for i, spec in enumerate(specs):
+        by_class: dict[frozenset[tuple[str, object]], Config] = {}
+        for config in validity_space(variant, spec):
+            by_class.setdefault(semantic(config), config)  # the product order puts fewer warps first
+        assert by_class, f"{variant} has no config for {spec.describe()}"
+        classes[i] = by_class
+    runs: list[tuple[OpSpec, Config]] = []
+    seen: set[tuple[str, object]] = set()
+
+    def pick(i: int) -> Config:
+        spec = specs[i]
+        return min(classes[i].values(), key=lambda c: (-len(semantic(c) - seen), interpreter_cost(spec, c)))
+
+    for i, spec in enumerate(specs):
+        config = pick(i)
+        runs.append((spec, config))
+        seen |= semantic(config)
+    possible = {pair for by_class in classes.values() for cls in by_class for pair in cls}
+    while possible - seen:
+        i = max(classes, key=lambda j: len(semantic(pick(j)) - seen))
+        config = pick(i)
+        runs.append((specs[i], config))
+        seen |= semantic(config)
+    return runs
+
+
+def run(spec: OpSpec, variant: str, config: Config, inputs: tuple[torch.Tensor, ...], launcher=None) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """Launch into a NaN-filled output followed by a NaN guard; check the guard and the inputs."""
+    before = [t.clone() for t in inputs]
+    (out,) = OP.output_specs(spec)
+    buffer = torch.full((out.numel + GUARD,), math.nan, dtype=out.torch_dtype, device=inputs[0].device)
+    y = buffer[: out.numel].view(out.shape)
+    (launcher or OP.variant(variant).build(spec, config))(inputs, (y,))
+    assert bool(torch.isnan(buffer[out.numel :]).all()), f"{variant} {config.key} wrote past the end"
+    assert all(torch.equal(t, b) for t, b in zip(inputs, before, strict=True)), f"{variant} modified its inputs"
+    return y
+
+
+def assert_matches(spec: OpSpec, inputs: tuple[torch.Tensor, ...], y: torch.Tensor, what: str) -> None:
+    assert bool(torch.isfinite(y).all()), f"{what}: some outputs were never written"
+    (ref64,) = OP.reference_fp64(spec, inputs)
+    (lowp,) = OP.reference(spec, inputs)
+    problem = check_close(y, ref64, lowp, OP.tolerance)
+    assert problem is None, f"{what}: {problem}"
+
+
+def specs_for(variant: str) -> list[OpSpec]:
+    """The shapes in turn, with every epilogue and every dtype among them."""
+    shapes = SPLIT_SHAPES if variant != "gemv" else SHAPES
+    count = max(len(EPILOGUES), len(shapes))
+    pairs = itertools.islice(zip(itertools.cycle(EPILOGUES), itertools.cycle(DTYPES)), count)
+    return [OP.spec(shapes[i % len(shapes)], dtype, epilogue=epilogue) for i, (epilogue, dtype) in enumerate(pairs)]
+
+
+# ---- every variant and config class on small and odd shapes ---------------------------------------
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_config_class_matches_the_reference(variant: str, device: str) -> None:
+    specs = specs_for(variant)
+    runs = plan(variant, specs)
+    for i, (spec, config) in enumerate(runs):
+        inputs = OP.make_inputs(spec, seed=i, distribution=OP.distributions[i % len(OP.distributions)], device=device)
+        y = run(spec, variant, config, inputs)
+        assert_matches(spec, inputs, y, f"{variant} {config.key} {spec.describe()}")
+    tested = {pair for _, c in runs for pair in semantic(c)}
+    assert tested == {pair for spec in specs for c in validity_space(variant, spec) for pair in semantic(c)}
+    assert {c["BLOCK_M"] >= 16 for _, c in runs} == {False, True}  # CUDA cores and tensor cores
+    assert {s.inputs[0].dtype for s, _ in runs} == set(DTYPES)
+    assert {(s.const("epilogue"), s.const("bias")) for s, _ in runs} >= {("swiglu", False), ("residual", True)}
+
+
+def test_the_validity_spaces_offer_every_choice() -> None:
+    """Across the test shapes every value of every parameter is in some space: no dead choice."""
+    for variant in VARIANTS:
+        values: dict[str, set[object]] = {}
+        for spec in specs_for(variant):
+            for config in validity_space(variant, spec):
+                for k, v in config.items():
+                    values.setdefault(k, set()).add(v)
+        for param in validity_space(variant, OP.spec((8, 4096, 4096), "bfloat16")).params:
+            assert set(param.choices) == values[param.name], (variant, param.name)
+
+
+# ---- split-K: the order of the sum -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ("split_k", "persistent"))
+def test_split_k_is_bitwise_reproducible_and_the_same_whoever_reduces(variant: str, device: str) -> None:
+    """K = 160 is 5 blocks of 32: 4 splits take 2, 2, 1 and 0 blocks (the last stores zeros). The
+    partials are summed in the same order by the last program and by the reduction kernel, so the
+    two agree bitwise; the same launcher runs three times (the arrival counters must be reset)."""
+    spec = OP.spec((3, 50, 160), "bfloat16", epilogue="swiglu")
+    inputs = OP.make_inputs(spec, seed=5, distribution="outliers", device=device)
+    extra = {"PROGRAMS_PER_SM": 1} if variant == "persistent" else {}
+    results = {}
+    for reduce in ("last_program", "kernel"):
+        config = Config(BLOCK_M=4, BLOCK_N=16, BLOCK_K=32, num_warps=4, num_stages=1, SPLIT_K=4, REDUCE=reduce,
+                        **extra)  # fmt: skip
+        assert config in validity_space(variant, spec)
+        launcher = OP.variant(variant).build(spec, config)
+        first = run(spec, variant, config, inputs, launcher)
+        assert_matches(spec, inputs, first, f"{variant} REDUCE={reduce}")
+        for _ in range(2):
+            assert torch.equal(first, run(spec, variant, config, inputs, launcher))
+        results[reduce] = first
+    assert torch.equal(results["last_program"], results["kernel"])
+
+
+def test_persistent_programs_walk_several_tiles(device: str) -> None:
+    """K = 300 is 10 blocks of 32. 3 row blocks of 8 x 10 blocks of 4 weight rows x 8 splits (of 2
+    blocks; the last 3 empty) is 240 tiles for 4 programs (the interpreter's 4 stand-in SMs); then
+    2 row blocks of 16 on the tensor cores x 3 blocks of 16 weight rows x 2 splits of 5 blocks."""
+    spec = OP.spec((17, 40, 300), "float16", epilogue="bias+residual")
+    inputs = OP.make_inputs(spec, seed=2, device=device)
+    for block_m, block_n, splits in ((8, 4, 8), (16, 16, 2)):
+        config = Config(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=32, num_warps=4, num_stages=1, SPLIT_K=splits,
+                        PROGRAMS_PER_SM=1, REDUCE="last_program")  # fmt: skip
+        assert config in validity_space("persistent", spec)
+        assert_matches(spec, inputs, run(spec, "persistent", config, inputs), f"persistent {config.key}")
+
+
+# ---- the harness ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("epilogue", "dtype"), [("residual", "bfloat16"), ("swiglu", "float16"),
+                                                 ("bias", "float32")])  # fmt: skip
+def test_one_config_of_each_variant_passes_the_harness(epilogue: str, dtype: str, device: str) -> None:
+    spec = OP.spec((5, 24, 72), dtype, epilogue=epilogue)
+    for variant in OP.variants:
+        config = min(variant.space(spec).configs(), key=lambda c: interpreter_cost(spec, c))
+        # the target on every distribution, two tails (1 and 4 rows) on one each, two runs apiece
+        assert validate(OP, spec, variant.build, config, device, lambda: None) == 2 * (len(OP.distributions) + 2)
+
+
+# ---- specs and spaces ----------------------------------------------------------------------------
+
+
+def test_spec_is_matmuls_at_decode_shapes() -> None:
+    assert get_op("decode_matmul") is OP and isinstance(OP, DecodeMatmul)
+    spec = OP.spec((1, 2048, 8192), "bf16", epilogue="residual")
+    assert spec.op == "decode_matmul"
+    assert [t.shape for t in spec.inputs] == [(1, 8192), (2048, 8192), (1, 2048)]
+    assert dict(spec.constants) == dict(get_op("matmul").spec((1, 2048, 8192), "bf16", epilogue="residual").constants)
+    x, w = torch.zeros(2, 3, 16, dtype=torch.float16), torch.zeros(24, 16, dtype=torch.float16)
+    assert OP.spec_for(x, w) == OP.spec((2, 3, 24, 16), "fp16")
+    assert OP.spec_for(torch.zeros(16), torch.zeros(8, 16)).inputs[0].shape == (16,)  # a 1-D x is one row
+    assert OP.output_specs(OP.spec((MAX_M, 24, 16), "fp32"))[0].shape == (MAX_M, 24)
+    # tuned in power-of-two row buckets, validated on fewer rows
+    assert OP.bucket(OP.spec((17, 24, 16), "bf16")).inputs[0].shape == (32, 16)
+    assert [s.inputs[0].shape[0] for s in OP.validation_specs(OP.spec((17, 24, 16), "bf16"))] == [17, 1, 7, 16]
+
+
+@pytest.mark.parametrize(
+    ("shape", "constants"),
+    [((MAX_M + 1, 24, 16), {}), ((2, 40, 24, 16), {}), ((1, 24, 16), {"layout": "matmul"}),
+     ((1, 24, 16), {"epilogue": "relu"})],
+    ids=["65-rows", "80-rows", "matmul-layout", "relu"],
+)  # fmt: skip
+def test_refuses_what_is_not_a_decode_projection(shape: tuple[int, ...], constants: dict[str, str]) -> None:
+    with pytest.raises(UnsupportedWorkload):
+        OP.spec(shape, "bf16", **constants)
+
+
+def test_pruned_spaces_at_llama_decode_shapes() -> None:
+    """At M = 1 and 8 on the projections of Llama-3.2-1B and Llama-3-8B every variant has configs
+    on the tensor cores (16 rows) and, but for SwiGLU at 8 rows (eight partial sums per element of
+    two weights do not fit in registers with 16-byte loads), on the CUDA cores (BLOCK_M the padded
+    M); and each is valid (build accepts it)."""
+    for m, (n, k) in itertools.product((1, 8), ((2048, 8192), (128256, 2048), (14336, 4096))):
+        epilogue = "swiglu" if n == 14336 else "none"
+        spec = OP.spec((m, n, k), "bf16", epilogue=epilogue)
+        for variant in OP.variants:
+            space = variant.space(spec)
+            expected = {16} if (epilogue, m) == ("swiglu", 8) else {m, 16}
+            assert {c["BLOCK_M"] for c in space} == expected, (variant.name, m, n, k)
+            valid = validity_space(variant.name, spec)
+            assert all(c in valid for c in space.configs()[:: max(1, len(space) // 50)])
