@@ -19,9 +19,10 @@ caller's process and launching them with kernelsmith's own launcher (the file's 
 runs, but its device code reads and writes the call's tensors), which is a trust decision:
 :func:`build_runner` loads only text that
 
-- the tool itself stored after it passed the full harness (static gate, validation on every
-  distribution and tail shape, timing checks) in a worker; nothing else writes that table,
-  except ``kernelsmith db import`` of a file whose author the user trusts like any code;
+- this user trusts: the tool itself stored it after it passed the full harness (static gate,
+  validation on every distribution and tail shape, timing checks) in a worker, or the user
+  trusted it with ``kernelsmith db trust`` (imported text, and text in a database someone else
+  wrote, is never read before that; see :mod:`kernelsmith.db.trust`);
 - still hashes to the hash the decision names (a row edited by hand is refused);
 - passes the kernel-file gate again, as it did before evaluation (only the Triton language in
   kernel bodies, only literal launch data);
@@ -44,7 +45,15 @@ from typing import Any
 
 import torch
 
-from kernelsmith.db import Database, DecisionRecord, current_fingerprint, open_database, variant_source_hash
+from kernelsmith.db import (
+    Database,
+    DatabaseError,
+    DecisionRecord,
+    current_fingerprint,
+    open_database,
+    variant_source_hash,
+    warn_unusable_database,
+)
 from kernelsmith.ops import OpFamily, UnsupportedWorkload, get_op
 from kernelsmith.ops._base import Launcher
 from kernelsmith.space import Config
@@ -130,16 +139,52 @@ def build_runner(family: OpFamily, spec: OpSpec, decision: DecisionRecord, db: A
     outside the package, loaded from its source in the database ``db`` (default: the default
     database) by :func:`load_stored_source` (see the module docstring for why that is trusted).
     Raises LookupError when the stored variant no longer exists or its source changed since it
-    was measured: a decision is only as good as the code it was measured on.
+    was measured: a decision is only as good as the code it was measured on. Also, before any
+    stored text is read (DESIGN.md rule 13), for an imported claim not validated here
+    (:func:`refuse_unservable`) and for a kernel source this user has not trusted
+    (:func:`refuse_untrusted_source`).
     """
+    refuse_unservable(family.name, decision)
     config = Config(decision.config)
     if decision.variant not in {v.name for v in family.variants}:
+        refuse_untrusted_source(family.name, decision.source_hash, db)
         build = load_stored_source(family.name, decision.source_hash, db)
         return KernelRunner.build(family, spec, build(spec, config), decision.variant, config)
     variant = family.variant(decision.variant)
     if decision.source_hash and decision.source_hash != variant.source_hash:
         raise LookupError(f"{family.name}/{variant.name} changed since it was tuned (source hash differs)")
     return KernelRunner.build(family, spec, variant.build(spec, config), variant.name, config)
+
+
+def refuse_unservable(op: str, decision: DecisionRecord) -> None:
+    """Raise LookupError (saying what to run) unless ``decision`` was measured here or is an
+    imported claim validated here (DESIGN.md rule 13)."""
+    if decision.servable:
+        return
+    if decision.validation_error:
+        why = f"its validation here failed: {decision.validation_error}"
+    else:
+        why = "it is an imported claim not validated on this machine; run `kernelsmith db validate`"
+    raise LookupError(f"{op}: the stored decision for {decision.workload} is not served: {why}")
+
+
+def refuse_untrusted_source(op: str, source_hash: str, db: Any = None) -> None:
+    """Raise LookupError unless this user trusts the kernel source ``source_hash`` (stored by
+    the tuner after the harness passed it here, or trusted with ``kernelsmith db trust``; see
+    :mod:`kernelsmith.db.trust`). Called before the text is parsed or loaded at all."""
+    database = open_database(db)
+    try:
+        record = database.variant_source(source_hash) if source_hash else None
+    finally:
+        if database is not db:
+            database.close()
+    if record is None:
+        raise LookupError(f"{op}: no stored source for variant {source_hash or '(no hash)'} in the database")
+    if not record.trusted:
+        raise LookupError(
+            f"{op}: kernel source {source_hash} ({record.origin}) is not trusted by this user; review it "
+            f"with `kernelsmith db trust {source_hash}`"
+        )
 
 
 # Stored kernel files loaded in this process, by source hash: each is parsed and compiled once.
@@ -199,7 +244,13 @@ def mode_for(tensors: Sequence[torch.Tensor]) -> str | None:
 
 
 def stored_decision(db: Database, mode: str, bucket: OpSpec) -> DecisionRecord | None:
-    return db.get_decision(current_fingerprint(mode).hash, bucket.workload_hash)
+    """The decision stored for ``bucket`` on this machine in ``mode``, claims included: a claim
+    not validated here is returned (so the front doors do not tune over it) and then refused by
+    :func:`build_runner`, which makes them run the user's function."""
+    decision = db.get_decision(current_fingerprint(mode).hash, bucket.workload_hash)
+    if decision is not None and not decision.servable:
+        log.debug("decision for %s is a claim in state %s", bucket.workload_hash, decision.claim_state)
+    return decision
 
 
 # ---- the torch.library op ------------------------------------------------------------------------
@@ -245,6 +296,8 @@ def runner_for(op: str, inputs: Sequence[torch.Tensor], constants: str) -> Kerne
                 runner = build_runner(family, spec, decision)
     except (UnsupportedWorkload, LookupError, KeyError) as exc:
         log.info("kernelsmith::kernel(%s) uses the PyTorch reference: %s", op, exc)
+    except DatabaseError as exc:  # a broken cache is not a broken program
+        warn_unusable_database(exc)
     with _RUNNERS_LOCK:
         _RUNNERS[key] = runner
     return runner

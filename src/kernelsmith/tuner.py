@@ -3,11 +3,11 @@
 :func:`tune_spec` is the engine every front door calls. It
 
 1. returns the stored decision at once when this workload was already tuned on this
-   fingerprint (no evaluation at all);
+   fingerprint (no evaluation at all; an imported claim not validated here does not count);
 2. measures the device's copy bandwidth once per fingerprint (the roofline ceiling);
-3. asks the strategy for batches of candidates, reuses any trial already in the database
-   (failed configs are never measured again), evaluates the rest in parallel workers, and
-   stores every result immediately (an interrupted search loses nothing);
+3. asks the strategy for batches of candidates, reuses any trial already measured here
+   (failed configs are never measured again; imported trials never stand in), evaluates the
+   rest in parallel workers, and stores every result immediately (an interrupted search loses nothing);
 4. re-times the best few candidates interleaved with the baseline in one worker and adopts the
    best only if it beats both the incumbent and the baseline with statistical confidence.
 """
@@ -411,7 +411,7 @@ def tune_spec(
     try:
         database.put_fingerprint(fp)
         stored = database.get_decision(fp.hash, spec.workload_hash)
-        if stored is not None:
+        if stored is not None and stored.servable:  # an unvalidated imported claim is tuned afresh
             return _result_from_decision(
                 stored, fp, from_database=True, evaluations=0, wall_s=time.perf_counter() - started
             )

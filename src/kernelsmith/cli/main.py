@@ -9,10 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -22,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from kernelsmith.cli.agent import agent_app
+from kernelsmith.cli.db import DbOption, JsonOption, db_app
 from kernelsmith.cli.optimize import optimize as optimize_command
 from kernelsmith.cli.profile import profile as profile_command
 from kernelsmith.cli.report import report as report_command
@@ -30,7 +29,6 @@ from kernelsmith.cli.verify import verify as verify_command
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Search, verify and serve faster Triton kernels for PyTorch ops."
 )
-db_app = typer.Typer(no_args_is_help=True, help="Inspect, export and import the results database.")
 app.add_typer(db_app, name="db")
 app.add_typer(agent_app, name="agent")
 app.command("profile")(profile_command)
@@ -53,14 +51,17 @@ class UserError(Exception):
 
 @contextmanager
 def _user_errors() -> Iterator[None]:
-    from kernelsmith.db import DatabaseError
+    from kernelsmith.db import BrokenDatabaseError, DatabaseError, repair_hint
     from kernelsmith.ops import UnsupportedWorkload
 
     try:
         yield
     except (UserError, ValueError, ImportError, DatabaseError, UnsupportedWorkload, FileNotFoundError, OSError) as exc:
+        message = str(exc)
+        if isinstance(exc, BrokenDatabaseError):  # say how to get out of it, on the same line
+            message += f"; {repair_hint(exc.path)}"
         # escape: a message such as "pip install 'kernelsmith[search]'" is text, not rich markup
-        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 
@@ -69,11 +70,6 @@ def _run(fn: Callable[[], T]) -> T:
         return fn()
 
 
-DbOption = Annotated[
-    str | None,
-    typer.Option("--db", help="Database path or sqlite:/// URL (default: $KERNELSMITH_DB or the per-user cache)."),
-]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")]
 
 
 def _parse_constants(items: list[str]) -> dict[str, Any]:
@@ -271,172 +267,6 @@ def ops(as_json: JsonOption = False) -> None:
     for row in rows:
         table.add_row(row["name"], row["summary"], row["shape"], ", ".join(row["variants"]))
     out.print(table)
-
-
-@db_app.command("list")
-def db_list(
-    db: DbOption = None, op: Annotated[str | None, typer.Option("--op")] = None, as_json: JsonOption = False
-) -> None:
-    """Tuned workloads and their decisions."""
-    from kernelsmith.db import open_database
-
-    def load() -> tuple[list[Any], dict[str, Any]]:
-        with open_database(db) as database:
-            return database.decisions(op=op), {f.hash: f for f in database.fingerprints()}
-
-    decisions, fingerprints = _run(load)
-    if as_json:
-        print(json.dumps([d.to_dict() for d in decisions], default=str))
-        return
-    table = Table(title="decisions")
-    for column in ("workload", "op", "inputs", "winner", "variant", "speedup", "GB/s", "machine"):
-        table.add_column(column)
-    for d in decisions:
-        inputs = " ".join("x".join(map(str, t["shape"])) + ":" + t["dtype"] for t in d.spec.get("inputs", []))
-        fp = fingerprints.get(d.fingerprint)
-        table.add_row(
-            d.workload,
-            d.op,
-            inputs,
-            d.winner,
-            d.variant or "-",
-            _fmt(d.metrics.get("speedup"), 2, "x"),
-            _fmt(d.metrics.get("gbps")),
-            fp.gpu_name if fp else d.fingerprint,
-        )
-    out.print(table)
-
-
-@db_app.command("show")
-def db_show(
-    workload: Annotated[str, typer.Argument(help="Workload hash (see `db list`).")],
-    db: DbOption = None,
-    lam: Annotated[
-        float, typer.Option("--lambda", min=0.0, help="Cost weight of the choice: speedup - lambda * cost / total.")
-    ] = 0.0,
-    axis: Annotated[str, typer.Option("--cost", help="Cost axis: evaluations, seconds or tokens.")] = "evaluations",
-    as_json: JsonOption = False,
-) -> None:
-    """One workload: its decisions, every trial (failures included), and speed against search cost."""
-    from kernelsmith.cost import summarize_trials
-    from kernelsmith.db import open_database
-
-    def load() -> tuple[list[Any], list[Any], list[dict[str, Any]]]:
-        with open_database(db) as database:
-            decisions = [d for d in database.decisions() if d.workload == workload]
-            trials = database.trials(workload=workload)
-            modes = {f.hash: f.mode for f in database.fingerprints()}
-        if not decisions and not trials:
-            raise UserError(f"no workload {workload!r} in the database")
-        stored = {d.fingerprint: d.metrics["cost"] for d in decisions if isinstance(d.metrics.get("cost"), dict)}
-        return decisions, trials, summarize_trials(trials, modes, lam=lam, axis=axis, stored_costs=stored)
-
-    decisions, trials, costs = _run(load)
-    if as_json:
-        print(
-            json.dumps(
-                {
-                    "decisions": [d.to_dict() for d in decisions],
-                    "trials": [t.to_dict() for t in trials],
-                    "cost": costs,
-                },
-                default=str,
-            )
-        )
-        return
-    for d in decisions:
-        out.print(
-            f"[bold]{d.op}[/bold] {d.workload} on {d.fingerprint}: winner {d.winner} "
-            f"{d.variant} {d.config} speedup {_fmt(d.metrics.get('speedup'), 3, 'x')}",
-            highlight=False,
-        )
-    table = Table(title=f"{len(trials)} trials")
-    for column in ("variant", "config", "status", "time (us)", "GB/s", "error"):
-        table.add_column(column)
-    for t in trials:
-        table.add_row(
-            t.variant,
-            t.config_key,
-            t.status,
-            _fmt(t.metrics.get("median_us")),
-            _fmt(t.metrics.get("gbps")),
-            (t.error or "")[:80],
-        )
-    out.print(table)
-    for c in costs:
-        _print_cost(c)
-
-
-def _print_cost(c: dict[str, Any]) -> None:
-    """The search cost of one fingerprint's trials and the Pareto frontier of speed against it."""
-    seconds = c.get("gpu_s", c.get("interpreter_s", 0.0))
-    line = (
-        f"search cost on {c['fingerprint']} ({c['mode']}): {c['evaluations']} evaluations "
-        f"({c['failures']} failed), {seconds:.1f} {c['seconds_name']}"
-        + (" (estimated: some trials predate per-trial seconds)" if c["seconds_estimated"] else "")
-    )
-    out.print(line, highlight=False)
-    if c["stored_cost"]:  # the decision's own run, with its final re-check and any LLM tokens
-        from kernelsmith.cost import SearchCost
-
-        out.print(f"last tuning run: {SearchCost.from_dict(c['stored_cost']).describe()}", highlight=False)
-    table = Table(title=f"speed vs cost ({c['axis']}): Pareto frontier, lambda={c['lambda']:g}")
-    for column in ("#", "variant", "config", "speedup", "evaluations", c["seconds_name"], "score", ""):
-        table.add_column(column)
-    for p in c["frontier"]:
-        table.add_row(
-            str(p["index"]),
-            p["variant"],
-            ",".join(f"{k}={v}" for k, v in sorted(p["config"].items())),
-            _fmt(p["speedup"], 3, "x"),
-            str(p["evaluations"]),
-            _fmt(p["seconds"]),
-            _fmt(p["score"], 3),
-            "chosen" if p["index"] == c["chosen"] else "",
-        )
-    out.print(table)
-    if c["mode"] == "interpreter":
-        out.print("interpreter timings: speedups are not GPU performance", highlight=False)
-
-
-@db_app.command("export")
-def db_export(
-    db: DbOption = None,
-    out_file: Annotated[Path | None, typer.Option("--out", help="File (default: standard output).")] = None,
-    op: Annotated[str | None, typer.Option("--op")] = None,
-) -> None:
-    """Write the database as JSON lines."""
-    from kernelsmith.db import open_database
-    from kernelsmith.db.jsonl import export_jsonl
-
-    def run() -> int:
-        with open_database(db) as database:
-            if out_file is None:
-                return export_jsonl(database, sys.stdout, op=op)
-            with open(out_file, "w") as stream:
-                return export_jsonl(database, stream, op=op)
-
-    count = _run(run)
-    err.print(f"exported {count} records")
-
-
-@db_app.command("import")
-def db_import(
-    source: Annotated[str, typer.Argument(help="JSON lines file, or - for standard input.")] = "-", db: DbOption = None
-) -> None:
-    """Read JSON lines written by `db export` (duplicates are skipped)."""
-    from kernelsmith.db import open_database
-    from kernelsmith.db.jsonl import import_jsonl
-
-    def run() -> dict[str, int]:
-        with open_database(db) as database:
-            if source == "-":
-                return import_jsonl(database, sys.stdin)
-            with open(source) as stream:
-                return import_jsonl(database, stream)
-
-    counts = _run(run)
-    err.print("imported " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
 
 
 def main() -> None:

@@ -35,6 +35,7 @@ __all__ = [
     "VariantSource",
     "config_key_of",
     "current_fingerprint",
+    "database_path",
     "default_db_path",
     "open_database",
     "repair_hint",
@@ -83,6 +84,12 @@ def default_db_path() -> Path:
     return base / "kernelsmith" / "kernelsmith.db"
 
 
+def database_path(location: str | os.PathLike[str] | None = None) -> str:
+    """The file (or ``":memory:"``) that :func:`open_database` would open for ``location``,
+    without opening it: for commands that inspect or move a file that may be broken."""
+    return str(default_db_path()) if location is None else _location_to_path(os.fspath(location))
+
+
 def open_database(location: str | os.PathLike[str] | Database | None = None) -> Database:
     """The database at ``location``; see the module docstring for the accepted forms.
 
@@ -91,7 +98,7 @@ def open_database(location: str | os.PathLike[str] | Database | None = None) -> 
     """
     if isinstance(location, Database):
         return location
-    path = str(default_db_path()) if location is None else _location_to_path(os.fspath(location))
+    path = database_path(location)
     logger.debug("opening database %s", path)
     return SQLiteDatabase(path)
 

@@ -79,7 +79,7 @@ import torch
 from torch import fx
 
 from kernelsmith import dispatch
-from kernelsmith.db import DecisionRecord, open_database
+from kernelsmith.db import DatabaseError, DecisionRecord, open_database, warn_unusable_database
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.ops import OpFamily, UnsupportedWorkload, get_op
 from kernelsmith.spec import OpSpec
@@ -125,9 +125,9 @@ class Site:
     """A region of the graph computing one op family, and what became of it.
 
     ``status``: ``"found"`` (matched, not resolved yet), ``"replaced"``, ``"not tuned"``,
-    ``"baseline wins"``, ``"unsupported"``, ``"check failed"``, ``"no backward"``, ``"slower in
-    context"``. ``speedup`` is the stored decision's (vs eager), ``backward_speedup`` its
-    backward family's in a training graph.
+    ``"baseline wins"``, ``"unsupported"``, ``"check failed"``, ``"no database"`` (the cache is
+    broken), ``"no backward"``, ``"slower in context"``. ``speedup`` is the stored decision's
+    (vs eager), ``backward_speedup`` its backward family's in a training graph.
     """
 
     op: str
@@ -470,13 +470,17 @@ class _Resolver:
         self, family: OpFamily, spec: OpSpec, mode: str, device: torch.device
     ) -> tuple[dispatch.KernelRunner, DecisionRecord] | tuple[str, str]:
         bucket = family.bucket(spec)
-        decision = self._decision(bucket, mode)
-        if decision is None and self.tune:
-            from kernelsmith.tuner import tune_spec
-
-            log.info("tuning %s (budget %d)", bucket.describe(), self.budget)
-            tune_spec(bucket, budget=self.budget, strategy=self.strategy, db=self.db, mode=mode)
+        try:
             decision = self._decision(bucket, mode)
+            if decision is None and self.tune:
+                from kernelsmith.tuner import tune_spec
+
+                log.info("tuning %s (budget %d)", bucket.describe(), self.budget)
+                tune_spec(bucket, budget=self.budget, strategy=self.strategy, db=self.db, mode=mode)
+                decision = self._decision(bucket, mode)
+        except DatabaseError as exc:  # a broken cache is not a broken program: one warning, Inductor's code
+            warn_unusable_database(exc)
+            return "no database", f"the database cannot be used: {exc}"
         if decision is None:
             hint = "tune it, or pass options={'tune': True}"
             return "not tuned", f"no stored decision for {bucket.describe()} ({hint})"

@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 import torch
 
 from kernelsmith import dispatch
-from kernelsmith.db import open_database
+from kernelsmith.db import DatabaseError, open_database, warn_unusable_database
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.frontends.recognize import Match, MatchDoesNotApply, recognize
 from kernelsmith.ops import OpFamily, UnsupportedWorkload, get_op
@@ -189,18 +189,23 @@ class Optimized:
         key's table entry set accordingly.
         """
         bucket = family.bucket(spec)
-        with open_database(self.db) as db:
-            decision = dispatch.stored_decision(db, device_mode, bucket)
-        if decision is None:
-            mode = self.effective_mode
-            if mode == "db":
-                self._use_original(key, f"{family.name} {bucket.describe()} is not tuned (database-only mode)")
-                return None
-            if mode == "background":
-                self._tune_in_background(key, bucket, device_mode)
-                self.table[key] = self._fallback
-                return None
-            decision = self._tune(bucket, device_mode)
+        try:
+            with open_database(self.db) as db:
+                decision = dispatch.stored_decision(db, device_mode, bucket)
+            if decision is None:
+                mode = self.effective_mode
+                if mode == "db":
+                    self._use_original(key, f"{family.name} {bucket.describe()} is not tuned (database-only mode)")
+                    return None
+                if mode == "background":
+                    self._tune_in_background(key, bucket, device_mode)
+                    self.table[key] = self._fallback
+                    return None
+                decision = self._tune(bucket, device_mode)
+        except DatabaseError as exc:  # a broken cache is not a broken program: one warning, the user's code
+            warn_unusable_database(exc)
+            self._use_original(key, f"the database cannot be used: {exc}")
+            return None
         if decision is None or decision.winner != "kernel":
             self._use_original(key, f"the baseline wins for {bucket.describe()}")
             return None
