@@ -1,10 +1,12 @@
 """The coding-agent workspace: init, bench, keep or revert, and serving a kept kernel.
 
-Everything runs in the Triton interpreter on small shapes (8x64). Interpreter timings can never
-beat eager PyTorch, so the real-harness KEEP test plants a deliberately slow incumbent (a correct
-kernel that repeats its reduction) in the database: a plain kernel is then genuinely faster by
-the harness's own paired comparison. Gate failures (torch compute, file access) are decided
-before any worker starts; wrong kernels go through the full harness in a worker.
+``kernel.py`` is a kernel file (docs/kernel-files.md). Everything runs in the Triton interpreter
+on small shapes (8x64). Interpreter timings can never beat eager PyTorch, so the real-harness KEEP
+test plants a deliberately slow incumbent (a correct kernel file that repeats its reduction) in
+the database: a plain kernel is then genuinely faster by the harness's own paired comparison.
+Gate failures (host Python, file access) are decided before any worker starts; wrong kernel files
+go through the full harness in a worker. Each family's template is validated in this process by
+the harness's own validation (kernel files are device code: nothing of them runs as host Python).
 """
 
 from __future__ import annotations
@@ -20,18 +22,19 @@ from typer.testing import CliRunner
 import kernelsmith
 from kernelsmith import dispatch
 from kernelsmith.agent import WorkspaceError, bench_workspace, init_workspace
-from kernelsmith.agent import extract as extract_module
-from kernelsmith.agent.extract import ExtractionError, variant_source
+from kernelsmith.agent.playbook import IMPORTS_TEXT
 from kernelsmith.agent.templates import OPS as TEMPLATE_OPS
-from kernelsmith.agent.workspace import RESULTS_COLUMNS, read_config
+from kernelsmith.agent.templates import template_source
+from kernelsmith.agent.workspace import GATE_REASON, RESULTS_COLUMNS
 from kernelsmith.cli.main import app
 from kernelsmith.db import DecisionRecord, current_fingerprint, open_database, variant_source_hash
 from kernelsmith.evaluate.errors import check_close
-from kernelsmith.evaluate.pool import Evaluator
-from kernelsmith.evaluate.protocol import Candidate, EvalResult
-from kernelsmith.evaluate.static_gate import check_source
+from kernelsmith.evaluate.kernel_file import ALLOWED_IMPORTS, check_kernel_file, parse_kernel_file
+from kernelsmith.evaluate.protocol import EvalResult
+from kernelsmith.evaluate.validate import validate
 from kernelsmith.ops import get_op
 from kernelsmith.space import Config
+from kernelsmith.spec import OpSpec
 from kernelsmith.testing.bad_kernels import source as planted
 
 runner = CliRunner()
@@ -49,7 +52,7 @@ def cli(*args: str):
 
 def verdict_block(stdout: str) -> dict[str, str]:
     """The ``key: value`` lines of a bench, as a dict (the way an agent greps them)."""
-    return dict(line.split(": ", 1) for line in stdout.strip().splitlines() if ": " in line)
+    return dict(line.split(": ", 1) for line in stdout.strip().splitlines() if ": " in line and line[0] != " ")
 
 
 def results(ws: Path) -> list[dict[str, str]]:
@@ -91,15 +94,19 @@ def init(ws: Path, db: str, op: str = "rmsnorm") -> None:
     assert result.exit_code == 0, result.output
 
 
-def store_winner(db: str, source: str) -> str:
+def store_winner(db: str, source: str, *, trusted: bool = True, variant: str = "agent",
+                 config: dict[str, object] | None = None) -> str:
     """Store ``source`` as the kept winner of RMSNORM, as an earlier session would have."""
     fp = current_fingerprint("interpreter")
+    if config is None:
+        parsed = parse_kernel_file(source).config
+        config = parsed.to_dict() if parsed is not None else {}
     with open_database(db) as database:
         database.put_fingerprint(fp)
-        source_hash = database.put_variant_source("rmsnorm", source)
+        source_hash = database.put_variant_source("rmsnorm", source, trusted=trusted)
         database.put_decision(DecisionRecord(
-            fp.hash, RMSNORM.workload_hash, "rmsnorm", RMSNORM.to_dict(), "kernel", "agent", source_hash,
-            read_config(source), {"median_us": 1.0},
+            fp.hash, RMSNORM.workload_hash, "rmsnorm", RMSNORM.to_dict(), "kernel", variant, source_hash,
+            config, {"median_us": 1.0},
         ))  # fmt: skip
     return source_hash
 
@@ -114,18 +121,28 @@ def test_init_writes_a_complete_workspace(ws: Path, db: str) -> None:
     assert data["spec"] == RMSNORM.to_dict() and data["workload"] == RMSNORM.workload_hash
     assert data["fingerprint"] == current_fingerprint("interpreter").hash
     assert data["incumbent"] == {"kind": "baseline", "time_us": None}
-    assert data["start"]["origin"] == "first variant" and data["start"]["variant"] == "whole_row"
+    assert data["start"]["origin"] == "template" and data["start"]["variant"] == "template"
     assert data["db"] == db
     kernel = (ws / "kernel.py").read_text()
-    assert check_source(kernel) == [] and (ws / "best.py").read_text() == kernel
-    assert Config(read_config(kernel)) == get_op("rmsnorm").variant("whole_row").space(RMSNORM).configs()[0]
+    assert check_kernel_file(kernel) == [] and (ws / "best.py").read_text() == kernel
+    template = parse_kernel_file(template_source("rmsnorm") or "")
+    assert parse_kernel_file(kernel).config == template.space(RMSNORM).configs()[0]
+    assert "_rmsnorm_row_kernel" in kernel and "The kernel file `kernelsmith agent bench` evaluates" in kernel
     agents = (ws / "AGENTS.md").read_text()
-    for promise in ("Edit only `kernel.py`", "Playbook", "Persistent scheduling", "When to move on",
-                    "interpreter timings are not performance"):
-        assert promise in agents
+    for promise in ("Edit only `kernel.py`", "is a kernel file, not a program", "LAUNCH", "To try another config, "
+                    "change `CONFIG`", "`in0`, `in1`, `out0`", "(eps=1e-06)", "Playbook", "Persistent scheduling",
+                    "When to move on", "interpreter timings are not performance"):
+        assert promise in agents, promise
     assert results(ws) == []
     again = cli("agent", "init", "rmsnorm", "--shape", "8x64", "--dtype", "fp32", "--dir", str(ws), "--db", db)
     assert again.exit_code == 2 and "--force" in again.stderr
+
+
+def test_agents_md_names_every_import_a_kernel_file_may_have() -> None:
+    spelled = {"__future__": "from __future__ import annotations", "triton": "import triton`",
+               "triton.language": "import triton.language as tl"}
+    assert set(spelled) == ALLOWED_IMPORTS
+    assert all(text in IMPORTS_TEXT for text in spelled.values())
 
 
 def test_init_starts_from_the_stored_winner(ws: Path, db: str) -> None:
@@ -137,66 +154,91 @@ def test_init_starts_from_the_stored_winner(ws: Path, db: str) -> None:
     assert data["incumbent"]["kind"] == "kernel" and data["incumbent"]["time_us"] == 1.0
 
 
+def test_a_stored_llm_kernel_without_config_gets_the_decisions_config(ws: Path, db: str) -> None:
+    store_winner(db, planted("correct_rmsnorm"), variant="llm", config={"num_warps": 2})
+    init(ws, db)
+    kernel = (ws / "kernel.py").read_text()
+    assert kernel.startswith(planted("correct_rmsnorm").rstrip())
+    assert parse_kernel_file(kernel).config == Config(num_warps=2)
+
+
+def test_an_untrusted_stored_winner_is_neither_edited_nor_run(ws: Path, db: str) -> None:
+    """An imported kernel source is not executed until trusted (rule 13): the workspace starts
+    from the template and benches against the baseline, saying why."""
+    source_hash = store_winner(db, SLOW_RMSNORM, trusted=False)
+    init(ws, db)
+    assert json.loads((ws / "workspace.json").read_text())["start"]["origin"] == "template"
+    seen = []
+
+    def evaluate(spec, candidates, settings):
+        seen.extend(candidates)
+        return [_fake_result(c, 10.0) for c in candidates]
+
+    report = bench_workspace(ws, evaluate=evaluate)
+    assert len(seen) == 1 and seen[0].source != SLOW_RMSNORM  # the incumbent was never evaluated
+    assert report.incumbent == "baseline (eager PyTorch)"
+    assert f"kernelsmith db trust {source_hash}" in report.note
+
+
 def test_init_shrinks_large_shapes_in_the_interpreter(ws: Path, db: str) -> None:
     result = init_workspace("softmax", "4096x4096", "fp32", directory=ws, db=db)
     assert result.spec.inputs[0].shape == (32, 512)
     assert any("asked 4096x4096" in note for note in result.notes)
 
 
-CUT_OUT = ["rmsnorm", "softmax", "layernorm", "swiglu", "gelu", "cross_entropy"]
-
-
-@pytest.mark.parametrize("op", CUT_OUT)
-def test_first_variants_are_cut_out_cleanly(op: str) -> None:
-    family = get_op(op)
-    text = variant_source(family, family.variants[0].name, "header")
-    assert check_source(text) == []
-    assert "\nbuild = " in text and "\nspace = " in text
-    compile(text, "kernel.py", "exec")
-
-
-def test_cut_out_variants_pass_the_harness() -> None:
-    """The extracted modules are complete: the worker loads and validates them (rmsnorm and
-    softmax are benched by other tests)."""
-    jobs = []
-    for op in CUT_OUT[2:]:
-        family = get_op(op)
-        spec = family.spec((8, 64), "float32")
-        variant = family.variants[0]
-        candidate = Candidate("agent", variant.space(spec).configs()[0], variant_source(family, variant.name))
-        jobs.append((op, spec, candidate))
-    with Evaluator("interpreter", workers=2) as evaluator:
-        futures = [(op, evaluator.submit(spec, candidate, measure=False)) for op, spec, candidate in jobs]
-        outcomes = {op: future.result() for op, future in futures}
-    assert {op: (r.status, r.error[:200]) for op, r in outcomes.items()} == {op: ("ok", "") for op in outcomes}
-
-
-def test_variants_that_cannot_be_cut_out_say_why() -> None:
-    with pytest.raises(ExtractionError, match="factory or a closure"):
-        variant_source(get_op("sum"), get_op("sum").variants[0].name)
-    with pytest.raises(ExtractionError, match=r"torch\.cuda"):  # asks the device its SM count
-        variant_source(get_op("rmsnorm"), "persistent")
-    with pytest.raises(ExtractionError, match="decorated class"):  # a dataclass
-        variant_source(get_op("rope"), get_op("rope").variants[0].name)
-
-
-def test_an_op_with_neither_extraction_nor_template_is_an_error(ws: Path, db: str) -> None:
+def test_a_family_without_a_template_is_one_clear_line(ws: Path, db: str) -> None:
     result = cli("agent", "init", "sum", "--shape", "8x64", "--dtype", "fp32", "--dir", str(ws), "--db", db)
-    assert result.exit_code == 2 and "no starting kernel for sum" in result.stderr
+    assert result.exit_code == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "no kernel-file template for sum" in line and ", ".join(TEMPLATE_OPS) in line
     assert not (ws / "kernel.py").exists()
 
 
-@pytest.mark.parametrize("op", sorted(TEMPLATE_OPS))
-def test_templates_are_the_fallback_and_are_correct(op: str, ws: Path, db: str, monkeypatch) -> None:
-    def refuse(family, name, header=""):
-        raise ExtractionError(f"{family.name}/{name}: refused by the test")
+def test_a_template_with_no_config_for_the_workload_says_why(ws: Path, db: str) -> None:
+    with pytest.raises(WorkspaceError, match="affine == 'weight_bias'"):
+        init_workspace("layernorm", "8x64", "fp32", directory=ws, db=db, constants={"affine": "none"})
 
-    monkeypatch.setattr(extract_module, "variant_source", refuse)
-    init(ws, db, op)
-    assert json.loads((ws / "workspace.json").read_text())["start"]["origin"] == "template"
-    assert "hand-written template" in (ws / "kernel.py").read_text()
-    report = bench_workspace(ws)
-    assert report.correct, report.reason
+
+def test_every_required_family_has_a_template() -> None:
+    assert {"rmsnorm", "softmax", "layernorm", "add_rmsnorm", "gelu_tanh", "swiglu", "cross_entropy"} <= set(
+        TEMPLATE_OPS)
+
+
+# ---- the templates are correct: the harness's validation, in this process ----------------------
+# Small odd shapes; each template at its first and its last valid config, in float32 and bfloat16.
+TEMPLATE_SHAPES: dict[str, list[tuple[int, ...]]] = {
+    "cross_entropy": [(5, 300), (3, 1000)],
+    "gelu_tanh": [(7, 50), (3, 1029)],
+    "swiglu": [(7, 50), (3, 1029)],
+}
+TEMPLATE_CASES = [
+    pytest.param(op, shape, dtype, id=f"{op}-{'x'.join(map(str, shape))}-{dtype}")
+    for op in TEMPLATE_OPS
+    for shape in TEMPLATE_SHAPES.get(op, [(7, 50), (3, 129)])
+    for dtype in ("float32", "bfloat16")
+]
+
+
+def _validate_template(spec: OpSpec) -> int:
+    kernel_file = parse_kernel_file(template_source(spec.op) or "")
+    configs = kernel_file.space(spec).configs()
+    assert configs, f"the {spec.op} template has no config for {spec.describe()}"
+    runs = 0
+    for config in dict.fromkeys([configs[0], configs[-1]]):
+        runs += validate(get_op(spec.op), spec, kernel_file.build, config, "cpu", lambda: None)
+    return runs
+
+
+@pytest.mark.parametrize(("op", "shape", "dtype"), TEMPLATE_CASES)
+def test_template_passes_validation(op: str, shape: tuple[int, ...], dtype: str) -> None:
+    assert _validate_template(get_op(op).spec(shape, dtype)) > 0
+
+
+@pytest.mark.parametrize("constants", [
+    {"reduction": "sum"}, {"reduction": "none"}, {"label_smoothing": 0.1}, {"ignore_index": 3},
+], ids=["sum", "none", "smoothing", "ignore_index"])
+def test_cross_entropy_template_covers_its_constants(constants: dict[str, object]) -> None:
+    assert _validate_template(get_op("cross_entropy").spec((6, 257), "float32", **constants)) > 0
 
 
 # ---- bench: what must be reverted ----------------------------------------------------------------
@@ -205,7 +247,7 @@ def test_an_unedited_workspace_is_correct_but_not_faster_than_eager(ws: Path, db
     result = cli("agent", "bench", "--dir", str(ws))
     assert result.exit_code == 0, result.output
     block = verdict_block(result.stdout)
-    assert block["correct"] == "yes" and block["verdict"] == "REVERT"
+    assert block["correct"] == "yes" and block["verdict"] == "REVERT", block
     assert block["mode"] == "interpreter" and "timings are not performance" in block["note"]
     assert block["incumbent"] == "baseline (eager PyTorch)" and float(block["time_us"]) > 0
     for key in ("gbps", "pct_of_ceiling", "speedup_vs_incumbent", "reason"):
@@ -219,13 +261,12 @@ def test_an_unedited_workspace_is_correct_but_not_faster_than_eager(ws: Path, db
     assert json.loads((ws / "workspace.json").read_text())["incumbent"]["time_us"] > 0  # measured now
 
 
+# What an agent used to write: a Python module computing with PyTorch. It is no kernel file.
 TORCH_COMPUTE = '''
 import torch
-from kernelsmith.space import Config
-from kernelsmith.spec import OpSpec
 
 
-def build(spec: OpSpec, config: Config):
+def build(spec, config):
     def launch(inputs, outputs):
         x, w = inputs
         outputs[0].copy_(x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w)
@@ -236,34 +277,49 @@ CONFIG = {}
 '''
 
 READS_FILES = [
-    ("open", "REF = open('/tmp/reference_outputs.pt', 'rb').read()\n"),
-    ("pathlib", "from pathlib import Path\nREF = Path('/tmp/reference_outputs.pt').read_bytes()\n"),
-    ("os", "import os\nREF = os.listdir('/tmp')\n"),
-    ("harness", "from kernelsmith.evaluate import validate\n"),
+    ("open", "REF = open('/tmp/reference_outputs.pt', 'rb').read()\n", "is not a literal"),
+    ("pathlib", "from pathlib import Path\nREF = Path('/tmp/reference_outputs.pt').read_bytes()\n",
+     "`from pathlib import Path` is not allowed"),
+    ("os", "import os\nREF = os.listdir('/tmp')\n", "`import os` is not allowed"),
+    ("harness", "from kernelsmith.evaluate import validate\n", "`from kernelsmith.evaluate import validate` is not"),
 ]
 
 
-def test_computing_with_torch_is_reverted(ws: Path, db: str) -> None:
+def test_host_python_is_reverted_with_one_line_per_gate_problem(ws: Path, db: str) -> None:
     init(ws, db)
     (ws / "kernel.py").write_text(TORCH_COMPUTE)
-    result = cli("agent", "bench", "--dir", str(ws), "--json")
+    result = cli("agent", "bench", "--dir", str(ws))
     assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
-    assert report["correct"] is False and report["verdict"] == "REVERT" and report["status"] == "cheat"
-    assert "static gate" in report["reason"] and "torch" in report["reason"]
+    block = verdict_block(result.stdout)
+    assert block["correct"] == "no" and block["verdict"] == "REVERT" and block["status"] == "cheat"
+    lines = result.stdout.strip().splitlines()
+    reason_at = next(i for i, line in enumerate(lines) if line.startswith("reason: "))
+    assert lines[reason_at] == f"reason: cheat: {GATE_REASON}"
+    problems = lines[reason_at + 1:]
+    assert problems == [f"  {p}" for p in check_kernel_file(TORCH_COMPUTE)]
+    assert any("`import torch` is not allowed" in p for p in problems)
+    assert any("function build has 0 decorators" in p for p in problems)
     assert results(ws)[0]["verdict"] == "REVERT"
     with open_database(db) as database:
         assert [t.status for t in database.trials()] == ["cheat"]
         assert database.decisions() == [] and database.variant_sources() == []
 
 
-@pytest.mark.parametrize(("how", "snippet"), READS_FILES, ids=[how for how, _ in READS_FILES])
-def test_reading_files_or_the_harness_is_reverted(how: str, snippet: str, ws: Path, db: str) -> None:
+def test_host_python_is_reverted_in_json_too(ws: Path, db: str) -> None:
+    init(ws, db)
+    (ws / "kernel.py").write_text(TORCH_COMPUTE)
+    report = json.loads(cli("agent", "bench", "--dir", str(ws), "--json").stdout)
+    assert report["correct"] is False and report["status"] == "cheat"
+    assert report["reason"].splitlines()[1:] == [f"  {p}" for p in check_kernel_file(TORCH_COMPUTE)]
+
+
+@pytest.mark.parametrize(("how", "snippet", "says"), READS_FILES, ids=[how for how, _, _ in READS_FILES])
+def test_reading_files_or_the_harness_is_reverted(how: str, snippet: str, says: str, ws: Path, db: str) -> None:
     init(ws, db)
     (ws / "kernel.py").write_text(FAST_RMSNORM + snippet)
-    block = verdict_block(cli("agent", "bench", "--dir", str(ws)).stdout)
-    assert block["correct"] == "no" and block["verdict"] == "REVERT"
-    assert block["status"] == "cheat" and "static gate" in block["reason"]
+    report = bench_workspace(ws)
+    assert report.verdict == "REVERT" and report.status == "cheat"
+    assert report.reason.startswith(f"cheat: {GATE_REASON}") and says in report.reason
 
 
 def test_a_wrong_kernel_is_reverted_by_the_harness(ws: Path, db: str) -> None:
@@ -358,7 +414,7 @@ def _decision(source_hash: str) -> DecisionRecord:
                           source_hash, {"num_warps": 4})
 
 
-def test_build_runner_serves_a_stored_source(db: str) -> None:
+def test_build_runner_serves_a_stored_kernel_file(db: str) -> None:
     with open_database(db) as database:
         source_hash = database.put_variant_source("rmsnorm", FAST_RMSNORM)
     runner = dispatch.build_runner(get_op("rmsnorm"), RMSNORM, _decision(source_hash), db=db)
@@ -379,5 +435,5 @@ def test_build_runner_refuses_missing_edited_or_gate_failing_sources(db: str) ->
     conn.close()
     with pytest.raises(LookupError, match="does not match its hash"):
         dispatch.build_runner(family, RMSNORM, _decision(edited), db=db)
-    with pytest.raises(LookupError, match="static gate"):
+    with pytest.raises(LookupError, match="not a valid kernel file"):
         dispatch.build_runner(family, RMSNORM, _decision(cheat), db=db)
