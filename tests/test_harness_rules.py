@@ -37,14 +37,14 @@ import kernelsmith.evaluate.validate as validate_module
 from kernelsmith.evaluate import errors
 from kernelsmith.evaluate.kernel_file import check_kernel_file, parse_kernel_file
 from kernelsmith.evaluate.pool import Evaluator
-from kernelsmith.evaluate.protocol import Candidate, EvalRequest, EvalResult, TimingSettings
+from kernelsmith.evaluate.protocol import Candidate, EvalResult
 from kernelsmith.evaluate.validate import Rejected, allocate_outputs, run_checked, validate
-from kernelsmith.evaluate.worker import Worker
 from kernelsmith.ops import get_op
-from kernelsmith.ops._base import Launcher, Variant
-from kernelsmith.space import Config, Space
+from kernelsmith.ops._base import Launcher
+from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
 from kernelsmith.testing.bad_kernels import HOST_MODULES, KERNEL_FILES, NAMES, source
+from kernelsmith.testing.harness import evaluate_launcher
 
 # Small shapes: the interpreter is slow. The softmax width is not a power of two (the masks of
 # a correct kernel are exercised), and wide enough that the "large" distribution overflows exp
@@ -451,20 +451,6 @@ def test_rule10_rebinding_a_global_of_a_harness_module_is_tampering(monkeypatch:
     assert "kernelsmith.evaluate.validate.errors" in str(caught.value)
 
 
-def _worker_result(monkeypatch: pytest.MonkeyPatch, build: Callable[[OpSpec, Config], Launcher]) -> EvalResult:
-    """One evaluation by a Worker in this process, of a variant whose launcher is ``build``'s
-    (the only way a Python launcher reaches the worker now: it is the package's own code)."""
-    family = get_op("rmsnorm")
-    cheat = Variant("python_cheat", "a launcher written by the test", lambda spec: Space([]), build)
-    real = family.variant
-    monkeypatch.setattr(family, "variant", lambda name: cheat if name == cheat.name else real(name))
-    request = EvalRequest(RMSNORM.to_dict(), (Candidate(cheat.name, Config()),), "interpreter",
-                          TimingSettings.interpreter())
-    reply = Worker().handle(request)
-    (result,) = reply.results
-    return result
-
-
 def _caches_by_data_ptr(spec: OpSpec, config: Config) -> Launcher:
     """Rule 5: the first call for an input address computes; later calls copy the cached answer."""
     launcher = honest(spec)
@@ -483,17 +469,17 @@ def _caches_by_data_ptr(spec: OpSpec, config: Config) -> Launcher:
     return launch
 
 
-def test_rule5_a_cache_by_address_passes_validation_and_fails_while_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rule5_a_cache_by_address_passes_validation_and_fails_while_timing() -> None:
     """Validation (fresh inputs per run) cannot see the cache; the in-place refill of the timing
     inputs exposes it."""
-    result = _worker_result(monkeypatch, _caches_by_data_ptr)
+    result = evaluate_launcher(RMSNORM, _caches_by_data_ptr)
     assert result.status == "cheat", result.error
     assert "outputs written while timing are wrong" in result.error
     assert "wrong on" not in result.error.split("timing are wrong")[0]  # not a validation failure
 
 
-def test_rule5_the_honest_launcher_is_timed(monkeypatch: pytest.MonkeyPatch) -> None:
-    result = _worker_result(monkeypatch, lambda spec, config: honest(spec))
+def test_rule5_the_honest_launcher_is_timed() -> None:
+    result = evaluate_launcher(RMSNORM, lambda spec, config: honest(spec))
     assert result.status == "ok", result.error
     assert result.metrics["median_us"] > 0
 

@@ -2,23 +2,33 @@
 
 Side streams, CUDA faults, caching during CUDA-event timing and the metrics of a real
 measurement need a GPU; every test here is marked ``gpu`` and skipped without one. The planted
-kernels are those of :mod:`kernelsmith.testing.bad_kernels`; tests/test_harness_rules.py holds
-the rules the interpreter can show. Candidates are grouped so that each group is evaluated once,
-in parallel across two workers, by a module-scoped fixture.
+kernel files are those of :mod:`kernelsmith.testing.bad_kernels`, evaluated through worker
+processes like any outside candidate; tests/test_harness_rules.py holds the rules the
+interpreter can show. Attacks that need host code (a side stream, a thread, a cache by address)
+cannot be candidates any more (the gate rejects them; see test_harness_rules.py), so the
+run-time defenses behind the gate are exercised here with Python launchers written in the test
+and evaluated by the worker's code in this process (:mod:`kernelsmith.testing.harness`).
+Candidates are grouped so that each group is evaluated once, in parallel across two workers, by
+a module-scoped fixture.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 
 import pytest
+import torch
 
+from kernelsmith.evaluate.kernel_file import parse_kernel_file
 from kernelsmith.evaluate.pool import Evaluator
 from kernelsmith.evaluate.protocol import Candidate, EvalResult
 from kernelsmith.ops import get_op, op_names
+from kernelsmith.ops._base import Launcher
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
 from kernelsmith.testing.bad_kernels import source
+from kernelsmith.testing.harness import evaluate_launcher
 
 pytestmark = pytest.mark.gpu
 
@@ -36,9 +46,8 @@ def planted(name: str, config: Config = CONFIG) -> Candidate:
     return Candidate("planted", config, source(name))
 
 
-def by_name(evaluator: Evaluator, spec: OpSpec, names: list[str],
-            static_gate: bool = True) -> dict[str, EvalResult]:
-    results = evaluator.evaluate(spec, [planted(n) for n in names], static_gate=static_gate)
+def by_name(evaluator: Evaluator, spec: OpSpec, names: list[str]) -> dict[str, EvalResult]:
+    results = evaluator.evaluate(spec, [planted(n) for n in names])
     return dict(zip(names, results, strict=True))
 
 
@@ -49,11 +58,9 @@ def evaluator() -> Iterator[Evaluator]:
 
 
 @pytest.fixture(scope="module")
-def rmsnorm_ungated(evaluator: Evaluator) -> dict[str, EvalResult]:
-    """Behind the static gate: the run-time defenses alone."""
-    return by_name(evaluator, RMSNORM, ["correct_rmsnorm", "caches_by_data_ptr", "out_of_bounds",
-                                        "background_thread", "reads_output", "undefined_name"],
-                   static_gate=False)
+def rmsnorm_group(evaluator: Evaluator) -> dict[str, EvalResult]:
+    return by_name(evaluator, RMSNORM, ["correct_rmsnorm", "out_of_bounds", "reads_output", "detects_poison",
+                                        "undefined_name"])
 
 
 @pytest.fixture(scope="module")
@@ -62,15 +69,14 @@ def rmsnorm_fp32(evaluator: Evaluator) -> dict[str, EvalResult]:
 
 
 @pytest.fixture(scope="module")
-def side_stream(evaluator: Evaluator, rmsnorm_ungated: dict[str, EvalResult]) -> dict[str, EvalResult]:
-    """Evaluated after the CUDA fault in rmsnorm_ungated, with the same evaluator."""
-    return by_name(evaluator, RMSNORM_LARGE, ["correct_rmsnorm", "side_stream"], static_gate=False)
+def after_fault(evaluator: Evaluator, rmsnorm_group: dict[str, EvalResult]) -> dict[str, EvalResult]:
+    """Evaluated after the CUDA fault in rmsnorm_group, with the same evaluator."""
+    return by_name(evaluator, RMSNORM_LARGE, ["correct_rmsnorm"])
 
 
 @pytest.fixture(scope="module")
-def softmax_gated(evaluator: Evaluator) -> dict[str, EvalResult]:
-    return by_name(evaluator, SOFTMAX, ["correct_softmax", "softmax_no_max", "writes_constant",
-                                        "torch_softmax"])
+def softmax_group(evaluator: Evaluator) -> dict[str, EvalResult]:
+    return by_name(evaluator, SOFTMAX, ["correct_softmax", "softmax_no_max", "writes_constant", "torch_softmax"])
 
 
 def assert_measured(result: EvalResult) -> None:
@@ -85,37 +91,14 @@ def assert_measured(result: EvalResult) -> None:
     assert len(metrics["baseline_samples_us"]) == len(samples)
 
 
-def test_correct_rmsnorm_is_measured(rmsnorm_ungated: dict[str, EvalResult]) -> None:
-    assert_measured(rmsnorm_ungated["correct_rmsnorm"])
+def test_correct_rmsnorm_is_measured(rmsnorm_group: dict[str, EvalResult]) -> None:
+    assert_measured(rmsnorm_group["correct_rmsnorm"])
     # 64 MiB moved: no real kernel does that beyond the H200's ~4.8 TB/s
-    assert rmsnorm_ungated["correct_rmsnorm"].metrics["gbps"] < 5000
+    assert rmsnorm_group["correct_rmsnorm"].metrics["gbps"] < 5000
 
 
-def test_correct_softmax_is_measured(softmax_gated: dict[str, EvalResult]) -> None:
-    assert_measured(softmax_gated["correct_softmax"])
-
-
-def test_rule5_data_ptr_cache_is_caught_while_timing(rmsnorm_ungated: dict[str, EvalResult]) -> None:
-    result = rmsnorm_ungated["caches_by_data_ptr"]
-    assert result.status == "cheat", result.error
-    assert "outputs written while timing are wrong" in result.error
-
-
-def test_rule6_background_thread(rmsnorm_ungated: dict[str, EvalResult]) -> None:
-    result = rmsnorm_ungated["background_thread"]
-    assert result.status == "cheat", result.error
-    assert "started a thread" in result.error
-
-
-def test_rule6_side_stream_is_caught(side_stream: dict[str, EvalResult]) -> None:
-    result = side_stream["side_stream"]
-    assert result.status == "cheat", f"{result.status}: {result.error} {result.metrics}"
-    assert "work continued after the timed region" in result.error
-
-
-def test_rule6_side_stream_check_spares_a_correct_kernel(side_stream: dict[str, EvalResult]) -> None:
-    """The same shape, the same check: a kernel on the current stream is not flagged."""
-    assert_measured(side_stream["correct_rmsnorm"])
+def test_correct_softmax_is_measured(softmax_group: dict[str, EvalResult]) -> None:
+    assert_measured(softmax_group["correct_softmax"])
 
 
 def test_rule8_precision_downgrade(rmsnorm_fp32: dict[str, EvalResult]) -> None:
@@ -126,36 +109,108 @@ def test_rule8_precision_downgrade(rmsnorm_fp32: dict[str, EvalResult]) -> None:
     assert "error" in result.error and "wrong on" in result.error
 
 
-def test_rule9_reads_output(rmsnorm_ungated: dict[str, EvalResult]) -> None:
-    result = rmsnorm_ungated["reads_output"]
+def test_rule9_reads_output(rmsnorm_group: dict[str, EvalResult]) -> None:
+    result = rmsnorm_group["reads_output"]
     assert result.status == "validate", result.error
     assert "bit for bit" in result.error
 
 
-def test_cuda_fault_is_contained(rmsnorm_ungated: dict[str, EvalResult],
-                                 side_stream: dict[str, EvalResult]) -> None:
+def test_rule12_a_kernel_that_detects_the_poison_is_rejected(rmsnorm_group: dict[str, EvalResult]) -> None:
+    result = rmsnorm_group["detects_poison"]
+    assert result.status == "validate", result.error
+
+
+def test_cuda_fault_is_contained(rmsnorm_group: dict[str, EvalResult], after_fault: dict[str, EvalResult]) -> None:
     """An illegal memory access fails that candidate only; the evaluator then goes on to
-    measure a correct kernel (in side_stream, evaluated afterwards)."""
-    result = rmsnorm_ungated["out_of_bounds"]
+    measure a correct kernel (after_fault, evaluated afterwards)."""
+    result = rmsnorm_group["out_of_bounds"]
     assert result.status in ("runtime", "crash"), result.error
     assert "illegal" in result.error.lower() or "worker died" in result.error
-    assert_measured(side_stream["correct_rmsnorm"])
+    assert_measured(after_fault["correct_rmsnorm"])
 
 
-def test_compile_error_is_a_build_failure(rmsnorm_ungated: dict[str, EvalResult]) -> None:
-    result = rmsnorm_ungated["undefined_name"]
-    assert result.status == "build", result.error
+def test_an_undefined_name_is_stopped_before_compiling(rmsnorm_group: dict[str, EvalResult]) -> None:
+    result = rmsnorm_group["undefined_name"]
+    assert result.status == "cheat", result.error
     assert "undefined_scale" in result.error
 
 
-def test_softmax_cheats_on_gpu(softmax_gated: dict[str, EvalResult]) -> None:
-    no_max = softmax_gated["softmax_no_max"]
+def test_softmax_cheats_on_gpu(softmax_group: dict[str, EvalResult]) -> None:
+    no_max = softmax_group["softmax_no_max"]
     assert no_max.status == "validate", no_max.error
     assert "large inputs" in no_max.error
-    constant = softmax_gated["writes_constant"]
+    constant = softmax_group["writes_constant"]
     assert constant.status == "validate", constant.error
-    torch_op = softmax_gated["torch_softmax"]
-    assert torch_op.status == "cheat" and "static gate" in torch_op.error
+    torch_op = softmax_group["torch_softmax"]
+    assert torch_op.status == "cheat" and "`import torch` is not allowed" in torch_op.error
+
+
+# ---- run-time defenses behind the gate, with Python launchers written here -------------------------
+def honest(spec: OpSpec) -> Launcher:
+    return parse_kernel_file(source("correct_rmsnorm")).build(spec, CONFIG)
+
+
+def side_stream_build(spec: OpSpec, config: Config) -> Launcher:
+    """Rule 6: the kernel runs on a stream the launcher made; the timed stream never sees it."""
+    launcher = honest(spec)
+    side = torch.cuda.Stream()
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            launcher(inputs, outputs)
+
+    return launch
+
+
+def background_thread_build(spec: OpSpec, config: Config) -> Launcher:
+    launcher = honest(spec)
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        threading.Thread(target=launcher, args=(inputs, outputs), daemon=True).start()
+
+    return launch
+
+
+def data_ptr_cache_build(spec: OpSpec, config: Config) -> Launcher:
+    """Rule 5 under CUDA-event timing: the first call per input address computes, later ones copy."""
+    launcher = honest(spec)
+    copy = parse_kernel_file(source("writes_identity")).build(spec, CONFIG)
+    cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        x, w = inputs
+        key = (x.data_ptr(), w.data_ptr())
+        if key not in cache:
+            result = torch.empty_like(outputs[0])
+            launcher(inputs, [result])
+            cache[key] = (x, w, result)
+        copy([cache[key][2], w], outputs)
+
+    return launch
+
+
+def test_rule6_side_stream_is_caught() -> None:
+    result = evaluate_launcher(RMSNORM_LARGE, side_stream_build, mode="gpu")
+    assert result.status == "cheat", f"{result.status}: {result.error} {result.metrics}"
+    assert "work continued after the timed region" in result.error
+
+
+def test_rule6_side_stream_check_spares_a_correct_kernel() -> None:
+    """The same shape, the same check: a kernel on the current stream is not flagged."""
+    assert_measured(evaluate_launcher(RMSNORM_LARGE, lambda spec, config: honest(spec), mode="gpu"))
+
+
+def test_rule6_background_thread() -> None:
+    result = evaluate_launcher(RMSNORM, background_thread_build, mode="gpu")
+    assert result.status == "cheat", result.error
+    assert "started a thread" in result.error
+
+
+def test_rule5_data_ptr_cache_is_caught_while_timing() -> None:
+    result = evaluate_launcher(RMSNORM, data_ptr_cache_build, mode="gpu")
+    assert result.status == "cheat", result.error
+    assert "outputs written while timing are wrong" in result.error
 
 
 # ---- the package's own kernels pass the same validation -------------------------------------------
@@ -202,3 +257,26 @@ def test_builtin_variants_pass_validation(op_name: str, shape: tuple[int, ...],
     results = compiling_evaluator.evaluate(spec, candidates, measure=False)
     failed = [f"{r.candidate.key}: {r.status}: {r.error[:300]}" for r in results if not r.ok]
     assert not failed, "\n".join(failed)
+
+
+# ---- the agent templates on the GPU --------------------------------------------------------------
+TEMPLATE_SHAPES = {"cross_entropy": (512, 32000), "gelu_tanh": (4096, 4096), "swiglu": (4096, 4096)}
+
+
+@pytest.fixture(scope="module")
+def template_results(evaluator: Evaluator) -> dict[str, EvalResult]:
+    """Each agent template at its first config, through the worker, compiled for the GPU."""
+    from kernelsmith.agent.templates import OPS, template_source
+
+    results = {}
+    for op_name in OPS:
+        text = template_source(op_name) or ""
+        spec = get_op(op_name).spec(TEMPLATE_SHAPES.get(op_name, (4096, 4096)), "bfloat16")
+        config = parse_kernel_file(text).space(spec).configs()[0]
+        (results[op_name],) = evaluator.evaluate(spec, [Candidate("template", config, text)], measure=False)
+    return results
+
+
+def test_agent_templates_compile_and_validate_on_the_gpu(template_results: dict[str, EvalResult]) -> None:
+    failed = {op: f"{r.status}: {r.error[:300]}" for op, r in template_results.items() if not r.ok}
+    assert not failed, failed
