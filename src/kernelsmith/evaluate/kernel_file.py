@@ -335,7 +335,8 @@ class _Checker:
         allowed_jit = "exactly one decorator, @triton.jit or @triton.jit(...) with literal " \
                       f"{', '.join(sorted(JIT_OPTIONS))}"
         if len(node.decorator_list) != 1:
-            self.flag(node, f"function {node.name} has {len(node.decorator_list)} decorators", allowed_jit)
+            where = node.decorator_list[0] if node.decorator_list else node
+            self.flag(where, f"function {node.name} has {len(node.decorator_list)} decorators", allowed_jit)
         else:
             self.decorator(node.decorator_list[0], allowed_jit)
         if "triton" not in self.imported:
@@ -655,20 +656,23 @@ class _BodyChecker:
     def __init__(self, checker: _Checker, function: ast.FunctionDef) -> None:
         self.checker = checker
         self.function = function
-        self.locals = {a.arg for a in function.args.args}
+        # Every name the function binds (its parameters and assignment targets: Python makes
+        # them local to the whole body), with the node that binds it first.
+        self.bound: dict[str, ast.AST] = {a.arg: a for a in function.args.args}
         for node in ast.walk(function):
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                self.locals.add(node.id)
+                self.bound.setdefault(node.id, node)
+        self.locals = set(self.bound)
 
     def flag(self, node: ast.AST, what: str, allowed: str) -> None:
         self.checker.flag(node, f"in {self.function.name}: {what}", allowed)
 
     def check(self) -> None:
         parsed = self.checker.parsed
-        for name in sorted(self.locals):
+        for name, where in self.bound.items():
             reserved = name in ("tl", "triton", *BODY_BUILTINS) or name in parsed.kernels or name in parsed.constants
             if name.startswith("_") or reserved:
-                self.flag(self.function, f"the local name {name!r} is not allowed",
+                self.flag(where, f"the local name {name!r} is not allowed",
                           "locals do not start with _ and do not hide tl, triton, builtins or the file's names")
         for statement in self.function.body:
             self.statement(statement)
@@ -904,6 +908,9 @@ class _BodyChecker:
                 self.flag(node, f"calling {func.id}", "call tl functions, the file's kernels and the builtins")
         elif isinstance(func, ast.Attribute):
             self.attribute(func)
+        elif isinstance(func, ast.Subscript) and isinstance(func.value, ast.Name) \
+                and func.value.id in self.checker.parsed.kernels:
+            self.expr(func)  # kernel[grid](...): says that kernels are not launched from kernels
         else:
             self.flag(node, f"calling `{_short(func)}`", "call tl functions, the file's kernels and the builtins")
         for arg in node.args:
