@@ -13,6 +13,7 @@ anything runs, and replies are schema-checked data, never pickle.
 from __future__ import annotations
 
 import sys
+import types
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
@@ -29,7 +30,7 @@ FAKE_METRICS = {"median_us": 1.0, "baseline_median_us": 2.143, "samples_us": [1.
 def build(spec: OpSpec, config: Config):
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         conn = Connection(int(sys.argv[1]))  # the worker's own connection to the tuner
-        frame = sys._getframe(1)
+        frame: types.FrameType | None = sys._getframe(1)
         while frame is not None and "request" not in frame.f_locals:
             frame = frame.f_back
         request = frame.f_locals["request"] if frame is not None else None

@@ -9,6 +9,7 @@ before anything runs, and a worker's process group is ended with it.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 
 import torch
@@ -21,6 +22,6 @@ def build(spec: OpSpec, config: Config):
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         if os.fork() == 0:
             while True:
-                os.pause()
+                time.sleep(3600)
 
     return launch

@@ -22,7 +22,7 @@ from kernelsmith.spec import OpSpec
 class _Deferred(TorchDispatchMode):
     def __init__(self, x: torch.Tensor, out: torch.Tensor) -> None:
         super().__init__()
-        self.pending = (x, out)
+        self.pending: tuple[torch.Tensor, torch.Tensor] | None = (x, out)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if self.pending is not None:

@@ -1,7 +1,7 @@
 """Computing on the host with numpy (issue 12): no kernel, and no torch operation to see.
 
-The launcher converts the input to a numpy array (through the buffer protocol, which issues no
-aten operation, so a dispatch mode sees nothing), computes the softmax with numpy and writes the
+The launcher views the input as a numpy array (``Tensor.numpy`` shares the storage and issues
+no aten operation, so a dispatch mode sees nothing), computes the softmax with numpy and writes the
 result back through the output's buffer. A kernel file has no host code and may import only
 Triton: the gate rejects this module before anything runs.
 """
@@ -19,8 +19,8 @@ from kernelsmith.spec import OpSpec
 
 def build(spec: OpSpec, config: Config):
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x = np.asarray(memoryview(inputs[0].numpy()))
+        x = np.asarray(inputs[0].numpy())
         e = np.exp(x - x.max(axis=-1, keepdims=True))
-        np.asarray(memoryview(outputs[0].numpy()))[...] = e / e.sum(axis=-1, keepdims=True)
+        np.asarray(outputs[0].numpy())[...] = e / e.sum(axis=-1, keepdims=True)
 
     return launch

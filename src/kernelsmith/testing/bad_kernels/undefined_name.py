@@ -19,7 +19,7 @@ def _rmsnorm_kernel(x_ptr, w_ptr, y_ptr, N, eps, BLOCK_N: tl.constexpr):
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = x * rstd * w
-    tl.store(y_ptr + row * N + cols, (y * undefined_scale).to(y_ptr.dtype.element_ty), mask=mask)  # noqa: F821
+    tl.store(y_ptr + row * N + cols, (y * undefined_scale).to(y_ptr.dtype.element_ty), mask=mask)  # type: ignore[name-defined]  # noqa: F821
 
 
 SPACE = {"num_warps": [1, 2, 4, 8]}
