@@ -177,7 +177,7 @@ def db_export(
     op: Annotated[str | None, typer.Option("--op")] = None,
 ) -> None:
     """Write the database as JSON lines."""
-    from kernelsmith.cli.main import _run, err
+    from kernelsmith.cli.main import _run
     from kernelsmith.db import open_database
     from kernelsmith.db.jsonl import export_jsonl
 
@@ -189,7 +189,7 @@ def db_export(
                 return export_jsonl(database, stream, op=op)
 
     count = _run(run)
-    err.print(f"exported {count} records")
+    _say(f"exported {count} records")
 
 
 @db_app.command("import")
@@ -208,7 +208,7 @@ def db_import(
     workers: WorkersOption = None,
 ) -> None:
     """Read JSON lines written by `db export` as claims (duplicates are skipped), and re-validate them."""
-    from kernelsmith.cli.main import _run, err
+    from kernelsmith.cli.main import _run
     from kernelsmith.db import open_database
     from kernelsmith.db.claims import describe_source, trust_sources, validate_claims
     from kernelsmith.db.jsonl import import_records, read_jsonl
@@ -222,7 +222,7 @@ def db_import(
                 records = read_jsonl(stream)
         with open_database(db) as database:
             counts = import_records(database, records)
-            err.print("imported " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())), highlight=False)
+            _say("imported " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
             claims = [database.get_decision(r.fingerprint, r.workload) for kind, r in records if kind == "decision"]
             pending = [d for d in claims if d is not None and d.origin != LOCAL and not d.servable]
             sources = [r.source_hash for kind, r in records if kind == "variant_source"]
@@ -230,19 +230,19 @@ def db_import(
                 for source_hash in sources:
                     record = database.variant_source(source_hash)
                     if record is not None:
-                        err.print(f"trusting {describe_source(record)}", highlight=False, markup=False)
+                        _say(f"trusting {describe_source(record)}")
                 problems, outcomes = trust_sources(database, sources, validate=validate, workers=workers)
                 _print_trust(problems)
                 _print_outcomes(outcomes)
                 done = {(o.decision.fingerprint, o.decision.workload) for o in outcomes}
                 pending = [d for d in pending if (d.fingerprint, d.workload) not in done]
             elif sources:
-                err.print(f"{len(sources)} kernel source(s) stored untrusted: decisions naming them are not served "
-                          "until `kernelsmith db trust HASH`", highlight=False)
+                _say(f"{len(sources)} kernel source(s) stored untrusted: decisions naming them are not served "
+                     "until `kernelsmith db trust HASH`")
             if not validate:
                 if pending:
-                    err.print(f"{len(pending)} decision(s) imported unvalidated: they are not served until "
-                              "`kernelsmith db validate`", highlight=False)
+                    _say(f"{len(pending)} decision(s) imported unvalidated: they are not served until "
+                         "`kernelsmith db validate`")
                 return
             _print_outcomes(validate_claims(database, pending, retime=retime, budget=budget, workers=workers))
 
@@ -254,7 +254,7 @@ def db_validate(
     db: DbOption = None, retime: RetimeOption = False, budget: BudgetOption = 10, workers: WorkersOption = None
 ) -> None:
     """Re-validate every claim not yet validated here (imported decisions, failed validations)."""
-    from kernelsmith.cli.main import _run, err
+    from kernelsmith.cli.main import _run
     from kernelsmith.db import open_database
     from kernelsmith.db.claims import pending_claims, validate_claims
 
@@ -262,7 +262,7 @@ def db_validate(
         with open_database(db) as database:
             pending = pending_claims(database)
             if not pending:
-                err.print("no claims to validate", highlight=False)
+                _say("no claims to validate")
                 return
             _print_outcomes(validate_claims(database, pending, retime=retime, budget=budget, workers=workers))
 
@@ -284,7 +284,7 @@ def db_trust(
     Each must still pass the kernel-file gate (Triton device code and literal launch data
     only), and every decision naming it is re-validated here before it is served.
     """
-    from kernelsmith.cli.main import UserError, _run, err
+    from kernelsmith.cli.main import UserError, _run
     from kernelsmith.db import open_database
     from kernelsmith.db.claims import describe_source, trust_sources
 
@@ -299,9 +299,9 @@ def db_trust(
                     raise UserError(f"{what} stored kernel sources match {prefix!r} (see `kernelsmith db show`)")
                 chosen.append(matches[0])
             for record in chosen:
-                err.print(describe_source(record), highlight=False, markup=False)
+                _say(describe_source(record))
             if not yes and not typer.confirm("Trust these kernel sources?", default=False, err=True):
-                err.print("nothing trusted", highlight=False)
+                _say("nothing trusted")
                 return False
             problems, outcomes = trust_sources(
                 database, [r.source_hash for r in chosen], validate=validate, workers=workers
@@ -317,25 +317,25 @@ def db_trust(
 @db_app.command("check")
 def db_check(db: DbOption = None, as_json: JsonOption = False) -> None:
     """Check the database file without changing it: integrity, schema version, counts (exit 1 when broken)."""
-    from kernelsmith.cli.main import _run, out
+    from kernelsmith.cli.main import _run
     from kernelsmith.db import database_path, repair_hint
     from kernelsmith.db.health import check_database
 
     report = _run(lambda: check_database(database_path(db)))
     if as_json:
         print(json.dumps(report.to_dict()))
-    else:
-        out.print(f"database {report.path}: {'ok' if report.ok else 'NOT USABLE'}", highlight=False)
+    else:  # plain lines: paths are long, and a wrapped one cannot be copied
+        typer.echo(f"database {report.path}: {'ok' if report.ok else 'NOT USABLE'}")
         for problem in report.problems:
-            out.print(f"  problem: {problem}", highlight=False)
+            typer.echo(f"  problem: {problem}")
         for note in report.notes:
-            out.print(f"  note: {note}", highlight=False)
+            typer.echo(f"  note: {note}")
         if report.schema_version is not None:
-            out.print(f"  schema version {report.schema_version}", highlight=False)
+            typer.echo(f"  schema version {report.schema_version}")
         if report.counts:
-            out.print("  " + ", ".join(f"{v} {k}" for k, v in report.counts.items()), highlight=False)
+            typer.echo("  " + ", ".join(f"{v} {k}" for k, v in report.counts.items()))
         if not report.ok:
-            out.print(f"  fix: {repair_hint(report.path).split(', or ')[-1]}", highlight=False)
+            typer.echo(f"  fix: {repair_hint(report.path).split(', or ')[-1]}")
     if not report.ok:
         raise typer.Exit(1)
 
@@ -343,35 +343,35 @@ def db_check(db: DbOption = None, as_json: JsonOption = False) -> None:
 @db_app.command("reset")
 def db_reset(db: DbOption = None) -> None:
     """Move the database file aside (to <name>.broken-<timestamp>; nothing is deleted) and start an empty one."""
-    from kernelsmith.cli.main import _run, err
+    from kernelsmith.cli.main import _run
     from kernelsmith.db import database_path
     from kernelsmith.db.health import reset_database
 
     path = database_path(db)
     if path == ":memory:":
-        err.print("an in-memory database has nothing to reset", highlight=False)
+        _say("an in-memory database has nothing to reset")
         return
     moved = _run(lambda: reset_database(path))
     if moved is None:
-        err.print(f"no database at {path}; created an empty one", highlight=False)
+        _say(f"no database at {path}; created an empty one")
     else:
-        err.print(f"moved {path} aside to {moved}; started an empty database", highlight=False)
+        _say(f"moved {path} aside to {moved}; started an empty database")
+
+
+def _say(text: str) -> None:
+    """A message on standard error, as plain unwrapped text (hashes and paths stay whole)."""
+    typer.echo(text, err=True)
 
 
 def _print_trust(problems: dict[str, str]) -> None:
-    from kernelsmith.cli.main import err
-
     for source_hash, problem in problems.items():
         line = f"trusted {source_hash}" if not problem else f"refused {source_hash}: {problem}"
-        err.print(line, highlight=False, markup=False)
+        _say(line)
 
 
 def _print_outcomes(outcomes: list[Any]) -> None:
     """One line per claim: its state after validation, and why."""
-    from kernelsmith.cli.main import err
-
     for o in outcomes:
         d = o.decision
         name = f"{d.variant}[{','.join(f'{k}={v}' for k, v in sorted(d.config.items()))}]" if d.variant else d.winner
-        err.print(f"{o.status:9} {d.op} {d.workload} {name} on {d.fingerprint}: {o.detail}",
-                  highlight=False, markup=False)
+        _say(f"{o.status:9} {d.op} {d.workload} {name} on {d.fingerprint}: {o.detail}")

@@ -55,17 +55,15 @@ class ClaimOutcome:
 def kernel_file_problem(source: str) -> str | None:
     """None when ``source`` is a kernel file the gate accepts, else why not (one line).
 
-    The gate reads the syntax tree only (docs/kernel-files.md); it never runs the text. Without
-    the gate module, nothing passes: trust is never given on a weaker check.
+    The gate only reads the syntax tree (docs/kernel-files.md,
+    :func:`kernelsmith.evaluate.kernel_file.check_kernel_file`); it never runs the text.
     """
-    try:
-        from kernelsmith.evaluate.kernel_file import parse_kernel_file
-    except ImportError as exc:
-        return f"the kernel-file gate is unavailable in this kernelsmith ({exc})"
-    try:
-        parse_kernel_file(source)
-    except Exception as exc:  # the gate's own refusal, or anything it trips on: a refusal either way
-        return f"not a kernel file: {type(exc).__name__}: {exc}"
+    from kernelsmith.evaluate.kernel_file import check_kernel_file
+
+    problems = check_kernel_file(source)
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        return "not a kernel file: " + "; ".join(problems[:3]) + more
     return None
 
 
