@@ -22,7 +22,10 @@ import triton
 import triton.testing
 
 import kernelsmith
+from kernelsmith import dispatch
 from kernelsmith.db import current_fingerprint
+from kernelsmith.ops import OpFamily
+from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
 from kernelsmith.tuner import TuneResult, tune_spec
 
@@ -68,6 +71,13 @@ def tune(spec: OpSpec, budget: int, db: str, strategy: str = "random") -> tuple[
         "top": result.top[:5],
     }
     return result, summary
+
+
+def runner_of(family: OpFamily, spec: OpSpec, result: TuneResult) -> dispatch.KernelRunner:
+    """The tuned kernel (or the best candidate of a "baseline" decision) as the decorator runs it."""
+    config = Config(result.best_config)
+    launcher = family.variant(str(result.variant)).build(spec, config)
+    return dispatch.KernelRunner.build(family, spec, launcher, str(result.variant), config)
 
 
 def as_tuple(out: Any) -> tuple[torch.Tensor, ...]:

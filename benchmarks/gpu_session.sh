@@ -16,6 +16,9 @@
 #   ops         benchmarks/ops.py $OPS_ARGS                  (OPS_TIMEOUT, default 540 s)
 #   attention   benchmarks/attention.py $ATTENTION_ARGS      (ATTENTION_TIMEOUT, default 300 s)
 #   matmul      benchmarks/matmul.py $MATMUL_ARGS            (MATMUL_TIMEOUT, default 300 s)
+#   decode      benchmarks/decode.py --budget $DECODE_BUDGET $DECODE_ARGS (DECODE_TIMEOUT, default 900 s):
+#               every projection of Llama-3.2-1B and Llama-3-8B at M = 1 and 8 (20 rows, ~45 s a row at
+#               budget 24); decode-1b and decode-8b: one model each (10 rows), to run the two on two lanes
 #   spaces      benchmarks/record_space.py $SPACES           (SPACES_TIMEOUT, default 400 s)
 #   strategies  benchmarks/strategies.py $STRATEGY_WORKLOADS (STRATEGIES_TIMEOUT, default 300 s)
 #   model       kernelsmith optimize $OPTIMIZE_ARGS, then verify --max-autotune, on $MODEL $MODEL_ARGS
@@ -53,6 +56,10 @@ step() {  # step NAME: one step, its log in $RESULTS/NAME.log, then a marker $RE
                  --db "/tmp/ks-attention.db" ${ATTENTION_ARGS:-} ;;
     matmul) timeout "${MATMUL_TIMEOUT:-300}" python3 benchmarks/matmul.py --out "$RESULTS/matmul.json" \
               --db "/tmp/ks-matmul.db" ${MATMUL_ARGS:-} ;;
+    decode|decode-1b|decode-8b)
+            timeout "${DECODE_TIMEOUT:-900}" python3 benchmarks/decode.py --out "$RESULTS/$name.json" \
+              --db "/tmp/ks-$name.db" --budget "${DECODE_BUDGET:-24}" \
+              $([ "$name" = decode ] || echo "--models ${name#decode-}") ${DECODE_ARGS:-} ;;
     spaces) timeout "${SPACES_TIMEOUT:-400}" python3 benchmarks/record_space.py $SPACES --dtype bf16 \
               --out-dir "$RESULTS/spaces" ;;
     strategies) timeout "${STRATEGIES_TIMEOUT:-300}" python3 benchmarks/strategies.py $STRATEGY_WORKLOADS \

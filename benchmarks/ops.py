@@ -28,14 +28,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _common import as_tuple, bench, environment, max_abs_diff, tune
+from _common import as_tuple, bench, environment, max_abs_diff, runner_of, tune
 
 from kernelsmith import dispatch
 from kernelsmith.evaluate.timing import measure_copy_bandwidth
-from kernelsmith.ops import OpFamily, get_op
-from kernelsmith.space import Config
-from kernelsmith.spec import OpSpec
-from kernelsmith.tuner import TuneResult
+from kernelsmith.ops import get_op
 
 Fn = Callable[..., Any]
 
@@ -157,12 +154,6 @@ WORKLOADS = [
     Workload("layernorm", (8192, 4096), layernorm, {"eps": 1e-5}, train=True),
     Workload("add_rmsnorm", (8192, 4096), add_rmsnorm, train=True),
 ]
-
-
-def runner_of(family: OpFamily, spec: OpSpec, result: TuneResult) -> dispatch.KernelRunner:
-    config = Config(result.best_config)
-    launcher = family.variant(str(result.variant)).build(spec, config)
-    return dispatch.KernelRunner.build(family, spec, launcher, str(result.variant), config)
 
 
 def training_step(fn: Fn, inputs: Sequence[torch.Tensor]) -> Fn:

@@ -1,4 +1,4 @@
-"""The GPU benchmark scripts (benchmarks/attention.py, benchmarks/matmul.py) run end to end on the CPU.
+"""The GPU benchmark scripts (benchmarks/attention.py, matmul.py, decode.py) run end to end on the CPU.
 
 Each script's ``--smoke`` takes its real code path (tune, build the winner or best candidate, run
 every implementation that is not CUDA-only, compare outputs, write the JSON report) in the Triton
@@ -23,11 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 
 
-def run_smoke(script: str, only: str, tmp_path: Path) -> dict[str, Any]:
+def run_smoke(script: str, only: str, tmp_path: Path, *extra: str) -> dict[str, Any]:
     out = tmp_path / f"{script}.json"
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "src")}
     command = [sys.executable, str(BENCHMARKS / f"{script}.py"), "--smoke", "--only", only,
-               "--out", str(out), "--db", str(tmp_path / "bench.db")]  # fmt: skip
+               "--out", str(out), "--db", str(tmp_path / "bench.db"), *extra]  # fmt: skip
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "SMOKE TEST" in done.stdout  # the table says its timings are not performance
@@ -39,12 +39,14 @@ def run_smoke(script: str, only: str, tmp_path: Path) -> dict[str, Any]:
     [
         ("attention", "decode", "sdpa", {"sdpa"}),
         ("matmul", "fused:bias+gelu_tanh", "eager", {"eager", "product only", "cublaslt epilogue"}),
+        ("decode", "swiglu", "cublas", {"cublas"}),  # one model and M below: one row
     ],
 )
 def test_smoke_runs_a_row_and_compares_the_kernel_with_pytorch(
     script: str, only: str, reference: str, expected: set[str], tmp_path: Path
 ) -> None:
-    report = run_smoke(script, only, tmp_path)
+    extra = ("--models", "1b", "--m", "1") if script == "decode" else ()
+    report = run_smoke(script, only, tmp_path, *extra)
     assert report["smoke"] is True and "NOT performance" in report["note"]
     (row,) = report["rows"]
     assert "error" not in row and "errors" not in row, row
@@ -93,3 +95,19 @@ def test_smoke_shapes_keep_each_workload_kind() -> None:
         tiny = w.tiny()
         assert (tiny.group, tiny.epilogue) == (w.group, w.epilogue)
         assert max(tiny.shape) <= 64 and (tiny.shape[0] <= 16) == (w.shape[0] <= 16)
+
+
+def test_decode_rows_cover_every_projection_of_both_models() -> None:
+    decode = _load("decode")
+    rows = decode.workloads(["1b", "8b"], [1, 8], fused=False)
+    assert len(rows) == 20 and {w.row for w in rows} == set(decode.ROWS)
+    shapes = {(w.model, w.row): (w.n, w.k) for w in rows}
+    assert shapes[("1b", "qkv")] == (3072, 2048) and shapes[("8b", "qkv")] == (6144, 4096)
+    assert shapes[("1b", "down")] == (2048, 8192) and shapes[("8b", "gate/up")] == (14336, 4096)
+    assert shapes[("8b", "lm_head")] == (128256, 4096)
+    fused = decode.workloads(["1b"], [1], fused=True)
+    assert {w.epilogue for w in fused} == {"none", "swiglu", "residual"}
+    for w in fused:
+        tiny = w.tiny()
+        assert (tiny.m, tiny.epilogue) == (w.m, w.epilogue) and max(tiny.n, tiny.k) <= 72
+    assert decode.main(["--models", "70b"]) == 2 and decode.main(["--only", "qkv,nonsense"]) == 2

@@ -1,0 +1,276 @@
+"""Decode projections benchmark: every ``F.linear`` of a Llama-3.2-1B and a Llama-3-8B decode step at
+M = 1 and 8 rows, bf16: cuBLAS (``F.linear``), ``torch.compile(mode="max-autotune-no-cudagraphs")``
+of the same call, and the ``decode_matmul`` family tuned with ``kernelsmith``'s search, in one process.
+
+    python benchmarks/decode.py --out decode.json [--models 1b,8b] [--m 1,8] [--only qkv,lm_head]
+        [--budget 24] [--fused] [--skip max-autotune]
+
+Rows (the weight N x K as nn.Linear stores it):
+
+=========  ======================  ======================
+row        Llama-3.2-1B            Llama-3-8B
+=========  ======================  ======================
+qkv        3072 x 2048             6144 x 4096
+o          2048 x 2048             4096 x 4096
+gate/up    8192 x 2048 (each)      14336 x 4096 (each)
+down       2048 x 8192             4096 x 14336
+lm_head    128256 x 2048           128256 x 4096
+=========  ======================  ======================
+
+(hidden 2048 / 4096, FFN 8192 / 14336, 32 query heads over 8 KV heads of 64 / 128: q is hidden
+wide, k and v a quarter each.) ``--fused`` adds, for each model and M, the fusions a decode layer
+allows: gate and up with SwiGLU in one pass (``swiglu``, against ``F.silu(F.linear(x, wg)) *
+F.linear(x, wu)``) and the residual add in the o and down projections' epilogue (``residual``,
+against ``F.linear(x, w) + r``).
+
+Every implementation is timed by ``_common.bench`` (``triton.testing.do_bench``: CUDA events, L2
+flushed before each call, median): so a weight is read from memory, not L2, as in a real step. GB/s
+= the family's bytes (weight, x and the output once each) / time; "% copy" divides by the copy
+bandwidth ``kernelsmith.evaluate.timing`` measures on the device; "x best peer" = the faster of
+cuBLAS and max-autotune over kernelsmith. The issue's targets (M = 1): >= 85% of copy bandwidth on
+every projection, and >= 1.2x cuBLAS wherever cuBLAS is below 60%. When the search's decision is
+"baseline" (PyTorch wins), the best candidate is timed anyway, as ``best candidate``.
+
+Prints a table and writes JSON (date, GPU, versions, command) after every row. Needs a CUDA GPU;
+``--smoke`` runs the same code on the CPU in the Triton interpreter (set ``TRITON_INTERPRET=1``) on
+shapes of a few dozen, without max-autotune, timed by the host clock: a test that the script runs,
+whose timings are NOT performance.
+
+    TRITON_INTERPRET=1 python benchmarks/decode.py --smoke --only o --m 1 --models 1b --out /tmp/decode-smoke.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from _common import (
+    SMOKE_NOTE,
+    add_run_options,
+    bench,
+    environment,
+    max_abs_diff,
+    runner_of,
+    settle_run_options,
+    synchronize,
+    tune,
+    write_report,
+)
+
+from kernelsmith.evaluate.timing import measure_copy_bandwidth
+from kernelsmith.ops import get_op
+
+Fn = Callable[..., Any]
+
+# (hidden, FFN, vocabulary, query heads, KV heads, head dim) of each model.
+MODELS = {"1b": (2048, 8192, 128256, 32, 8, 64), "8b": (4096, 14336, 128256, 32, 8, 128)}
+ROWS = ("qkv", "o", "gate/up", "down", "lm_head")
+FUSED_ROWS = ("swiglu", "o+residual", "down+residual")
+M_VALUES = (1, 8)
+TARGET_PCT = 85.0  # of copy bandwidth, every projection at M = 1
+TARGET_VS_SLOW_CUBLAS = 1.2  # x cuBLAS where cuBLAS is below SLOW_CUBLAS_PCT
+SLOW_CUBLAS_PCT = 60.0
+
+# What users write (the eager baselines, cuBLAS), by epilogue.
+EAGER: dict[str, Fn] = {
+    "none": lambda x, w: F.linear(x, w),
+    "residual": lambda x, w, r: F.linear(x, w) + r,
+    "swiglu": lambda x, w1, w3: F.silu(F.linear(x, w1)) * F.linear(x, w3),
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    model: str  # 1b or 8b
+    row: str  # a name of ROWS or FUSED_ROWS
+    m: int
+    n: int
+    k: int
+    epilogue: str = "none"
+
+    @property
+    def shape_text(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}"
+
+    def tiny(self) -> Workload:
+        """The same row at a size the Triton interpreter runs in seconds (--smoke): M kept, N and K
+        a few dozen (different sizes staying different, none a multiple of a block)."""
+        return replace(self, n=24 if self.n <= 4096 else 40, k=33 if self.k <= 4096 else 72)
+
+
+def workloads(models: list[str], ms: list[int], fused: bool) -> list[Workload]:
+    """Every projection of each model at each M, then the fused rows if asked for."""
+    rows: list[Workload] = []
+    for model in models:
+        hidden, ffn, vocab, heads, kv_heads, head_dim = MODELS[model]
+        shapes = {
+            "qkv": ((heads + 2 * kv_heads) * head_dim, hidden),
+            "o": (hidden, heads * head_dim),
+            "gate/up": (ffn, hidden),
+            "down": (hidden, ffn),
+            "lm_head": (vocab, hidden),
+        }
+        for m in ms:
+            rows += [Workload(model, name, m, *shapes[name]) for name in ROWS]
+            if fused:
+                rows += [
+                    Workload(model, "swiglu", m, *shapes["gate/up"], "swiglu"),
+                    Workload(model, "o+residual", m, *shapes["o"], "residual"),
+                    Workload(model, "down+residual", m, *shapes["down"], "residual"),
+                ]
+    return rows
+
+
+def run_workload(
+    w: Workload, budget: int, db: str, strategy: str, copy_gbps: float | None, skip: frozenset[str], smoke: bool
+) -> dict[str, Any]:
+    """One row: tune, then run and time every implementation not in ``skip`` (errors recorded per
+    implementation)."""
+    device = "cpu" if smoke else "cuda"
+    family = get_op("decode_matmul")
+    spec = family.spec((w.m, w.n, w.k), "bf16", epilogue=w.epilogue)
+    row: dict[str, Any] = {"model": w.model, "row": w.row, "epilogue": w.epilogue, "shape": w.shape_text,
+                           "dtype": "bf16"}  # fmt: skip
+    result, row["tune"] = tune(spec, budget, db, strategy)
+    inputs = family.make_inputs(spec, 1234, "normal", device)
+    nbytes = family.bytes_moved(spec)
+
+    eager = EAGER[w.epilogue]
+    torch._dynamo.reset()  # fresh caches and static shapes: the strongest compiled baseline per shape
+    impls: dict[str, Fn] = {"cublas": eager}
+    if "max-autotune" not in skip:  # compiled (and autotuned) at its first call, below
+        impls["max-autotune"] = torch.compile(eager, mode="max-autotune-no-cudagraphs", dynamic=False)
+    if result.variant:
+        name = "kernelsmith" if result.winner == "kernel" else "best candidate"
+        try:
+            runner = runner_of(family, spec, result)
+            impls[name] = lambda *args: runner(args)[0]
+        except Exception as exc:  # a variant that no longer builds is reported, not fatal
+            row.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:500]
+
+    times: dict[str, float] = {}
+    reference = None
+    for name, fn in impls.items():
+        try:
+            out = fn(*inputs)
+            synchronize(device)
+            if name == "cublas":
+                reference = out
+            elif reference is not None:
+                row.setdefault("max_abs_diff_vs_cublas", {})[name] = max_abs_diff(out, reference)
+            times[name] = bench(lambda fn=fn: fn(*inputs), smoke)
+        except Exception as exc:  # a baseline that fails to compile is reported, not fatal
+            row.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:500]
+    row["us"] = times
+    row["gbps"] = {name: nbytes / (t * 1e-6) / 1e9 for name, t in times.items()}
+    if copy_gbps:
+        row["pct_of_copy"] = {name: 100.0 * v / copy_gbps for name, v in row["gbps"].items()}
+    ours = times.get("kernelsmith", times.get("best candidate"))
+    peers = [t for name, t in times.items() if name in ("cublas", "max-autotune")]
+    if ours and peers:
+        row["speedup_vs_best_peer"] = min(peers) / ours
+        if "cublas" in times:
+            row["speedup_vs_cublas"] = times["cublas"] / ours
+    if copy_gbps and ours and w.m == 1 and w.epilogue == "none":
+        pct = row["pct_of_copy"]
+        ours_pct = pct.get("kernelsmith", pct.get("best candidate", 0.0))
+        slow_cublas = pct.get("cublas", 100.0) < SLOW_CUBLAS_PCT
+        row["meets_target"] = ours_pct >= TARGET_PCT and (
+            not slow_cublas or row.get("speedup_vs_cublas", 0.0) >= TARGET_VS_SLOW_CUBLAS
+        )
+    return row
+
+
+COLUMNS = ("cublas", "max-autotune", "kernelsmith", "best candidate")
+
+
+def print_table(report: dict[str, Any]) -> None:
+    if report.get("smoke"):
+        print(f"\n*** {SMOKE_NOTE} ***")
+    print(f"\n{report['gpu']}  copy {report['copy_gbps'] or 0:.0f} GB/s  {report['date']}  budget {report['budget']}")
+    print("GB/s (% of copy bandwidth); x peer = the best of cuBLAS and max-autotune / kernelsmith")
+    header = f"{'model':5} {'row':14} {'M x N x K':18} " + " ".join(f"{c:>16}" for c in COLUMNS)
+    print(header + f" {'x peer':>7} {'target':>6} variant")
+    for row in report["rows"]:
+        label = f"{row.get('model', '?'):5} {row.get('row', '?'):14} {row.get('shape', ''):18}"
+        if "us" not in row:
+            print(f"{label} ERROR")
+            continue
+        cells = []
+        for name in COLUMNS:
+            if name not in row["gbps"]:
+                cells.append(f"{'-':>16}")
+            else:
+                pct = row.get("pct_of_copy", {}).get(name)
+                cells.append(f"{row['gbps'][name]:7.0f} ({pct:5.1f}%)" if pct is not None else
+                             f"{row['gbps'][name]:16.2f}")  # fmt: skip
+        speedup = row.get("speedup_vs_best_peer")
+        target = {True: "yes", False: "NO"}.get(row.get("meets_target"), "-")  # type: ignore[call-overload]
+        print(f"{label} {' '.join(cells)} {(f'{speedup:.3f}' if speedup else '-'):>7} {target:>6} "
+              f"{row['tune']['winner']} {row['tune'].get('variant') or ''}")  # fmt: skip
+
+
+def _choices(text: str, known: tuple[Any, ...], what: str, kind: Callable[[str], Any] = str) -> list[Any]:
+    """A comma-separated selection from ``known`` (all of them when empty); ValueError naming a typo."""
+    picked = [kind(s) for s in text.split(",") if s]
+    unknown = [p for p in picked if p not in known]
+    if unknown:
+        raise ValueError(f"unknown {what} {unknown} (known: {', '.join(map(str, known))})")
+    return picked or list(known)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="decode.json")
+    add_run_options(parser, "row", 24)
+    parser.add_argument("--models", default="", help="comma-separated: 1b, 8b (default both)")
+    parser.add_argument("--m", default="", help="rows of x, comma-separated: 1, 8 (default both)")
+    parser.add_argument("--only", default="", help=f"these rows only (comma-separated: {', '.join(ROWS + FUSED_ROWS)})")
+    parser.add_argument("--fused", action="store_true", help="add the fused rows (swiglu, o/down+residual)")
+    parser.add_argument("--skip", default="", help="leave out these implementations (max-autotune)")
+    args = parser.parse_args(argv)
+    try:
+        models = _choices(args.models, tuple(MODELS), "models")
+        ms = _choices(args.m, M_VALUES, "row counts", int)
+        only = _choices(args.only, ROWS + FUSED_ROWS, "rows") if args.only else []
+        skip = (
+            frozenset(_choices(args.skip, ("max-autotune",), "implementations to skip")) if args.skip else frozenset()
+        )
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return 2
+    refusal = settle_run_options(args, "benchmarks/decode.py", 24)
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return 2
+    if args.smoke:
+        skip |= {"max-autotune"}  # compiles for CUDA: not part of a CPU smoke test
+    fused = args.fused or any(name in FUSED_ROWS for name in only)
+    rows = [w for w in workloads(models, ms, fused) if not only or w.row in only]
+    copy_gbps = None if args.smoke else measure_copy_bandwidth(torch.device("cuda"))[0]
+    report = environment(copy_gbps=copy_gbps, budget=args.budget, strategy=args.strategy)
+    if args.smoke:
+        report.update(smoke=True, note=SMOKE_NOTE)
+    write_report(report, args.out)
+    for w in rows:
+        w = w.tiny() if args.smoke else w
+        try:
+            row = run_workload(w, args.budget, args.db, args.strategy, copy_gbps, skip, args.smoke)
+        except Exception:  # a row that fails is recorded, and the next one runs
+            row = {"model": w.model, "row": w.row, "shape": w.shape_text, "error": traceback.format_exc()[-2000:]}
+        report["rows"].append(row)
+        write_report(report, args.out)
+        print(json.dumps(row, default=str)[:700], flush=True)
+    print_table(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
