@@ -165,3 +165,27 @@ def test_an_older_schema_is_noted_not_refused(tmp_path: Path) -> None:
     conn.close()
     report = check_database(path)
     assert report.ok and report.schema_version == 2 and any("migrated" in n for n in report.notes)
+
+
+@pytest.mark.parametrize("corrupt", [text, future_schema], ids=lambda f: f.__name__)
+def test_the_compile_backend_hands_the_graph_on_and_warns_once(corrupt, tmp_path: Path, caplog, monkeypatch) -> None:
+    import torch._inductor.compile_fx as inductor
+
+    from kernelsmith.frontends import backend as ks_backend
+
+    path = tmp_path / "broken.db"
+    corrupt(path)
+    torch._dynamo.reset()
+    monkeypatch.setattr(inductor, "compile_fx", lambda gm, example_inputs, **kwargs: gm.forward)  # no real Inductor
+    backend = ks_backend.backend(db=str(path), tune=True)
+
+    def softmax(x):
+        return torch.softmax(x * 0.5, dim=-1)
+
+    x = torch.randn(4, 32)
+    with caplog.at_level(logging.WARNING):
+        out = torch.compile(softmax, backend=backend, dynamic=False)(x)
+    assert torch.allclose(out, softmax(x), atol=1e-6)
+    assert [(s.op, s.status) for s in backend.sites] == [("softmax", "no database")]
+    (warning,) = _warnings(caplog)
+    assert str(path) in warning and "kernelsmith db check" in warning
