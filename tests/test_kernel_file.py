@@ -3,6 +3,7 @@ its @triton.jit bodies, and loading and launching them in the Triton interpreter
 
 from __future__ import annotations
 
+import os
 import re
 import textwrap
 from pathlib import Path
@@ -537,15 +538,16 @@ def test_a_python_module_candidate_is_told_what_is_allowed() -> None:
 
 
 # ---- loading and launching in the interpreter --------------------------------------------------------
-def _check(kernel_file: KernelFile, op_name: str, rows: int, n: int) -> None:
+def _check(kernel_file: KernelFile, op_name: str, rows: int, n: int, device: str) -> None:
     op = get_op(op_name)
     spec = op.spec((rows, n), "float32")
     configs = kernel_file.space(spec).configs()
     assert configs, f"no config for {spec.describe()}"
     for config in (configs[0], configs[-1]):
         launcher = kernel_file.build(spec, config)
-        inputs = op.make_inputs(spec, seed=rows * 1000 + n, distribution=op.distributions[0], device="cpu")
-        outputs = [torch.full(t.shape, float("nan"), dtype=t.torch_dtype) for t in op.output_specs(spec)]
+        inputs = op.make_inputs(spec, seed=rows * 1000 + n, distribution=op.distributions[0], device=device)
+        outputs = [torch.full(t.shape, float("nan"), dtype=t.torch_dtype, device=device)
+                   for t in op.output_specs(spec)]
         launcher(inputs, outputs)
         for out, ref64, lowp in zip(outputs, op.reference_fp64(spec, inputs), op.reference(spec, inputs),
                                     strict=True):
@@ -562,29 +564,29 @@ def loaded() -> dict[str, KernelFile]:
 
 
 @pytest.mark.parametrize("rows, n", SHAPES)
-def test_rmsnorm_file_runs_in_the_interpreter(loaded: dict[str, KernelFile], rows: int, n: int) -> None:
-    _check(loaded["rmsnorm"], "rmsnorm", rows, n)
+def test_rmsnorm_file_runs_in_the_interpreter(loaded: dict[str, KernelFile], rows: int, n: int, device: str) -> None:
+    _check(loaded["rmsnorm"], "rmsnorm", rows, n, device)
 
 
 @pytest.mark.parametrize("rows, n", SHAPES)
-def test_softmax_file_runs_in_the_interpreter(loaded: dict[str, KernelFile], rows: int, n: int) -> None:
-    _check(loaded["softmax"], "softmax", rows, n)
+def test_softmax_file_runs_in_the_interpreter(loaded: dict[str, KernelFile], rows: int, n: int, device: str) -> None:
+    _check(loaded["softmax"], "softmax", rows, n, device)
 
 
 @pytest.mark.parametrize("rows, n", [(1, 7), (3, 33), (17, 300)])
-def test_two_launches_with_scratch(loaded: dict[str, KernelFile], rows: int, n: int) -> None:
-    _check(loaded["two_launch"], "rmsnorm", rows, n)
+def test_two_launches_with_scratch(loaded: dict[str, KernelFile], rows: int, n: int, device: str) -> None:
+    _check(loaded["two_launch"], "rmsnorm", rows, n, device)
 
 
-def test_scratch_is_filled_on_every_call() -> None:
+def test_scratch_is_filled_on_every_call(device: str) -> None:
     kernel_file = parse_kernel_file(FILL_PROBE_FILE)
     spec = rmsnorm_spec(3, 70)
     launcher = kernel_file.build(spec, Config())
-    x, w = get_op("rmsnorm").make_inputs(spec, 0, "normal", "cpu")
+    x, w = get_op("rmsnorm").make_inputs(spec, 0, "normal", device)
     for _ in range(2):
-        out = torch.zeros(3, 70)
+        out = torch.zeros(3, 70, device=device)
         launcher([x, w], [out])
-        assert torch.equal(out, torch.full((3, 70), 2.5))
+        assert torch.equal(out, torch.full((3, 70), 2.5, device=device))
 
 
 def test_build_errors_name_the_expression() -> None:
@@ -602,14 +604,20 @@ def test_build_errors_name_the_expression() -> None:
 
 
 # ---- what a body can reach, with and without the gate ------------------------------------------
-def test_the_namespace_has_only_the_restricted_builtins() -> None:
+def test_the_namespace_has_only_the_restricted_builtins(device: str) -> None:
     table = restricted_builtins()
     assert set(table) == {"range", "min", "max", "float", "int", "bool", "len", "isinstance", "__import__"}
     namespace = load_namespace(RMSNORM_FILE, "builtins-probe")
     kernel = namespace["_rmsnorm_row_kernel"]
     function = getattr(kernel, "fn", kernel)  # the Python function under Triton's wrapper
     assert function.__globals__ is namespace
-    assert set(namespace["__builtins__"]) == set(table)
+    # The interpreter adds its own module globals to the function's (numpy, inspect: what the gate
+    # keeps bodies from naming) but leaves the builtins as they are.
+    x = torch.ones(2, 8, device=device)
+    y = torch.empty_like(x)
+    kernel[(2,)](x, x[0], y, 8, 8, 8, 1e-6, BLOCK_N=8, EVICT_X="")
+    assert torch.allclose(y, torch.ones_like(y), atol=1e-5)
+    assert namespace["__builtins__"] == table
 
 
 @pytest.mark.parametrize(
@@ -642,6 +650,7 @@ def test_bypassing_the_gate_still_gives_no_way_out_at_module_level(body: str, er
         load_namespace(source, f"bypass-{abs(hash(body))}")  # ...and the namespace refuses it too
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter runs bodies as Python")
 def test_bypassing_the_gate_in_a_kernel_body_gives_no_import() -> None:
     """A body that calls ``__import__`` (refused by the gate) run anyway by the interpreter:
     the namespace's ``__import__`` is the restricted one, so os is out of reach."""
