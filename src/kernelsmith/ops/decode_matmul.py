@@ -500,7 +500,8 @@ class DecodeMatmul(Matmul):
         "Llama-3.2-1B's down projection at batch 1; more leading sizes are batch dims of x (4x2x4096x4096); "
         "--epilogue bias|gelu|silu|residual|swiglu, or bias+gelu"
     )
-    variants = (
+    # (mypy infers Matmul.variants as a tuple of four _MatmulVariant; any tuple of variants will do)
+    variants = (  # type: ignore[assignment]
         _DecodeVariant("gemv", "split-N: one program per BLOCK_N weight rows (and BLOCK_M rows of x), all of K, "
                        "epilogue fused", _gemv_space, _gemv_build),
         _DecodeVariant("split_k", "split-N and split-K: float32 partials of SPLIT_K ranges of K, summed in order "
