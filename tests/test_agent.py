@@ -205,16 +205,13 @@ def test_every_required_family_has_a_template() -> None:
 
 
 # ---- the templates are correct: the harness's validation, in this process ----------------------
-# Small odd shapes; each template at its first and its last valid config, in float32 and bfloat16.
-TEMPLATE_SHAPES: dict[str, list[tuple[int, ...]]] = {
-    "cross_entropy": [(5, 300), (3, 1000)],
-    "gelu_tanh": [(7, 50), (3, 1029)],
-    "swiglu": [(7, 50), (3, 1029)],
-}
+# Small odd shapes (validation adds its own tails of 1, 7 and rows + 3 rows); each template at its
+# first and its last valid config, in float32 and bfloat16.
+TEMPLATE_SHAPES: dict[str, tuple[int, ...]] = {"cross_entropy": (5, 300), "gelu_tanh": (3, 1029),
+                                               "swiglu": (3, 1029)}
 TEMPLATE_CASES = [
-    pytest.param(op, shape, dtype, id=f"{op}-{'x'.join(map(str, shape))}-{dtype}")
+    pytest.param(op, TEMPLATE_SHAPES.get(op, (5, 129)), dtype, id=f"{op}-{dtype}")
     for op in TEMPLATE_OPS
-    for shape in TEMPLATE_SHAPES.get(op, [(7, 50), (3, 129)])
     for dtype in ("float32", "bfloat16")
 ]
 
