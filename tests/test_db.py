@@ -12,6 +12,7 @@ import pytest
 
 from kernelsmith.db import (
     SCHEMA_VERSION,
+    BrokenDatabaseError,
     Database,
     DatabaseError,
     SQLiteDatabase,
@@ -170,6 +171,37 @@ def test_version_1_database_is_migrated_in_place(tmp_path: Path) -> None:
     assert int(version) == SCHEMA_VERSION >= 2 and kept == 1
 
 
+def test_version_2_database_gains_origins_and_its_sources_lose_trust(tmp_path: Path) -> None:
+    """Schema 3 (rule 13): rows measured before keep serving as local; kernel sources stored
+    before cannot be told from imported ones, so they are "unknown" and untrusted until
+    `kernelsmith db trust`."""
+    path = tmp_path / "v2.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    for script in MIGRATIONS[:2]:
+        for statement in _statements(script):
+            conn.execute(statement)
+    conn.execute("INSERT INTO meta VALUES ('schema_version', '2')")
+    d = make_decision()
+    conn.execute("INSERT INTO decisions VALUES (?, ?, ?, '{}', 'kernel', 'row', 'src0', '{}', '{}', '', 1, 0)",
+                 (d.fingerprint, d.workload, d.op))
+    conn.execute("INSERT INTO trials (fingerprint, workload, op, variant, source_hash, config_key, config, status, "
+                 "metrics, created_at) VALUES ('f', 'w', 'softmax', 'row', 'src0', '', '{}', 'cheat', '{}', 0)")
+    conn.execute("INSERT INTO variant_sources VALUES ('abc', 'rmsnorm', 'text', 0)")
+    conn.close()
+    with open_database(path) as db:
+        (decision,) = db.decisions()
+        assert decision.origin == "local" and decision.servable
+        (trial,) = db.trials()
+        assert trial.origin == "local" and db.find_trial("f", "w", "row", "src0", "") == trial
+        (source,) = db.variant_sources()
+        assert source.origin == "unknown" and not source.trusted
+    with sqlite3.connect(path) as conn:
+        (version,) = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    conn.close()
+    assert int(version) == SCHEMA_VERSION == 3
+
+
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "future.db"
     open_database(path).close()
@@ -178,9 +210,10 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
         conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
                      (str(SCHEMA_VERSION + 1),))
     conn.close()
-    with pytest.raises(DatabaseError, match=rf"schema version {SCHEMA_VERSION + 1}, newer than") as info:
+    newer = rf"schema version {SCHEMA_VERSION + 1}, newer than the {SCHEMA_VERSION}"
+    with pytest.raises(BrokenDatabaseError, match=newer) as info:
         open_database(path)
-    assert str(path) in str(info.value)
+    assert str(path) in str(info.value) and info.value.path == str(path)
 
 
 def test_statement_splitter() -> None:

@@ -144,12 +144,13 @@ def build_runner(family: OpFamily, spec: OpSpec, decision: DecisionRecord, db: A
     (:func:`refuse_unservable`) and for a kernel source this user has not trusted
     (:func:`refuse_untrusted_source`).
     """
-    refuse_unservable(family.name, decision)
     config = Config(decision.config)
     if decision.variant not in {v.name for v in family.variants}:
         refuse_untrusted_source(family.name, decision.source_hash, db)
+        refuse_unservable(family.name, decision)
         build = load_stored_source(family.name, decision.source_hash, db)
         return KernelRunner.build(family, spec, build(spec, config), decision.variant, config)
+    refuse_unservable(family.name, decision)
     variant = family.variant(decision.variant)
     if decision.source_hash and decision.source_hash != variant.source_hash:
         raise LookupError(f"{family.name}/{variant.name} changed since it was tuned (source hash differs)")
