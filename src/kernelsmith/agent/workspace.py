@@ -595,6 +595,29 @@ def _judge(
     return figures
 
 
+def _confirm_keep(
+    family: OpFamily, spec: OpSpec, mode: str, candidates: Sequence[Candidate], label: str, copy_gbps: float | None
+) -> dict[str, Any]:
+    """The figures and verdict of a KEEP's decisive run (issue 12).
+
+    A KEEP stores the kernel for every front door, so the kernel and the incumbent are validated
+    and timed again in a brand-new worker process, beside a baseline also timed alone in another
+    one that never loaded a candidate (:func:`kernelsmith.evaluate.pool.confirm`). The verdict is
+    that run's: KEEP only if it agrees. (An injected ``evaluate`` skips this: tests fix verdicts.)
+    """
+    from kernelsmith.evaluate.pool import confirm
+
+    settings = GPU_TIMING if mode == "gpu" else INTERPRETER_TIMING
+    confirmation = confirm(spec, candidates, mode, settings, copy_gbps=copy_gbps)
+    against = 1 if len(candidates) > 1 else None
+    results = confirmation.results
+    figures = _judge(family, spec, results[0], results[1] if against else None, label, copy_gbps)
+    why = confirmation.disagreement(0, against) if figures["verdict"] == "KEEP" else figures["reason"]
+    if why:
+        figures.update(verdict="REVERT", reason=f"not confirmed in a fresh worker: {why}"[:4000])
+    return figures
+
+
 def bench_workspace(
     directory: str | os.PathLike[str] = ".", *, db: Any = None, evaluate: Evaluate | None = None
 ) -> BenchReport:
@@ -638,6 +661,8 @@ def bench_workspace(
             results, copy_gbps = _evaluate(fp, database, spec, candidates, evaluate)
             result = results[0]
             figures = _judge(family, spec, result, results[1] if incumbent is not None else None, label, copy_gbps)
+            if figures["verdict"] == "KEEP" and evaluate is None:  # decisive: judged again in fresh workers
+                figures = _confirm_keep(family, spec, fp.mode, candidates, label, copy_gbps)
         comparison = figures.pop("comparison", None)
         metrics = figures.pop("metrics", dict(result.metrics) if result is not None else {})
         report = BenchReport(

@@ -4,45 +4,70 @@ Each worker is a fresh Python interpreter (``python -m kernelsmith.evaluate.work
 over a private socket, so a candidate's prints cannot corrupt the protocol and its crashes,
 hangs and CUDA faults cannot reach the caller:
 
-- a hang runs into the request's time limit: the worker's process group is killed and the
+- a hang runs into the request's time limit: the worker's process tree is killed and the
   candidate comes back as a ``timeout`` failure;
 - a crash (segfault, ``os._exit``, an abort in the driver) closes the socket: ``crash``;
+- a reply that is not well-formed data (garbage, a pickle, truncated or wrong-typed JSON, more
+  than ``MAX_REPLY_BYTES``, an answer for other candidates) is a ``crash``, and the worker that
+  wrote it is killed (:mod:`kernelsmith.evaluate.protocol`);
 - a worker that asks to be recycled (after a CUDA fault or a cheat) is replaced.
 
+Workers are sandboxed (:mod:`kernelsmith.evaluate.sandbox`): their own session, a private home
+and temporary directory, no kernelsmith settings that point at the user's files, a memory cap
+(RLIMIT_AS in interpreter mode, the resident size of the whole process tree watched from here
+in both modes), and every process they start ended with them.
+
 Several workers compile and validate in parallel (Triton compilation is CPU-bound); timing on a
-shared GPU is serialized by a file lock the workers take, so measurements never overlap.
+shared GPU is serialized by a file lock the workers take, so measurements never overlap. The
+decisive run of a candidate about to be kept, :meth:`Evaluator.confirm`, uses none of them: it
+starts brand-new workers for one request each (:mod:`kernelsmith.evaluate.confirm`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
-import signal
+import select
+import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
 
+from kernelsmith.evaluate import sandbox
+from kernelsmith.evaluate.confirm import Confirmation, judge
 from kernelsmith.evaluate.protocol import (
+    MAX_REPLY_BYTES,
     Candidate,
     CeilingRequest,
     CeilingResult,
     EvalRequest,
     EvalResult,
+    ProtocolError,
+    Request,
     TimingSettings,
+    WorkerReply,
+    decode_reply,
+    encode_close,
+    encode_request,
+    is_ready,
 )
 from kernelsmith.spec import OpSpec
 
 log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 180.0
+WORKER_MODULE = "kernelsmith.evaluate.worker"
+_WATCH_INTERVAL_S = 1.0  # how often the resident memory of a busy worker's tree is checked
+_HEADER = struct.Struct("!i")  # the multiprocessing.connection frame header: the payload's length
 
 
 class WorkerLost(Exception):
@@ -56,65 +81,166 @@ def _package_root() -> str:
 
 
 class WorkerProcess:
-    """One worker interpreter and its connection; restarted on demand."""
+    """One worker interpreter and its connection; restarted on demand.
 
-    def __init__(self, env: dict[str, str], log_dir: str) -> None:
-        self.env = env
+    ``command`` is the worker's module and its extra arguments: the real worker, or in tests a
+    stand-in that misbehaves on purpose (:mod:`kernelsmith.testing.hostile_worker`). Each start
+    gets a fresh private home under ``log_dir``; ``triton_cache`` is a compile cache shared by
+    the pool's workers ("": one inside the private home, for a worker that must share nothing).
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        log_dir: str,
+        memory_cap: int,
+        *,
+        triton_cache: str = "",
+        command: Sequence[str] = (WORKER_MODULE,),
+        max_reply_bytes: int = MAX_REPLY_BYTES,
+    ) -> None:
+        self.mode = mode
         self.log_dir = log_dir
+        self.memory_cap = memory_cap
+        self.triton_cache = triton_cache
+        self.command = tuple(command)
+        self.max_reply_bytes = max_reply_bytes
         self.proc: subprocess.Popen[bytes] | None = None
-        self.conn: Connection | None = None
+        self.sock: socket.socket | None = None
+        self.home = ""
         self.log_path = ""
+        self._seen: dict[int, str] = {}  # pid -> start time of processes seen in the worker's tree
 
     def start(self) -> None:
         parent_sock, child_sock = socket.socketpair()
+        self.home = tempfile.mkdtemp(prefix="home-", dir=self.log_dir)
+        env = sandbox.worker_environment(
+            os.environ, mode=self.mode, home=self.home, package_root=_package_root(),
+            triton_cache=self.triton_cache or os.path.join(self.home, "triton-cache"),
+        )  # fmt: skip
+        caps = ["--address-space", str(sandbox.address_space_limit(self.memory_cap))] if self.mode != "gpu" else []
+        module, *args = self.command
         handle, self.log_path = tempfile.mkstemp(prefix="worker-", suffix=".log", dir=self.log_dir)
         with os.fdopen(handle, "wb") as log_file:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kernelsmith.evaluate.worker", str(child_sock.fileno())],
+                [sys.executable, "-m", module, str(child_sock.fileno()), *args, *caps],
                 pass_fds=(child_sock.fileno(),),
-                env=self.env,
+                env=env,
+                cwd=self.home,
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=log_file,
-                start_new_session=True,  # its own process group, so a kill takes its children too
+                start_new_session=True,  # its own session and process group
             )
         child_sock.close()
-        self.conn = Connection(parent_sock.detach())
-        if not self.conn.poll(STARTUP_TIMEOUT_S):
-            self.kill()
-            raise WorkerLost("crash", f"worker did not start within {STARTUP_TIMEOUT_S:.0f} s: {self.log_tail()}")
+        self.sock = parent_sock
+        self._seen = {}
         try:
-            hello = self.conn.recv()
-        except (EOFError, OSError) as exc:
+            hello = self._receive(time.monotonic() + STARTUP_TIMEOUT_S, "starting")
+        except WorkerLost as lost:
             self.kill()
-            raise WorkerLost("crash", f"worker died while starting: {self.log_tail()}") from exc
-        if hello != "ready":
+            raise WorkerLost("crash", f"worker failed to start: {lost}") from None
+        if not is_ready(hello):
             self.kill()
-            raise WorkerLost("crash", f"unexpected worker greeting {hello!r}")
+            raise WorkerLost("crash", f"unexpected worker greeting {hello[:60]!r}")
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None and self.conn is not None
+        return self.proc is not None and self.proc.poll() is None and self.sock is not None
 
-    def call(self, request: Any, timeout_s: float) -> Any:
+    def call(self, request: Request, timeout_s: float) -> WorkerReply:
+        """Send one request and return the worker's checked reply, or raise :class:`WorkerLost`."""
         if not self.alive:
             self.kill()
             self.start()
-        assert self.conn is not None and self.proc is not None
+        assert self.sock is not None
+        deadline = time.monotonic() + timeout_s
         try:
-            self.conn.send(request)
-            if not self.conn.poll(timeout_s):
-                self.kill()
-                raise WorkerLost("timeout", f"no answer within {timeout_s:.0f} s (hang or runaway kernel)")
-            reply = self.conn.recv()
-        except (EOFError, OSError, BrokenPipeError) as exc:
-            code = self.proc.wait(timeout=10) if self.proc else None
-            tail = self.log_tail()
+            self._send(encode_request(request), deadline)
+            data = self._receive(deadline, "answering")
+            reply = decode_reply(data, request)
+        except ProtocolError as exc:
             self.kill()
-            raise WorkerLost("crash", f"worker died (exit code {code}): {tail}") from exc
-        if getattr(reply, "recycle", False):
+            raise WorkerLost("crash", f"the worker's reply is malformed: {exc}") from None
+        except WorkerLost:
+            self.kill()
+            raise
+        if reply.recycle:
             self.kill()
         return reply
+
+    # ---- framing: multiprocessing.connection's format, read here with a deadline and a bound ----
+    def _send(self, data: bytes, deadline: float) -> None:
+        assert self.sock is not None
+        self.sock.settimeout(max(0.001, deadline - time.monotonic()))
+        try:
+            self.sock.sendall(_HEADER.pack(len(data)) + data)
+        except TimeoutError:
+            raise WorkerLost("timeout", "the worker did not take its request in time") from None
+        except OSError:
+            raise self._died() from None
+
+    def _receive(self, deadline: float, doing: str) -> bytes:
+        """One message, read within ``deadline`` and refused above ``max_reply_bytes``.
+
+        ``Connection.recv_bytes(maxlength)`` bounds the size but not the time: once a header has
+        arrived it blocks until the promised bytes do, so a worker that stops mid-message would
+        hang the caller. Reading here, every wait has the request's deadline.
+        """
+        (size,) = _HEADER.unpack(self._read(_HEADER.size, deadline, doing))
+        if size < 0 or size > self.max_reply_bytes:
+            raise WorkerLost("crash", f"the worker sent a message of {size} bytes (at most {self.max_reply_bytes})")
+        return self._read(size, deadline, doing)
+
+    def _read(self, n: int, deadline: float, doing: str) -> bytes:
+        assert self.sock is not None
+        chunks: list[bytes] = []
+        while n:
+            self._wait_readable(deadline, doing)
+            try:
+                chunk = self.sock.recv(min(n, 1 << 20))
+            except OSError:
+                chunk = b""
+            if not chunk:
+                raise self._died()
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    def _wait_readable(self, deadline: float, doing: str) -> None:
+        """Wait for bytes; meanwhile keep the worker's tree under its memory cap."""
+        assert self.sock is not None and self.proc is not None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WorkerLost("timeout", f"no answer within the time limit while {doing} (hang or runaway kernel)")
+            readable, _, _ = select.select([self.sock], [], [], min(remaining, _WATCH_INTERVAL_S))
+            if readable:
+                return
+            self._watch()
+            if self.proc.poll() is not None:  # dead, but something it started holds the socket
+                raise self._died()
+
+    def _watch(self) -> None:
+        assert self.proc is not None
+        pids = [self.proc.pid, *sandbox.descendants(self.proc.pid)]
+        for pid in pids:
+            started = sandbox.process_start(pid)
+            if started:
+                self._seen.setdefault(pid, started)
+        rss = sandbox.tree_rss_bytes(self.proc.pid)
+        if rss > self.memory_cap:
+            raise WorkerLost(
+                "crash", f"the worker's processes held {rss / 2**30:.1f} GiB, above the cap of "
+                f"{self.memory_cap / 2**30:.1f} GiB: killed",
+            )  # fmt: skip
+
+    def _died(self) -> WorkerLost:
+        code = None
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = self.proc.wait(timeout=10)
+        return WorkerLost("crash", f"worker died (exit code {code}): {self.log_tail()}")
 
     def log_tail(self, n: int = 1500) -> str:
         try:
@@ -124,57 +250,133 @@ class WorkerProcess:
         return text[-n:].strip().replace("\n", " | ")
 
     def kill(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-        if self.proc is not None and self.proc.poll() is None:
+        """End the worker and everything it started, and remove its private home."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                sandbox.kill_tree(self.proc.pid)
+            # Processes seen in its tree earlier, in case the worker died first and they escaped
+            # the tree with it (the same pid and start time: the same process).
+            sandbox.kill_if_same(self._seen)
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                self.proc.kill()
-            self.proc.wait(timeout=30)
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                log.warning("worker %d did not end after SIGKILL", self.proc.pid)
         self.proc = None
+        self._seen = {}
+        if self.home:
+            shutil.rmtree(self.home, ignore_errors=True)
+            self.home = ""
 
     def close(self) -> None:
-        if self.alive and self.conn is not None:
+        if self.alive and self.sock is not None and self.proc is not None:
             try:
-                self.conn.send(None)
-                assert self.proc is not None
+                self._send(encode_close(), time.monotonic() + 5)
                 self.proc.wait(timeout=10)
-            except Exception:
+            except (WorkerLost, subprocess.TimeoutExpired):
                 pass
         self.kill()
+
+
+def _confirm(
+    spec: OpSpec,
+    candidates: Sequence[Candidate],
+    settings: TimingSettings,
+    *,
+    mode: str,
+    log_dir: str,
+    lock_path: str,
+    memory_cap: int,
+    timeout_s: float,
+    copy_gbps: float | None,
+) -> Confirmation:
+    """The decisive run (see :mod:`kernelsmith.evaluate.confirm`): the baseline alone in one
+    fresh worker, the candidates in another, each started for one request and ended after it."""
+
+    def fresh(request: EvalRequest) -> WorkerReply | WorkerLost:
+        worker = WorkerProcess(mode, log_dir, memory_cap)  # the real worker, its own Triton cache
+        try:
+            return worker.call(request, timeout_s)
+        except WorkerLost as lost:
+            return lost
+        finally:
+            worker.kill()
+
+    from kernelsmith.ops import get_op  # the op registry loads kernels: only when confirming
+
+    clean = fresh(EvalRequest(spec.to_dict(), (), mode, settings, True, lock_path))
+    beside = fresh(EvalRequest(spec.to_dict(), tuple(candidates), mode, settings, True, lock_path))
+    if isinstance(beside, WorkerLost):
+        results = [EvalResult(c, beside.kind, f"in the confirmation: {beside}") for c in candidates]
+    else:
+        results = list(beside.results)
+    clean_error = str(clean) if isinstance(clean, WorkerLost) else ""
+    clean_metrics = clean.baseline if isinstance(clean, WorkerReply) else {}
+    return judge(get_op(spec.op), spec, results, clean_metrics, clean_error, copy_gbps)
+
+
+def confirm(
+    spec: OpSpec,
+    candidates: Sequence[Candidate],
+    mode: str,
+    timing: TimingSettings | None = None,
+    *,
+    copy_gbps: float | None = None,
+    timeout_s: float | None = None,
+) -> Confirmation:
+    """:meth:`Evaluator.confirm` without a pool (the agent bench's KEEP)."""
+    settings = timing or (TimingSettings() if mode == "gpu" else TimingSettings.interpreter())
+    with tempfile.TemporaryDirectory(prefix="kernelsmith-confirm-") as folder:
+        return _confirm(
+            spec, candidates, settings, mode=mode, log_dir=folder, lock_path="",
+            memory_cap=sandbox.default_memory_cap(1), timeout_s=timeout_s or _default_timeout(mode),
+            copy_gbps=copy_gbps,
+        )  # fmt: skip
+
+
+def _default_timeout(mode: str) -> float:
+    return 120.0 if mode == "gpu" else 600.0
 
 
 class Evaluator:
     """Evaluates candidates for one mode ("gpu" or "interpreter") in a pool of workers.
 
+    ``memory_cap`` is the bytes each worker's process tree may hold (default: half the machine's
+    memory shared among the workers); ``worker`` replaces the worker's module and arguments for
+    the pool's workers (tests: a misbehaving stand-in). :meth:`confirm` always runs the real one.
+
     >>> # evaluator = Evaluator("interpreter", workers=2)
     >>> # results = evaluator.evaluate(spec, [Candidate("whole_row", Config(num_warps=4, num_stages=1))])
     """
 
-    def __init__(self, mode: str, workers: int | None = None, timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        mode: str,
+        workers: int | None = None,
+        timeout_s: float | None = None,
+        *,
+        memory_cap: int | None = None,
+        worker: Sequence[str] = (WORKER_MODULE,),
+    ) -> None:
         if mode not in ("gpu", "interpreter"):
             raise ValueError(f"mode must be 'gpu' or 'interpreter', not {mode!r}")
         self.mode = mode
         cores = os.cpu_count() or 2
         self.n_workers = workers or (max(1, min(8, cores // 2)) if mode == "gpu" else min(2, cores))
-        self.timeout_s = timeout_s or (120.0 if mode == "gpu" else 600.0)
+        self.timeout_s = timeout_s or _default_timeout(mode)
+        self.memory_cap = memory_cap or sandbox.default_memory_cap(self.n_workers)
         self._tmp = tempfile.TemporaryDirectory(prefix="kernelsmith-")
         self.lock_path = os.path.join(self._tmp.name, "gpu.lock") if mode == "gpu" else ""
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
-        env["PYTHONUNBUFFERED"] = "1"
-        if mode == "interpreter":
-            env["TRITON_INTERPRET"] = "1"
-        else:
-            env.pop("TRITON_INTERPRET", None)
+        cache = os.path.join(self._tmp.name, "triton-cache")  # the pool's own, never the user's
         self._slots: queue.Queue[WorkerProcess] = queue.Queue()
         self._executor = ThreadPoolExecutor(max_workers=self.n_workers, thread_name_prefix="kernelsmith-eval")
         for _ in range(self.n_workers):
             # Interpreters start in the background while the caller prepares; a slot joins the
             # queue only once its worker is ready (or failed to start: the first call retries).
-            self._executor.submit(self._prestart, WorkerProcess(env, self._tmp.name))
+            slot = WorkerProcess(mode, self._tmp.name, self.memory_cap, triton_cache=cache, command=worker)
+            self._executor.submit(self._prestart, slot)
         self._closed = threading.Event()
 
     def _prestart(self, slot: WorkerProcess) -> None:
@@ -185,28 +387,25 @@ class Evaluator:
         finally:
             self._slots.put(slot)
 
-    def _call(self, request: Any) -> Any:
+    def _call(self, request: Request) -> WorkerReply:
         slot = self._slots.get()
         try:
             return slot.call(request, self.timeout_s)
         finally:
             self._slots.put(slot)
 
+    def _settings(self, timing: TimingSettings | None) -> TimingSettings:
+        return timing or (TimingSettings() if self.mode == "gpu" else TimingSettings.interpreter())
+
     def _request(
-        self,
-        spec: OpSpec,
-        candidates: Sequence[Candidate],
-        timing: TimingSettings | None,
-        measure: bool,
-        static_gate: bool,
+        self, spec: OpSpec, candidates: Sequence[Candidate], timing: TimingSettings | None, measure: bool
     ) -> EvalRequest:
-        settings = timing or (TimingSettings() if self.mode == "gpu" else TimingSettings.interpreter())
-        return EvalRequest(spec.to_dict(), tuple(candidates), self.mode, settings, measure, static_gate, self.lock_path)
+        settings = self._settings(timing)
+        return EvalRequest(spec.to_dict(), tuple(candidates), self.mode, settings, measure, self.lock_path)
 
     def _run(self, request: EvalRequest) -> list[EvalResult]:
         try:
-            reply = self._call(request)
-            return list(reply.results)
+            return list(self._call(request).results)
         except WorkerLost as lost:
             return [EvalResult(c, lost.kind, str(lost)) for c in request.candidates]
 
@@ -216,14 +415,10 @@ class Evaluator:
         candidates: Sequence[Candidate],
         timing: TimingSettings | None = None,
         measure: bool = True,
-        static_gate: bool = True,
     ) -> list[EvalResult]:
-        """Evaluate each candidate in its own request, in parallel across the workers.
-
-        Candidates that came back "skipped" (an earlier candidate in the same worker broke it)
-        are retried once in a fresh worker.
-        """
-        futures = [self.submit(spec, c, timing, measure, static_gate) for c in candidates]
+        """Evaluate each candidate in its own request, in parallel across the workers (see
+        :meth:`submit`)."""
+        futures = [self.submit(spec, c, timing, measure) for c in candidates]
         return [f.result() for f in futures]
 
     def submit(
@@ -232,14 +427,13 @@ class Evaluator:
         candidate: Candidate,
         timing: TimingSettings | None = None,
         measure: bool = True,
-        static_gate: bool = True,
     ) -> Future[EvalResult]:
         """Evaluate one candidate on the next free worker; the future never raises.
 
         A candidate that came back "skipped" (an earlier candidate broke its worker) is retried
         once in a fresh worker.
         """
-        request = self._request(spec, [candidate], timing, measure, static_gate)
+        request = self._request(spec, [candidate], timing, measure)
 
         def run() -> EvalResult:
             result = self._run(request)[0]
@@ -251,13 +445,28 @@ class Evaluator:
         self, spec: OpSpec, candidates: Sequence[Candidate], timing: TimingSettings | None = None
     ) -> list[EvalResult]:
         """Evaluate candidates in one request, timed interleaved with each other and the baseline."""
-        return self._run(self._request(spec, candidates, timing, True, True))
+        return self._run(self._request(spec, candidates, timing, True))
+
+    def confirm(
+        self,
+        spec: OpSpec,
+        candidates: Sequence[Candidate],
+        timing: TimingSettings | None = None,
+        copy_gbps: float | None = None,
+    ) -> Confirmation:
+        """The decisive run of candidates about to be kept, in brand-new workers of the real
+        worker module, one request each (see :mod:`kernelsmith.evaluate.confirm`)."""
+        return _confirm(
+            spec, candidates, self._settings(timing), mode=self.mode, log_dir=self._tmp.name,
+            lock_path=self.lock_path, memory_cap=self.memory_cap, timeout_s=self.timeout_s, copy_gbps=copy_gbps,
+        )  # fmt: skip
 
     def measure_ceiling(self) -> CeilingResult:
         if self.mode != "gpu":
             return CeilingResult("skipped", error="no GPU ceiling in interpreter mode")
         try:
-            return self._call(CeilingRequest()).results[0]  # type: ignore[no-any-return]
+            result: CeilingResult = self._call(CeilingRequest()).results[0]
+            return result
         except WorkerLost as lost:
             return CeilingResult(lost.kind, error=str(lost))
 

@@ -2,13 +2,16 @@
 
 Started by :mod:`kernelsmith.evaluate.pool` as ``python -m kernelsmith.evaluate.worker FD``; it
 reads requests from the connection on file descriptor FD and answers each with a
-:class:`WorkerReply`. Every failure becomes data in the reply. A candidate that might have left
-the process in a bad state (a CUDA fault, tampering) makes the worker ask to be recycled: it
-answers, then exits, and the pool starts a fresh one for the next request.
+:class:`WorkerReply`, as JSON data (never pickle). Every failure becomes data in the reply.
+Before any candidate loads it caps its memory and becomes the subreaper of everything it starts
+(:mod:`kernelsmith.evaluate.sandbox`), and after every request it ends all of it. A candidate
+that might have left the process in a bad state (a CUDA fault, tampering) makes the worker ask
+to be recycled: it answers, then exits, and the pool starts a fresh one for the next request.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import logging
@@ -22,15 +25,21 @@ from typing import Any
 
 import torch
 
-from kernelsmith.evaluate import errors, timing
+from kernelsmith.evaluate import errors, sandbox, timing
 from kernelsmith.evaluate.kernel_file import KernelFileError, check_kernel_file, parse_kernel_file
 from kernelsmith.evaluate.protocol import (
+    MAX_REQUEST_BYTES,
     Candidate,
     CeilingRequest,
     CeilingResult,
     EvalRequest,
     EvalResult,
+    ProtocolError,
+    Request,
     WorkerReply,
+    decode_request,
+    encode_ready,
+    encode_reply,
 )
 from kernelsmith.evaluate.validate import Rejected, allocate_outputs, run_checked, seal_harness, validate
 from kernelsmith.ops import get_op
@@ -171,8 +180,11 @@ def _time(
     request: EvalRequest,
     device: torch.device,
     flusher: timing.L2Flusher | None,
-) -> dict[int, EvalResult]:
-    """Time the baseline and every loaded candidate, interleaved, on rotating input sets.
+) -> tuple[dict[int, EvalResult], dict[str, Any]]:
+    """Time the baseline and every loaded candidate, interleaved, on rotating input sets; returns
+    the candidates' results and the baseline's own timing (its summary and ``samples_us``).
+
+    With no candidates loaded this times the baseline alone (a confirmation's clean baseline).
 
     Rule 5: halfway through, every input set is refilled *in place* with new values and every
     output is poisoned again; the outputs left by the second half must match the references of
@@ -277,7 +289,7 @@ def _time(
             source_hash=item.source_hash,
             seconds=time.perf_counter() - item.started,
         )
-    return results
+    return results, {**base, "samples_us": [round(x, 3) for x in samples[0]]}
 
 
 # ---- request handling --------------------------------------------------------------------------
@@ -293,7 +305,7 @@ class Worker:
             return device
         return torch.device("cpu")
 
-    def handle(self, request: Any) -> WorkerReply:
+    def handle(self, request: Request) -> WorkerReply:
         if isinstance(request, CeilingRequest):
             return self._ceiling(request)
         return self._evaluate(request)
@@ -314,6 +326,7 @@ class Worker:
         loaded: list[_Loaded] = []
         loaded_index: list[int] = []
         recycle = False
+        baseline: dict[str, Any] = {}
         for index, candidate in enumerate(request.candidates):
             started = time.perf_counter()
             source_hash = ""
@@ -321,7 +334,7 @@ class Worker:
                 results[index] = EvalResult(candidate, "skipped", "an earlier candidate broke the worker")
                 continue
             try:
-                build, source_hash = _load(op, spec, candidate, request.static_gate)
+                build, source_hash = _load(op, spec, candidate)
                 if request.mode == "gpu":
                     big = compile_needs_lock(_workload_bytes(op, spec), torch.cuda.get_device_properties(device))
                     with _gpu_lock(request.lock_path) if big else contextlib.nullcontext():
@@ -362,9 +375,9 @@ class Worker:
                     seconds=time.perf_counter() - started,
                 )
                 recycle = recycle or broken
-        if loaded and request.measure and not recycle:
+        if request.measure and not recycle and (loaded or not request.candidates):
             try:
-                timed = _time(op, spec, loaded, request, device, self.flusher)
+                timed, baseline = _time(op, spec, loaded, request, device, self.flusher)
                 for i, result in timed.items():
                     results[loaded_index[i]] = result
                     recycle = recycle or result.status == "cheat"
@@ -390,27 +403,55 @@ class Worker:
         if request.mode == "gpu":
             torch.cuda.empty_cache()  # hand cached blocks back: the next worker to validate needs them
         ordered = tuple(results[i] for i in range(len(request.candidates)))
-        return WorkerReply(ordered, recycle=recycle)
+        return WorkerReply(ordered, recycle=recycle, baseline=baseline)
+
+
+# ---- the main loop -----------------------------------------------------------------------------
+def serve(conn: Connection, handle: Callable[[Request], WorkerReply]) -> int:
+    """Answer requests until ``close``, a lost connection, or a reply that asks for recycling.
+
+    Requests and replies are JSON data (:mod:`kernelsmith.evaluate.protocol`), never pickle.
+    After every request, every process started while handling it is ended
+    (:func:`sandbox.end_children`), so nothing a request starts outlives it.
+    """
+    while True:
+        try:
+            request = decode_request(conn.recv_bytes(MAX_REQUEST_BYTES))
+        except (EOFError, OSError):
+            return 0
+        except ProtocolError as exc:  # the tuning process wrote it: a bug, not an attack
+            log.error("unreadable request: %s", exc)
+            return 1
+        if request is None:
+            return 0
+        try:
+            reply = handle(request)
+        finally:
+            ended = sandbox.end_children()
+            if ended:
+                log.warning("ended %d processes left running by the request: %s", len(ended), ended)
+        conn.send_bytes(encode_reply(reply))
+        if reply.recycle:
+            return 0
+
+
+def _arguments(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m kernelsmith.evaluate.worker")
+    parser.add_argument("fd", type=int, help="file descriptor of the connection to the tuning process")
+    parser.add_argument("--address-space", type=int, default=0, help="RLIMIT_AS in bytes (0: none)")
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    args = _arguments(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="kernelsmith-worker %(levelname)s %(message)s")
-    conn = Connection(int(argv[0]))
+    # Before any candidate loads: the memory cap, the subreaper flag, then the harness's seal.
+    sandbox.harden(args.address_space or None)
+    conn = Connection(args.fd)
     worker = Worker()
     seal_harness()  # from here on, any rebinding of a harness global is tampering
-    conn.send("ready")
-    while True:
-        try:
-            request = conn.recv()
-        except (EOFError, OSError):
-            return 0
-        if request is None:
-            return 0
-        reply = worker.handle(request)
-        conn.send(reply)
-        if reply.recycle:
-            return 0
+    conn.send_bytes(encode_ready())
+    return serve(conn, worker.handle)
 
 
 if __name__ == "__main__":
