@@ -37,7 +37,7 @@ import kernelsmith.evaluate.validate as validate_module
 from kernelsmith.evaluate import errors
 from kernelsmith.evaluate.kernel_file import check_kernel_file, parse_kernel_file
 from kernelsmith.evaluate.pool import Evaluator
-from kernelsmith.evaluate.protocol import Candidate, EvalResult
+from kernelsmith.evaluate.protocol import Candidate, EvalResult, TimingSettings
 from kernelsmith.evaluate.validate import Rejected, allocate_outputs, run_checked, validate
 from kernelsmith.ops import get_op
 from kernelsmith.ops._base import Launcher
@@ -86,10 +86,10 @@ def _syntax_error_source() -> str:
 # ---- kernel files: the cases -------------------------------------------------------------------
 RMSNORM_CASES: dict[str, Case] = {
     "control": Case("correct_rmsnorm", "ok"),
-    # rule 1: outputs are poisoned, every element compared
-    "rule1_never_writes": Case("never_writes", "validate", ("1024 elements are NaN/Inf",)),
-    "rule1_drops_last_rows": Case("drops_last_rows", "validate", ("7x64", "NaN/Inf")),
-    "rule1_half_columns": Case("half_columns", "validate", ("512 elements are NaN/Inf",)),
+    # rule 1: outputs are pre-filled (one run of each pair with random values), every element compared
+    "rule1_never_writes": Case("never_writes", "validate", ("1024 elements were never written",)),
+    "rule1_drops_last_rows": Case("drops_last_rows", "validate", ("x64", "never written")),  # a tail shape
+    "rule1_half_columns": Case("half_columns", "validate", ("512 elements were never written",)),
     # rule 2: inputs compared bit for bit with clones
     "rule2_mutates_x": Case("mutates_input", "cheat", ("modified its inputs",)),
     "rule2_zeroes_weight": Case("zeroes_weight", "cheat", ("modified its inputs",)),
@@ -106,7 +106,7 @@ RMSNORM_CASES: dict[str, Case] = {
     "rule12_detects_poison": Case("detects_poison", "validate"),
     # build failures
     "config_outside_space": Case("correct_rmsnorm", "build", ("num_warps=3",), config=Config(num_warps=3)),
-    "syntax_error": Case("correct_rmsnorm", "cheat", ("syntax",), text=_syntax_error_source()),
+    "syntax_error": Case("correct_rmsnorm", "build", ("syntax error", "never closed"), text=_syntax_error_source()),
     "undefined_name": Case("undefined_name", "cheat", ("undefined_scale",)),
 }
 
@@ -118,22 +118,19 @@ SOFTMAX_CASES: dict[str, Case] = {
 }
 
 # Blind spots of the validation data (issue 12): kernels wrong only on inputs or row counts the
-# harness once never produced. They pass until the validation data covers those cases.
+# harness once never produced (a huge element, NaN/Inf, denormals, a row-count residue).
 BLIND_CASES: dict[str, Case] = {
     "huge_values": Case("wrong_on_huge_values", "validate"),
     "nonfinite_inputs": Case("wrong_on_nonfinite", "validate"),
     "denormals": Case("wrong_on_denormals", "validate"),
     "row_residue": Case("wrong_on_row_residue", "validate"),
 }
-BLIND_XFAIL = pytest.mark.xfail(
-    strict=True, reason="issue 12 item 5: the validation data does not cover this blind spot yet"
-)
 
 # Process isolation, in one worker slot, in this order: each failure must leave the evaluator
 # able to evaluate the next candidate correctly.
 ISOLATION_TIMEOUT_S = 15.0
 ISOLATION_SEQUENCE: list[tuple[str, Case]] = [
-    ("hang", Case("hangs", "timeout", (f"no answer within {ISOLATION_TIMEOUT_S:.0f} s",))),
+    ("hang", Case("hangs", "timeout", ("no answer within the time limit",))),
     ("host_module", Case("takes_over_worker", "cheat", ("kernel",), text=source("takes_over_worker"))),
     ("after_takeover_zeros", Case("writes_zeros", "validate", ("relative L2 error",))),
     ("after_all_control", Case("correct_rmsnorm", "ok")),
@@ -197,7 +194,7 @@ def test_softmax_planted(name: str, softmax_results: dict[str, EvalResult]) -> N
     _assert_result(softmax_results[name], SOFTMAX_CASES[name])
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=BLIND_XFAIL) for n in BLIND_CASES])
+@pytest.mark.parametrize("name", list(BLIND_CASES))
 def test_blind_spots_of_the_validation_data(name: str, blind_results: dict[str, EvalResult]) -> None:
     _assert_result(blind_results[name], BLIND_CASES[name])
 
@@ -451,13 +448,26 @@ def test_rule10_rebinding_a_global_of_a_harness_module_is_tampering(monkeypatch:
     assert "kernelsmith.evaluate.validate.errors" in str(caught.value)
 
 
+# Validation calls the target's launcher 16 times (a run and a rule-9 rerun per distribution,
+# and more on the target shape); timing with these settings calls it about 48 times.
+VALIDATION_CALLS = 20
+LONG_TIMING = TimingSettings(warmup_ms=0.0, rounds=48, input_sets=2, flush_l2=False)
+
+
 def _caches_by_data_ptr(spec: OpSpec, config: Config) -> Launcher:
-    """Rule 5: the first call for an input address computes; later calls copy the cached answer."""
+    """Rule 5: once past validation's number of calls, the first call for an input address
+    computes and later calls copy the cached answer (validation, which also refills inputs in
+    place, never sees the cache: it is a timing-phase attack)."""
     launcher = honest(spec)
     copy = parse_kernel_file(source("writes_identity")).build(spec, CONFIG)  # out0 = in0
     cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    calls = [0]
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        calls[0] += 1
+        if calls[0] <= VALIDATION_CALLS:
+            launcher(inputs, outputs)
+            return
         x, w = inputs
         key = (x.data_ptr(), w.data_ptr())
         if key not in cache:
@@ -470,16 +480,14 @@ def _caches_by_data_ptr(spec: OpSpec, config: Config) -> Launcher:
 
 
 def test_rule5_a_cache_by_address_passes_validation_and_fails_while_timing() -> None:
-    """Validation (fresh inputs per run) cannot see the cache; the in-place refill of the timing
-    inputs exposes it."""
-    result = evaluate_launcher(RMSNORM, _caches_by_data_ptr)
+    """Only the in-place refill of the timing inputs, halfway through, exposes the cache."""
+    result = evaluate_launcher(RMSNORM, _caches_by_data_ptr, timing=LONG_TIMING)
     assert result.status == "cheat", result.error
     assert "outputs written while timing are wrong" in result.error
-    assert "wrong on" not in result.error.split("timing are wrong")[0]  # not a validation failure
 
 
 def test_rule5_the_honest_launcher_is_timed() -> None:
-    result = evaluate_launcher(RMSNORM, lambda spec, config: honest(spec))
+    result = evaluate_launcher(RMSNORM, lambda spec, config: honest(spec), timing=LONG_TIMING)
     assert result.status == "ok", result.error
     assert result.metrics["median_us"] > 0
 
