@@ -20,7 +20,7 @@ import pytest
 
 from kernelsmith.db import current_fingerprint, open_database
 from kernelsmith.evaluate import sandbox
-from kernelsmith.evaluate.confirm import BASELINE_SLOWDOWN, baseline_slowdown, judge
+from kernelsmith.evaluate.confirm import BASELINE_SLOWDOWN, MIN_SLOWDOWN_US, baseline_slowdown, judge
 from kernelsmith.evaluate.pool import Evaluator, WorkerLost, WorkerProcess
 from kernelsmith.evaluate.protocol import (
     Candidate,
@@ -200,6 +200,18 @@ def test_noise_in_either_baseline_is_not_a_cheat() -> None:
     assert baseline_slowdown(spikes, alone) == ""  # a few stray slow rounds
     noisy_alone = [x * (2.0 if i % 4 == 0 else 1.0) for i, x in enumerate(alone)]
     assert baseline_slowdown([x * (BASELINE_SLOWDOWN + 0.1) for x in alone], noisy_alone) == ""
+
+
+def test_launch_overhead_sized_differences_and_the_interpreter_are_not_judged() -> None:
+    """Under MIN_SLOWDOWN_US the difference is the size of host-side noise between processes,
+    and in the interpreter the baseline beside a kernel is always slower (cold caches)."""
+    tiny = [2.0 + 0.01 * (i % 3) for i in range(40)]
+    assert baseline_slowdown([x + MIN_SLOWDOWN_US - 0.5 for x in tiny], tiny) == ""
+    assert baseline_slowdown([x + MIN_SLOWDOWN_US + 0.5 for x in tiny], tiny) != ""
+    alone = [50.0] * 40
+    results = [_timed([6.0] * 40, [250.0] * 40)]
+    interpreted = judge(get_op("rmsnorm"), RMSNORM, results, {"samples_us": alone}, "", None, check_slowdown=False)
+    assert interpreted.results[0].ok and interpreted.disagreement(0) == ""
 
 
 def test_a_small_slowdown_does_not_buy_a_win_against_the_clean_baseline() -> None:

@@ -24,7 +24,13 @@ an LLM's or an agent's) is kept, :meth:`kernelsmith.evaluate.pool.Evaluator.conf
      barely overlap: one stray slow round, or a noisy clean run, cannot trigger it, while a
      candidate that slows every baseline call (which is what buys it a speedup) shifts the
      whole distribution. The 1.25 factor keeps GPU clock and thermal drift between the two runs
-     (a few per cent) far from the line;
+     (a few per cent) far from the line, and the slow-down must also exceed
+     ``MIN_SLOWDOWN_US``: on launch-bound shapes a few microseconds of host-side difference
+     between two processes is ordinary, and that range is covered by the next check anyway.
+     This check is made on the GPU only. In the interpreter the baseline beside a candidate *is*
+     systematically slower (the interpreted kernel's host work between baseline calls leaves
+     the CPU's caches cold: 2-4x on small shapes), so the rule would call honest kernels
+     cheats; interpreter timings are not performance, and the next check still holds there;
    - and since a smaller slow-down is still worth a smaller fake speedup, the decision
      (:meth:`Confirmation.disagreement`) asks the candidate to beat, by ``decide.compare``, both
      the baseline timed beside it (paired rounds) and the clean baseline (rounds of two
@@ -49,6 +55,7 @@ from kernelsmith.spec import OpSpec
 IMPLAUSIBLE_FRACTION_OF_COPY = 1.1
 # The baseline beside a candidate may be this much slower than alone before it counts (see above).
 BASELINE_SLOWDOWN = 1.25
+MIN_SLOWDOWN_US = 3.0
 
 
 def plausible(result: EvalResult, copy_gbps: float | None) -> EvalResult:
@@ -72,7 +79,7 @@ def baseline_slowdown(beside_us: Sequence[float], alone_us: Sequence[float]) -> 
     if not beside_us or not alone_us:
         return ""
     beside, alone = timing.summarize(beside_us), timing.summarize(alone_us)
-    limit = max(BASELINE_SLOWDOWN * alone["median_us"], alone["p90_us"])
+    limit = max(BASELINE_SLOWDOWN * alone["median_us"], alone["p90_us"], alone["median_us"] + MIN_SLOWDOWN_US)
     if beside["p10_us"] <= limit:
         return ""
     return (
@@ -123,12 +130,15 @@ def judge(
     clean: dict[str, Any],
     clean_error: str,
     copy_gbps: float | None,
+    *,
+    check_slowdown: bool = True,
 ) -> Confirmation:
     """Check the decisive run's ``results`` against the ``clean`` baseline (see the module doc).
 
     ``clean`` holds the baseline's ``samples_us`` from a process that loaded no candidate;
     ``clean_error`` says why there are none. Without a clean baseline nothing can be confirmed:
     every result comes back "skipped" (the candidate is not to blame, so no failure is recorded).
+    ``check_slowdown`` is False in interpreter mode (see the module docstring).
     """
     alone = list(clean.get("samples_us", []))
     if clean_error or not alone:
@@ -136,7 +146,9 @@ def judge(
         return Confirmation(tuple(replace(r, status="skipped", error=why) for r in results), dict(clean))
     clean_baseline = {**timing.summarize(alone), "samples_us": alone}
     checked = [plausible(_recomputed(op, spec, r), copy_gbps) if r.ok else r for r in results]
-    slowed = next((baseline_slowdown(r.metrics["baseline_samples_us"], alone) for r in checked if r.ok), "")
+    slowed = ""
+    if check_slowdown:
+        slowed = next((baseline_slowdown(r.metrics["baseline_samples_us"], alone) for r in checked if r.ok), "")
     if slowed:
         checked = [replace(r, status="cheat", error=slowed, metrics={}) if r.ok else r for r in checked]
     return Confirmation(tuple(checked), clean_baseline)

@@ -314,7 +314,8 @@ def _confirm(
         results = list(beside.results)
     clean_error = str(clean) if isinstance(clean, WorkerLost) else ""
     clean_metrics = clean.baseline if isinstance(clean, WorkerReply) else {}
-    return judge(get_op(spec.op), spec, results, clean_metrics, clean_error, copy_gbps)
+    op = get_op(spec.op)
+    return judge(op, spec, results, clean_metrics, clean_error, copy_gbps, check_slowdown=mode == "gpu")
 
 
 def confirm(
