@@ -296,3 +296,27 @@ def test_retime_replaces_a_validated_claim_with_a_local_decision(db: str, tmp_pa
         stored = database.get_decision(FP.hash, bucket.workload_hash)
     assert outcome.status == "retimed", outcome
     assert stored is not None and stored.origin == "local" and stored.servable and stored.evaluations >= 1
+
+
+@pytest.mark.gpu
+def test_import_validates_a_gpu_claim_on_the_gpu(db: str, tmp_path: Path) -> None:
+    """On a GPU machine a claim of this GPU's fingerprint is validated by a GPU worker, and the
+    decorator serves it on CUDA tensors; an interpreter claim on the same machine is validated
+    by an interpreter worker (each claim in the mode of its fingerprint)."""
+    gpu = current_fingerprint("gpu")
+    family = get_op("softmax")
+    x = torch.randn(64, 1024, device="cuda")
+    bucket = family.bucket(family.spec_for(x))
+    exported = export_file(tmp_path / "x.jsonl", [claim(bucket, fingerprint=gpu.hash), claim(rmsnorm_bucket())])
+    result = cli("db", "import", str(exported), "--db", db, "--workers", "1")
+    assert result.exit_code == 0, result.output
+    with open_database(db) as database:
+        assert database.get_decision(gpu.hash, bucket.workload_hash).claim_state == "validated"  # type: ignore[union-attr]
+        assert database.get_decision(FP.hash, rmsnorm_bucket().workload_hash).claim_state == "validated"  # type: ignore[union-attr]
+    def softmax(t: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(t, dim=-1)
+
+    fn = kernelsmith.optimize(softmax, mode="db", db=db)
+    for _ in range(3):
+        assert torch.allclose(fn(x), torch.softmax(x, dim=-1), atol=1e-5)
+    assert fn.kernelsmith.stats["kernel_calls"] == 2, fn.kernelsmith.reasons
