@@ -2,8 +2,12 @@
 
 Each numbered rule of DESIGN.md ("The harness must be impossible to fool") maps to code here:
 
-1. Outputs are allocated by the harness and poisoned with NaN before every run; the references
-   are computed before the candidate runs, from clones of the inputs.
+1. Outputs are allocated by the harness and pre-filled before every run, in a way chosen with
+   secret randomness (NaN, random finite values, zeros, or untouched memory: rule 12, so that a
+   kernel reading its output buffer cannot tell validation from a user's process, where outputs
+   are ``torch.empty``); every run is paired with one on fresh random values, so an element never
+   written cannot hold the right answer in both. The references are computed before the
+   candidate runs, from clones of the inputs.
 2. Inputs are compared bit for bit with their clones after the run.
 3. Tolerances scale with the reference, and *canaries* (zeros, a constant, the input itself)
    must fail the same tolerance on the same data, else the check could not tell them apart.
@@ -14,7 +18,8 @@ Each numbered rule of DESIGN.md ("The harness must be impossible to fool") maps 
 7. Outputs must stay the exact ``torch.Tensor`` objects the harness allocated (type, storage,
    shape, strides, dtype); torch operations issued by the candidate are seen by a dispatch mode.
 8. The tolerance is relative to PyTorch's own error in the same dtype (see ``errors``).
-9. A second run on outputs poisoned with a *different* value must match the first bit for bit.
+9. A second run on outputs pre-filled *differently* (one of the two always with fresh random
+   values, which no laundering of NaN or zeros can equal) must match the first bit for bit.
 10. The harness's own functions are checked for tampering after every candidate call.
 """
 
@@ -26,7 +31,7 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +62,8 @@ def _critical_bindings() -> list[tuple[object, str, object]]:
         (torch, "isfinite"),
         (torch, "full"),
         (torch, "empty"),
+        (torch, "zeros"),
+        (torch, "randn"),
         (torch.linalg, "vector_norm"),
         (torch.Tensor, "double"),
         (torch.Tensor, "clone"),
@@ -247,10 +254,101 @@ class _Snapshot:
         return None
 
 
+# ---- rules 1, 9 and 12: how output buffers are pre-filled -------------------------------------
+# In a user's process a runner's outputs are ``torch.empty``: whatever the allocator hands out.
+# If validation always poisoned them with NaN, a kernel could read its output buffer first and
+# behave only when it sees NaN. So every run draws, with secret randomness, one of these:
+PREFILLS = ("nan", "random", "zeros", "untouched")
+# Refilling a buffer in place (between the timing halves) cannot make it untouched memory.
+REFILLS = ("nan", "random", "zeros")
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """One way of pre-filling output buffers; ``seed`` makes ``"random"`` reproducible, so the
+    values can be generated again to tell which elements a kernel never wrote."""
+
+    kind: str
+    seed: int = 0
+
+    @classmethod
+    def secret(cls, kinds: Sequence[str] = PREFILLS) -> Prefill:
+        return cls(secrets.choice(tuple(kinds)), secrets.randbits(62))
+
+    def values(self, shape: Sequence[int], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor | None:
+        """The buffer's contents before the kernel runs; None for untouched memory (unknown)."""
+        if self.kind == "untouched":
+            return None
+        if self.kind == "zeros" or (self.kind == "nan" and not dtype.is_floating_point):
+            return torch.zeros(tuple(shape), dtype=dtype, device=device)
+        if self.kind == "nan":
+            return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)
+        generator = torch.Generator(device=device).manual_seed(self.seed)
+        if not dtype.is_floating_point:
+            high = 2 if dtype == torch.bool else 100
+            return torch.randint(0, high, tuple(shape), generator=generator, device=device).to(dtype)
+        # Normal values at a scale drawn from the seed too (2^-6 .. 2^6: finite in every float
+        # dtype), so that neither the values nor their magnitude are a fixed signature.
+        scale = 2.0 ** ((self.seed % 13) - 6)
+        draw = torch.randn(tuple(shape), generator=generator, dtype=torch.float32, device=device)
+        return draw.mul_(scale).to(dtype)
+
+    def describe(self) -> str:
+        return {"nan": "NaN", "random": "random values", "zeros": "zeros", "untouched": "untouched memory"}[self.kind]
+
+
 def allocate_outputs(
-    op: OpFamily, spec: OpSpec, device: torch.device | str, poison: float = float("nan")
+    op: OpFamily, spec: OpSpec, device: torch.device | str, prefill: Prefill | None = None
 ) -> list[torch.Tensor]:
-    return [torch.full(t.shape, poison, dtype=t.torch_dtype, device=device) for t in op.output_specs(spec)]
+    """Fresh output buffers for ``spec``, pre-filled by ``prefill`` (default: a secret choice)."""
+    prefill = prefill or Prefill.secret()
+    outputs = []
+    for t in op.output_specs(spec):
+        filled = prefill.values(t.shape, t.torch_dtype, device)
+        outputs.append(torch.empty(t.shape, dtype=t.torch_dtype, device=device) if filled is None else filled)
+    return outputs
+
+
+def prefill_(tensors: Iterable[torch.Tensor]) -> None:
+    """Refill output buffers in place, each set the same secret way (the timing loop's rule 5
+    refill between its halves: the kernel must write them again, whatever they held)."""
+    prefill = Prefill.secret(REFILLS)
+    for t in tensors:
+        values = prefill.values(t.shape, t.dtype, t.device)
+        assert values is not None  # REFILLS has no untouched memory
+        t.copy_(values)
+
+
+def _prefill_pair() -> tuple[Prefill, Prefill]:
+    """The pre-fills of a run and of its rule 9 repeat, in secret order: one is always fresh
+    random values, the other any kind. A kernel that reads its output cannot launder both to the
+    same value (NaN and zeros can be: ``where(y != y, 0, y)``), and an element it never writes
+    cannot hold the right answer in the random one."""
+    pair = (Prefill.secret(("random",)), Prefill.secret())
+    return pair if secrets.randbits(1) else (pair[1], pair[0])
+
+
+def _rerun_problem(
+    first: torch.Tensor, second: torch.Tensor, fills: tuple[Prefill, Prefill]
+) -> str | None:
+    """Rule 9 (and 1): None when two runs on differently pre-filled buffers agree bit for bit,
+    else what differs: elements never written (they still hold a known pre-fill), or a race or a
+    read of the buffer's old contents."""
+    differ = _bits(first) != _bits(second)
+    if not bool(differ.any()):
+        return None
+    held = torch.zeros_like(differ)
+    for out, fill in zip((first, second), fills, strict=True):
+        values = fill.values(out.shape, out.dtype, out.device)
+        if values is not None:
+            held |= _bits(out) == _bits(values)
+    never_written = int((held & differ).sum())
+    if never_written:
+        return f"{never_written} elements were never written (they still hold the harness's pre-fill)"
+    return (
+        f"two runs on outputs pre-filled with {fills[0].describe()} and {fills[1].describe()} differ "
+        f"bit for bit in {int(differ.sum())} elements: the kernel reads uninitialized memory or races"
+    )
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -342,12 +440,21 @@ def validate(
         for distribution in order:
             seed = secrets.randbits(62)  # rule 4: fresh and secret on every evaluation
             inputs = op.make_inputs(vspec, seed, distribution, device)
+            # Both runs' outputs are allocated before the references are computed, so untouched
+            # memory cannot be a block the references just freed (it could hold the answer).
+            fills = _prefill_pair()
+            first, second = (allocate_outputs(op, vspec, device, fill) for fill in fills)
             pristine = [t.clone() for t in inputs]
             refs64 = op.reference_fp64(vspec, pristine)
             lowps = op.reference(vspec, pristine)
-            outputs = allocate_outputs(op, vspec, device)
-            run_checked(launcher, inputs, outputs, synchronize)
-            for k, (out, ref64, lowp) in enumerate(zip(outputs, refs64, lowps, strict=True)):
+            run_checked(launcher, inputs, first, synchronize)
+            run_checked(launcher, inputs, second, synchronize)
+            where = f"{vspec.describe()} ({distribution} inputs)"
+            for k, (out, out2) in enumerate(zip(first, second, strict=True)):
+                problem = _rerun_problem(out, out2, fills)
+                if problem:
+                    raise Rejected("validate", f"output {k} wrong on {where}: {problem}")
+            for k, (out, ref64, lowp) in enumerate(zip(first, refs64, lowps, strict=True)):
                 canary = _canary_problem(op, vspec, pristine, ref64, lowp)
                 if canary:
                     blind.setdefault(k, []).append(f"{canary} ({distribution})")
@@ -355,21 +462,9 @@ def validate(
                     told.add(k)
                 reason = errors.check_close(out, ref64, lowp, op.tolerance)
                 if reason:
-                    raise Rejected(
-                        "validate", f"output {k} wrong on {vspec.describe()} ({distribution} inputs): {reason}"
-                    )
-            # Rule 9: poison with another value and run again: bitwise the same answer.
-            again = allocate_outputs(op, vspec, device, poison=777.0)
-            run_checked(launcher, inputs, again, synchronize)
-            for out, out2 in zip(outputs, again, strict=True):
-                if not torch.equal(_bits(out), _bits(out2)):
-                    raise Rejected(
-                        "validate",
-                        f"two runs on {vspec.describe()} differ bit for bit: "
-                        "the kernel reads uninitialized memory or races",
-                    )
+                    raise Rejected("validate", f"output {k} wrong on {where}: {reason}")
             runs += 2
-            if index > 0 and len(told) == len(outputs):
+            if index > 0 and len(told) == len(first):
                 break
         for k, why in blind.items():
             if k not in told:

@@ -41,7 +41,7 @@ from kernelsmith.evaluate.protocol import (
     encode_ready,
     encode_reply,
 )
-from kernelsmith.evaluate.validate import Rejected, allocate_outputs, run_checked, seal_harness, validate
+from kernelsmith.evaluate.validate import Rejected, allocate_outputs, prefill_, run_checked, seal_harness, validate
 from kernelsmith.ops import get_op
 from kernelsmith.ops._base import Launcher, OpFamily
 from kernelsmith.space import Space
@@ -187,8 +187,9 @@ def _time(
     With no candidates loaded this times the baseline alone (a confirmation's clean baseline).
 
     Rule 5: halfway through, every input set is refilled *in place* with new values and every
-    output is poisoned again; the outputs left by the second half must match the references of
-    the new values. A kernel that caches results by address or content fails here.
+    output is pre-filled again (a secret choice of NaN, random values or zeros); the outputs left
+    by the second half must match the references of the new values. A kernel that caches
+    results by address or content fails here.
     """
     settings = request.timing
     gpu = request.mode == "gpu"
@@ -218,10 +219,7 @@ def _time(
             fresh = op.make_inputs(spec, secrets.randbits(62), distribution, device)
             for t, f in zip(sets[k], fresh, strict=True):
                 t.copy_(f)
-        for per_candidate in outs:
-            for out_set in per_candidate:
-                for t in out_set:
-                    t.fill_(float("nan"))
+        prefill_(t for per_candidate in outs for out_set in per_candidate for t in out_set)
         if gpu:
             second = timing.interleaved_gpu(runners, n_sets, rounds - rounds // 2, 0.0, flusher)
             sync_minima = timing.synchronized_gpu(runners, n_sets, 9)
