@@ -39,7 +39,7 @@ WorkersOption = Annotated[int | None, typer.Option("--workers", help="Worker pro
 def db_list(
     db: DbOption = None, op: Annotated[str | None, typer.Option("--op")] = None, as_json: JsonOption = False
 ) -> None:
-    """Tuned workloads and their decisions (``state``: local, or a claim's validation state)."""
+    """Tuned workloads and their decisions (state: local, or a claim's validation state)."""
     from kernelsmith.cli.main import _fmt, _run, out
     from kernelsmith.db import open_database
 

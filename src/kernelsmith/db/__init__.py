@@ -8,6 +8,12 @@ entry point (CLI, Python API, tests) can take the same ``db=`` argument.
 The default location is ``$KERNELSMITH_DB`` if set, else
 ``$XDG_CACHE_HOME/kernelsmith/kernelsmith.db`` (``~/.cache/kernelsmith/kernelsmith.db``): a
 cache, because everything in it can be measured again.
+
+What is imported is a claim (DESIGN.md rule 13): records carry their ``origin``, imported
+decisions are served only once validated here (:mod:`kernelsmith.db.claims`), and kernel sources
+only once this user trusts them (:mod:`kernelsmith.db.trust`). A file that cannot be used raises
+:class:`BrokenDatabaseError`; the front doors then warn once (:func:`warn_unusable_database`) and
+run the user's code, and :mod:`kernelsmith.db.health` checks the file or moves it aside.
 """
 
 from __future__ import annotations
