@@ -340,3 +340,12 @@ def test_the_real_worker_is_capped_and_answers_in_json(real_worker: WorkerProces
     request = EvalRequest(RMSNORM.to_dict(), (), "interpreter", TimingSettings.interpreter())
     reply = real_worker.call(request, 120)  # no candidates: the baseline alone
     assert reply.results == () and reply.baseline["median_us"] > 0 and len(reply.baseline["samples_us"]) >= 4
+
+
+def test_a_reply_json_cannot_hold_becomes_crash_records() -> None:
+    from kernelsmith.evaluate.worker import _encoded
+
+    unencodable = WorkerReply((EvalResult(BUILTIN, "ok", metrics={"median_us": object()}),))
+    reply = decode_reply(_encoded(REQUEST, unencodable), REQUEST)
+    assert reply.recycle and reply.results[0].status == "crash"
+    assert "could not encode its reply" in reply.results[0].error

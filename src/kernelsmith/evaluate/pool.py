@@ -31,6 +31,7 @@ import os
 import queue
 import select
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -257,6 +258,9 @@ class WorkerProcess:
         if self.proc is not None:
             if self.proc.poll() is None:
                 sandbox.kill_tree(self.proc.pid)
+            else:  # it died first: what is left of its process group
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
             # Processes seen in its tree earlier, in case the worker died first and they escaped
             # the tree with it (the same pid and start time: the same process).
             sandbox.kill_if_same(self._seen)

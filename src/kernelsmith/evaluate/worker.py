@@ -428,9 +428,21 @@ def serve(conn: Connection, handle: Callable[[Request], WorkerReply]) -> int:
             ended = sandbox.end_children()
             if ended:
                 log.warning("ended %d processes left running by the request: %s", len(ended), ended)
-        conn.send_bytes(encode_reply(reply))
+        conn.send_bytes(_encoded(request, reply))
         if reply.recycle:
             return 0
+
+
+def _encoded(request: Request, reply: WorkerReply) -> bytes:
+    """The reply as bytes; one that JSON cannot hold becomes "crash" records (and a recycle)."""
+    try:
+        return encode_reply(reply)
+    except (TypeError, ValueError) as exc:
+        log.error("unencodable reply: %s", exc)
+        error = f"the worker could not encode its reply: {type(exc).__name__}: {exc}"[:2000]
+        if isinstance(request, CeilingRequest):
+            return encode_reply(WorkerReply((CeilingResult("crash", error=error),), recycle=True))
+        return encode_reply(WorkerReply(tuple(EvalResult(c, "crash", error) for c in request.candidates), recycle=True))
 
 
 def _arguments(argv: list[str]) -> argparse.Namespace:

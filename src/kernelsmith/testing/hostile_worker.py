@@ -20,8 +20,8 @@ It greets like the real worker, reads one request, then, by MODE:
 - ``unknown_field``: a well-formed reply with a field the schema does not have;
 - ``other_candidate``: a well-formed reply for a candidate that was not asked about;
 - ``forge_ok``: a well-formed reply saying every candidate is correct and 100x faster;
-- ``hog``: holds ARG MiB of memory (a MemoryError under the address-space cap is a "runtime"
-  reply), then waits;
+- ``hog``: holds ARG MiB of memory and never answers (a MemoryError under the address-space cap
+  is a "runtime" reply);
 - ``daemon``: starts a daemon that escapes into its own session (double fork, ``setsid``),
   writes its pid to ARG, and answers normally, through the real worker's main loop;
 - ``daemon_hangs``: the same, then never answers.
@@ -135,7 +135,8 @@ def _raw(conn: Connection, mode: str, arg: str, request: Request | None) -> None
         except MemoryError:
             conn.send_bytes(encode_reply(_reply(request, "runtime", "MemoryError")))
         else:
-            conn.send_bytes(encode_reply(_reply(request, metrics={"held_bytes": float(len(hoard))})))
+            time.sleep(600)  # holding it, until the pool's watch ends this
+            del hoard
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 
