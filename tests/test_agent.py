@@ -70,7 +70,7 @@ SLOW_RMSNORM = with_config(
     planted("correct_rmsnorm").replace(
         "    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)\n",
         "    total = tl.sum(x * x, axis=0)\n"
-        "    for _ in range(40):  # the same sum again and again: correct, and slow on purpose\n"
+        "    for repeat in range(40):  # the same sum again and again: correct, and slow on purpose\n"
         "        total = tl.sum(x * x, axis=0)\n"
         "    rstd = tl.rsqrt(total / N + eps)\n",
     ),
