@@ -28,7 +28,8 @@ runs, but its device code reads and writes the call's tensors), which is a trust
   kernel bodies, only literal launch data);
 
 and the front doors check the first call's output against the float64 reference before they
-adopt the runner. Device code is not a sandbox: a kernel reaches whatever memory its pointers
+adopt the runner, then check its first served calls and a secret sample of later ones on the
+user's real inputs (:class:`CheckedRunner`, :mod:`kernelsmith.servecheck`). Device code is not a sandbox: a kernel reaches whatever memory its pointers
 do, so the gate keeps host code out and trust keeps unknown device code out; neither stops a
 determined attacker with write access to the database, who could equally edit the package.
 """
@@ -45,6 +46,7 @@ from typing import Any
 
 import torch
 
+from kernelsmith import servecheck
 from kernelsmith.db import (
     Database,
     DatabaseError,
@@ -68,7 +70,8 @@ class KernelRunner:
 
     ``like_first_input`` marks the outputs allocated with ``torch.empty_like(inputs[0])``, a
     cheaper call than ``torch.empty``; only for a contiguous first input of the output's shape
-    and dtype (the call key pins both, so every call of this runner has them).
+    and dtype (the call key pins both, so every call of this runner has them). ``source_hash``
+    is the one its decision names (what a failed serve check records).
     """
 
     launcher: Launcher
@@ -76,15 +79,18 @@ class KernelRunner:
     variant: str
     config: Config
     like_first_input: tuple[bool, ...] = ()
+    source_hash: str = ""
 
     @classmethod
-    def build(cls, family: OpFamily, spec: OpSpec, launcher: Launcher, variant: str, config: Config) -> KernelRunner:
+    def build(
+        cls, family: OpFamily, spec: OpSpec, launcher: Launcher, variant: str, config: Config, source_hash: str = ""
+    ) -> KernelRunner:
         """The runner of ``launcher`` for calls with exactly ``spec``'s inputs."""
         first = spec.inputs[0]
         outputs = tuple((t.shape, t.torch_dtype) for t in family.output_specs(spec))
         like = tuple(first.is_contiguous and t.shape == first.shape and t.dtype == first.dtype
                      for t in family.output_specs(spec))
-        return cls(launcher, outputs, variant, config, like)
+        return cls(launcher, outputs, variant, config, like, source_hash)
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         first = inputs[0]
@@ -111,7 +117,11 @@ class KernelFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, family: OpFamily, forward: KernelRunner, backward: KernelRunner, *inputs: torch.Tensor
+        ctx: Any,
+        family: OpFamily,
+        forward: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]],
+        backward: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]],
+        *inputs: torch.Tensor,
     ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         outputs = forward(inputs)
         ctx.save_for_backward(*inputs, *outputs)
@@ -145,16 +155,19 @@ def build_runner(family: OpFamily, spec: OpSpec, decision: DecisionRecord, db: A
     (:func:`refuse_untrusted_source`).
     """
     config = Config(decision.config)
+    failed = servecheck.disabled(decision.workload, decision.variant, decision.source_hash, decision.config)
+    if failed:
+        raise LookupError(f"{family.name}/{decision.variant} is disabled here by a failed serve check: {failed}")
     if decision.variant not in {v.name for v in family.variants}:
         refuse_untrusted_source(family.name, decision.source_hash, db)
         refuse_unservable(family.name, decision)
         build = load_stored_source(family.name, decision.source_hash, db)
-        return KernelRunner.build(family, spec, build(spec, config), decision.variant, config)
+        return KernelRunner.build(family, spec, build(spec, config), decision.variant, config, decision.source_hash)
     refuse_unservable(family.name, decision)
     variant = family.variant(decision.variant)
     if decision.source_hash and decision.source_hash != variant.source_hash:
         raise LookupError(f"{family.name}/{variant.name} changed since it was tuned (source hash differs)")
-    return KernelRunner.build(family, spec, variant.build(spec, config), variant.name, config)
+    return KernelRunner.build(family, spec, variant.build(spec, config), variant.name, config, decision.source_hash)
 
 
 def refuse_unservable(op: str, decision: DecisionRecord) -> None:
@@ -254,14 +267,92 @@ def stored_decision(db: Database, mode: str, bucket: OpSpec) -> DecisionRecord |
     return decision
 
 
+# ---- serve checks against the op's PyTorch reference ---------------------------------------------
+class CheckedRunner:
+    """A runner served with checks (DESIGN.md rule 12, :mod:`kernelsmith.servecheck`) against
+    the op family's PyTorch reference: by ``kernelsmith::kernel`` for each call key, and as a
+    decorated function's tuned backward.
+
+    Its first calls and a secret sample of later ones are compared on their real inputs; after a
+    failed check it runs the reference (``runner`` becomes None) and ``on_failure`` is told.
+    """
+
+    def __init__(
+        self,
+        runner: KernelRunner,
+        op: str,
+        constants: str,
+        policy: servecheck.CheckPolicy,
+        mode: str,
+        db: Any = None,
+        where: str = "kernelsmith::kernel",
+        on_failure: Callable[[], None] | None = None,
+    ) -> None:
+        self.runner: KernelRunner | None = runner
+        self.op, self.constants, self._on_failure = op, constants, on_failure
+        self.check = servecheck.ServeCheck(policy, where, mode, db, self._disable) if policy.enabled else None
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        check = self.check
+        if check is not None:
+            check.countdown -= 1
+            if check.countdown <= 0 and check.due():
+                return self._checked(check, inputs)
+        runner = self.runner
+        if runner is None:
+            return _reference(self.op, inputs, self.constants)
+        return runner(inputs)
+
+    def _checked(self, check: servecheck.ServeCheck, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        runner = self.runner
+        assert runner is not None  # a failed check is never due again
+        family, spec = _spec_of(self.op, inputs, self.constants)
+
+        def reference64(clones: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+            with _autograd_inside_op():  # the references of backward families are autograd
+                return [t.detach() for t in family.reference_fp64(spec, clones)]
+
+        results, _ = check.run(
+            family, spec, runner, inputs, lambda: _reference(self.op, inputs, self.constants), reference64,
+            lambda: runner(inputs),
+        )
+        return list(results)
+
+    def _disable(self, problem: str) -> None:
+        self.runner = None
+        if self._on_failure is not None:
+            self._on_failure()
+
+
+def _reference(op: str, inputs: Sequence[torch.Tensor], constants: str) -> list[torch.Tensor]:
+    """The op family's PyTorch reference, as ``kernelsmith::kernel`` returns it (fresh tensors)."""
+    family, spec = _spec_of(op, inputs, constants)
+    with _autograd_inside_op():
+        return [t.detach().clone() for t in family.reference(spec, inputs)]
+
+
 # ---- the torch.library op ------------------------------------------------------------------------
-_RUNNERS: dict[tuple[Any, ...], KernelRunner | None] = {}
+# Per call key: the checked runner serving it, or None where the op's PyTorch reference runs.
+_RUNNERS: dict[tuple[Any, ...], CheckedRunner | None] = {}
 _RUNNERS_LOCK = threading.Lock()
 
 
 def _spec_of(op: str, inputs: Sequence[torch.Tensor], constants: str) -> tuple[OpFamily, OpSpec]:
     family = get_op(op)
     return family, family.spec_for(*inputs, **json.loads(constants))
+
+
+def _served(
+    key: tuple[Any, ...], runner: KernelRunner, op: str, constants: str, mode: str, db: Any = None
+) -> CheckedRunner:
+    """``runner`` as ``kernelsmith::kernel`` serves it for ``key``: checked, and replaced in the
+    table by the reference when a check fails (the policy is read from the environment now)."""
+
+    def fall_back() -> None:
+        with _RUNNERS_LOCK:
+            _RUNNERS[key] = None
+
+    return CheckedRunner(runner, op, constants, servecheck.CheckPolicy.resolve(), mode, db, on_failure=fall_back)
 
 
 def _runner_key(
@@ -271,22 +362,31 @@ def _runner_key(
 
 
 def install_runner(
-    op: str, inputs: Sequence[torch.Tensor], constants: str, runner: KernelRunner, device: torch.device | None = None
+    op: str,
+    inputs: Sequence[torch.Tensor],
+    constants: str,
+    runner: KernelRunner,
+    device: torch.device | None = None,
+    db: Any = None,
 ) -> None:
     """Serve ``runner`` to ``kernelsmith::kernel`` calls with exactly these inputs' shapes,
     dtypes, strides and device (``device`` overrides theirs: the compile backend installs from
-    example tensors) in this process; other calls resolve from the database as usual."""
+    example tensors) in this process, with serve checks (a failure is recorded in ``db``);
+    other calls resolve from the database as usual."""
+    key = _runner_key(op, inputs, constants, device)
+    where = device or inputs[0].device
+    mode = "gpu" if where.type == "cuda" else "interpreter"
     with _RUNNERS_LOCK:
-        _RUNNERS[_runner_key(op, inputs, constants, device)] = runner
+        _RUNNERS[key] = _served(key, runner, op, constants, mode, db)
 
 
-def runner_for(op: str, inputs: Sequence[torch.Tensor], constants: str) -> KernelRunner | None:
-    """The runner ``kernelsmith::kernel`` uses for these inputs: installed, or built from the
-    stored decision (cached), or None when the op's PyTorch reference must run."""
+def runner_for(op: str, inputs: Sequence[torch.Tensor], constants: str) -> CheckedRunner | None:
+    """The (checked) runner ``kernelsmith::kernel`` uses for these inputs: installed, or built
+    from the stored decision (cached), or None when the op's PyTorch reference must run."""
     key = _runner_key(op, inputs, constants)
     if key in _RUNNERS:
         return _RUNNERS[key]
-    runner: KernelRunner | None = None
+    runner: CheckedRunner | None = None
     mode = mode_for(inputs)
     try:
         family, spec = _spec_of(op, inputs, constants)
@@ -294,7 +394,7 @@ def runner_for(op: str, inputs: Sequence[torch.Tensor], constants: str) -> Kerne
             with open_database() as db:
                 decision = stored_decision(db, mode, family.bucket(spec))
             if decision is not None and decision.winner == "kernel":
-                runner = build_runner(family, spec, decision)
+                runner = _served(key, build_runner(family, spec, decision), op, constants, mode)
     except (UnsupportedWorkload, LookupError, KeyError) as exc:
         log.info("kernelsmith::kernel(%s) uses the PyTorch reference: %s", op, exc)
     except DatabaseError as exc:  # a broken cache is not a broken program
@@ -325,9 +425,7 @@ def kernel_op(op: str, inputs: list[torch.Tensor], constants: str) -> list[torch
     """Run op family ``op`` on ``inputs`` (constants as JSON) with its stored winner."""
     runner = runner_for(op, inputs, constants)
     if runner is None:
-        family, spec = _spec_of(op, inputs, constants)
-        with _autograd_inside_op():
-            return [t.detach().clone() for t in family.reference(spec, inputs)]
+        return _reference(op, inputs, constants)
     return runner(inputs)
 
 

@@ -515,12 +515,13 @@ def _backward_metas(family: OpFamily, site: Site) -> tuple[torch.Tensor, ...]:
 
 
 def _install(op: str, inputs: Sequence[torch.Tensor], constants: str, runner: dispatch.KernelRunner,
-             device: torch.device) -> None:
-    """Serve ``runner`` to ``kernelsmith::kernel`` calls with exactly these inputs in this process.
+             device: torch.device, db: Any = None) -> None:
+    """Serve ``runner`` to ``kernelsmith::kernel`` calls with exactly these inputs in this process,
+    with serve checks against the op's reference (a failure is recorded in ``db``).
 
     A call that misses (other strides) resolves from the default database as usual.
     """
-    dispatch.install_runner(op, inputs, constants, runner, device)
+    dispatch.install_runner(op, inputs, constants, runner, device, db)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -709,7 +710,7 @@ class KernelsmithBackend:
         for site in replaced:
             device = _value(site.output).device
             for op, inputs, runner in site.runners:
-                _install(op, inputs, dispatch.constants_json(site.constants), runner, device)
+                _install(op, inputs, dispatch.constants_json(site.constants), runner, device, self.resolver.db)
         rewritten = rewrite(gm, replaced)
         compare = self.compare
         if compare is None:  # on for CUDA graphs; interpreter times are not performance

@@ -27,6 +27,11 @@ slow path, once:
 4. build the winner's launcher, run it once on this call's inputs and check the result like a
    candidate's; any failure is logged once and the original function is used.
 
+Once served, a kernel is checked where it serves (DESIGN.md rule 12, :mod:`kernelsmith.servecheck`):
+its first calls (3) and a secret sample of later ones (1 in 1000) are compared with the original
+function on the same inputs; a wrong answer returns the function's result, disables the kernel
+for the key and is recorded in the database (``check=`` / ``KERNELSMITH_CHECK=0`` turn this off).
+
 Later calls with the same key find a ready entry in an in-process table: a tuple of shapes and
 strides, a dict lookup and the kernel launch. Under ``torch.compile`` a tuned entry is emitted
 as the ``kernelsmith::kernel`` custom op; everything else traces the original function.
@@ -38,13 +43,13 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
 
-from kernelsmith import dispatch
+from kernelsmith import dispatch, servecheck
 from kernelsmith.db import DatabaseError, open_database, warn_unusable_database
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.frontends.recognize import Match, MatchDoesNotApply, recognize
@@ -91,9 +96,12 @@ class Optimized:
     strategy: str = "auto"
     mode: str | None = None
     db: Any = None
+    check: bool | float | None = None  # serve checks: None reads KERNELSMITH_CHECK(_RATE); see servecheck
     table: dict[tuple[Any, ...], Entry] = field(default_factory=dict)
     stats: dict[str, int] = field(
-        default_factory=lambda: {"calls": 0, "kernel_calls": 0, "fallback_calls": 0, "tunes": 0, "evaluations": 0}
+        default_factory=lambda: {
+            "calls": 0, "kernel_calls": 0, "fallback_calls": 0, "checks": 0, "tunes": 0, "evaluations": 0
+        }
     )
     reasons: dict[tuple[Any, ...], str] = field(default_factory=dict)
     background: threading.Thread | None = None  # the tuning thread of background mode, if any
@@ -168,7 +176,7 @@ class Optimized:
         if forward is None:
             return recognition.output
         if not needs_grad:
-            self.table[key] = self._kernel_entry(key, match, forward)
+            self.table[key] = self._kernel_entry(key, match, spec, device_mode, forward)
             return recognition.output
         backward_family = get_op(str(family.backward))
         output = recognition.output.detach()
@@ -177,7 +185,7 @@ class Optimized:
         backward_spec = backward_family.spec_for(*backward_inputs, **match.constants)
         backward = self._runner(key, backward_family, backward_spec, device_mode, backward_inputs)
         if backward is not None:
-            self.table[key] = self._kernel_entry(key, match, forward, backward)
+            self.table[key] = self._kernel_entry(key, match, spec, device_mode, forward, backward)
         return recognition.output
 
     def _runner(
@@ -228,9 +236,14 @@ class Optimized:
         self,
         key: tuple[Any, ...],
         match: Match,
+        spec: OpSpec,
+        device_mode: str,
         runner: dispatch.KernelRunner,
         backward: dispatch.KernelRunner | None = None,
     ) -> Entry:
+        """The table entry serving ``runner`` (and ``backward``) for calls with this key, with
+        serve checks (rule 12, :mod:`kernelsmith.servecheck`): the forward compared with the
+        user's function, the backward with its family's reference."""
         bind = match.bind
         op = match.op
         family = get_op(op)
@@ -254,6 +267,7 @@ class Optimized:
         # again, with its new value.
         signature = match.signature
         reads_changed = signature.reads_mismatch if signature is not None and signature.reads and not check else None
+        serve, backward = self._serve_checks(key, family, device_mode, constants, backward)
 
         def entry(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if reads_changed is not None:
@@ -268,14 +282,86 @@ class Optimized:
                 self.table.pop(key, None)  # recognize again, as on a first call
                 return self._first_call(key, args, kwargs)
             if backward is not None:
+                # Under torch.compile the countdown is never touched: Dynamo would guard on it.
+                if serve is not None and not torch.compiler.is_compiling():
+                    serve.countdown -= 1
+                    if serve.countdown <= 0 and serve.due():
+                        return self._checked_call(
+                            serve, family, spec, runner, inputs, args, kwargs,
+                            lambda: dispatch.KernelFunction.apply(family, runner, backward, *inputs),
+                        )
                 stats["kernel_calls"] += 1
                 return dispatch.KernelFunction.apply(family, runner, backward, *inputs)
-            if torch.compiler.is_compiling():
+            if torch.compiler.is_compiling():  # the op checks itself when the compiled code runs
                 return torch.ops.kernelsmith.kernel(op, list(inputs), constants)[0]
+            if serve is not None:
+                serve.countdown -= 1
+                if serve.countdown <= 0 and serve.due():
+                    return self._checked_call(serve, family, spec, runner, inputs, args, kwargs,
+                                              lambda: runner(inputs)[0])
             stats["kernel_calls"] += 1
             return runner(inputs)[0]
 
         return entry
+
+    def _serve_checks(
+        self,
+        key: tuple[Any, ...],
+        family: OpFamily,
+        device_mode: str,
+        constants: str,
+        backward: dispatch.KernelRunner | None,
+    ) -> tuple[servecheck.ServeCheck | None, dispatch.KernelRunner | dispatch.CheckedRunner | None]:
+        """The forward's serve check (None when checking is off) and the backward as served: a
+        failure of either makes this key run the user's function from then on."""
+        policy = servecheck.CheckPolicy.resolve(self.check)
+        if not policy.enabled:
+            return None, backward
+        name = f"kernelsmith.optimize({getattr(self.fn, '__qualname__', self.fn)})"
+
+        def fall_back(problem: str = "") -> None:
+            self._use_original(key, f"the kept kernel failed a serve check: {problem or 'its backward'}")
+
+        serve = servecheck.ServeCheck(policy, name, device_mode, self.db, on_failure=fall_back)
+        if backward is not None:
+            backward = dispatch.CheckedRunner(
+                backward, str(family.backward), constants, policy, device_mode, self.db, f"{name} backward", fall_back
+            )
+        return serve, backward
+
+    def _checked_call(
+        self,
+        serve: servecheck.ServeCheck,
+        family: OpFamily,
+        spec: OpSpec,
+        runner: dispatch.KernelRunner,
+        inputs: tuple[torch.Tensor, ...],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        kernel: Callable[[], Any],
+    ) -> Any:
+        """One served call compared with the user's own function on the same inputs; returns the
+        kernel's result when it passes, else the function's (and the key falls back)."""
+        served: list[Any] = []
+
+        def run_kernel() -> list[torch.Tensor]:
+            served.append(kernel())
+            out = served[0]
+            return [out] if isinstance(out, torch.Tensor) else list(out)
+
+        def reference64(clones: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+            with torch.no_grad():
+                return family.reference_fp64(spec, clones)
+
+        self.stats["checks"] += 1
+        results, kernels = serve.run(
+            family, spec, runner, inputs, lambda: [self.fn(*args, **kwargs)], reference64, run_kernel
+        )
+        if kernels:
+            self.stats["kernel_calls"] += 1
+            return served[0]
+        self.stats["fallback_calls"] += 1
+        return results[0]
 
     def _tune(self, bucket: OpSpec, device_mode: str) -> Any:
         from kernelsmith.tuner import tune_spec
@@ -324,18 +410,24 @@ def optimize(
     strategy: str = "auto",
     mode: str | None = None,
     db: Any = None,
+    check: bool | float | None = None,
 ) -> Any:
     """Decorate a function so that calls run a tuned kernel when one beats it.
 
-    Use as ``@optimize`` or ``@optimize(budget=..., strategy=..., mode=..., db=...)``. ``mode``
-    is "tune" (default; also ``KERNELSMITH_MODE``), "db" or "background"; ``db`` a database
-    path or URL (default: ``KERNELSMITH_DB`` or the per-user cache).
+    Use as ``@optimize`` or ``@optimize(budget=..., strategy=..., mode=..., db=..., check=...)``.
+    ``mode`` is "tune" (default; also ``KERNELSMITH_MODE``), "db" or "background"; ``db`` a
+    database path or URL (default: ``KERNELSMITH_DB`` or the per-user cache). ``check`` governs
+    the serve checks (the first calls of a kept kernel, then a sampled fraction, compared with
+    this function): None follows ``KERNELSMITH_CHECK`` and ``KERNELSMITH_CHECK_RATE`` (default:
+    on, 1 call in 1000 after the first 3), False turns them off, True on, a number in [0, 1] is
+    the sampled fraction.
     """
     if mode is not None and mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    servecheck.CheckPolicy.resolve(check)  # a bad rate is an error here, not on a later call
 
     def decorate(function: F) -> F:
-        state = Optimized(function, budget=budget, strategy=strategy, mode=mode, db=db)
+        state = Optimized(function, budget=budget, strategy=strategy, mode=mode, db=db, check=check)
 
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
