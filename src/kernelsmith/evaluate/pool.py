@@ -284,6 +284,18 @@ class WorkerProcess:
         self.kill()
 
 
+def user_triton_cache() -> str:
+    """The Triton compile cache the user's own programs use, shared with the workers.
+
+    Sharing it is safe because no candidate runs host code (kernel files are device code that
+    only Triton's compiler, trusted, turns into cache entries, keyed by source and
+    specialization), and it matters: a private cache made every tuning run compile every
+    built-in kernel again, which costs seconds per candidate on a GPU.
+    """
+    home = os.environ.get("TRITON_HOME") or os.path.expanduser("~")  # Triton's own default
+    return os.environ.get("TRITON_CACHE_DIR") or os.path.join(home, ".triton", "cache")
+
+
 def _confirm(
     spec: OpSpec,
     candidates: Sequence[Candidate],
@@ -300,7 +312,7 @@ def _confirm(
     fresh worker, the candidates in another, each started for one request and ended after it."""
 
     def fresh(request: EvalRequest) -> WorkerReply | WorkerLost:
-        worker = WorkerProcess(mode, log_dir, memory_cap)  # the real worker, its own Triton cache
+        worker = WorkerProcess(mode, log_dir, memory_cap, triton_cache=user_triton_cache())
         try:
             return worker.call(request, timeout_s)
         except WorkerLost as lost:
@@ -374,7 +386,7 @@ class Evaluator:
         self.memory_cap = memory_cap or sandbox.default_memory_cap(self.n_workers)
         self._tmp = tempfile.TemporaryDirectory(prefix="kernelsmith-")
         self.lock_path = os.path.join(self._tmp.name, "gpu.lock") if mode == "gpu" else ""
-        cache = os.path.join(self._tmp.name, "triton-cache")  # the pool's own, never the user's
+        cache = user_triton_cache()
         self._slots: queue.Queue[WorkerProcess] = queue.Queue()
         self._executor = ThreadPoolExecutor(max_workers=self.n_workers, thread_name_prefix="kernelsmith-eval")
         for _ in range(self.n_workers):
