@@ -267,7 +267,7 @@ class Optimized:
         # again, with its new value.
         signature = match.signature
         reads_changed = signature.reads_mismatch if signature is not None and signature.reads and not check else None
-        serve, backward = self._serve_checks(key, family, device_mode, constants, backward)
+        serve, backward_served = self._serve_checks(key, family, device_mode, constants, backward)
 
         def entry(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if reads_changed is not None:
@@ -281,17 +281,17 @@ class Optimized:
             except MatchDoesNotApply:
                 self.table.pop(key, None)  # recognize again, as on a first call
                 return self._first_call(key, args, kwargs)
-            if backward is not None:
+            if backward_served is not None:
                 # Under torch.compile the countdown is never touched: Dynamo would guard on it.
                 if serve is not None and not torch.compiler.is_compiling():
                     serve.countdown -= 1
                     if serve.countdown <= 0 and serve.due():
                         return self._checked_call(
                             serve, family, spec, runner, inputs, args, kwargs,
-                            lambda: dispatch.KernelFunction.apply(family, runner, backward, *inputs),
+                            lambda: dispatch.KernelFunction.apply(family, runner, backward_served, *inputs),
                         )
                 stats["kernel_calls"] += 1
-                return dispatch.KernelFunction.apply(family, runner, backward, *inputs)
+                return dispatch.KernelFunction.apply(family, runner, backward_served, *inputs)
             if torch.compiler.is_compiling():  # the op checks itself when the compiled code runs
                 return torch.ops.kernelsmith.kernel(op, list(inputs), constants)[0]
             if serve is not None:
@@ -323,11 +323,11 @@ class Optimized:
             self._use_original(key, f"the kept kernel failed a serve check: {problem or 'its backward'}")
 
         serve = servecheck.ServeCheck(policy, name, device_mode, self.db, on_failure=fall_back)
-        if backward is not None:
-            backward = dispatch.CheckedRunner(
-                backward, str(family.backward), constants, policy, device_mode, self.db, f"{name} backward", fall_back
-            )
-        return serve, backward
+        if backward is None:
+            return serve, None
+        return serve, dispatch.CheckedRunner(
+            backward, str(family.backward), constants, policy, device_mode, self.db, f"{name} backward", fall_back
+        )
 
     def _checked_call(
         self,
