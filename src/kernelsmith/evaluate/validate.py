@@ -414,6 +414,24 @@ def run_checked(
             raise Rejected("cheat", problem)
 
 
+def _distribution_orders(own: list[str], stress: list[str], n_specs: int) -> list[list[str]]:
+    """The distributions each validation shape is checked on, in order (rule 4).
+
+    The target shape: every one of the family's own distributions. A tail shape: one, taken in
+    turn, the stress data first (it is a property of rows, and tails have the target's row
+    width, so a small tail shows it as well as the target and costs less), then the next ones
+    until each output has been checked on data that tells the canaries apart (rule 3). Stress
+    data no tail takes (too few tails) is checked on the target too.
+    """
+    tails = n_specs - 1
+    rotation = stress + own
+    orders = [own + stress[tails:]]
+    for i in range(tails):
+        start = i % len(rotation)
+        orders.append(rotation[start:] + rotation[:start])
+    return orders
+
+
 def validate(
     op: OpFamily,
     spec: OpSpec,
@@ -427,19 +445,16 @@ def validate(
     Raises Rejected with kind "validate" for wrong results and "cheat" for harness abuse.
     """
     runs = 0
-    distributions = list(op.distributions)
-    for index, vspec in enumerate(op.validation_specs(spec)):
+    specs = op.validation_specs(spec)
+    orders = _distribution_orders(list(op.distributions), list(op.stress_distributions), len(specs))
+    for index, vspec in enumerate(specs):
         launcher = build(vspec, config)
-        # The target shape is checked on every distribution; a tail shape on one, taken in turn,
-        # and on the next ones until each output has been checked on data that tells the
-        # canaries apart (rule 3).
-        start = index % len(distributions)
-        order = distributions[start:] + distributions[:start]
+        order = orders[index]
         told: set[int] = set()  # outputs checked on data that tells the canaries apart
         blind: dict[int, list[str]] = {}  # output index -> why a distribution could not tell
         for distribution in order:
             seed = secrets.randbits(62)  # rule 4: fresh and secret on every evaluation
-            inputs = op.make_inputs(vspec, seed, distribution, device)
+            inputs = op.validation_inputs(vspec, seed, distribution, device)
             # Both runs' outputs are allocated before the references are computed, so untouched
             # memory cannot be a block the references just freed (it could hold the answer).
             fills = _prefill_pair()

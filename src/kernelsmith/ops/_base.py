@@ -8,7 +8,10 @@ of operation, and nothing about *how* the engine searches:
   eager *baseline* every candidate must beat, and the "low-precision reference" whose own error
   sets the tolerance;
 - ``reference_fp64``: the same math in float64, the ground truth candidates are compared with;
-- ``make_inputs``: inputs drawn from several value distributions, from a seed;
+- ``make_inputs``: inputs drawn from several value distributions, from a seed; validation adds
+  the *stress* distributions every family shares (:data:`STRESS_DISTRIBUTIONS`: a few huge
+  values per row, NaN and infinities, values near the smallest normal), made from the family's
+  first distribution by :meth:`OpFamily.validation_inputs`;
 - ``bytes_moved`` / ``flops``: the roofline model (each input read once, each output written once);
 - ``variants``: the kernel implementations, each with its config space and a ``build`` that turns
   (spec, config) into a launcher writing into caller-allocated outputs;
@@ -23,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -34,6 +38,15 @@ from kernelsmith.spec import OpSpec, TensorSpec
 
 # A launcher runs one configured kernel: launcher(inputs, outputs) writes the outputs.
 Launcher = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None]
+
+# Data no family's own distributions produce, on which kernels are wrong in ways a normal draw
+# never shows (a block max that overflows, a NaN laundered to zero, denormals flushed where the
+# reference keeps them): every candidate is validated on it too (see OpFamily.validation_inputs).
+STRESS_DISTRIBUTIONS = ("spikes", "nonfinite", "denormal")
+# Gradients of non-finite inputs are NaN or not depending on where a formulation's chain rule
+# meets 0 * Inf, so no one reference pattern is "right": backward families use these only.
+FINITE_STRESS_DISTRIBUTIONS = ("spikes", "denormal")
+SPIKE_RANGE = (1e3, 3e4)  # magnitudes of the spikes: large, yet finite in float16 (max 65504)
 
 
 class UnsupportedWorkload(ValueError):
@@ -78,6 +91,12 @@ class OpFamily:
     summary: ClassVar[str]
     shape_help: ClassVar[str]  # how a command-line --shape maps to the inputs
     distributions: ClassVar[tuple[str, ...]] = ("normal",)
+    # Validation also runs these (made from the first distribution): a family leaves one out
+    # only with a reason in its docstring.
+    stress_distributions: ClassVar[tuple[str, ...]] = STRESS_DISTRIBUTIONS
+    # The most rows one program can own in any of the family's spaces (ROWS, BLOCK_M...):
+    # validation row counts cover every residue modulo 8 and the edges modulo this.
+    row_block: ClassVar[int] = 8
     tolerance: ClassVar[Tolerance] = Tolerance()
     dtypes: ClassVar[tuple[str, ...]] = ("float16", "bfloat16", "float32")
     variants: ClassVar[tuple[Variant, ...]] = ()
@@ -166,15 +185,39 @@ class OpFamily:
         return _with_activation_shape(spec, (1 << max(math.prod(lead) - 1, 0).bit_length(), width))
 
     def validation_specs(self, spec: OpSpec) -> list[OpSpec]:
-        """The target spec plus tail shapes (1 row, an odd row count) with the same row width.
+        """The target spec plus tail shapes with the same row width (see :func:`tail_rows`).
 
         Row counts change, the width does not: a config is chosen for a width, and must be right
-        for every row count (rows not divisible by the rows-per-program included).
+        for every row count of its bucket (rows not divisible by the rows-per-program included).
         """
         *lead, width = spec.inputs[0].shape
         rows = math.prod(lead) if lead else 1
-        tails = sorted({1, min(rows, 7) if rows > 1 else 1, rows + 3 if rows < 64 else 67} - {rows})
+        tails = tail_rows(rows, self.row_block)
         return [spec] + [_with_activation_shape(spec, (r, width) if lead else (width,)) for r in tails]
+
+    @property
+    def validation_distributions(self) -> tuple[str, ...]:
+        """Every distribution validation draws from: the family's own, then the stress ones."""
+        return (*self.distributions, *self.stress_distributions)
+
+    def validation_inputs(
+        self, spec: OpSpec, seed: int, distribution: str, device: str | torch.device = "cuda"
+    ) -> tuple[torch.Tensor, ...]:
+        """``make_inputs``, or for a stress distribution the first distribution's inputs with
+        the :meth:`stressed_inputs` among them changed in place (see :func:`stress_`)."""
+        if distribution not in self.stress_distributions:
+            return self.make_inputs(spec, seed, distribution, device)
+        inputs = self.make_inputs(spec, seed, self.distributions[0], device)
+        g = generator(seed ^ 0x5EED, "cpu")
+        for i in self.stressed_inputs(spec):
+            stress_(inputs[i], distribution, g)
+        return inputs
+
+    def stressed_inputs(self, spec: OpSpec) -> tuple[int, ...]:
+        """Which inputs a stress distribution changes: by default the floating-point ones shaped
+        like the first (the activations, a residual, a gradient), not weights or targets."""
+        first = spec.inputs[0].shape
+        return tuple(i for i, t in enumerate(spec.inputs) if t.shape == first and t.torch_dtype.is_floating_point)
 
     # ---- math --------------------------------------------------------------------------------
     def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -201,6 +244,68 @@ class OpFamily:
             if v.name == name:
                 return v
         raise KeyError(f"{self.name} has no variant {name!r} (known: {[v.name for v in self.variants]})")
+
+
+def tail_rows(rows: int, block: int = 8) -> list[int]:
+    """Row counts besides ``rows`` that a config chosen for ``rows`` is validated on.
+
+    One row; ``rows - 3``, inside a bucket's upper part (5 modulo 8 for a bucket of 8 rows or
+    more); ``block - 1``, the fullest last block of the largest rows-per-program a family's space
+    has (``block``, 7 modulo 8); and small counts of more than one block of 8 for the other
+    residues modulo 8. With the target's own (a power of two for a bucket) that is every residue
+    modulo 8 and the edges (0, 1, ``block - 1``) modulo ``block``, in seven tails at most, so a
+    kernel wrong only when its last block holds a particular number of rows is caught, while
+    the tails stay small (cheap) but one.
+    """
+    m = max(block, 8)
+    counts = {c for c in (1, rows - 3, m - 1 if m - 1 <= rows else 7) if 1 <= c < rows}
+    for t in (0, 2, 3, 4, 5, 6):
+        if any(c % 8 == t for c in counts | {rows}):
+            continue
+        counts.add(8 + t if 8 + t < rows else t)
+    return sorted(c for c in counts if 1 <= c < rows)
+
+
+def stress_(t: torch.Tensor, distribution: str, g: torch.Generator) -> None:
+    """Turn one tensor of ordinary values into stress data, in place (rows are its last dim).
+
+    - ``spikes``: one or two elements per row of magnitude 1e3 to 3e4 (log-uniform, either
+      sign), so that a row's max, sum of squares or logits are dominated by one value;
+    - ``nonfinite``: one element in three rows of four becomes NaN, +Inf or -Inf in turn (the
+      fourth stays finite, so that rows next to a poisoned one are checked too);
+    - ``denormal``: every element near the dtype's smallest normal (a factor of 8 either way, so
+      about half are subnormal), which a kernel flushing denormals gets wrong.
+    """
+    if not t.is_floating_point() or t.numel() == 0:
+        return
+    rows = t.reshape(-1, t.shape[-1]) if t.dim() else t.reshape(1, 1)
+    n, width = rows.shape
+    values = rows.detach().to("cpu", torch.float64)
+    if distribution == "spikes":
+        k = min(2, width)
+        cols = torch.randint(0, width, (n, k), generator=g)
+        low, high = math.log10(SPIKE_RANGE[0]), math.log10(SPIKE_RANGE[1])
+        magnitude = 10 ** (low + (high - low) * torch.rand(n, k, generator=g, dtype=torch.float64))
+        sign = torch.randint(0, 2, (n, k), generator=g).to(torch.float64) * 2 - 1
+        values.scatter_(1, cols, magnitude * sign)
+    elif distribution == "nonfinite":
+        offset = int(torch.randint(0, 4, (1,), generator=g))
+        cols = torch.randint(0, width, (n,), generator=g)
+        specials = torch.tensor([math.nan, math.inf, -math.inf], dtype=torch.float64)
+        kinds = (torch.arange(n) + offset) % 4
+        hit = kinds < 3
+        values[torch.arange(n)[hit], cols[hit]] = specials[kinds[hit]]
+    elif distribution == "denormal":
+        tiny = torch.finfo(t.dtype).tiny
+        # The Triton interpreter converts bfloat16 subnormals wrongly (to about twice their
+        # value): there, bfloat16 gets the normal half only, down to the smallest normal.
+        low = 0.0 if t.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1" else -3.0
+        exponent = low + torch.rand(n, width, generator=g, dtype=torch.float64) * (3.0 - low)
+        sign = torch.randint(0, 2, (n, width), generator=g).to(torch.float64) * 2 - 1
+        values = sign * tiny * torch.pow(2.0, exponent)
+    else:
+        raise ValueError(f"unknown stress distribution {distribution!r} (known: {', '.join(STRESS_DISTRIBUTIONS)})")
+    t.copy_(values.to(t.dtype).reshape(t.shape))
 
 
 def _with_activation_shape(spec: OpSpec, shape: tuple[int, ...]) -> OpSpec:

@@ -504,6 +504,7 @@ class AddRMSNorm(OpFamily):
         "(2x1024x4096). Outputs: y (the normalised sum) and h (the sum), both shaped like x"
     )
     rowwise = True  # configs depend on the row width only: calls are bucketed by row count
+    row_block = max(ROWS_PER_PROGRAM)
     distributions = ("normal", "large", "small", "outliers")
     tolerance = Tolerance()
     backward = "add_rmsnorm_backward"

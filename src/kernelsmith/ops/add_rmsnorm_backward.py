@@ -75,6 +75,7 @@ import triton
 import triton.language as tl
 
 from kernelsmith.ops._base import (
+    FINITE_STRESS_DISTRIBUTIONS,
     Launcher,
     OpFamily,
     Tolerance,
@@ -287,6 +288,7 @@ class AddRMSNormBackward(OpFamily):
         "(2x1024x4096)"
     )
     rowwise = True
+    stress_distributions = FINITE_STRESS_DISTRIBUTIONS  # no nonfinite: see kernelsmith.ops._base
     distributions = _RMSNORM.distributions
     tolerance = Tolerance()
     variants = (

@@ -77,7 +77,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator, tail_rows
 from kernelsmith.ops._launch import direct_launch
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
@@ -679,11 +679,12 @@ class CrossEntropy(OpFamily):
         return (TensorSpec(shape, "float32"),)
 
     def validation_specs(self, spec: OpSpec) -> list[OpSpec]:
-        """The target spec plus tails of 1, 7 and an odd row count, the vocabulary unchanged; the
-        targets follow the logits' row count (the base class would only reshape the logits)."""
+        """The target spec plus the base class's tail row counts (:func:`tail_rows`), the
+        vocabulary unchanged; the targets follow the logits' row count (the base class would
+        only reshape the logits)."""
         logits, target = spec.inputs
         rows, vocab = logits.shape
-        tails = sorted({1, min(rows, 7) if rows > 1 else 1, rows + 3 if rows < 64 else 67} - {rows})
+        tails = tail_rows(rows, self.row_block)
         specs = [spec]
         for r in tails:
             inputs = (logits.with_shape((r, vocab)), target.with_shape((r,)))

@@ -87,7 +87,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._base import (
+    FINITE_STRESS_DISTRIBUTIONS,
+    Launcher,
+    OpFamily,
+    UnsupportedWorkload,
+    Variant,
+    generator,
+)
 from kernelsmith.ops._launch import direct_launch
 from kernelsmith.ops.cross_entropy import (
     _AUX_WARPS,
@@ -537,6 +544,7 @@ class _CrossEntropyGradient(OpFamily):
     """What the backward and the fused op share: the forward's distributions, spaces, kernels."""
 
     distributions = _FORWARD.distributions
+    stress_distributions = FINITE_STRESS_DISTRIBUTIONS  # no nonfinite: see kernelsmith.ops._base
     variants = _VARIANTS
 
     def _logits_spec(self, spec: OpSpec) -> TensorSpec:

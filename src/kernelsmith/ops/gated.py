@@ -422,6 +422,7 @@ class _Gated(OpFamily):
     has_approximate: ClassVar[bool] = False
     default_approximate: ClassVar[str] = "tanh"
     rowwise = True  # bucketed by row count at a fixed H: see bucket()
+    row_block = max(ROWS_BLOCK_M)
     distributions = ("normal", "wide", "small", "tails")
     variants = (
         _GatedVariant("blocked", "BLOCK consecutive outputs per program (concat: row = i // H, H constant)",
@@ -503,7 +504,7 @@ class _Gated(OpFamily):
 
     def validation_specs(self, spec: OpSpec) -> list[OpSpec]:
         """The target, then 1, 7 and an odd number of rows of the same H."""
-        return [spec] + [self._with_shape(spec, s) for s in row_tail_shapes(_output_shape(spec))]
+        return [spec] + [self._with_shape(spec, s) for s in row_tail_shapes(_output_shape(spec), max(ROWS_BLOCK_M))]
 
     # ---- math ------------------------------------------------------------------------------------
     def _split(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -78,7 +78,7 @@ import triton
 import triton.language as tl
 
 from kernelsmith.ops import gated as _gated_module
-from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, generator
+from kernelsmith.ops._base import FINITE_STRESS_DISTRIBUTIONS, Launcher, OpFamily, UnsupportedWorkload, generator
 from kernelsmith.ops._launch import direct_launch
 from kernelsmith.ops.gated import (
     ACT_GELU,
@@ -439,6 +439,7 @@ class _GatedBackward(OpFamily):
     forward: ClassVar[_Gated]
     rowwise = True  # bucketed by row count at a fixed H, like the forward
     distributions = ("normal", "wide", "small", "tails")  # the forward's (for a and b)
+    stress_distributions = FINITE_STRESS_DISTRIBUTIONS  # no nonfinite: see kernelsmith.ops._base
     variants = (
         _BackwardVariant("blocked", "BLOCK consecutive elements of dy per program (concat: row = i // H, H constant)",
                          _blocked_space, _blocked_build),

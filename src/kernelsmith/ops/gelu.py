@@ -99,7 +99,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator, tail_rows
 from kernelsmith.ops._launch import direct_launch
 from kernelsmith.space import Config, Constraint, Param, Space, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec
@@ -462,15 +462,14 @@ def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
 _SUPPORTED_TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def row_tail_shapes(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Shapes with the same last size and 1 row, 7 rows and an odd row count (as the base class
-    does), without the target's own shape and without duplicates; none for a 1-D shape."""
+def row_tail_shapes(shape: tuple[int, ...], block: int = 8) -> list[tuple[int, ...]]:
+    """Shapes with the same last size and the base class's tail row counts (one row, every
+    residue modulo 8 and the edges modulo ``block``: :func:`~kernelsmith.ops._base.tail_rows`),
+    without the target's own shape; none for a 1-D shape."""
     *lead, width = shape
     if not lead:
         return []
-    rows = math.prod(lead)
-    counts = sorted({1, min(rows, 7), rows + 3 if rows < 64 else 67} - {rows})
-    return [(r, width) for r in counts if (r, width) != shape]
+    return [(r, width) for r in tail_rows(math.prod(lead), block) if (r, width) != shape]
 
 
 def bucketed_shape(shape: tuple[int, ...]) -> tuple[int, ...]:

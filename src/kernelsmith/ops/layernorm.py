@@ -722,6 +722,7 @@ class LayerNorm(OpFamily):
         "bias have the last size, (4096,); more leading sizes are allowed (2x1024x4096)"
     )
     rowwise = True  # configs depend on the row width only: calls are bucketed by row count
+    row_block = max(_ROWS)
     distributions = ("normal", "uniform", "offset", "small")
     tolerance = Tolerance()
     backward = "layernorm_backward"  # (dy, x[, weight[, bias]]) -> (dx[, dw[, db]])

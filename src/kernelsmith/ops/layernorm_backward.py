@@ -84,6 +84,7 @@ import triton
 import triton.language as tl
 
 from kernelsmith.ops._base import (
+    FINITE_STRESS_DISTRIBUTIONS,
     Launcher,
     OpFamily,
     Tolerance,
@@ -462,6 +463,7 @@ class LayerNormBackward(OpFamily):
         "size, (4096,); dw and db are float32 (4096,); more leading sizes are allowed (2x1024x4096)"
     )
     rowwise = True
+    stress_distributions = FINITE_STRESS_DISTRIBUTIONS  # no nonfinite: see kernelsmith.ops._base
     distributions = _LAYERNORM.distributions
     tolerance = Tolerance()
     variants = (

@@ -421,6 +421,7 @@ class _RowReduction(OpFamily):
 
     kind: ClassVar[int]
     rowwise = True  # configs depend on the row width only: calls are bucketed by row count
+    row_block = max(_MULTI_ROWS)
 
     # ---- specs -----------------------------------------------------------------------------------
     def spec(self, shape: tuple[int, ...], dtype: str, **constants: Any) -> OpSpec:

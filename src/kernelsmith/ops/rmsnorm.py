@@ -401,6 +401,7 @@ class RMSNorm(OpFamily):
         "weight has the last size, (4096,); more leading sizes are allowed (2x1024x4096)"
     )
     rowwise = True  # configs depend on the row width only: calls are bucketed by row count
+    row_block = 32  # multi_row's largest ROWS
     backward = "rmsnorm_backward"  # gradients of (x, weight), tuned as their own workload
     distributions = ("normal", "uniform", "large", "small", "outliers")
     tolerance = Tolerance()

@@ -66,6 +66,7 @@ import triton
 import triton.language as tl
 
 from kernelsmith.ops._base import (
+    FINITE_STRESS_DISTRIBUTIONS,
     Launcher,
     OpFamily,
     Tolerance,
@@ -386,6 +387,7 @@ class RMSNormBackward(OpFamily):
         "(4096,); dw is float32 (4096,); more leading sizes are allowed (2x1024x4096)"
     )
     rowwise = True
+    stress_distributions = FINITE_STRESS_DISTRIBUTIONS  # no nonfinite: see kernelsmith.ops._base
     distributions = _RMSNORM.distributions
     tolerance = Tolerance()
     variants = (

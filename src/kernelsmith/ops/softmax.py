@@ -460,6 +460,7 @@ class Softmax(OpFamily):
         "of 4096 columns, --shape 4x512x1024 is 2048 rows of 1024"
     )
     rowwise = True  # configs depend on the row width only: calls are bucketed by row count
+    row_block = 32  # multi_row's largest ROWS
     distributions = ("normal", "uniform", "large", "outliers")
     variants = (
         Variant(
