@@ -2,8 +2,10 @@
 the source of kernels written outside the package.
 
 Use :func:`open_database` to get one. It accepts nothing (the default per-user database), a
-path, a ``sqlite:///path`` URL, ``":memory:"``, or an already open :class:`Database`, so every
-entry point (CLI, Python API, tests) can take the same ``db=`` argument.
+path, a ``sqlite:///path`` URL, ``":memory:"``, a ``postgresql://`` (or ``postgres://``) URL of
+a database a team shares (:mod:`kernelsmith.db.postgres`, needs ``kernelsmith[postgres]``), or
+an already open :class:`Database`, so every entry point (CLI, Python API, tests) can take the
+same ``db=`` argument.
 
 The default location is ``$KERNELSMITH_DB`` if set, else
 ``$XDG_CACHE_HOME/kernelsmith/kernelsmith.db`` (``~/.cache/kernelsmith/kernelsmith.db``): a
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from kernelsmith.db._base import BrokenDatabaseError, Ceiling, Database, DatabaseError, config_key_of, repair_hint
 from kernelsmith.db.fingerprint import current_fingerprint
+from kernelsmith.db.postgres import is_postgres_url, redact
 from kernelsmith.db.records import DecisionRecord, Fingerprint, TrialRecord, VariantSource, variant_source_hash
 from kernelsmith.db.sqlite import MEMORY, SCHEMA_VERSION, SQLiteDatabase
 
@@ -75,13 +78,18 @@ def _location_to_path(location: str) -> str:
         if not rest:
             raise DatabaseError(f"database URL {location!r} names no file")
         return rest
+    if is_postgres_url(location):
+        return location
     if "://" in location:
-        raise DatabaseError(f"unsupported database URL {location!r}: only sqlite is supported")
+        raise DatabaseError(
+            f"unsupported database URL {redact(location)!r}: use a path, sqlite:///path or postgresql://host/db"
+        )
     return location
 
 
 def default_db_path() -> Path:
-    """``$KERNELSMITH_DB`` if set (a path or ``sqlite:`` URL), else the per-user cache file."""
+    """``$KERNELSMITH_DB`` if set (a path or ``sqlite:`` URL), else the per-user cache file.
+    (A ``postgresql://`` URL in ``$KERNELSMITH_DB`` is no path: :func:`database_path` gives it.)"""
     env = os.environ.get(ENV_VAR, "").strip()
     if env:
         return Path(_location_to_path(env)).expanduser()
@@ -91,20 +99,33 @@ def default_db_path() -> Path:
 
 
 def database_path(location: str | os.PathLike[str] | None = None) -> str:
-    """The file (or ``":memory:"``) that :func:`open_database` would open for ``location``,
-    without opening it: for commands that inspect or move a file that may be broken."""
-    return str(default_db_path()) if location is None else _location_to_path(os.fspath(location))
+    """The file (or ``":memory:"``, or the ``postgresql://`` URL) that :func:`open_database`
+    would open for ``location``, without opening it: for commands that inspect or move a file
+    that may be broken."""
+    if location is None:
+        env = os.environ.get(ENV_VAR, "").strip()
+        if is_postgres_url(env):
+            return env
+        return str(default_db_path())
+    return _location_to_path(os.fspath(location))
 
 
 def open_database(location: str | os.PathLike[str] | Database | None = None) -> Database:
     """The database at ``location``; see the module docstring for the accepted forms.
 
     A :class:`Database` is returned as is (the caller keeps ownership); anything else opens a
-    new :class:`SQLiteDatabase` that the caller should close (it is a context manager).
+    new :class:`SQLiteDatabase` (or :class:`~kernelsmith.db.postgres.PostgresDatabase`) that the
+    caller should close (it is a context manager). A server that cannot be reached raises
+    :class:`DatabaseError` here; nothing is ever written elsewhere instead.
     """
     if isinstance(location, Database):
         return location
     path = database_path(location)
+    if is_postgres_url(path):
+        from kernelsmith.db.postgres import PostgresDatabase
+
+        logger.debug("opening database %s", redact(path))
+        return PostgresDatabase(path)
     logger.debug("opening database %s", path)
     return SQLiteDatabase(path)
 

@@ -140,6 +140,45 @@ class Database(ABC):
     ) -> list[TrialRecord]:
         """Trials matching every filter given, in insertion order."""
 
+    # -- claims: tuners sharing a database never evaluate one candidate twice ----------------
+
+    @abstractmethod
+    def claim_evaluation(
+        self,
+        fingerprint: str,
+        workload: str,
+        variant: str,
+        source_hash: str,
+        config_key: str | Mapping[str, Any],
+        *,
+        owner: str,
+        ttl_s: float = 900.0,
+    ) -> bool:
+        """Claim the right to evaluate this candidate before evaluating it: True when ``owner``
+        holds the claim now (taken, or already its own), False when a local trial of it is
+        stored (read it with :meth:`find_trial`) or another owner's claim has not expired (it
+        is being evaluated elsewhere right now).
+
+        The check and the claim are one transaction, so of several tuners asking at once
+        exactly one gets True. A claim lapses ``ttl_s`` seconds after it was taken, so a tuner
+        that died mid-evaluation blocks the others only that long. :meth:`release_evaluation`
+        once the trial is stored.
+        """
+
+    @abstractmethod
+    def release_evaluation(
+        self,
+        fingerprint: str,
+        workload: str,
+        variant: str,
+        source_hash: str,
+        config_key: str | Mapping[str, Any],
+        *,
+        owner: str,
+    ) -> None:
+        """Give up ``owner``'s claim on this candidate (its trial is stored, or it was not
+        evaluated after all). Another owner's claim is left alone. Idempotent."""
+
     # -- decisions ---------------------------------------------------------------------------
 
     @abstractmethod

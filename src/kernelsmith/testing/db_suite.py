@@ -101,6 +101,56 @@ def _write_trials(location: str, worker: int, n: int, start: Any) -> None:
             db.add_trial(make_trial(workload=f"w{worker}", config={"i": i}))
 
 
+# The load test: 8 writers, each going through every (workload, config) pair of 4 workloads x
+# 10 configs in its own order, so that every pair is contended.
+LOAD_WRITERS, LOAD_WORKLOADS, LOAD_CONFIGS = 8, 4, 10
+
+
+def _load_checksum(workload: str, config_key: str, owner: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(f"{workload}|{config_key}|{owner}".encode()).hexdigest()[:16]
+
+
+def _claim_and_write(location: str, worker: int, start: Any, results: Any) -> None:
+    """Child process body for the load test: what one tuner does with each candidate.
+
+    Reuse a stored trial; else claim the candidate, "evaluate" it, store its trial and release
+    the claim; a candidate claimed by another is read back once its trial is stored. Reports
+    ``(worker, pairs it won, decisions it saw after everyone wrote theirs)``.
+    """
+    import random
+
+    owner = f"writer-{worker}"
+    pairs = [(f"load{w}", i) for w in range(LOAD_WORKLOADS) for i in range(LOAD_CONFIGS)]
+    random.Random(worker).shuffle(pairs)
+    won: list[tuple[str, int]] = []
+    with open_database(location) as db:
+        start.wait(timeout=60)
+        pending = pairs
+        while pending:
+            waiting = []
+            for workload, i in pending:
+                key = (INTERP_FP.hash, workload, "row", "src0", f"i={i}")
+                if db.find_trial(*key) is not None:
+                    continue
+                if not db.claim_evaluation(*key, owner=owner):
+                    waiting.append((workload, i))
+                    continue
+                metrics = {"median_us": 1.0 + i, "checksum": _load_checksum(workload, f"i={i}", owner),
+                           "owner": owner}
+                db.add_trial(make_trial(workload=workload, config={"i": i}, metrics=metrics))
+                db.release_evaluation(*key, owner=owner)
+                won.append((workload, i))
+            pending = waiting
+            if pending:
+                time.sleep(0.01)
+        db.put_decision(make_decision(workload=f"load{worker % LOAD_WORKLOADS}", speedup=1.0 + worker))
+        start.wait(timeout=60)  # every writer's decision is stored now
+        seen = len(db.decisions())
+    results.put((worker, won, seen))
+
+
 class DatabaseSuite:
     """Behaviour every Database must have. Subclass it and override ``location``."""
 
@@ -333,6 +383,78 @@ class DatabaseSuite:
             for w in range(2):
                 trials = db.trials(workload=f"w{w}")
                 assert [t.config["i"] for t in trials] == list(range(n))  # none lost, in order
+
+    # -- claims ------------------------------------------------------------------------------
+
+    def test_claims_are_exclusive_until_released(self, db: Database) -> None:
+        key = (INTERP_FP.hash, "w", "row", "src0", "BLOCK=64")
+        assert db.claim_evaluation(*key, owner="a")
+        assert db.claim_evaluation(*key, owner="a")  # one's own claim: still held
+        assert not db.claim_evaluation(*key, owner="b")  # being evaluated elsewhere
+        assert db.claim_evaluation(INTERP_FP.hash, "w", "row", "src0", {"BLOCK": 32}, owner="b")  # another config
+        assert db.claim_evaluation(GPU_FP.hash, "w", "row", "src0", "BLOCK=64", owner="b")  # another machine
+        db.release_evaluation(*key, owner="b")  # not b's: nothing happens
+        assert not db.claim_evaluation(*key, owner="b")
+        db.release_evaluation(*key, owner="a")
+        db.release_evaluation(*key, owner="a")  # idempotent
+        assert db.claim_evaluation(*key, owner="b")
+
+    def test_a_measured_candidate_cannot_be_claimed(self, db: Database) -> None:
+        trial = make_trial(status="timeout", error="measured here")
+        key = (trial.fingerprint, trial.workload, trial.variant, trial.source_hash, trial.config_key)
+        db.add_trial(replace(trial, origin="imported"))  # a claim from a file measures nothing here
+        assert db.claim_evaluation(*key, owner="a")
+        db.add_trial(trial)
+        db.release_evaluation(*key, owner="a")
+        assert not db.claim_evaluation(*key, owner="b")  # read its trial instead
+        assert db.find_trial(*key) == trial
+
+    def test_an_expired_claim_is_taken_over(self, db: Database) -> None:
+        """A tuner that died mid-evaluation blocks the candidate only until its claim expires."""
+        key = (INTERP_FP.hash, "w", "row", "src0", "BLOCK=64")
+        assert db.claim_evaluation(*key, owner="dead", ttl_s=0.2)
+        assert not db.claim_evaluation(*key, owner="alive")
+        time.sleep(0.3)
+        assert db.claim_evaluation(*key, owner="alive")
+        assert not db.claim_evaluation(*key, owner="dead")
+
+    def test_eight_writers_claiming_overlapping_candidates(self, location: str) -> None:
+        """8 processes store trials of the same 40 candidates with claims: each candidate is
+        evaluated exactly once (claims won = trials stored), none is lost, no row is garbled,
+        and every writer sees the decisions the others made."""
+        if not self.multiprocess:
+            pytest.skip("backend is private to one process")
+        ctx = mp.get_context("spawn")
+        start = ctx.Barrier(LOAD_WRITERS)
+        results = ctx.Queue()
+        procs = [ctx.Process(target=_claim_and_write, args=(location, w, start, results)) for w in range(LOAD_WRITERS)]
+        for p in procs:
+            p.start()
+        reports = []
+        deadline = time.monotonic() + 120
+        for _ in procs:
+            reports.append(results.get(timeout=max(1.0, deadline - time.monotonic())))
+        for p in procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join()
+        assert [p.exitcode for p in procs] == [0] * LOAD_WRITERS
+        won = [pair for _, pairs, _ in reports for pair in pairs]
+        everything = {(f"load{w}", i) for w in range(LOAD_WORKLOADS) for i in range(LOAD_CONFIGS)}
+        assert len(won) == len(set(won)) == len(everything)  # no duplicate evaluation
+        by_writer = {f"writer-{w}": set(pairs) for w, pairs, _ in reports}
+        with self.open(location) as db:
+            trials = db.trials()
+            assert len(trials) == len(won)  # claims won = trials written: none lost, none extra
+            assert {(t.workload, t.config["i"]) for t in trials} == everything
+            for t in trials:  # nothing garbled: each row is what its writer wrote
+                owner = t.metrics["owner"]
+                assert t.metrics["checksum"] == _load_checksum(t.workload, t.config_key, owner)
+                assert t.metrics["median_us"] == 1.0 + t.config["i"] and t.status == "ok"
+                assert (t.workload, t.config["i"]) in by_writer[owner]  # stored by the claim's winner
+            assert {d.workload for d in db.decisions()} == {f"load{w}" for w in range(LOAD_WORKLOADS)}
+        assert [seen for _, _, seen in reports] == [LOAD_WORKLOADS] * LOAD_WRITERS
 
     # -- export / import ---------------------------------------------------------------------
 
