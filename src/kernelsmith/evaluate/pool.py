@@ -18,17 +18,26 @@ and temporary directory, no kernelsmith settings that point at the user's files,
 in both modes), and every process they start ended with them.
 
 Several workers compile and validate in parallel (Triton compilation is CPU-bound); timing on a
-shared GPU is serialized by a file lock the workers take, so measurements never overlap. The
-decisive run of a candidate about to be kept, :meth:`Evaluator.confirm`, uses none of them: it
-starts brand-new workers for one request each (:mod:`kernelsmith.evaluate.confirm`).
+shared GPU is serialized by a file lock the workers take, so measurements never overlap. On a
+host with several GPUs the pool starts workers on every chosen device (``devices``; default: every
+visible one), each pinned to its device through ``CUDA_VISIBLE_DEVICES``, with one lock per
+device: candidates stream to whichever worker is free, and a candidate and its baseline, timed in
+one request by one worker, are always timed on the same device. A worker that cannot start (its
+device gone, say) loses nothing: its candidate is retried on another worker.
+
+The decisive run of a candidate about to be kept, :meth:`Evaluator.confirm`, uses none of them:
+it starts brand-new workers for one request each (:mod:`kernelsmith.evaluate.confirm`).
+
+A Ray cluster is the other executor with the same methods
+(:mod:`kernelsmith.evaluate.ray_executor`); :mod:`kernelsmith.evaluate.executor` picks one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
-import queue
 import select
 import shutil
 import signal
@@ -39,9 +48,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from kernelsmith.evaluate import sandbox
 from kernelsmith.evaluate.confirm import Confirmation, judge
@@ -68,13 +78,18 @@ log = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 180.0
 WORKER_MODULE = "kernelsmith.evaluate.worker"
 _WATCH_INTERVAL_S = 1.0  # how often the resident memory of a busy worker's tree is checked
+S = TypeVar("S")
 _HEADER = struct.Struct("!i")  # the multiprocessing.connection frame header: the payload's length
 
 
 class WorkerLost(Exception):
-    def __init__(self, kind: str, message: str) -> None:
+    """A worker that gave no checked answer. ``before_request``: it never got the request (it
+    could not start), so the candidate is not to blame and may be retried elsewhere."""
+
+    def __init__(self, kind: str, message: str, *, before_request: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
+        self.before_request = before_request
 
 
 def _package_root() -> str:
@@ -88,6 +103,7 @@ class WorkerProcess:
     stand-in that misbehaves on purpose (:mod:`kernelsmith.testing.hostile_worker`). Each start
     gets a fresh private home under ``log_dir``; ``triton_cache`` is a compile cache shared by
     the pool's workers ("": one inside the private home, for a worker that must share nothing).
+    ``device``, when given, is the only CUDA device the worker sees (its ``CUDA_VISIBLE_DEVICES``).
     """
 
     def __init__(
@@ -99,8 +115,10 @@ class WorkerProcess:
         triton_cache: str = "",
         command: Sequence[str] = (WORKER_MODULE,),
         max_reply_bytes: int = MAX_REPLY_BYTES,
+        device: str | None = None,
     ) -> None:
         self.mode = mode
+        self.device = device
         self.log_dir = log_dir
         self.memory_cap = memory_cap
         self.triton_cache = triton_cache
@@ -119,6 +137,8 @@ class WorkerProcess:
             os.environ, mode=self.mode, home=self.home, package_root=_package_root(),
             triton_cache=self.triton_cache or os.path.join(self.home, "triton-cache"),
         )  # fmt: skip
+        if self.device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.device
         caps = ["--address-space", str(sandbox.address_space_limit(self.memory_cap))] if self.mode != "gpu" else []
         module, *args = self.command
         handle, self.log_path = tempfile.mkstemp(prefix="worker-", suffix=".log", dir=self.log_dir)
@@ -140,10 +160,10 @@ class WorkerProcess:
             hello = self._receive(time.monotonic() + STARTUP_TIMEOUT_S, "starting")
         except WorkerLost as lost:
             self.kill()
-            raise WorkerLost("crash", f"worker failed to start: {lost}") from None
+            raise WorkerLost("crash", f"worker failed to start: {lost}", before_request=True) from None
         if not is_ready(hello):
             self.kill()
-            raise WorkerLost("crash", f"unexpected worker greeting {hello[:60]!r}")
+            raise WorkerLost("crash", f"unexpected worker greeting {hello[:60]!r}", before_request=True)
 
     @property
     def alive(self) -> bool:
@@ -296,23 +316,14 @@ def user_triton_cache() -> str:
     return os.environ.get("TRITON_CACHE_DIR") or os.path.join(home, ".triton", "cache")
 
 
-def _confirm(
-    spec: OpSpec,
-    candidates: Sequence[Candidate],
-    settings: TimingSettings,
-    *,
-    mode: str,
-    log_dir: str,
-    lock_path: str,
-    memory_cap: int,
-    timeout_s: float,
-    copy_gbps: float | None,
-) -> Confirmation:
-    """The decisive run (see :mod:`kernelsmith.evaluate.confirm`): the baseline alone in one
-    fresh worker, the candidates in another, each started for one request and ended after it."""
+Fresh = Callable[[EvalRequest], "WorkerReply | WorkerLost"]
 
-    def fresh(request: EvalRequest) -> WorkerReply | WorkerLost:
-        worker = WorkerProcess(mode, log_dir, memory_cap, triton_cache=user_triton_cache())
+
+def fresh_worker(mode: str, log_dir: str, memory_cap: int, timeout_s: float, device: str | None = None) -> Fresh:
+    """Run one request in a brand-new worker of the real module, ended after it (on ``device``)."""
+
+    def run(request: EvalRequest) -> WorkerReply | WorkerLost:
+        worker = WorkerProcess(mode, log_dir, memory_cap, triton_cache=user_triton_cache(), device=device)
         try:
             return worker.call(request, timeout_s)
         except WorkerLost as lost:
@@ -320,6 +331,22 @@ def _confirm(
         finally:
             worker.kill()
 
+    return run
+
+
+def judge_fresh(
+    spec: OpSpec,
+    candidates: Sequence[Candidate],
+    settings: TimingSettings,
+    fresh: Fresh,
+    *,
+    mode: str,
+    lock_path: str,
+    copy_gbps: float | None,
+) -> Confirmation:
+    """The decisive run (see :mod:`kernelsmith.evaluate.confirm`): the baseline alone in one
+    fresh worker, the candidates in another (``fresh`` starts each for one request, on one
+    device, and ends it), then judged here, in the tuning process."""
     from kernelsmith.ops import get_op  # the op registry loads kernels: only when confirming
 
     clean = fresh(EvalRequest(spec.to_dict(), (), mode, settings, True, lock_path))
@@ -344,75 +371,148 @@ def confirm(
     timeout_s: float | None = None,
 ) -> Confirmation:
     """:meth:`Evaluator.confirm` without a pool (the agent bench's KEEP)."""
-    settings = timing or (TimingSettings() if mode == "gpu" else TimingSettings.interpreter())
+    settings = timing or default_settings(mode)
     with tempfile.TemporaryDirectory(prefix="kernelsmith-confirm-") as folder:
-        return _confirm(
-            spec, candidates, settings, mode=mode, log_dir=folder, lock_path="",
-            memory_cap=sandbox.default_memory_cap(1), timeout_s=timeout_s or _default_timeout(mode),
-            copy_gbps=copy_gbps,
-        )  # fmt: skip
+        fresh = fresh_worker(mode, folder, sandbox.default_memory_cap(1), timeout_s or default_timeout(mode))
+        return judge_fresh(spec, candidates, settings, fresh, mode=mode, lock_path="", copy_gbps=copy_gbps)
 
 
-def _default_timeout(mode: str) -> float:
+def default_timeout(mode: str) -> float:
     return 120.0 if mode == "gpu" else 600.0
 
 
-class Evaluator:
-    """Evaluates candidates for one mode ("gpu" or "interpreter") in a pool of workers.
+def default_settings(mode: str) -> TimingSettings:
+    return TimingSettings() if mode == "gpu" else TimingSettings.interpreter()
 
-    ``memory_cap`` is the bytes each worker's process tree may hold (default: half the machine's
-    memory shared among the workers); ``worker`` replaces the worker's module and arguments for
-    the pool's workers (tests: a misbehaving stand-in). :meth:`confirm` always runs the real one.
 
-    >>> # evaluator = Evaluator("interpreter", workers=2)
-    >>> # results = evaluator.evaluate(spec, [Candidate("whole_row", Config(num_warps=4, num_stages=1))])
+def resolve_devices(mode: str, devices: Sequence[int | str] | str | None) -> list[str | None]:
+    """The device each worker may be pinned to: ``[None]`` (no pinning) or CUDA device ids.
+
+    ``devices`` are indices among the devices this process sees (``cuda:0``, ``cuda:1``, as
+    torch numbers them), given as a list or as text such as ``"0,1"``; None means every visible
+    one in GPU mode, and no pinning at all with a single device, so that one GPU runs exactly as
+    before. Each index is turned into the id a worker's ``CUDA_VISIBLE_DEVICES`` needs: with
+    ``CUDA_VISIBLE_DEVICES=2,3`` set for the tuning process, index 1 is device ``3``. In
+    interpreter mode there is no device: given indices are kept as they are (tests use them
+    as fake devices), None gives no pinning.
+    """
+    if isinstance(devices, str):
+        devices = parse_devices(devices)
+    visible_env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = [v.strip() for v in visible_env.split(",") if v.strip()] if visible_env is not None else None
+    if mode != "gpu":
+        return [None] if devices is None else [str(d) for d in _unique(devices)]
+    if devices is None:
+        import torch
+
+        count = torch.cuda.device_count()
+        if count <= 1:
+            return [None]
+        devices = list(range(count))
+    resolved: list[str | None] = []
+    for index in _unique(devices):
+        number = int(index)
+        if visible is not None:
+            if not 0 <= number < len(visible):
+                raise ValueError(f"device {number} is not visible (CUDA_VISIBLE_DEVICES={visible_env})")
+            resolved.append(visible[number])
+        else:
+            resolved.append(str(number))
+    if not resolved:
+        raise ValueError("devices names no device")
+    return resolved
+
+
+def parse_devices(text: str) -> list[int]:
+    """``"0,1"`` -> ``[0, 1]``: the ``--devices`` option."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--devices {text!r}: expected device numbers such as 0,1") from None
+
+
+def _unique(items: Sequence[int | str]) -> list[int | str]:
+    return list(dict.fromkeys(items))
+
+
+class SlotPool(Generic[S]):
+    """Free slots (workers, or actors) handed out one at a time, with a wish to avoid some.
+
+    :meth:`acquire` waits for a free slot not in ``avoid`` (the slots that already failed to
+    take a request); when every slot is to be avoided, any free one will do.
     """
 
-    def __init__(
-        self,
-        mode: str,
-        workers: int | None = None,
-        timeout_s: float | None = None,
-        *,
-        memory_cap: int | None = None,
-        worker: Sequence[str] = (WORKER_MODULE,),
-    ) -> None:
-        if mode not in ("gpu", "interpreter"):
-            raise ValueError(f"mode must be 'gpu' or 'interpreter', not {mode!r}")
-        self.mode = mode
-        cores = os.cpu_count() or 2
-        self.n_workers = workers or (max(1, min(8, cores // 2)) if mode == "gpu" else min(2, cores))
-        self.timeout_s = timeout_s or _default_timeout(mode)
-        self.memory_cap = memory_cap or sandbox.default_memory_cap(self.n_workers)
-        self._tmp = tempfile.TemporaryDirectory(prefix="kernelsmith-")
-        self.lock_path = os.path.join(self._tmp.name, "gpu.lock") if mode == "gpu" else ""
-        cache = user_triton_cache()
-        self._slots: queue.Queue[WorkerProcess] = queue.Queue()
-        self._executor = ThreadPoolExecutor(max_workers=self.n_workers, thread_name_prefix="kernelsmith-eval")
-        for _ in range(self.n_workers):
-            # Interpreters start in the background while the caller prepares; a slot joins the
-            # queue only once its worker is ready (or failed to start: the first call retries).
-            slot = WorkerProcess(mode, self._tmp.name, self.memory_cap, triton_cache=cache, command=worker)
-            self._executor.submit(self._prestart, slot)
-        self._closed = threading.Event()
+    def __init__(self) -> None:
+        self._free: list[S] = []
+        self._all: list[S] = []
+        self._changed = threading.Condition()
 
-    def _prestart(self, slot: WorkerProcess) -> None:
-        try:
-            slot.start()
-        except WorkerLost as lost:
-            log.warning("worker failed to start: %s", lost)
-        finally:
-            self._slots.put(slot)
+    def add(self, slot: S) -> None:
+        with self._changed:
+            self._all.append(slot)
+            self._free.append(slot)
+            self._changed.notify_all()
+
+    def remove(self, slot: S) -> None:
+        """Forget a slot for good (it is not free: its holder removes it instead of releasing)."""
+        with self._changed:
+            self._all = [s for s in self._all if s is not slot]
+            self._changed.notify_all()
+
+    def acquire(self, avoid: Sequence[S] = ()) -> S:
+        with self._changed:
+            while True:
+                wanted = [s for s in self._free if not any(s is a for a in avoid)]
+                if not wanted and all(any(s is a for a in avoid) for s in self._all):
+                    wanted = self._free  # every slot failed once: take any free one
+                if wanted:
+                    slot = wanted[0]
+                    self._free.remove(slot)
+                    return slot
+                self._changed.wait()
+
+    def release(self, slot: S) -> None:
+        with self._changed:
+            self._free.append(slot)
+            self._changed.notify_all()
+
+    @property
+    def size(self) -> int:
+        with self._changed:
+            return len(self._all)
+
+    @property
+    def members(self) -> list[S]:
+        """Every slot, free or not."""
+        with self._changed:
+            return list(self._all)
+
+    def drain(self) -> list[S]:
+        """Every free slot, taken out (closing time)."""
+        with self._changed:
+            free, self._free = self._free, []
+            return free
+
+
+class RequestPool:
+    """What the local pool and the Ray executor share: candidates become requests, requests go
+    to :meth:`_call` (a free worker, wherever it runs), and a lost worker becomes failure records.
+
+    A subclass sets ``mode``, ``timeout_s``, ``lock_path`` and ``_executor`` (the threads that
+    wait on answers) and provides :meth:`_call`, :meth:`confirm` and :meth:`close`.
+    """
+
+    mode: str
+    n_workers: int
+    timeout_s: float
+    lock_path: str
+    _executor: ThreadPoolExecutor
 
     def _call(self, request: Request) -> WorkerReply:
-        slot = self._slots.get()
-        try:
-            return slot.call(request, self.timeout_s)
-        finally:
-            self._slots.put(slot)
+        raise NotImplementedError
 
     def _settings(self, timing: TimingSettings | None) -> TimingSettings:
-        return timing or (TimingSettings() if self.mode == "gpu" else TimingSettings.interpreter())
+        return timing or default_settings(self.mode)
 
     def _request(
         self, spec: OpSpec, candidates: Sequence[Candidate], timing: TimingSettings | None, measure: bool
@@ -434,7 +534,7 @@ class Evaluator:
         measure: bool = True,
     ) -> list[EvalResult]:
         """Evaluate each candidate in its own request, in parallel across the workers (see
-        :meth:`submit`)."""
+        :meth:`submit`); the results come in the candidates' order."""
         futures = [self.submit(spec, c, timing, measure) for c in candidates]
         return [f.result() for f in futures]
 
@@ -461,22 +561,9 @@ class Evaluator:
     def evaluate_together(
         self, spec: OpSpec, candidates: Sequence[Candidate], timing: TimingSettings | None = None
     ) -> list[EvalResult]:
-        """Evaluate candidates in one request, timed interleaved with each other and the baseline."""
+        """Evaluate candidates in one request, timed interleaved with each other and the baseline
+        (one worker: one device)."""
         return self._run(self._request(spec, candidates, timing, True))
-
-    def confirm(
-        self,
-        spec: OpSpec,
-        candidates: Sequence[Candidate],
-        timing: TimingSettings | None = None,
-        copy_gbps: float | None = None,
-    ) -> Confirmation:
-        """The decisive run of candidates about to be kept, in brand-new workers of the real
-        worker module, one request each (see :mod:`kernelsmith.evaluate.confirm`)."""
-        return _confirm(
-            spec, candidates, self._settings(timing), mode=self.mode, log_dir=self._tmp.name,
-            lock_path=self.lock_path, memory_cap=self.memory_cap, timeout_s=self.timeout_s, copy_gbps=copy_gbps,
-        )  # fmt: skip
 
     def measure_ceiling(self) -> CeilingResult:
         if self.mode != "gpu":
@@ -487,13 +574,111 @@ class Evaluator:
         except WorkerLost as lost:
             return CeilingResult(lost.kind, error=str(lost))
 
+
+class Evaluator(RequestPool):
+    """Evaluates candidates for one mode ("gpu" or "interpreter") in a pool of workers.
+
+    ``workers`` is the number of worker processes in all, spread round-robin over ``devices``
+    (default: every visible GPU, see :func:`resolve_devices`; at least one worker per device).
+    ``memory_cap`` is the bytes each worker's process tree may hold (default: half the machine's
+    memory shared among the workers); ``worker`` replaces the worker's module and arguments for
+    the pool's workers (tests: a misbehaving stand-in). :meth:`confirm` always runs the real one.
+
+    >>> # evaluator = Evaluator("interpreter", workers=2)
+    >>> # results = evaluator.evaluate(spec, [Candidate("whole_row", Config(num_warps=4, num_stages=1))])
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        workers: int | None = None,
+        timeout_s: float | None = None,
+        *,
+        memory_cap: int | None = None,
+        worker: Sequence[str] = (WORKER_MODULE,),
+        devices: Sequence[int | str] | str | None = None,
+    ) -> None:
+        if mode not in ("gpu", "interpreter"):
+            raise ValueError(f"mode must be 'gpu' or 'interpreter', not {mode!r}")
+        self.mode = mode
+        self.devices = resolve_devices(mode, devices)
+        cores = os.cpu_count() or 2
+        default = max(1, min(8, cores // 2)) if mode == "gpu" else min(2, cores)
+        self.n_workers = max(len(self.devices), workers or default)
+        self.timeout_s = timeout_s or default_timeout(mode)
+        self.memory_cap = memory_cap or sandbox.default_memory_cap(self.n_workers)
+        self._tmp = tempfile.TemporaryDirectory(prefix="kernelsmith-")
+        # One timing lock per device: workers sharing a GPU take turns, other GPUs time at once.
+        # In interpreter mode only pinned (fake) devices have one, for the tests of this logic.
+        self.locks = {
+            device: os.path.join(self._tmp.name, "gpu.lock" if device is None else f"gpu{device}.lock")
+            for device in self.devices
+            if mode == "gpu" or device is not None
+        }
+        self.lock_path = self.locks.get(self.devices[0], "")  # the confirmation's device
+        cache = user_triton_cache()
+        self._slots: SlotPool[WorkerProcess] = SlotPool()
+        self._executor = ThreadPoolExecutor(max_workers=self.n_workers, thread_name_prefix="kernelsmith-eval")
+        for i in range(self.n_workers):
+            # Interpreters start in the background while the caller prepares; a slot joins the
+            # pool only once its worker is ready (or failed to start: the first call retries).
+            device = self.devices[i % len(self.devices)]
+            slot = WorkerProcess(
+                mode, self._tmp.name, self.memory_cap, triton_cache=cache, command=worker, device=device
+            )  # fmt: skip
+            self._executor.submit(self._prestart, slot)
+        self._closed = threading.Event()
+
+    def _prestart(self, slot: WorkerProcess) -> None:
+        try:
+            slot.start()
+        except WorkerLost as lost:
+            log.warning("worker failed to start%s: %s", _on(slot.device), lost)
+        finally:
+            self._slots.add(slot)
+
+    def _call(self, request: Request) -> WorkerReply:
+        """One request on the next free worker, with that worker's device lock. A worker that
+        could not even take the request (it failed to start) is not the candidate's fault: the
+        request goes to another worker, each worker tried at most once."""
+        tried: list[WorkerProcess] = []
+        while True:
+            slot = self._slots.acquire(avoid=tried)
+            if isinstance(request, EvalRequest):
+                request = dataclasses.replace(request, lock_path=self.locks.get(slot.device, ""))
+            try:
+                return slot.call(request, self.timeout_s)
+            except WorkerLost as lost:
+                tried.append(slot)
+                if not lost.before_request or len(tried) >= self._slots.size:
+                    raise
+                log.warning("a worker%s could not take a request, trying another: %s", _on(slot.device), lost)
+            finally:
+                self._slots.release(slot)
+
+    def confirm(
+        self,
+        spec: OpSpec,
+        candidates: Sequence[Candidate],
+        timing: TimingSettings | None = None,
+        copy_gbps: float | None = None,
+    ) -> Confirmation:
+        """The decisive run of candidates about to be kept, in brand-new workers of the real
+        worker module, one request each, both on the first device under its lock (see
+        :mod:`kernelsmith.evaluate.confirm`)."""
+        fresh = fresh_worker(self.mode, self._tmp.name, self.memory_cap, self.timeout_s, self.devices[0])
+        return judge_fresh(
+            spec, candidates, self._settings(timing), fresh, mode=self.mode, lock_path=self.lock_path,
+            copy_gbps=copy_gbps,
+        )  # fmt: skip
+
     def close(self) -> None:
         if self._closed.is_set():
             return
         self._closed.set()
         self._executor.shutdown(wait=True)
-        while not self._slots.empty():
-            self._slots.get().close()
+        for slot in self._slots.drain():
+            slot.close()
         self._tmp.cleanup()
 
     def __enter__(self) -> Evaluator:
@@ -501,3 +686,7 @@ class Evaluator:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _on(device: str | None) -> str:
+    return "" if device is None else f" on device {device}"
