@@ -29,9 +29,10 @@ runs, but its device code reads and writes the call's tensors), which is a trust
 
 and the front doors check the first call's output against the float64 reference before they
 adopt the runner, then check its first served calls and a secret sample of later ones on the
-user's real inputs (:class:`CheckedRunner`, :mod:`kernelsmith.servecheck`). Device code is not a sandbox: a kernel reaches whatever memory its pointers
-do, so the gate keeps host code out and trust keeps unknown device code out; neither stops a
-determined attacker with write access to the database, who could equally edit the package.
+user's real inputs (:class:`CheckedRunner`, :mod:`kernelsmith.servecheck`). Device code is not
+a sandbox: a kernel reaches whatever memory its pointers do, so the gate keeps host code out and
+trust keeps unknown device code out; neither stops a determined attacker with write access to
+the database, who could equally edit the package.
 """
 
 from __future__ import annotations
