@@ -37,6 +37,9 @@ _MODULES: dict[str, str] = {
     "max": "kernelsmith.ops.reductions:MAX",
     "matmul": "kernelsmith.ops.matmul",
     "decode_matmul": "kernelsmith.ops.decode_matmul",
+    "linear_cross_entropy": "kernelsmith.ops.linear_cross_entropy",
+    "linear_cross_entropy_backward": "kernelsmith.ops.linear_cross_entropy_backward",
+    "linear_cross_entropy_fused": "kernelsmith.ops.linear_cross_entropy_backward:FUSED",
 }
 _LOADED: dict[str, OpFamily] = {}
 

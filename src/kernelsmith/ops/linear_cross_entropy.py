@@ -1,0 +1,590 @@
+"""Fused linear + cross-entropy: ``F.cross_entropy(F.linear(h, W, b).float(), target)`` without
+ever materializing the ``(tokens x vocabulary)`` logits.
+
+The op
+------
+Inputs: ``h`` of shape ``(T, H)`` (T tokens of hidden size H), the LM head's weight ``W`` of
+shape ``(V, H)`` (as ``nn.Linear`` stores it), int64 ``target`` of shape ``(T,)`` and, when the
+spec has four inputs, a bias ``b`` of shape ``(V,)``; ``h``, ``W`` and ``b`` in one of float16,
+bfloat16 or float32. Constants: cross-entropy's own (``reduction`` "mean"/"sum"/"none",
+``ignore_index`` default -100, ``label_smoothing`` in [0, 1]; see
+:mod:`kernelsmith.ops.cross_entropy`) and ``softcap`` (0: none), Gemma 2's final-logit
+soft-capping. The output is the float32 loss: 0-d for "mean"/"sum", ``(T,)`` for "none".
+
+The math
+--------
+The logits of a token are ``z = W h + b`` (float32 accumulation), soft-capped when ``softcap``
+``c > 0``:  ``z <- c * tanh(z / c)``. The loss of a row is cross-entropy's,
+
+    loss = log(s) + (1 - eps) (m - z[t]) + eps (m - mean_j z[j]),   m = max_j z[j],
+    s = sum_j exp(z[j] - m)
+
+(:func:`kernelsmith.ops.cross_entropy._ce_row_loss`, shared). ``m`` and ``s`` are found online,
+tile by tile: when a new tile of logits raises the max from ``m`` to ``m'``, ``s`` is rescaled by
+``exp(m - m')``. So the forward never stores a logit: one kernel is a tiled matmul whose epilogue
+folds each ``BLOCK_M x BLOCK_N`` tile of logits, still in registers, into per-row running
+``(m, s, z[t], sum z)``; each of ``SPLITS`` programs per row block walks ``~V / SPLITS`` columns,
+and a small combine kernel merges the splits into per-row losses. "mean"/"sum" are the
+cross-entropy family's deterministic float64 reduction kernel.
+
+Rows whose target is ``ignore_index`` lose 0 and are not counted ("mean" over every row ignored
+is NaN, as torch). A target outside ``[0, V)`` that is not ``ignore_index`` cannot raise inside a
+kernel: its row's loss is NaN (the kernels never read outside the logits; "mean"/"sum" are then
+NaN too). :func:`check_targets` raises torch's ``IndexError`` instead; :meth:`spec_for` (the
+front doors' path) calls it on the example targets and the references raise as
+``F.cross_entropy`` does.
+
+Soft-capping is computed without ``tanh`` (``tl.math`` lacks it): ``tanh(x) = sign(x) (1 - e) /
+(1 + e)`` with ``e = exp(-2|x|)`` (never overflows), and its Taylor series below ``|x| < 1/4``,
+where ``1 - e`` would cancel.
+
+The gradients are in :mod:`kernelsmith.ops.linear_cross_entropy_backward`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator, tail_rows
+from kernelsmith.ops._launch import direct_launch
+from kernelsmith.ops.cross_entropy import _ce_row_loss, _checked, _checked_constants, _reducer
+from kernelsmith.ops.matmul import INTERPRETED, _dot
+from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
+from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
+
+NAME = "linear_cross_entropy"
+
+# =================================================================================================
+# Kernels
+#
+# Conventions: h is (T, H) and W (V, H), both with unit column stride (row strides passed); a
+# logits tile is h[rows] @ W[cols].T, accumulated in float32 over BLOCK_K-wide steps of H. Rows
+# past T and columns past V are read at row % T and col % V (valid addresses, no mask in the
+# loop) and masked out of every statistic and store. Row offsets are 64-bit.
+# =================================================================================================
+
+
+@triton.jit
+def _lce_tanh(x):
+    """tanh of a float32 tensor: Taylor to x**9 below |x| < 1/4, else (1 - e) / (1 + e) with
+    e = exp(-2|x|) <= 1 (no overflow, no cancellation)."""
+    ax = tl.abs(x)
+    e = tl.exp(-2.0 * ax)
+    far = (1.0 - e) / (1.0 + e)
+    x2 = x * x
+    near = ax * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0 + x2 * (62.0 / 2835.0)))))
+    t = tl.where(ax < 0.25, near, far)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def lce_tile(
+    a_ptr, b_ptr, rows, cols, K, stride_am, stride_ak, stride_bk, stride_bn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    UPCAST: tl.constexpr, ROW_SUM: tl.constexpr,
+):  # fmt: skip
+    """``(a[rows, :] @ b[:, cols], row sums of a[rows, :])`` in float32 (the sums only with
+    ROW_SUM, else 0), through arbitrary strides (a transpose is a choice of strides). ``a`` is
+    rounded to ``b``'s dtype before the dot (a float32 gradient meets a bfloat16 weight on the
+    tensor cores, as PyTorch's bfloat16 gradient does); ``rows``/``cols`` are valid indices."""
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + rows[:, None] * stride_am + ks[None, :].to(tl.int64) * stride_ak
+    b_ptrs = b_ptr + ks[:, None].to(tl.int64) * stride_bk + cols[None, :] * stride_bn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_mask = ks < K - k0
+        a = tl.load(a_ptrs, mask=k_mask[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_mask[:, None], other=0.0)
+        if ROW_SUM:
+            row_sum += tl.sum(a.to(tl.float32), axis=1)
+        acc = _dot(a.to(b_ptr.dtype.element_ty), b, acc, IEEE, UPCAST)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc, row_sum
+
+
+@triton.jit
+def lce_logits_tile(
+    h_ptr, w_ptr, bias_ptr, rows, cols, col_mask, H, stride_hm, stride_wv, softcap,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    CAP: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """A float32 tile of logits ``h[rows] @ W[cols].T (+ b[cols])``, soft-capped when CAP."""
+    z, _ = lce_tile(h_ptr, w_ptr, rows, cols, H, stride_hm, 1, 1, stride_wv,
+                    BLOCK_M, BLOCK_N, BLOCK_K, IEEE, UPCAST, False)  # fmt: skip
+    if HAS_BIAS:
+        z += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    if CAP:
+        z = softcap * _lce_tanh(z / softcap)
+    return z
+
+
+@triton.jit
+def _lce_stats_kernel(
+    h_ptr, w_ptr, bias_ptr, t_ptr,
+    stats_ptr,  # (4, T, n_splits) float32: max, sum of exp(z - max), z[t], sum of z
+    T, V, H, stride_hm, stride_wv, n_splits, split_cols, plane_stride, softcap,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    CAP: tl.constexpr, SMOOTH: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """Program (row block, split): the online log-sum-exp of the logits of BLOCK_M rows over the
+    split's ``split_cols`` columns (a multiple of BLOCK_N), tile by tile, logits in registers."""
+    pid_m = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < T
+    rows_safe = (rows % T).to(tl.int64)
+    target = tl.load(t_ptr + rows_safe)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK_M], tl.float32)
+    z_t = tl.zeros([BLOCK_M], tl.float32)
+    sum_z = tl.zeros([BLOCK_M], tl.float32)
+    lo = split * split_cols
+    hi = tl.minimum(lo + split_cols, V)
+    for start in range(lo, hi, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_mask = cols < V
+        cols_safe = (cols % V).to(tl.int64)
+        z = lce_logits_tile(h_ptr, w_ptr, bias_ptr, rows_safe, cols_safe, col_mask, H, stride_hm, stride_wv,
+                            softcap, BLOCK_M, BLOCK_N, BLOCK_K, HAS_BIAS, CAP, IEEE, UPCAST)  # fmt: skip
+        z_t += tl.sum(tl.where(cols[None, :] == target[:, None], z, 0.0), axis=1)
+        if SMOOTH:
+            sum_z += tl.sum(tl.where(col_mask[None, :], z, 0.0), axis=1)
+        z = tl.where(col_mask[None, :], z, float("-inf"))
+        m_new = tl.maximum(m, tl.max(z, axis=1))
+        # As in cross_entropy's online statistics: shift by 0 while everything seen is -inf, and
+        # an exact 1 when the max did not move.
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.where(m_new == m, 1.0, tl.exp(m - shift))
+        s = s * alpha + tl.sum(tl.exp(z - shift[:, None]), axis=1)
+        m = m_new
+    at = rows_safe * n_splits + split
+    tl.store(stats_ptr + at, m, mask=row_mask)
+    tl.store(stats_ptr + plane_stride + at, s, mask=row_mask)
+    tl.store(stats_ptr + 2 * plane_stride + at, z_t, mask=row_mask)
+    if SMOOTH:
+        tl.store(stats_ptr + 3 * plane_stride + at, sum_z, mask=row_mask)
+
+
+@triton.jit
+def _lce_combine_kernel(
+    t_ptr, stats_ptr, loss_ptr, T, V, n_splits, plane_stride, ignore_index, smoothing,
+    ROWS: tl.constexpr, SPLITS: tl.constexpr, SMOOTH: tl.constexpr,
+):  # fmt: skip
+    """Per-row losses from the splits' statistics (each split's sum rescaled to the row's max)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_mask = rows < T
+    rows64 = rows.to(tl.int64)
+    target = tl.load(t_ptr + rows64, mask=row_mask, other=0)
+    valid = row_mask & (target != ignore_index)
+    in_range = (target >= 0) & (target < V)
+    splits = tl.arange(0, SPLITS)
+    at = rows64[:, None] * n_splits + splits[None, :]
+    mask = row_mask[:, None] & (splits < n_splits)[None, :]
+    m_c = tl.load(stats_ptr + at, mask=mask, other=float("-inf"))
+    s_c = tl.load(stats_ptr + plane_stride + at, mask=mask, other=0.0)
+    z_t = tl.sum(tl.load(stats_ptr + 2 * plane_stride + at, mask=mask, other=0.0), axis=1)
+    z_t = tl.where(in_range, z_t, float("nan"))  # an out-of-range target: a NaN loss
+    m = tl.max(m_c, axis=1)
+    shift = tl.where(valid, m, 0.0)
+    s = tl.sum(s_c * tl.exp(m_c - shift[:, None]), axis=1)
+    sum_z = 0.0
+    if SMOOTH:
+        sum_z = tl.sum(tl.load(stats_ptr + 3 * plane_stride + at, mask=mask, other=0.0), axis=1)
+    loss = _ce_row_loss(m, s, z_t, sum_z, V, smoothing, valid, SMOOTH)
+    tl.store(loss_ptr + rows64, loss, mask=row_mask)
+
+
+# =================================================================================================
+# Shapes, constants and the config space
+# =================================================================================================
+
+TILE_M = (16, 32, 64, 128)
+TILE_N = (32, 64, 128, 256)
+TILE_K = (32, 64, 128)
+SPLITS = (1, 2, 4, 8, 16, 32)
+WARPS = (4, 8)
+STAGES = (2, 3, 4)
+SHARED_MEMORY_BUDGET = 220 * 1024  # pipelined (h, W) tiles: Hopper allows 227 KiB a block
+MAX_ACCUMULATORS_PER_THREAD = 128  # float32 logits a thread (255 registers in all)
+_COMBINE_ELEMENTS = 2048  # ROWS * next_power_of_two(splits) values a combine program holds
+_AUX_WARPS = 4
+
+
+def has_bias(spec: OpSpec) -> bool:
+    return bool(spec.const("bias"))
+
+
+def first_forward_input(spec: OpSpec) -> int:
+    """Where ``h`` is among a spec's inputs: the forward's ``(h, W, target[, b])`` follow a
+    backward's ``dloss`` (1) or start the inputs (0)."""
+    return len(spec.inputs) - (4 if has_bias(spec) else 3)
+
+
+def shape_of(spec: OpSpec) -> tuple[int, int, int]:
+    """``(T, H, V)``: tokens, hidden size, vocabulary."""
+    at = first_forward_input(spec)
+    t, h = spec.inputs[at].shape
+    return t, h, spec.inputs[at + 1].shape[0]
+
+
+def dtype_of(spec: OpSpec) -> TensorSpec:
+    """The spec of ``h`` (whose dtype W and b share)."""
+    return spec.inputs[first_forward_input(spec)]
+
+
+def constants_of(spec: OpSpec) -> tuple[str, int, float, float]:
+    """``(reduction, ignore_index, label_smoothing, softcap)``."""
+    return (
+        str(spec.const("reduction")),
+        int(spec.const("ignore_index")),
+        float(spec.const("label_smoothing")),
+        float(spec.const("softcap")),
+    )
+
+
+def cross_entropy_spec(spec: OpSpec) -> OpSpec:
+    """The cross-entropy spec of the same (T, V) logits (for its reduction kernel)."""
+    t, _, v = shape_of(spec)
+    reduction, ignore_index, smoothing, _ = constants_of(spec)
+    logits = TensorSpec((t, v), "float32")
+    constants = {"reduction": reduction, "ignore_index": ignore_index, "label_smoothing": smoothing}
+    return OpSpec("cross_entropy", (logits, TensorSpec((t,), "int64")), constants)
+
+
+def tile_flags(dtype: str) -> dict[str, bool]:
+    """IEEE float32 products for float32 inputs (PyTorch's default matmul precision); UPCAST for
+    bfloat16 in the interpreter, whose bfloat16 dot is wrong (see kernelsmith.ops.matmul)."""
+    return {"IEEE": dtype == "float32", "UPCAST": INTERPRETED and dtype == "bfloat16"}
+
+
+def tile_constraints(m: int, n: int, k: int, element_size: int) -> list[Constraint]:
+    """What a (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) tiling of an (m, n, k) product
+    must satisfy: tiles no larger than the padded problem (the smallest always allowed), the
+    accumulator in registers without idle warps, the pipelined tiles in shared memory."""
+    widest = {"BLOCK_M": max(TILE_M[0], next_power_of_two(m)), "BLOCK_N": max(TILE_N[0], next_power_of_two(n)),
+              "BLOCK_K": max(TILE_K[0], next_power_of_two(k))}  # fmt: skip
+    return [
+        Constraint(
+            "tiles no larger than the padded problem",
+            lambda c: all(c[name] <= limit for name, limit in widest.items()),
+        ),
+        Constraint(
+            f"at most {MAX_ACCUMULATORS_PER_THREAD} accumulators a thread",
+            lambda c: c["BLOCK_M"] * c["BLOCK_N"] <= MAX_ACCUMULATORS_PER_THREAD * 32 * c["num_warps"],
+        ),
+        Constraint(
+            "more warps only for tiles that keep them busy (16 accumulators a thread)",
+            lambda c: c["num_warps"] == WARPS[0] or c["BLOCK_M"] * c["BLOCK_N"] >= 16 * 32 * c["num_warps"],
+        ),
+        Constraint(
+            f"the pipelined tiles fit in {SHARED_MEMORY_BUDGET // 1024} KiB of shared memory",
+            lambda c: (
+                (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * element_size * c["num_stages"] <= SHARED_MEMORY_BUDGET
+            ),
+        ),
+    ]
+
+
+def tile_params() -> list[Param]:
+    return [
+        Param("BLOCK_M", TILE_M),
+        Param("BLOCK_N", TILE_N),
+        Param("BLOCK_K", TILE_K),
+        Param("num_warps", WARPS),
+        Param("num_stages", STAGES),
+    ]
+
+
+def _online_lse_space(spec: OpSpec) -> Space:
+    t, h, v = shape_of(spec)
+    element_size = dtype_of(spec).torch_dtype.itemsize
+    return Space(
+        [*tile_params(), Param("SPLITS", SPLITS)],
+        [
+            *tile_constraints(t, v, h, element_size),
+            Constraint(
+                "every split holds at least one column tile",
+                lambda c: c["SPLITS"] == 1 or c["SPLITS"] * c["BLOCK_N"] <= next_power_of_two(v),
+            ),
+        ],
+    )
+
+
+def split_layout(vocab: int, splits: int, block_n: int) -> tuple[int, int]:
+    """``(split_cols, n_splits)``: about ``vocab / splits`` columns a split in whole tiles."""
+    split_cols = triton.cdiv(triton.cdiv(vocab, splits), block_n) * block_n
+    return split_cols, triton.cdiv(vocab, split_cols)
+
+
+def _online_lse_build(spec: OpSpec, config: Config) -> Launcher:
+    _checked(_online_lse_space(spec), config)
+    t, h, v = shape_of(spec)
+    _, ignore_index, smoothing, softcap = constants_of(spec)
+    bias = has_bias(spec)
+    block_m = config["BLOCK_M"]
+    split_cols, n_splits = split_layout(v, config["SPLITS"], config["BLOCK_N"])
+    plane_stride = t * n_splits
+    stats_kernel = direct_launch(_lce_stats_kernel, (triton.cdiv(t, block_m), n_splits))
+    splits_p2 = next_power_of_two(n_splits)
+    combine_rows = max(1, min(next_power_of_two(t), _COMBINE_ELEMENTS // splits_p2))
+    combine = direct_launch(_lce_combine_kernel, (triton.cdiv(t, combine_rows),))
+    reduce = _reducer(cross_entropy_spec(spec))
+    meta = {
+        "BLOCK_M": block_m, "BLOCK_N": config["BLOCK_N"], "BLOCK_K": config["BLOCK_K"], "HAS_BIAS": bias,
+        "CAP": softcap > 0, "SMOOTH": smoothing > 0, **tile_flags(dtype_of(spec).dtype),
+        "num_warps": config["num_warps"], "num_stages": config["num_stages"],
+    }  # fmt: skip
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        hidden, weight, target = inputs[:3]
+        b = inputs[3] if bias else weight  # (an unread stand-in pointer without a bias)
+        out = outputs[0]
+        stats = out.new_empty((4, t, n_splits))
+        stats_kernel(
+            hidden, weight, b, target, stats, t, v, h, hidden.stride(0), weight.stride(0), n_splits, split_cols,
+            plane_stride, softcap, **meta,
+        )  # fmt: skip
+        losses = out if reduce is None else out.new_empty((t,))
+        combine(
+            target, stats, losses, t, v, n_splits, plane_stride, ignore_index, smoothing,
+            ROWS=combine_rows, SPLITS=splits_p2, SMOOTH=smoothing > 0, num_warps=_AUX_WARPS,
+        )  # fmt: skip
+        if reduce is not None:
+            reduce(losses, target, out)
+
+    return launch
+
+
+# =================================================================================================
+# The op family
+# =================================================================================================
+
+_TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def checked_constants(bias: Any = False, softcap: Any = None, **cross_entropy: Any) -> dict[str, Any]:
+    """The spec's constants, validated: cross-entropy's, ``bias`` and ``softcap`` (None or 0:
+    none; else a finite number > 0)."""
+    constants = _checked_constants(**cross_entropy)
+    cap = 0.0 if softcap is None else softcap
+    if isinstance(cap, bool) or not isinstance(cap, int | float) or not math.isfinite(cap) or cap < 0:
+        raise UnsupportedWorkload(f"{NAME}: softcap must be None or a finite number > 0, not {softcap!r}")
+    return {**constants, "softcap": float(cap), "bias": bool(bias)}
+
+
+def check_targets(target: torch.Tensor, vocab: int, ignore_index: int) -> None:
+    """Raise ``F.cross_entropy``'s IndexError for a target outside ``[0, vocab)`` that is not
+    ``ignore_index`` (the kernels cannot raise: they give such a row a NaN loss)."""
+    bad = (target != ignore_index) & ((target < 0) | (target >= vocab))
+    if bool(bad.any()):
+        value = int(target[bad][0])
+        raise IndexError(f"Target {value} is out of bounds.")
+
+
+def reference_loss(inputs: Sequence[torch.Tensor], spec: OpSpec, dtype: torch.dtype) -> torch.Tensor:
+    """``F.cross_entropy(softcap(F.linear(h, W, b).to(dtype)), target)``: the product in the
+    inputs' own precision, the loss in ``dtype`` (float32: training code's upcast form)."""
+    reduction, ignore_index, smoothing, softcap = constants_of(spec)
+    hidden, weight, target = inputs[:3]
+    bias = inputs[3] if has_bias(spec) else None
+    z = torch.nn.functional.linear(hidden, weight, bias).to(dtype)
+    if softcap > 0:
+        z = softcap * torch.tanh(z / softcap)
+    return torch.nn.functional.cross_entropy(
+        z, target, reduction=reduction, ignore_index=ignore_index, label_smoothing=smoothing
+    )
+
+
+def make_forward_inputs(spec: OpSpec, seed: int, distribution: str, device: str | torch.device) -> list[torch.Tensor]:
+    """``[h, W, target(, b)]`` for ``distribution`` (see :meth:`LinearCrossEntropy.make_inputs`)."""
+    t, h, v = shape_of(spec)
+    _, ignore_index, _, _ = constants_of(spec)
+    dtype = dtype_of(spec).torch_dtype
+    g = generator(seed, device)
+    hidden = torch.randn((t, h), generator=g, device=device)
+    weight = torch.randn((v, h), generator=g, device=device) / math.sqrt(h)
+    target = torch.randint(0, v, (t,), generator=g, device=device)
+    if distribution == "large":
+        hidden = hidden * 8
+    elif distribution == "peaked":
+        # h pushed along the target's row of W (another row on odd tokens) so that one logit
+        # stands about 30 + log(V) over the rest: a confident model, right or wrong.
+        rows = torch.arange(t, device=device)
+        other = (target + torch.randint(1, max(v, 2), (t,), generator=g, device=device)) % v
+        hot = weight[torch.where(rows % 2 == 0, target, other)]
+        norm2 = (hot * hot).sum(dim=1, keepdim=True).clamp_min(1e-6)
+        hidden = hidden + hot * (30.0 + math.log(v)) / norm2
+    elif distribution != "normal":
+        raise ValueError(f"{NAME}: unknown distribution {distribution!r} (known: normal, large, peaked)")
+    ignored = torch.randperm(t, generator=g, device=device)[: int(t / 10 + 0.5)]
+    target[ignored] = ignore_index
+    inputs = [hidden.to(dtype), weight.to(dtype), target]
+    if has_bias(spec):
+        inputs.append((torch.randn((v,), generator=g, device=device) * 0.5).to(dtype))
+    return inputs
+
+
+def tail_specs(spec: OpSpec, row_block: int) -> list[OpSpec]:
+    """``spec`` plus tail token counts (:func:`tail_rows`): h, the targets and a per-row
+    ``dloss`` follow the count; W and b keep their shapes."""
+    t, _, _ = shape_of(spec)
+    at = first_forward_input(spec)
+    token_inputs = {at, at + 2} | ({0} if at == 1 and spec.const("reduction") == "none" else set())
+    specs = [spec]
+    for r in tail_rows(t, row_block):
+        inputs = tuple(x.with_shape((r, *x.shape[1:])) if i in token_inputs else x for i, x in enumerate(spec.inputs))
+        specs.append(OpSpec(spec.op, inputs, dict(spec.constants)))
+    return specs
+
+
+def forward_spec_for(op: str, inputs: Sequence[torch.Tensor], constants: dict[str, Any]) -> OpSpec:
+    """The spec of example ``(h, W, target[, b])`` under the op name ``op``, targets checked
+    (:func:`check_targets`); UnsupportedWorkload for what the kernels do not handle."""
+    if len(inputs) not in (3, 4) or not all(isinstance(x, torch.Tensor) for x in inputs):
+        raise UnsupportedWorkload(f"{op} takes (h, W, target[, bias]) tensors, not {len(inputs)} inputs")
+    hidden, weight, target = inputs[:3]
+    for x in (hidden, weight, *inputs[3:]):
+        if x.dtype not in _TORCH_DTYPES or x.dtype != hidden.dtype:
+            raise UnsupportedWorkload(f"{op}: h, W and bias must share one of float16/bfloat16/float32, not {x.dtype}")
+    if target.dtype != torch.int64:
+        raise UnsupportedWorkload(f"{op}: targets must be int64 class indices, not {target.dtype}")
+    given = dict(constants)
+    given["bias"] = len(inputs) == 4
+    spec = OpSpec(op, tuple(TensorSpec.of(x) for x in inputs), checked_constants(**given))
+    check_forward_shapes(spec)
+    if weight.dim() == 2 and target.dim() == 1:
+        check_targets(target, weight.shape[0], int(spec.const("ignore_index")))
+    return spec
+
+
+def command_line_spec(op: str, shape: tuple[int, ...], dtype: str, constants: dict[str, Any]) -> OpSpec:
+    """The forward inputs for ``--shape TxHxV``: h (T, H), W (V, H), target (T,), b (V,) with
+    ``bias=True``."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 3:
+        raise UnsupportedWorkload(f"{op}: --shape is tokens x hidden x vocabulary, not {shape}")
+    t, h, v = shape
+    name = dtype_name(dtype)
+    constants = checked_constants(**constants)
+    inputs = [TensorSpec((t, h), name), TensorSpec((v, h), name), TensorSpec((t,), "int64")]
+    if constants["bias"]:
+        inputs.append(TensorSpec((v,), name))
+    spec = OpSpec(op, tuple(inputs), constants)
+    check_forward_shapes(spec)
+    return spec
+
+
+def check_forward_shapes(spec: OpSpec) -> None:
+    """UnsupportedWorkload unless the forward inputs are ``(h (T, H), W (V, H), target (T,)[,
+    b (V,)])``, contiguous, non-empty, in one supported dtype; the constants valid."""
+    op = spec.op
+    at = first_forward_input(spec)
+    forward = spec.inputs[at:]
+    if len(forward) not in (3, 4):
+        raise UnsupportedWorkload(f"{op}: expected (h, W, target[, bias]), not {len(forward)} inputs")
+    hidden, weight, target = forward[:3]
+    if len(hidden.shape) != 2 or len(weight.shape) != 2:
+        raise UnsupportedWorkload(f"{op}: h must be (T, H) and W (V, H), not {hidden} and {weight}")
+    t, h = hidden.shape
+    v = weight.shape[0]
+    if weight.shape[1] != h or target.shape != (t,) or target.dtype != "int64":
+        raise UnsupportedWorkload(f"{op}: shapes {hidden}, {weight}, {target} do not fit together")
+    if len(forward) == 4 and forward[3].shape != (v,):
+        raise UnsupportedWorkload(f"{op}: the bias must be ({v},), not {forward[3]}")
+    if min(t, h, v) <= 0:
+        raise UnsupportedWorkload(f"{op}: empty inputs are not supported")
+    if v >= 2**31 or t * max(h, v) >= 2**62:
+        raise UnsupportedWorkload(f"{op}: too large for the kernels' offsets")
+    for x in (hidden, weight, *forward[3:]):
+        if x.dtype not in ("float16", "bfloat16", "float32") or x.dtype != hidden.dtype:
+            raise UnsupportedWorkload(f"{op}: h, W and bias must share one of float16/bfloat16/float32")
+    for x in spec.inputs:
+        if not x.is_contiguous:
+            raise UnsupportedWorkload(f"{op}: non-contiguous input {x} is not supported")
+    checked_constants(**dict(spec.constants))
+
+
+class LinearCrossEntropy(OpFamily):
+    name = NAME
+    summary = "cross-entropy of h @ W.T (+ b, optional soft-cap) against int64 targets, logits never stored"
+    shape_help = (
+        "tokens x hidden x vocabulary: --shape 16384x2048x128256 is h (16384, 2048), W (128256, 2048) "
+        "and (16384,) int64 targets; bias=True adds a (128256,) bias; the loss is float32"
+    )
+    distributions = ("normal", "large", "peaked")
+    row_block = TILE_M[-1]
+    backward = "linear_cross_entropy_backward"
+    variants = (
+        Variant(
+            "online_lse",
+            "tiled h @ W.T whose epilogue folds each logits tile into a running log-sum-exp "
+            "(logits stay in registers), SPLITS programs per row block, then a combine",
+            _online_lse_space,
+            _online_lse_build,
+        ),
+    )
+
+    # ---- specs -----------------------------------------------------------------------------------
+    def spec(self, shape: tuple[int, ...], dtype: str, **constants: Any) -> OpSpec:
+        return command_line_spec(self.name, shape, dtype, constants)
+
+    def spec_for(self, *inputs: torch.Tensor, **constants: Any) -> OpSpec:
+        return forward_spec_for(self.name, inputs, constants)
+
+    def check_supported(self, spec: OpSpec) -> None:
+        check_forward_shapes(spec)
+
+    def small_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        t, h, v = shape
+        return (min(t, 32), min(h, 64), min(v, 512))
+
+    def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
+        t, _, _ = shape_of(spec)
+        return (TensorSpec((t,) if spec.const("reduction") == "none" else (), "float32"),)
+
+    def validation_specs(self, spec: OpSpec) -> list[OpSpec]:
+        return tail_specs(spec, self.row_block)
+
+    def stressed_inputs(self, spec: OpSpec) -> tuple[int, ...]:
+        return (0,)  # h: the activations
+
+    # ---- math ------------------------------------------------------------------------------------
+    def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """The training-code form: ``F.linear`` in the inputs' dtype, the logits upcast to float32."""
+        return (reference_loss(inputs, spec, torch.float32),)
+
+    def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        wide = [x.double() if x.is_floating_point() else x for x in inputs]
+        return (reference_loss(wide, spec, torch.float64),)
+
+    def make_inputs(
+        self, spec: OpSpec, seed: int, distribution: str = "normal", device: str | torch.device = "cuda"
+    ) -> tuple[torch.Tensor, ...]:
+        """``h`` standard normal, ``W`` normal over ``sqrt(H)`` (logits about N(0, 1)), int64
+        targets uniform in ``[0, V)`` with about 10% set to ``ignore_index``, and a bias
+        ``N(0, 0.25)`` when the spec has one; deterministic in ``seed``.
+
+        - ``normal``: an untrained model (losses about log V);
+        - ``large``: ``h`` times 8: logits about N(0, 64), far from uniform;
+        - ``peaked``: ``h`` pushed along the target's row of W on even tokens (another row on odd
+          ones) so that logit stands ``30 + log(V)`` over the rest.
+        """
+        return tuple(make_forward_inputs(spec, seed, distribution, device))
+
+    def bytes_moved(self, spec: OpSpec) -> int:
+        return super().bytes_moved(spec)
+
+    def flops(self, spec: OpSpec) -> int:
+        t, h, v = shape_of(spec)
+        return 2 * t * h * v + 5 * t * v
+
+
+OP = LinearCrossEntropy()

@@ -1,0 +1,479 @@
+"""Fused linear + cross-entropy backward ``(dloss, h, W, target[, b]) -> (dh, dW[, db])``, and the
+fused training form ``(h, W, target[, b]) -> (loss, dh, dW[, db])``: the gradients of
+:mod:`kernelsmith.ops.linear_cross_entropy`, never holding more than one chunk of logits.
+
+The ops
+-------
+``linear_cross_entropy_backward`` takes the forward's float32 ``dloss`` (0-d for "mean"/"sum",
+``(T,)`` for "none") and the forward's inputs and constants; its outputs are the gradients of the
+floating-point inputs, in their dtypes. ``linear_cross_entropy_fused`` takes the forward's inputs
+and returns the loss too, for an upstream gradient of 1 (Liger-Kernel's form: the gradient is
+made during the forward pass, and the backward only scales it when the upstream is not 1).
+
+The math
+--------
+With ``z = softcap(W h + b)`` and cross-entropy's row gradient (see
+:mod:`kernelsmith.ops.cross_entropy_backward`)
+
+    g[j] = d loss / d z[j] = (softmax(z)[j] - (1 - eps) [j == t] - eps / V) * scale,
+
+soft-capping ``z = c tanh(u / c)`` multiplies it by ``dz / du = 1 - (z / c)**2``. Then
+
+    dh = g @ W,    dW = g.T @ h,    db = sum over tokens of g.
+
+Tokens go in chunks of ``CHUNK``; per chunk, four launches:
+
+1. the chunk's logits ``z`` (a tiled ``h_c @ W.T`` with the bias and soft-cap in its epilogue)
+   into a float32 ``(CHUNK, V)`` scratch, the only memory that grows with the vocabulary;
+2. one program per row walks its logits twice: the online max and sum of exponentials (and, for
+   the fused op, the row's loss), then ``g`` written over ``z`` in place (cross-entropy's kernel
+   helpers, imported);
+3. ``dh`` for the chunk's rows: ``g @ W``, a plain GEMM (``g`` rounded to W's dtype as it is
+   loaded, as PyTorch's bfloat16 gradient is);
+4. ``dW (+)= g.T @ h_c``, a plain GEMM through transposed strides, whose A tiles' row sums are
+   ``db``'s contributions (free: the tiles are loaded anyway). The first chunk writes, later
+   chunks add. ``DW_ACC`` chooses where the sum lives: ``float32`` (a float32 scratch rounded once
+   into dW at the end, as one big GEMM would) or ``output`` (dW itself, rounded after every chunk,
+   as Liger does; no scratch as large as W). A float32 dW is always its own accumulator.
+
+The GEMMs of steps 3 and 4 are plain GEMMs; they are this module's own small tiled kernel
+(:func:`kernelsmith.ops.linear_cross_entropy.lce_tile`) rather than the matmul family's, whose
+kernels take a unit-stride ``x`` of the weight's dtype and have no accumulate-into-the-output
+epilogue. One tiling (``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K``, warps, stages) serves the three GEMMs
+of a config. "mean" needs the count of non-ignored tokens over *all* chunks first:
+cross-entropy backward's count kernel.
+
+Ignored rows have zero gradient; an out-of-range target makes its row of ``g`` NaN (and so the
+loss, ``dh``'s row, and all of ``dW`` and ``db``): see the forward for the error the front door
+raises instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelsmith.ops._base import (
+    FINITE_STRESS_DISTRIBUTIONS,
+    Launcher,
+    OpFamily,
+    UnsupportedWorkload,
+    Variant,
+    generator,
+)
+from kernelsmith.ops._launch import direct_launch
+from kernelsmith.ops.cross_entropy import _REDUCE_BLOCK, _ce_online_stats, _ce_row_loss, _checked, _reducer
+from kernelsmith.ops.cross_entropy_backward import (
+    _SCALE_ONE,
+    _SCALE_PER_ROW,
+    _SCALE_SCALAR,
+    _ceb_mean_scale_kernel,
+    _ceb_row_factors,
+    _ceb_target_logit,
+)
+from kernelsmith.ops.linear_cross_entropy import (
+    OP as _FORWARD,
+)
+from kernelsmith.ops.linear_cross_entropy import (
+    TILE_M,
+    command_line_spec,
+    constants_of,
+    cross_entropy_spec,
+    dtype_of,
+    first_forward_input,
+    forward_spec_for,
+    has_bias,
+    lce_logits_tile,
+    lce_tile,
+    make_forward_inputs,
+    reference_loss,
+    shape_of,
+    tail_specs,
+    tile_constraints,
+    tile_flags,
+    tile_params,
+)
+from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
+from kernelsmith.spec import OpSpec, TensorSpec
+
+BACKWARD_NAME = "linear_cross_entropy_backward"
+FUSED_NAME = "linear_cross_entropy_fused"
+
+# =================================================================================================
+# Kernels
+# =================================================================================================
+
+
+@triton.jit
+def _lceb_logits_kernel(
+    h_ptr, w_ptr, bias_ptr, z_ptr, T, V, H, stride_hm, stride_wv, stride_zm, softcap,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    CAP: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """Step 1: tile (pid_m, pid_n) of the chunk's float32 logits."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < V
+    z = lce_logits_tile(h_ptr, w_ptr, bias_ptr, (rows % T).to(tl.int64), (cols % V).to(tl.int64), col_mask, H,
+                        stride_hm, stride_wv, softcap, BLOCK_M, BLOCK_N, BLOCK_K, HAS_BIAS, CAP, IEEE,
+                        UPCAST)  # fmt: skip
+    mask = (rows < T)[:, None] & col_mask[None, :]
+    tl.store(z_ptr + rows.to(tl.int64)[:, None] * stride_zm + cols[None, :], z, mask=mask)
+
+
+@triton.jit
+def _lceb_grad_row_kernel(
+    z_ptr, t_ptr, scale_ptr, loss_ptr, stride_zm, V, ignore_index, smoothing, softcap,
+    BLOCK_V: tl.constexpr, SCALE: tl.constexpr, LOSS: tl.constexpr, SMOOTH: tl.constexpr,
+    CAP: tl.constexpr, NUM_STAGES: tl.constexpr,
+):  # fmt: skip
+    """Step 2: one row's statistics (and loss), then its gradient written over its logits."""
+    row = tl.program_id(0).to(tl.int64)
+    z_row = z_ptr + row * stride_zm
+    target = tl.load(t_ptr + row)
+    valid = target != ignore_index
+    n_read = tl.where(valid, V, 0)  # an ignored row reads nothing
+    m, s, sum_z = _ce_online_stats(z_row, 0, n_read, V, BLOCK_V, SMOOTH, NUM_STAGES)
+    if LOSS:
+        z_t = _ceb_target_logit(z_row, target, valid, V)
+        tl.store(loss_ptr + row, _ce_row_loss(m, s, z_t, sum_z, V, smoothing, valid, SMOOTH))
+    shift, inv_s, off, on, t32, scale = _ceb_row_factors(scale_ptr, row, target, valid, m, s, V, smoothing, SCALE)
+    cols = tl.arange(0, BLOCK_V)
+    for start in tl.range(0, V, BLOCK_V, num_stages=NUM_STAGES):
+        offs = start + cols
+        read = offs < n_read
+        z = tl.load(z_row + offs, mask=read, other=float("-inf"))
+        g = (tl.exp(z - shift) * inv_s - off - tl.where(offs == t32, on, 0.0)) * scale
+        if CAP:
+            zc = tl.where(read, z, 0.0) / softcap
+            g = g * (1.0 - zc * zc)
+        tl.store(z_row + offs, g, mask=offs < V)
+
+
+@triton.jit
+def _lceb_gemm_kernel(
+    a_ptr, b_ptr, c_ptr, sum_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, accumulate,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_SUM: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """Steps 3 and 4: ``c = a @ b`` (``c += a @ b`` when ``accumulate``), and with ROW_SUM the
+    row sums of ``a`` into ``sum_ptr`` likewise (written by the first column of programs)."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc, row_sum = lce_tile(a_ptr, b_ptr, (rows % M).to(tl.int64), (cols % N).to(tl.int64), K, stride_am,
+                            stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, UPCAST,
+                            ROW_SUM)  # fmt: skip
+    row_mask = rows < M
+    mask = row_mask[:, None] & (cols < N)[None, :]
+    c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
+    if accumulate:
+        acc += tl.load(c_ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    if ROW_SUM:
+        # (A bound rather than `& (pid_n == 0)`: the interpreter turns a scalar-and-vector `&`
+        # into an int32 mask that tl.store rejects.)
+        sum_mask = rows < tl.where(pid_n == 0, M, 0)
+        if accumulate:
+            row_sum += tl.load(sum_ptr + rows, mask=sum_mask, other=0.0).to(tl.float32)
+        tl.store(sum_ptr + rows, row_sum.to(sum_ptr.dtype.element_ty), mask=sum_mask)
+
+
+@triton.jit
+def _lceb_cast_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+    """The float32 accumulators rounded once into the outputs' dtype."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask).to(dst_ptr.dtype.element_ty), mask=mask)
+
+
+# =================================================================================================
+# Space and builder
+# =================================================================================================
+
+CHUNKS = powers_of_two(16, 8192)
+MAX_CHUNKS = 64  # smaller chunks than this many per call are not worth timing (or the largest)
+ROW_BLOCKS = powers_of_two(64, 8192)
+DW_ACCUMULATORS = ("float32", "output")
+_CAST_BLOCK = 1024
+_AUX_WARPS = 4
+
+
+def _chunked_space(spec: OpSpec) -> Space:
+    t, h, v = shape_of(spec)
+    element_size = dtype_of(spec).torch_dtype.itemsize
+    widest_row = max(ROW_BLOCKS[0], next_power_of_two(v))
+    dw_choices = DW_ACCUMULATORS if dtype_of(spec).dtype != "float32" else DW_ACCUMULATORS[:1]
+    smallest_above = next(c for c in CHUNKS if c >= min(t, CHUNKS[-1]))
+    return Space(
+        [*tile_params(), Param("CHUNK", CHUNKS), Param("BLOCK_V", ROW_BLOCKS), Param("DW_ACC", dw_choices)],
+        [
+            # The three GEMMs share the tiling: (CHUNK, V, H), (CHUNK, H, V) and (V, H, CHUNK).
+            *tile_constraints(min(t, CHUNKS[-1]), max(v, h), max(h, v), element_size),
+            Constraint(
+                "CHUNK no larger than the smallest chunk holding every token",
+                lambda c: c["CHUNK"] <= smallest_above,
+            ),
+            Constraint(
+                f"at most {MAX_CHUNKS} chunks (or the largest chunk)",
+                lambda c: triton.cdiv(t, c["CHUNK"]) <= MAX_CHUNKS or c["CHUNK"] == CHUNKS[-1],
+            ),
+            Constraint("BLOCK_V no wider than the padded row", lambda c: c["BLOCK_V"] <= widest_row),
+            Constraint(
+                "at most 512 steps over a row",
+                lambda c: triton.cdiv(v, c["BLOCK_V"]) <= 512 or c["BLOCK_V"] == ROW_BLOCKS[-1],
+            ),
+        ],
+    )
+
+
+def _row_warps(block_v: int) -> int:
+    """Warps of the row kernel: about 16 columns a thread, 1 to 16 warps."""
+    return max(1, min(16, block_v // (32 * 16)))
+
+
+class _Plan:
+    """What a launcher of one spec precomputes: shapes, constants, scale mode, kernels by grid."""
+
+    def __init__(self, spec: OpSpec, config: Config) -> None:
+        self.fused = spec.op == FUSED_NAME
+        self.t, self.h, self.v = shape_of(spec)
+        self.reduction, self.ignore_index, self.smoothing, self.softcap = constants_of(spec)
+        self.bias = has_bias(spec)
+        self.chunk = min(int(config["CHUNK"]), self.t)
+        self.block_v = int(config["BLOCK_V"])
+        self.dw_scratch = config["DW_ACC"] == "float32" and dtype_of(spec).dtype != "float32"
+        self.db_scratch = dtype_of(spec).dtype != "float32"
+        if self.reduction == "mean":
+            self.scale_mode = _SCALE_SCALAR
+        elif self.fused:
+            self.scale_mode = _SCALE_ONE
+        else:
+            self.scale_mode = _SCALE_PER_ROW if self.reduction == "none" else _SCALE_SCALAR
+        self.count = direct_launch(_ceb_mean_scale_kernel, (1,)) if self.reduction == "mean" else None
+        self.count_block = min(_REDUCE_BLOCK, next_power_of_two(self.t))
+        self.reduce = _reducer(cross_entropy_spec(spec)) if self.fused else None
+        bm, bn = config["BLOCK_M"], config["BLOCK_N"]
+        self.tiles = {
+            "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": config["BLOCK_K"], **tile_flags(dtype_of(spec).dtype),
+            "num_warps": config["num_warps"], "num_stages": config["num_stages"],
+        }  # fmt: skip
+        sizes = {self.chunk, self.t - (self.t // self.chunk) * self.chunk} - {0}
+        self.logits = {
+            c: direct_launch(_lceb_logits_kernel, (triton.cdiv(c, bm), triton.cdiv(self.v, bn))) for c in sizes
+        }
+        self.rows = {c: direct_launch(_lceb_grad_row_kernel, (c,)) for c in sizes}
+        self.dh = {c: direct_launch(_lceb_gemm_kernel, (triton.cdiv(c, bm), triton.cdiv(self.h, bn))) for c in sizes}
+        self.dw = direct_launch(_lceb_gemm_kernel, (triton.cdiv(self.v, bm), triton.cdiv(self.h, bn)))
+        self.cast_dw = direct_launch(_lceb_cast_kernel, (triton.cdiv(self.v * self.h, _CAST_BLOCK),))
+        self.cast_db = direct_launch(_lceb_cast_kernel, (triton.cdiv(self.v, _CAST_BLOCK),))
+
+    def launch(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        if self.fused:
+            hidden, weight, target = inputs[:3]
+            loss, dh, dw = outputs[:3]
+            dloss = loss
+        else:
+            dloss, hidden, weight, target = inputs[:4]
+            dh, dw = outputs[:2]
+            loss = dh
+        bias = inputs[-1] if self.bias else weight  # (an unread stand-in pointer without a bias)
+        db = outputs[-1] if self.bias else dw
+        scale = dloss
+        if self.count is not None:
+            scale = dh.new_empty((1,), dtype=torch.float32)
+            self.count(dloss, target, scale, self.t, self.ignore_index,
+                       UNIT=self.fused, BLOCK_R=self.count_block, num_warps=_AUX_WARPS)  # fmt: skip
+        losses = loss
+        if self.fused and self.reduce is not None:
+            losses = dh.new_empty((self.t,), dtype=torch.float32)
+        dw_acc = dw.new_empty(dw.shape, dtype=torch.float32) if self.dw_scratch else dw
+        db_acc = db.new_empty((self.v,), dtype=torch.float32) if self.bias and self.db_scratch else db
+        z_all = dh.new_empty((self.chunk, self.v), dtype=torch.float32)
+        v, h = self.v, self.h
+        for start in range(0, self.t, self.chunk):
+            c = min(self.chunk, self.t - start)
+            h_c, t_c, z, dh_c = hidden[start : start + c], target[start : start + c], z_all[:c], dh[start : start + c]
+            self.logits[c](h_c, weight, bias, z, c, v, h, h_c.stride(0), weight.stride(0), z.stride(0), self.softcap,
+                           HAS_BIAS=self.bias, CAP=self.softcap > 0, **self.tiles)  # fmt: skip
+            scale_c = scale[start : start + c] if self.scale_mode == _SCALE_PER_ROW else scale
+            losses_c = losses[start : start + c] if self.fused else losses
+            self.rows[c](
+                z, t_c, scale_c, losses_c, z.stride(0), v, self.ignore_index, self.smoothing, self.softcap,
+                BLOCK_V=self.block_v, SCALE=self.scale_mode, LOSS=self.fused, SMOOTH=self.fused and self.smoothing > 0,
+                CAP=self.softcap > 0, NUM_STAGES=2, num_warps=_row_warps(self.block_v),
+            )  # fmt: skip
+            # dh_c = g @ W: (c, V) @ (V, H).
+            self.dh[c](z, weight, dh_c, dh_c, c, h, v, z.stride(0), 1, weight.stride(0), 1, dh_c.stride(0), 0,
+                       ROW_SUM=False, **self.tiles)  # fmt: skip
+            # dW (+)= g.T @ h_c: (V, c) @ (c, H); db (+)= the row sums of g.T.
+            self.dw(z, h_c, dw_acc, db_acc, v, h, c, 1, z.stride(0), h_c.stride(0), 1, dw_acc.stride(0),
+                    int(start > 0), ROW_SUM=self.bias, **self.tiles)  # fmt: skip
+        if self.dw_scratch:
+            self.cast_dw(dw_acc, dw, v * h, BLOCK=_CAST_BLOCK, num_warps=_AUX_WARPS)
+        if self.bias and self.db_scratch:
+            self.cast_db(db_acc, db, v, BLOCK=_CAST_BLOCK, num_warps=_AUX_WARPS)
+        if self.reduce is not None:
+            self.reduce(losses, target, loss)
+
+
+def _chunked_build(spec: OpSpec, config: Config) -> Launcher:
+    _checked(_chunked_space(spec), config)
+    return _Plan(spec, config).launch
+
+
+_VARIANTS = (
+    Variant(
+        "chunked",
+        "tokens in CHUNK-row chunks: logits GEMM into a float32 chunk, gradient in place, "
+        "then dh = g @ W and dW (+)= g.T @ h (db from the same tiles)",
+        _chunked_space,
+        _chunked_build,
+    ),
+)
+
+
+# =================================================================================================
+# The op families
+# =================================================================================================
+
+
+def _autograd(
+    spec: OpSpec, dloss: torch.Tensor | None, inputs: Sequence[torch.Tensor], dtype: torch.dtype
+) -> tuple[torch.Tensor, ...]:
+    """``(loss, dh, dW[, db])`` by autograd through :func:`reference_loss` in ``dtype``, fed
+    ``dloss`` (None: ones, the fused op's)."""
+    with torch.enable_grad():
+        leaves = [x.detach().requires_grad_() if x.is_floating_point() else x for x in inputs]
+        loss = reference_loss(leaves, spec, dtype)
+        upstream = torch.ones_like(loss) if dloss is None else dloss.detach().to(loss.dtype)
+        differentiable = [x for x in leaves if x.is_floating_point()]
+        grads = torch.autograd.grad(loss, differentiable, upstream)
+    return (loss.detach(), *(g.detach() for g in grads))
+
+
+def _wide(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [x.double() if x.is_floating_point() else x for x in inputs]
+
+
+class _LinearCrossEntropyGradient(OpFamily):
+    distributions = _FORWARD.distributions
+    stress_distributions = FINITE_STRESS_DISTRIBUTIONS  # no nonfinite: see kernelsmith.ops._base
+    row_block = TILE_M[-1]
+    variants = _VARIANTS
+
+    def small_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return _FORWARD.small_shape(shape)
+
+    def check_supported(self, spec: OpSpec) -> None:
+        from kernelsmith.ops.linear_cross_entropy import check_forward_shapes
+
+        check_forward_shapes(spec)
+
+    def validation_specs(self, spec: OpSpec) -> list[OpSpec]:
+        return tail_specs(spec, self.row_block)
+
+    def stressed_inputs(self, spec: OpSpec) -> tuple[int, ...]:
+        return (first_forward_input(spec),)  # h
+
+    def _grad_outputs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
+        at = first_forward_input(spec)
+        return tuple(x for x in spec.inputs[at:] if x.dtype != "int64")
+
+    def flops(self, spec: OpSpec) -> int:
+        t, h, v = shape_of(spec)
+        return 3 * 2 * t * h * v + 10 * t * v
+
+
+class LinearCrossEntropyBackward(_LinearCrossEntropyGradient):
+    name = BACKWARD_NAME
+    summary = "gradients dh, dW (, db) of linear + cross-entropy given dloss, chunk by chunk"
+    shape_help = _FORWARD.shape_help + "; dloss is 0-d float32 ((T,) with reduction=none)"
+
+    def spec(self, shape: tuple[int, ...], dtype: str, **constants: Any) -> OpSpec:
+        return self._from_forward(command_line_spec(self.name, shape, dtype, constants))
+
+    def spec_for(self, *inputs: torch.Tensor, **constants: Any) -> OpSpec:
+        if len(inputs) not in (4, 5) or not isinstance(inputs[0], torch.Tensor):
+            raise UnsupportedWorkload(f"{self.name} takes (dloss, h, W, target[, bias]), not {len(inputs)} inputs")
+        if inputs[0].dtype != torch.float32:
+            raise UnsupportedWorkload(f"{self.name}: dloss must be float32, not {inputs[0].dtype}")
+        forward = forward_spec_for(self.name, inputs[1:], constants)
+        spec = OpSpec(self.name, (TensorSpec.of(inputs[0]), *forward.inputs), dict(forward.constants))
+        self.check_supported(spec)
+        return spec
+
+    def _from_forward(self, forward: OpSpec) -> OpSpec:
+        t, _, _ = shape_of(forward)
+        dloss = TensorSpec((t,) if forward.const("reduction") == "none" else (), "float32")
+        spec = OpSpec(self.name, (dloss, *forward.inputs), dict(forward.constants))
+        self.check_supported(spec)
+        return spec
+
+    def check_supported(self, spec: OpSpec) -> None:
+        super().check_supported(spec)
+        t, _, _ = shape_of(spec)
+        expected = TensorSpec((t,) if spec.const("reduction") == "none" else (), "float32")
+        if first_forward_input(spec) != 1 or spec.inputs[0] != expected:
+            raise UnsupportedWorkload(f"{self.name}: dloss must be {expected}, not {spec.inputs[0]}")
+
+    def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
+        """``(dh, dW[, db])``, like h, W and b."""
+        return self._grad_outputs(spec)
+
+    def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        return _autograd(spec, inputs[0], inputs[1:], torch.float32)[1:]
+
+    def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        return _autograd(spec, inputs[0].double(), _wide(inputs[1:]), torch.float64)[1:]
+
+    def make_inputs(
+        self, spec: OpSpec, seed: int, distribution: str = "normal", device: str | torch.device = "cuda"
+    ) -> tuple[torch.Tensor, ...]:
+        """The forward's inputs, and ``dloss`` of magnitude in [0.5, 2) with a random sign."""
+        forward = make_forward_inputs(spec, seed, distribution, device)
+        g = generator(seed ^ 0x5EED_D1FF, device)
+        shape = spec.inputs[0].shape
+        dloss = (0.5 + 1.5 * torch.rand(shape, generator=g, device=device)) * (
+            torch.randint(0, 2, shape, generator=g, device=device) * 2 - 1
+        )
+        return (dloss, *forward)
+
+
+class LinearCrossEntropyFused(_LinearCrossEntropyGradient):
+    name = FUSED_NAME
+    summary = "linear + cross-entropy loss and its gradients dh, dW (, db) for an upstream gradient of 1"
+    shape_help = _FORWARD.shape_help + "; the outputs are the loss, dh, dW (and db)"
+
+    def spec(self, shape: tuple[int, ...], dtype: str, **constants: Any) -> OpSpec:
+        return command_line_spec(self.name, shape, dtype, constants)
+
+    def spec_for(self, *inputs: torch.Tensor, **constants: Any) -> OpSpec:
+        return forward_spec_for(self.name, inputs, constants)
+
+    def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
+        t, _, _ = shape_of(spec)
+        loss = TensorSpec((t,) if spec.const("reduction") == "none" else (), "float32")
+        return (loss, *self._grad_outputs(spec))
+
+    def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        return _autograd(spec, None, inputs, torch.float32)
+
+    def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        return _autograd(spec, None, _wide(inputs), torch.float64)
+
+    def make_inputs(
+        self, spec: OpSpec, seed: int, distribution: str = "normal", device: str | torch.device = "cuda"
+    ) -> tuple[torch.Tensor, ...]:
+        return tuple(make_forward_inputs(spec, seed, distribution, device))
+
+
+OP = LinearCrossEntropyBackward()
+FUSED = LinearCrossEntropyFused()
