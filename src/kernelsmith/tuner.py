@@ -17,7 +17,11 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -42,6 +46,8 @@ from kernelsmith.strategies import Strategy, make_strategy
 log = logging.getLogger(__name__)
 
 FINALISTS = 3
+# How often a tuner waiting for a candidate another tuner is evaluating looks for its trial (s).
+CLAIM_POLL_S = 0.5
 Progress = Callable[[int, int, "EvalResult | None"], None]
 
 
@@ -177,6 +183,11 @@ class _Search:
         self.winner_source = ""  # the winning candidate's module text, when a strategy wrote it
         self.evaluated = 0
         self.meter: Metered | None = None  # the LLM client of the run's strategy, if it has one
+        # Claims in a shared database (Database.claim_evaluation): who this search is, and the
+        # candidates it claimed and has not stored yet.
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.claimed: set[tuple[str, str, str]] = set()
+        self.finished = threading.Event()  # ends the threads waiting on other tuners' claims
 
     def candidates(self) -> list[Candidate]:
         return [Candidate(v.name, c) for v in self.family.variants for c in v.space(self.spec)]
@@ -196,7 +207,25 @@ class _Search:
         )
         self.meter = client
         strategy.setup(self.candidates())
+        try:
+            self._loop(strategy, budget, stop)
+        finally:
+            self.finished.set()
+            for candidate_id in list(self.claimed):  # not stored (an error): let others have it
+                self.db.release_evaluation(self.fp.hash, self.spec.workload_hash, *candidate_id, owner=self.owner)
+
+    def _loop(
+        self,
+        strategy: Strategy,
+        budget: int,
+        stop: Callable[[], bool] | None,
+    ) -> None:
+        """The body of :meth:`run`. A candidate no trial is stored for is claimed before it is
+        evaluated; one another tuner claimed (it is measuring it right now) is waited for in a
+        thread, without taking a worker or budget, and its trial reused once stored, or
+        evaluated here if that tuner's claim lapses first (it died)."""
         running: set[Future[EvalResult]] = set()
+        waiting: dict[Future[EvalResult | None], Candidate] = {}  # being evaluated by another tuner
         exhausted = False
         while True:
             while not exhausted and len(running) < self.evaluator.n_workers and self.evaluated + len(running) < budget:
@@ -210,14 +239,63 @@ class _Search:
                 known = self._known(proposal[0])
                 if known is not None:  # measured (or failed) before: reuse, free of budget
                     self._record(strategy, known, fresh=False, budget=budget)
-                else:
+                elif self._claim(proposal[0]):
                     running.add(self.evaluator.submit(self.spec, proposal[0]))
-            if not running:
+                else:
+                    waiting[self._wait_for_other(proposal[0])] = proposal[0]
+            if not running and not waiting:
                 break
-            done, running = wait(running, return_when=FIRST_COMPLETED)
+            pending: set[Future[Any]] = {*running, *waiting}
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
+                if future in waiting:
+                    candidate = waiting.pop(future)
+                    other = future.result()
+                    if other is not None:  # measured by another tuner: reuse, free of budget
+                        self._record(strategy, other, fresh=False, budget=budget)
+                    else:  # its claim lapsed and this search holds it now
+                        running.add(self.evaluator.submit(self.spec, candidate))
+                    continue
+                running.discard(future)
                 self.evaluated += 1
                 self._record(strategy, future.result(), fresh=True, budget=budget)
+
+    def _candidate_id(self, candidate: Candidate) -> tuple[str, str, str]:
+        return candidate.variant, self._source_hash(candidate), candidate.config.key
+
+    def _claim(self, candidate: Candidate) -> bool:
+        """Claim ``candidate`` for this search; False when another tuner is evaluating it (or
+        stored its trial since :meth:`_known` looked)."""
+        candidate_id = self._candidate_id(candidate)
+        if not self.db.claim_evaluation(self.fp.hash, self.spec.workload_hash, *candidate_id, owner=self.owner):
+            return False
+        self.claimed.add(candidate_id)
+        return True
+
+    def _release(self, candidate: Candidate) -> None:
+        candidate_id = self._candidate_id(candidate)
+        if candidate_id in self.claimed:
+            self.db.release_evaluation(self.fp.hash, self.spec.workload_hash, *candidate_id, owner=self.owner)
+            self.claimed.discard(candidate_id)
+
+    def _wait_for_other(self, candidate: Candidate) -> Future[EvalResult | None]:
+        """A future of the trial another tuner is measuring: its result once stored, or None
+        once this search claimed the candidate itself (the other's claim lapsed)."""
+        future: Future[EvalResult | None] = Future()
+
+        def poll() -> None:
+            try:
+                while not self.finished.wait(CLAIM_POLL_S):
+                    known = self._known(candidate)
+                    if known is not None or self._claim(candidate):
+                        future.set_result(known)
+                        return
+            except Exception as exc:  # the database failed: the search sees it, as for its own writes
+                future.set_exception(exc)
+
+        log.info("%s is being evaluated by another tuner: waiting for its trial", candidate.key)
+        threading.Thread(target=poll, name="kernelsmith-claim-wait", daemon=True).start()
+        return future
 
     def _known(self, candidate: Candidate) -> EvalResult | None:
         record = self.db.find_trial(
@@ -245,6 +323,8 @@ class _Search:
         result = plausible(result, self.copy_gbps)
         if fresh and result.status != "skipped":
             self.db.add_trial(_trial(self.fp, self.spec, result))  # at once: a crash loses nothing
+        if fresh:
+            self._release(result.candidate)  # after the trial: others find it instead of a claim
         self.results.append(result)
         self.fresh.append(fresh)
         strategy.observe([result])

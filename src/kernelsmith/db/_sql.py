@@ -25,7 +25,7 @@ from abc import abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from kernelsmith.db._base import BrokenDatabaseError, Ceiling, Database, config_key_of
 from kernelsmith.db.records import LOCAL, DecisionRecord, Fingerprint, TrialRecord, VariantSource, variant_source_hash
@@ -200,21 +200,10 @@ def candidate_key(variant: str, source_hash: str, config_key: str | Mapping[str,
     return f"{variant}|{source_hash}|{config_key_of(config_key)}"
 
 
-class Cursor(Protocol):
-    rowcount: int
-
-    def fetchone(self) -> Any: ...
-
-    def fetchall(self) -> list[Any]: ...
-
-
-class Connection(Protocol):
-    """What :class:`SQLDatabase` needs of a connection: ``sqlite3.Connection`` as it is, and the
-    PostgreSQL backend's small adapter (which turns ``?`` into psycopg's ``%s``)."""
-
-    def execute(self, sql: str, parameters: Any = ..., /) -> Cursor: ...
-
-    def executemany(self, sql: str, rows: Iterable[Any], /) -> Any: ...
+# What SQLDatabase needs of a connection: ``execute(sql, parameters)`` returning a cursor
+# (``fetchone``, ``fetchall``, ``rowcount``) and ``executemany``, with ``?`` placeholders:
+# ``sqlite3.Connection`` as it is, and the PostgreSQL backend's small adapter.
+Connection = Any
 
 
 class SQLDatabase(Database):
