@@ -1,0 +1,151 @@
+"""The fused linear + cross-entropy families (forward, backward, fused forward+backward) in the
+Triton interpreter: small and odd shapes against float64 under the harness's own tolerance, the
+cross-entropy semantics (reductions, ignore_index, label smoothing), soft-capping, a bias, chunks
+smaller and larger than the token count, and the real harness (``validate``) once per family.
+
+The interpreter is slow and the GEMM tiles are at least 16 x 32, so each case runs one or two
+configs: the widest tiles (fewest programs), and for the chunked kernels a 16-token chunk where
+the case has more tokens (several chunks and a ragged last one).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernelsmith.evaluate.errors import check_close
+from kernelsmith.evaluate.validate import validate
+from kernelsmith.ops import get_op
+from kernelsmith.space import Config
+from kernelsmith.spec import OpSpec
+
+FORWARD = get_op("linear_cross_entropy")
+BACKWARD = get_op("linear_cross_entropy_backward")
+FUSED = get_op("linear_cross_entropy_fused")
+
+
+def _widest(op, spec: OpSpec, **fixed: object) -> Config:
+    """The config with the widest tiles (fewest interpreted programs), given ``fixed`` values."""
+    configs = [c for c in op.variants[0].space(spec).configs() if all(c[k] == v for k, v in fixed.items())]
+    assert configs, f"no config with {fixed}"
+    return max(configs, key=lambda c: (c["BLOCK_M"] * c["BLOCK_N"], -c["BLOCK_K"], -c["num_stages"], -c["num_warps"]))
+
+
+def _run(op, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    """Launch into NaN-filled outputs; the inputs must come back untouched."""
+    before = [t.clone() for t in inputs]
+    outs = [torch.full(o.shape, math.nan, dtype=o.torch_dtype) for o in op.output_specs(spec)]
+    op.variants[0].build(spec, config)(inputs, outs)
+    for t, b in zip(inputs, before, strict=True):
+        assert torch.equal(t, b), "an input was modified"
+    return outs
+
+
+def _assert_correct(op, spec: OpSpec, outs: list[torch.Tensor], inputs: tuple[torch.Tensor, ...], what: str) -> None:
+    refs64 = op.reference_fp64(spec, inputs)
+    lowps = op.reference(spec, inputs)
+    assert len(outs) == len(refs64)
+    for k, (out, ref64, lowp) in enumerate(zip(outs, refs64, lowps, strict=True)):
+        assert out.shape == ref64.shape and out.dtype == lowp.dtype, f"{what}: output {k}"
+        problem = check_close(out, ref64, lowp, op.tolerance)
+        assert problem is None, f"{what}: output {k}: {problem}"
+
+
+# (tokens, hidden, vocabulary, dtype, distribution, reduction, label_smoothing, softcap, bias)
+CASES = [
+    (1, 8, 1, "float32", "normal", "mean", 0.0, None, False),
+    (3, 33, 7, "bfloat16", "large", "none", 0.1, 30.0, True),
+    (17, 8, 1000, "float16", "peaked", "sum", 0.0, None, True),
+    (17, 33, 1000, "bfloat16", "normal", "mean", 0.1, 15.0, False),
+]
+
+
+def _spec(op, case) -> OpSpec:
+    t, h, v, dtype, _, reduction, smoothing, softcap, bias = case
+    return op.spec((t, h, v), dtype, reduction=reduction, label_smoothing=smoothing, softcap=softcap, bias=bias)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_forward_matches_float64(case) -> None:
+    spec = _spec(FORWARD, case)
+    inputs = FORWARD.make_inputs(spec, seed=5, distribution=case[4], device="cpu")
+    splits = max(s for s in (1, 2, 4) if s * 32 <= max(32, 1 << (case[2] - 1).bit_length()))
+    config = _widest(FORWARD, spec, SPLITS=splits)
+    _assert_correct(FORWARD, spec, _run(FORWARD, spec, config, inputs), inputs, f"{config.key} {spec.describe()}")
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("op", [BACKWARD, FUSED], ids=lambda op: op.name)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_gradients_match_float64(op, case) -> None:
+    """17 tokens run as chunks of 16 (a ragged last chunk of 1); 1 and 3 tokens as one chunk of
+    16, larger than the token count."""
+    spec = _spec(op, case)
+    inputs = op.make_inputs(spec, seed=7, distribution=case[4], device="cpu")
+    config = _widest(op, spec, CHUNK=16)
+    _assert_correct(op, spec, _run(op, spec, config, inputs), inputs, f"{config.key} {spec.describe()}")
+
+
+def test_dw_accumulated_in_the_output_dtype_is_right_too() -> None:
+    spec = BACKWARD.spec((40, 16, 100), "bfloat16", reduction="mean", bias=True)
+    inputs = BACKWARD.make_inputs(spec, seed=3, device="cpu")
+    config = _widest(BACKWARD, spec, CHUNK=16, DW_ACC="output")
+    _assert_correct(BACKWARD, spec, _run(BACKWARD, spec, config, inputs), inputs, config.key)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_every_target_ignored(reduction: str) -> None:
+    """torch: "mean" over no counted token is NaN, "sum" 0, "none" zeros; gradients all zero."""
+    spec = FUSED.spec((5, 8, 7), "float32", reduction=reduction, bias=True)
+    hidden, weight, target, bias = FUSED.make_inputs(spec, seed=1, device="cpu")
+    target = torch.full_like(target, -100)
+    inputs = (hidden, weight, target, bias)
+    loss, dh, dw, db = _run(FUSED, spec, _widest(FUSED, spec), inputs)
+    (expected,) = FORWARD.reference_fp64(FORWARD.spec_for(hidden, weight, target, bias, reduction=reduction), inputs)
+    assert torch.equal(loss.isnan(), expected.isnan()) and torch.all(loss[~loss.isnan()] == 0)
+    assert all(torch.all(g == 0) for g in (dh, dw, db))
+    (forward_loss,) = _run(FORWARD, FORWARD.spec_for(*inputs, reduction=reduction), _widest(FORWARD, spec), inputs)
+    assert torch.equal(forward_loss.isnan(), expected.isnan())
+
+
+def test_out_of_range_targets_raise_at_the_front_door_and_are_nan_in_the_kernel() -> None:
+    spec = FORWARD.spec((4, 8, 7), "float32", reduction="none")
+    hidden, weight, target = FORWARD.make_inputs(spec, seed=2, device="cpu")
+    bad = torch.tensor([0, 7, -1, -100])
+    with pytest.raises(IndexError, match="out of bounds"):
+        FORWARD.spec_for(hidden, weight, bad, reduction="none")
+    with pytest.raises(IndexError):
+        FORWARD.reference(spec, (hidden, weight, bad))
+    (loss,) = _run(FORWARD, spec, _widest(FORWARD, spec), (hidden, weight, bad))
+    assert math.isnan(float(loss[1])) and math.isnan(float(loss[2])) and float(loss[3]) == 0.0
+    want = F.cross_entropy(F.linear(hidden.double(), weight.double())[:1], bad[:1], reduction="none")
+    assert torch.allclose(loss[:1].double(), want, rtol=1e-6)
+
+
+def test_specs_describe_the_inputs_and_outputs() -> None:
+    spec = BACKWARD.spec((9, 16, 50), "bfloat16", reduction="none", bias=True)
+    assert [t.shape for t in spec.inputs] == [(9,), (9, 16), (50, 16), (9,), (50,)]
+    assert [t.shape for t in BACKWARD.output_specs(spec)] == [(9, 16), (50, 16), (50,)]
+    fused = FUSED.spec((9, 16, 50), "bfloat16")
+    assert [t.shape for t in FUSED.output_specs(fused)] == [(), (9, 16), (50, 16)]
+    tails = BACKWARD.validation_specs(spec)
+    assert all(s.inputs[0].shape == s.inputs[1].shape[:1] == s.inputs[3].shape for s in tails)
+    assert {s.inputs[2].shape for s in tails} == {(50, 16)}
+
+
+@pytest.mark.parametrize("op", [FORWARD, FUSED, BACKWARD], ids=lambda op: op.name)
+def test_the_harness_accepts_each_family(op) -> None:
+    """The real harness: tails, every distribution, stress data, canaries, two runs bit for bit.
+
+    The gradient families run in float16: the interpreter rounds float32 subnormals to bfloat16
+    wrongly (1e-39 becomes 4.2e-39; a GPU rounds them right), and dW from the "denormal" stress
+    data is subnormal."""
+    dtype = "bfloat16" if op is FORWARD else "float16"
+    spec = op.spec((9, 16, 40), dtype, reduction="mean", label_smoothing=0.1, bias=op is not FORWARD)
+    fixed = {} if op is FORWARD else {"CHUNK": 16}
+    runs = validate(op, spec, op.variants[0].build, _widest(op, spec, **fixed), "cpu", lambda: None)
+    assert runs >= 2 * len(op.distributions)
