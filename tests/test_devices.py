@@ -8,6 +8,7 @@ when it held the lock), started in interpreter mode with an injected device list
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import pytest
@@ -63,7 +64,7 @@ def test_one_lock_per_device_serializes_only_that_device() -> None:
     assert len(set(lock_ids.values())) == 2 and 0 not in lock_ids.values()  # each device its own lock
     for intervals in by_device.values():  # two workers per device, never timing at once
         intervals.sort()
-        assert all(a_end <= b_start + 1e-3 for (_, a_end), (b_start, _) in zip(intervals, intervals[1:]))
+        assert all(a_end <= b_start + 1e-3 for (_, a_end), (b_start, _) in itertools.pairwise(intervals))
     # ...while the two devices did time at the same moment.
     overlap = any(
         a_start < b_end and b_start < a_end for a_start, a_end in by_device[0] for b_start, b_end in by_device[1]
@@ -73,9 +74,9 @@ def test_one_lock_per_device_serializes_only_that_device() -> None:
 
 def test_a_worker_that_cannot_start_has_its_candidate_retried_on_another(caplog: pytest.LogCaptureFixture) -> None:
     # Device 1's workers exit before their greeting, like workers whose GPU is gone.
-    with caplog.at_level(logging.WARNING, logger="kernelsmith.evaluate.pool"):
-        with Evaluator("interpreter", workers=2, devices=[0, 1], worker=(FAKE, "--fails-on", "1")) as pool:
-            results = pool.evaluate(SPEC, _candidates([0] * 4))
+    failing = Evaluator("interpreter", workers=2, devices=[0, 1], worker=(FAKE, "--fails-on", "1"))
+    with caplog.at_level(logging.WARNING, logger="kernelsmith.evaluate.pool"), failing as pool:
+        results = pool.evaluate(SPEC, _candidates([0] * 4))
     assert all(r.ok for r in results), [r.error for r in results]
     assert {int(r.metrics["device"]) for r in results} == {0}
     assert "trying another" in caplog.text
