@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,14 @@ def test_devices_map_through_the_visible_set(monkeypatch: pytest.MonkeyPatch) ->
     assert parse_devices("0, 1") == [0, 1]
     with pytest.raises(ValueError, match="--devices"):
         parse_devices("gpu0")
+
+
+def test_the_cli_refuses_bad_devices_in_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kernelsmith.cli.main import app
+
+    db = tmp_path / "never.db"
+    result = CliRunner().invoke(app, ["tune", "rmsnorm", "--devices", "gpu0", "--db", str(db)])
+    assert result.exit_code == 2 and "expected device numbers" in result.output
+    assert not db.exists()

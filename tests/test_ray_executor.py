@@ -121,3 +121,19 @@ def test_without_ray_the_message_names_the_extra(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(ImportError) as caught:
         import_ray()
     assert str(caught.value) == MISSING_RAY and "pip install 'kernelsmith[ray]'" in MISSING_RAY
+
+
+def test_the_cli_reports_an_unreachable_cluster_in_one_line_and_writes_nothing(tmp_path: Any) -> None:
+    from typer.testing import CliRunner
+
+    from kernelsmith.cli.main import app
+
+    db = tmp_path / "never.db"
+    address = f"ray://127.0.0.1:{_free_port()}"
+    result = CliRunner().invoke(
+        app, ["tune", "rmsnorm", "--executor", "ray", "--ray-address", address, "--db", str(db)]
+    )
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "cannot reach the Ray cluster" in lines[0]
+    assert not db.exists()  # refused before the database was opened

@@ -36,7 +36,7 @@ from kernelsmith.db import Database, DecisionRecord, Fingerprint, TrialRecord, c
 from kernelsmith.db.records import variant_source_hash
 from kernelsmith.decide import Comparison, compare
 from kernelsmith.evaluate.confirm import plausible  # here too: tuner.plausible is the public name
-from kernelsmith.evaluate.pool import Evaluator
+from kernelsmith.evaluate.executor import Executor, check_executor, make_executor
 from kernelsmith.evaluate.protocol import Candidate, EvalResult, TimingSettings
 from kernelsmith.llm._base import LLMClient, Metered
 from kernelsmith.ops import OpFamily, get_op
@@ -169,7 +169,7 @@ class _Search:
         spec: OpSpec,
         fp: Fingerprint,
         db: Database,
-        evaluator: Evaluator,
+        evaluator: Executor,
         progress: Progress | None,
         copy_gbps: float | None = None,
     ) -> None:
@@ -456,7 +456,7 @@ class _Search:
         return None, reason
 
 
-def _copy_bandwidth(db: Database, fp: Fingerprint, evaluator: Evaluator) -> float | None:
+def _copy_bandwidth(db: Database, fp: Fingerprint, evaluator: Executor) -> float | None:
     """The measured ceiling, once per fingerprint."""
     if fp.mode != "gpu":
         return None
@@ -483,6 +483,9 @@ def tune_spec(
     progress: Progress | None = None,
     client: LLMClient | None = None,
     stop: Callable[[], bool] | None = None,
+    devices: Sequence[int] | str | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> TuneResult:
     """Tune one workload (see the module docstring); returns a :class:`TuneResult`.
 
@@ -493,6 +496,11 @@ def tune_spec(
     ``client`` is the LLM of ``strategy="llm"`` (which otherwise builds one from the environment,
     see :mod:`kernelsmith.llm`) and of ``"auto"`` (which uses an LLM only when given one); its
     tokens, requests and wall time go into ``TuneResult.cost``.
+
+    Where the candidates run (:mod:`kernelsmith.evaluate.executor`): ``executor="local"``, worker
+    processes on this host over ``devices`` (GPU numbers, default every visible one), or
+    ``"ray"``, actors of the Ray cluster at ``ray_address`` (default: the one this process joined,
+    or a new local one). A Ray address that does not answer fails here, before anything is written.
     """
     if budget < 1:
         raise ValueError("budget must be at least 1")
@@ -502,6 +510,7 @@ def tune_spec(
         client = make_client()  # raises, before any work, when no LLM is configured
     meter = Metered(client) if client is not None else None
     make_strategy(strategy, client=meter)  # fail early on an unknown name or a missing dependency
+    check_executor(executor, ray_address)  # an unreachable cluster: one line, before any work
     started = time.perf_counter()
     family = get_op(spec.op)
     family.check_supported(spec)
@@ -514,7 +523,7 @@ def tune_spec(
             return _result_from_decision(
                 stored, fp, from_database=True, evaluations=0, wall_s=time.perf_counter() - started
             )
-        with Evaluator(fp.mode, workers) as evaluator:
+        with make_executor(fp.mode, workers, devices=devices, executor=executor, ray_address=ray_address) as evaluator:
             copy_gbps = _copy_bandwidth(database, fp, evaluator)
             search = _Search(family, spec, fp, database, evaluator, progress, copy_gbps)
             search.run(strategy, budget, seed, client=meter, stop=stop)
@@ -554,6 +563,9 @@ def tune(
     seed: int = 0,
     workers: int | None = None,
     client: LLMClient | None = None,
+    devices: Sequence[int] | str | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
     **constants: Any,
 ) -> TuneResult:
     """Tune ``op`` for the workload of ``example_inputs``; see :func:`tune_spec`.
@@ -565,4 +577,7 @@ def tune(
     """
     family = get_op(op) if isinstance(op, str) else op
     spec = family.spec_for(*example_inputs, **constants)
-    return tune_spec(spec, budget=budget, strategy=strategy, db=db, seed=seed, workers=workers, client=client)
+    return tune_spec(
+        spec, budget=budget, strategy=strategy, db=db, seed=seed, workers=workers, client=client,
+        devices=devices, executor=executor, ray_address=ray_address,
+    )  # fmt: skip

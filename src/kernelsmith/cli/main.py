@@ -21,6 +21,7 @@ from rich.table import Table
 
 from kernelsmith.cli.agent import agent_app
 from kernelsmith.cli.db import DbOption, JsonOption, db_app
+from kernelsmith.cli.executor_options import DevicesOption, ExecutorOption, RayAddressOption, check_where
 from kernelsmith.cli.optimize import optimize as optimize_command
 from kernelsmith.cli.profile import profile as profile_command
 from kernelsmith.cli.report import report as report_command
@@ -109,6 +110,9 @@ def tune(
     ] = False,
     db: DbOption = None,
     as_json: JsonOption = False,
+    devices: DevicesOption = None,
+    executor: ExecutorOption = "local",
+    ray_address: RayAddressOption = None,
 ) -> None:
     """Search kernels for one op and shape, print a table, store the winner."""
     if epilogue is not None:  # the matmul family's constant (another family refuses it by name)
@@ -140,6 +144,7 @@ def tune(
             )
         spec = family.spec(run_shape, dtype, **_parse_constants(const or []))
         family.check_supported(spec)
+        check_where(devices, executor, ray_address)  # an unreachable Ray cluster, say
         open_database(db).close()  # an unwritable path fails here, before any work
         return spec, fp, run_budget, note
 
@@ -168,8 +173,9 @@ def tune(
         def run_tune() -> Any:
             try:
                 return tune_spec(
-                    spec, budget=run_budget, strategy=strategy, db=db, seed=seed, workers=workers, progress=progress
-                )
+                    spec, budget=run_budget, strategy=strategy, db=db, seed=seed, workers=workers, progress=progress,
+                    devices=devices, executor=executor, ray_address=ray_address,
+                )  # fmt: skip
             except Exception as exc:
                 from kernelsmith import notify
 

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from kernelsmith.cli.executor_options import DevicesOption, ExecutorOption, RayAddressOption, check_where
 from kernelsmith.cli.model_options import (
     BatchOption,
     DeviceOption,
@@ -67,6 +68,9 @@ def optimize(
     ] = None,
     out_file: Annotated[Path, typer.Option("--out", help="Where to write the report JSON.")] = Path("optimize.json"),
     as_json: Annotated[bool, typer.Option("--json", help="Print the report JSON instead of tables.")] = False,
+    devices: DevicesOption = None,
+    executor: ExecutorOption = "local",
+    ray_address: RayAddressOption = None,
 ) -> None:
     """Profile a model, tune its top ops (highest expected gain first) within the budget, report."""
     from kernelsmith.cli.main import UserError, _run, err, out
@@ -94,6 +98,7 @@ def optimize(
         run_seq = seq if seq is not None else min(defaults["seq"], limit or defaults["seq"])
         inputs = example_inputs(module, batch if batch is not None else defaults["batch"], run_seq, target)
         plan = Plan.read(plan_file) if plan_file is not None else None
+        check_where(devices, executor, ray_address)  # an unreachable Ray cluster, say: before profiling
         return module, inputs, plan, loaded.name
 
     module, inputs, plan, name = _run(prepare)
@@ -104,6 +109,7 @@ def optimize(
             lambda: optimize_model(
                 module, inputs, budget=budget, seconds=seconds, db=db, strategy=strategy, plan=plan, train=train,
                 patience=patience, compare=compare, name=name, progress=bars.update,
+                devices=devices, executor=executor, ray_address=ray_address,
             )
         )
     out_file.parent.mkdir(parents=True, exist_ok=True)

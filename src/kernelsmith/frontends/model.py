@@ -173,6 +173,9 @@ def optimize_model(
     compare: bool | None = None,
     name: str = "model",
     progress: ProgressFn | None = None,
+    devices: Sequence[int] | str | None = None,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Profile ``model(*example_inputs)``, tune its top workloads within the budget, compile it.
 
@@ -184,10 +187,16 @@ def optimize_model(
     backward families and compiles for training; ``patience`` and ``min_gain`` say when returns
     diminish (see the module docstring); ``compare`` keeps the replacements only when the
     compiled graph times faster than Inductor alone (None: on for CUDA models, see
-    :class:`~kernelsmith.frontends.backend.KernelsmithBackend`). See :mod:`kernelsmith.frontends.model`.
+    :class:`~kernelsmith.frontends.backend.KernelsmithBackend`). ``devices``, ``executor`` and
+    ``ray_address`` say where the candidates run (see :func:`kernelsmith.tuner.tune_spec`). See
+    :mod:`kernelsmith.frontends.model`.
     """
     if budget < 0:
         raise ValueError(f"budget must be a count of evaluations >= 0, not {budget}")
+    from kernelsmith.evaluate.executor import check_executor
+
+    check_executor(executor, ray_address)  # an unreachable cluster: one line, before profiling
+    where = {"devices": devices, "executor": executor, "ray_address": ray_address}
     started = time.monotonic()
     inputs = tuple(example_inputs)
     tensors = [t for t in (*inputs, *model.parameters()) if isinstance(t, torch.Tensor)]
@@ -218,7 +227,7 @@ def optimize_model(
         workloads = rank(workloads_of(sites, train), plan)
         stopped = "" if mode is not None else report["note"]
         if mode is not None:
-            stopped = _tune_all(workloads, allowance, mode, db, strategy, patience, min_gain, tell)
+            stopped = _tune_all(workloads, allowance, mode, db, strategy, patience, min_gain, tell, where)
         tell("compile", "compiling with the kernelsmith backend")
         backend = KernelsmithBackend(db=db, compare=compare)
         compiled = cast(nn.Module, torch.compile(model, backend=backend))
@@ -333,6 +342,7 @@ def _tune_all(
     patience: int | None,
     min_gain: float,
     tell: Callable[..., None],
+    where: dict[str, Any],
 ) -> str:
     """Tune ``workloads`` in order within ``allowance``; returns why tuning stopped ("" when all were done)."""
     stopped = ""
@@ -355,7 +365,7 @@ def _tune_all(
         left_share = sum(x.share for x in workloads[index - 1 :] if x.status == "pending")
         part = round(allowance.left * w.share / left_share) if left_share > 0 else allowance.left
         op_budget = min(allowance.left, max(MIN_EVALUATIONS, part))
-        _tune_one(w, index, count, op_budget, allowance, mode, db, strategy, patience, tell)
+        _tune_one(w, index, count, op_budget, allowance, mode, db, strategy, patience, tell, where)
     return stopped
 
 
@@ -370,8 +380,10 @@ def _tune_one(
     strategy: str,
     patience: int | None,
     tell: Callable[..., None],
+    where: dict[str, Any],
 ) -> None:
-    """One search, stopped early when the time is up or it runs out of patience."""
+    """One search, stopped early when the time is up or it runs out of patience; ``where`` says
+    where its candidates run (see :func:`kernelsmith.tuner.tune_spec`)."""
     from kernelsmith.tuner import tune_spec
 
     watch = _Patience(patience)
@@ -386,7 +398,7 @@ def _tune_one(
     began = time.monotonic()
     result = tune_spec(
         w.spec, budget=op_budget, strategy=strategy, db=db, mode=mode, progress=on_result,
-        stop=lambda: allowance.out_of_time() or watch.exhausted(),
+        stop=lambda: allowance.out_of_time() or watch.exhausted(), **where,
     )
     allowance.spent += result.evaluations
     w.status, w.evaluations, w.winner = "tuned", result.evaluations, result.winner
