@@ -97,6 +97,7 @@ class Optimized:
     mode: str | None = None
     db: Any = None
     check: bool | float | None = None  # serve checks: None reads KERNELSMITH_CHECK(_RATE); see servecheck
+    devices: Sequence[int] | str | None = None  # the GPUs tuning runs on (None: every visible one)
     table: dict[tuple[Any, ...], Entry] = field(default_factory=dict)
     stats: dict[str, int] = field(
         default_factory=lambda: {
@@ -367,7 +368,9 @@ class Optimized:
         from kernelsmith.tuner import tune_spec
 
         self.stats["tunes"] += 1
-        result = tune_spec(bucket, budget=self.budget, strategy=self.strategy, db=self.db, mode=device_mode)
+        result = tune_spec(
+            bucket, budget=self.budget, strategy=self.strategy, db=self.db, mode=device_mode, devices=self.devices
+        )
         self.stats["evaluations"] += result.evaluations
         with open_database(self.db) as db:
             return dispatch.stored_decision(db, device_mode, bucket)
@@ -411,6 +414,7 @@ def optimize(
     mode: str | None = None,
     db: Any = None,
     check: bool | float | None = None,
+    devices: Sequence[int] | str | None = None,
 ) -> Any:
     """Decorate a function so that calls run a tuned kernel when one beats it.
 
@@ -420,14 +424,15 @@ def optimize(
     the serve checks (the first calls of a kept kernel, then a sampled fraction, compared with
     this function): None follows ``KERNELSMITH_CHECK`` and ``KERNELSMITH_CHECK_RATE`` (default:
     on, 1 call in 1000 after the first 3), False turns them off, True on, a number in [0, 1] is
-    the sampled fraction.
+    the sampled fraction. ``devices`` are the GPUs its tuning runs on (such as ``[0, 1]``;
+    default: every visible one).
     """
     if mode is not None and mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     servecheck.CheckPolicy.resolve(check)  # a bad rate is an error here, not on a later call
 
     def decorate(function: F) -> F:
-        state = Optimized(function, budget=budget, strategy=strategy, mode=mode, db=db, check=check)
+        state = Optimized(function, budget=budget, strategy=strategy, mode=mode, db=db, check=check, devices=devices)
 
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
