@@ -95,7 +95,7 @@ def test_memory_databases_are_private() -> None:
         assert b.trials() == []
 
 
-@pytest.mark.parametrize("url", ["postgresql://host/db", "sqlite:relative.db", "sqlite:///"])
+@pytest.mark.parametrize("url", ["mysql://host/db", "sqlite:relative.db", "sqlite:///"])
 def test_unsupported_urls(url: str) -> None:
     with pytest.raises(DatabaseError, match="URL"):
         open_database(url)

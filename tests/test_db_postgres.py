@@ -147,3 +147,16 @@ def test_another_users_sources_are_untrusted_and_edited_text_loses_trust(
             conn.execute("UPDATE variant_sources SET source = %s WHERE source_hash = %s",
                          (text + "# evil\n", source_hash))
         assert not db.variant_source(source_hash).trusted  # type: ignore[union-attr]
+
+
+def test_db_check_reads_a_server_database_and_reset_refuses_it(pg_url: str) -> None:
+    from kernelsmith.db.health import check_database, reset_database
+
+    with open_database(pg_url) as db:
+        db.add_trial(make_trial())
+    report = check_database(pg_url)
+    assert report.ok and report.counts["trials"] == 1 and report.schema_version == SCHEMA_VERSION
+    unreachable = check_database("postgresql://127.0.0.1:1/x")
+    assert not unreachable.ok and "127.0.0.1:1" in unreachable.problems[0]
+    with pytest.raises(DatabaseError, match="does not reset a server database"):
+        reset_database(pg_url)

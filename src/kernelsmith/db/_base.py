@@ -40,6 +40,9 @@ class BrokenDatabaseError(DatabaseError):
 
 def repair_hint(path: str) -> str:
     """What to run about a broken database file (one line, for warnings and CLI errors)."""
+    if "://" in path:  # a server's database is shared: never moved aside
+        return (f"run `kernelsmith db check --db {path}` to see what is wrong; upgrade kernelsmith to the version "
+                "that wrote it, or use another database")
     where = f" --db {path}" if path else ""
     return (f"run `kernelsmith db check{where}` to see what is wrong, or `kernelsmith db reset{where}` "
             "to move the file aside and start an empty cache")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from kernelsmith.db.postgres import is_postgres_url, redact
 from kernelsmith.db.sqlite import MEMORY, SCHEMA_VERSION, SQLiteDatabase
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ def check_database(path: str | os.PathLike[str]) -> HealthReport:
     file, SQLite's integrity check, the schema version, and how many records each table holds
     (plus the claims not validated here and the kernel sources not trusted by this user)."""
     location = os.fspath(path)
+    if is_postgres_url(location):
+        return _check_server(location)
     report = HealthReport(location)
     if location == MEMORY:
         report.notes.append("an in-memory database: nothing to check")
@@ -81,6 +84,27 @@ def check_database(path: str | os.PathLike[str]) -> HealthReport:
         report.problems.append(f"is not a readable SQLite database: {exc}")
     finally:
         conn.close()
+    return report
+
+
+def _check_server(url: str) -> HealthReport:
+    """A PostgreSQL database: reachable, schema not newer, and its counts (read through the
+    database's own API; the server keeps its own integrity)."""
+    from kernelsmith.db import DatabaseError
+    from kernelsmith.db.postgres import PostgresDatabase
+
+    report = HealthReport(redact(url))
+    try:
+        with PostgresDatabase(url) as db:
+            report.schema_version = SCHEMA_VERSION
+            report.counts = {"fingerprints": len(db.fingerprints()), "trials": len(db.trials()),
+                             "decisions": len(db.decisions()), "ceilings": len(db.ceilings())}
+            sources = db.variant_sources()
+            report.counts["variant_sources"] = len(sources)
+            report.counts["unvalidated_decisions"] = sum(not d.validated for d in db.decisions())
+            report.counts["untrusted_sources"] = sum(not v.trusted for v in sources)
+    except DatabaseError as exc:
+        report.problems.append(str(exc))
     return report
 
 
@@ -133,7 +157,13 @@ def broken_name(path: Path, now: float | None = None) -> Path:
 def reset_database(path: str | os.PathLike[str]) -> Path | None:
     """Move the database at ``path`` (and SQLite's companion files) aside to
     :func:`broken_name` and create an empty database there; returns where the old one went,
-    or None when there was nothing to move. Never deletes anything."""
+    or None when there was nothing to move. Never deletes anything. A server database is
+    refused: it is shared, and kernelsmith never moves or drops what others use."""
+    if is_postgres_url(os.fspath(path)):
+        from kernelsmith.db import DatabaseError
+
+        raise DatabaseError(f"kernelsmith does not reset a server database ({redact(os.fspath(path))}): "
+                            "whoever runs the server can drop it, or use another database")
     file = Path(os.fspath(path)).expanduser()
     moved: Path | None = None
     if file.exists() or file.is_symlink():
