@@ -75,9 +75,10 @@ def test_one_lock_per_device_serializes_only_that_device() -> None:
 
 def test_a_worker_that_cannot_start_has_its_candidate_retried_on_another(caplog: pytest.LogCaptureFixture) -> None:
     # Device 1's workers exit before their greeting, like workers whose GPU is gone.
-    failing = Evaluator("interpreter", workers=2, devices=[0, 1], worker=(FAKE, "--fails-on", "1"))
+    # Two requests at a time, each holding its worker a while: one of them meets device 1's.
+    failing = Evaluator("interpreter", workers=2, devices=[1, 0], worker=(FAKE, "--fails-on", "1"))
     with caplog.at_level(logging.WARNING, logger="kernelsmith.evaluate.pool"), failing as pool:
-        results = pool.evaluate(SPEC, _candidates([0] * 4))
+        results = pool.evaluate(SPEC, _candidates([300] * 4))
     assert all(r.ok for r in results), [r.error for r in results]
     assert {int(r.metrics["device"]) for r in results} == {0}
     assert "trying another" in caplog.text

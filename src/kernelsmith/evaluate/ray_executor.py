@@ -103,8 +103,7 @@ def connect(address: str | None = None) -> Any:
     try:
         ray.init(address=address or None, **options)
     except Exception as exc:  # Ray raises ConnectionError, RuntimeError or its own kinds
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ExecutorUnavailable(f"cannot reach the Ray cluster at {where}: {first}") from None
+        raise ExecutorUnavailable(f"cannot reach the Ray cluster at {where}: {_first_line(exc)}") from None
     return ray
 
 
@@ -221,8 +220,7 @@ class RayExecutor(RequestPool):
         ray.kill(actor, no_restart=True)
         if replace:
             self._slots.add(self._new_actor())
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        return f"a Ray actor was lost ({type(error).__name__}: {first[:300]})"
+        return f"a Ray actor was lost ({type(error).__name__}: {_first_line(error)})"
 
     def _ask(self, actor: Any, request: Request, fresh: bool = False) -> WorkerReply:
         """One request on one actor; raises WorkerLost for the worker's loss and lets Ray's
@@ -254,6 +252,9 @@ class RayExecutor(RequestPool):
                 losses.append(self._lose(actor, exc))
                 log.warning("%s; the request goes to another actor", losses[-1])
                 continue
+            except ray.exceptions.RayError as exc:  # the actor lives but its call failed: data too
+                self._slots.release(actor)
+                raise WorkerLost("crash", f"the Ray call failed: {_first_line(exc)}") from None
             except WorkerLost as lost:
                 self._slots.release(actor)
                 if not lost.before_request:
@@ -286,6 +287,8 @@ class RayExecutor(RequestPool):
                 return lost
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as exc:
                 return WorkerLost("crash", self._lose(actor, exc))
+            except ray.exceptions.RayError as exc:
+                return WorkerLost("crash", f"the Ray call failed: {_first_line(exc)}")
 
         try:
             return judge_fresh(
@@ -305,7 +308,8 @@ class RayExecutor(RequestPool):
         actors = self._slots.drain()
         done = [actor.close.remote() for actor in actors]
         try:
-            ray.wait(done, num_returns=len(done), timeout=_CLOSE_TIMEOUT_S)
+            if done:
+                ray.wait(done, num_returns=len(done), timeout=_CLOSE_TIMEOUT_S)
         finally:
             for actor in self.actors:
                 ray.kill(actor, no_restart=True)
@@ -316,3 +320,7 @@ class RayExecutor(RequestPool):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
