@@ -19,6 +19,9 @@
 #   decode      benchmarks/decode.py --budget $DECODE_BUDGET $DECODE_ARGS (DECODE_TIMEOUT, default 900 s):
 #               every projection of Llama-3.2-1B and Llama-3-8B at M = 1 and 8 (20 rows, ~45 s a row at
 #               budget 24); decode-1b and decode-8b: one model each (10 rows), to run the two on two lanes
+#   lce         benchmarks/linear_cross_entropy.py --budget $LCE_BUDGET $LCE_ARGS (LCE_TIMEOUT, default 900 s):
+#               fused linear + cross-entropy forward+backward, 16384 tokens, hidden 2048 and 4096, vocabulary
+#               128256, against torch.compile and Liger: time and peak memory
 #   spaces      benchmarks/record_space.py $SPACES           (SPACES_TIMEOUT, default 400 s)
 #   strategies  benchmarks/strategies.py $STRATEGY_WORKLOADS (STRATEGIES_TIMEOUT, default 300 s)
 #   model       kernelsmith optimize $OPTIMIZE_ARGS, then verify --max-autotune, on $MODEL $MODEL_ARGS
@@ -60,6 +63,8 @@ step() {  # step NAME: one step, its log in $RESULTS/NAME.log, then a marker $RE
             timeout "${DECODE_TIMEOUT:-900}" python3 benchmarks/decode.py --out "$RESULTS/$name.json" \
               --db "/tmp/ks-$name.db" --budget "${DECODE_BUDGET:-24}" \
               $([ "$name" = decode ] || echo "--models ${name#decode-}") ${DECODE_ARGS:-} ;;
+    lce) timeout "${LCE_TIMEOUT:-900}" python3 benchmarks/linear_cross_entropy.py --out "$RESULTS/lce.json" \
+           --db "/tmp/ks-lce.db" --budget "${LCE_BUDGET:-30}" ${LCE_ARGS:-} ;;
     spaces) timeout "${SPACES_TIMEOUT:-400}" python3 benchmarks/record_space.py $SPACES --dtype bf16 \
               --out-dir "$RESULTS/spaces" ;;
     strategies) timeout "${STRATEGIES_TIMEOUT:-300}" python3 benchmarks/strategies.py $STRATEGY_WORKLOADS \

@@ -111,3 +111,17 @@ def test_decode_rows_cover_every_projection_of_both_models() -> None:
         tiny = w.tiny()
         assert (tiny.m, tiny.epilogue) == (w.m, w.epilogue) and max(tiny.n, tiny.k) <= 72
     assert decode.main(["--models", "70b"]) == 2 and decode.main(["--only", "qkv,nonsense"]) == 2
+
+
+def test_linear_cross_entropy_smoke_times_the_kernel_against_eager(tmp_path: Path) -> None:
+    """benchmarks/linear_cross_entropy.py --smoke: one tiny row, the tuned fused family (or its
+    best candidate) agreeing with eager's loss, dh and dW (no torch.compile or Liger on the CPU)."""
+    report = run_smoke("linear_cross_entropy", "2048", tmp_path)
+    assert report["smoke"] is True and "NOT performance" in report["note"]
+    (row,) = report["rows"]
+    assert "error" not in row and "errors" not in row, row
+    assert row["tune"]["evaluations"] == 2
+    (kernel,) = [k for k in row["us"] if k.startswith("kernelsmith")]
+    assert set(row["us"]) == {"eager", kernel}
+    diffs = row["max_abs_diff_vs_eager"][kernel]
+    assert set(diffs) == {"loss", "dh", "dW"} and all(0.0 <= d < 0.05 for d in diffs.values())

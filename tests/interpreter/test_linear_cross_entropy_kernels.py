@@ -114,7 +114,7 @@ def test_every_target_ignored(reduction: str) -> None:
 
 def test_out_of_range_targets_raise_at_the_front_door_and_are_nan_in_the_kernel() -> None:
     spec = FORWARD.spec((4, 8, 7), "float32", reduction="none")
-    hidden, weight, target = FORWARD.make_inputs(spec, seed=2, device="cpu")
+    hidden, weight, _ = FORWARD.make_inputs(spec, seed=2, device="cpu")
     bad = torch.tensor([0, 7, -1, -100])
     with pytest.raises(IndexError, match="out of bounds"):
         FORWARD.spec_for(hidden, weight, bad, reduction="none")
