@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 
+from kernelsmith.evaluate.confirm import IMPLAUSIBLE_FRACTION_OF_COPY
 from kernelsmith.evaluate.protocol import Candidate, EvalResult
 from kernelsmith.ops import get_op
 from kernelsmith.spec import OpSpec
 from kernelsmith.strategies import CoordinateDescent, GridSearch, RandomSearch, Refine, Strategy, make_strategy
 from kernelsmith.strategies.replay import RecordedSpace, compare, evaluations_to_reach, replay
 from kernelsmith.strategies.tpe import optuna_available
-from kernelsmith.tuner import IMPLAUSIBLE_FRACTION_OF_COPY
 
 SPACES_DIR = Path(__file__).parent / "data" / "spaces"
 SPACE_FILES = sorted(SPACES_DIR.glob("*.json"))
