@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import TorchOpWatch, validate
 from kernelsmith.ops import UnsupportedWorkload, cross_entropy_backward, get_op
-from kernelsmith.ops._base import OpFamily
+from kernelsmith.ops._base import OpFamily, tail_rows
 from kernelsmith.ops.cross_entropy import OP as FORWARD
 from kernelsmith.ops.cross_entropy_backward import _SCALE_ONE, _SCALE_PER_ROW, _SCALE_SCALAR, FUSED, OP, _Plan
 from kernelsmith.space import Config
@@ -262,13 +262,15 @@ def test_the_harness_accepts_each_variant(variant: str, device: str) -> None:
     torch ops in the launcher, and two runs that must agree bit for bit."""
     spec = OP.spec((12, 100), "bfloat16", reduction="mean", label_smoothing=0.1)
     config = OP.variant(variant).space(spec).configs()[-1]
-    assert validate(OP, spec, OP.variant(variant).build, config, device, lambda: None) == 12
+    runs = validate(OP, spec, OP.variant(variant).build, config, device, lambda: None)
+    assert runs >= 2 * (len(OP.distributions) + len(OP.validation_specs(spec)) - 1)  # more where blind
 
 
 def test_the_harness_accepts_per_row_upstream_gradients(device: str) -> None:
     spec = OP.spec((12, 100), "float16", reduction="none")
     config = OP.variant("split_vocab").space(spec).configs()[0]
-    assert validate(OP, spec, OP.variant("split_vocab").build, config, device, lambda: None) == 12
+    runs = validate(OP, spec, OP.variant("split_vocab").build, config, device, lambda: None)
+    assert runs >= 2 * (len(OP.distributions) + len(OP.validation_specs(spec)) - 1)  # more where blind
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -361,7 +363,8 @@ def test_fused_equals_forward_and_backward(variant: str, device: str) -> None:
 def test_the_harness_accepts_each_fused_variant(variant: str, device: str) -> None:
     spec = FUSED.spec((12, 100), "float16", reduction="mean", label_smoothing=0.1)
     config = FUSED.variant(variant).space(spec).configs()[0]
-    assert validate(FUSED, spec, FUSED.variant(variant).build, config, device, lambda: None) == 12
+    runs = validate(FUSED, spec, FUSED.variant(variant).build, config, device, lambda: None)
+    assert runs >= 2 * (len(FUSED.distributions) + len(FUSED.validation_specs(spec)) - 1)  # more where blind
 
 
 def test_fused_specs_and_references(device: str) -> None:
@@ -379,7 +382,7 @@ def test_fused_specs_and_references(device: str) -> None:
     assert torch.equal(loss, forward_loss) and dlogits.dtype == torch.bfloat16
     _, dlogits64 = FUSED.reference_fp64(spec, (logits, target))
     assert torch.allclose(dlogits64, formula_fp64(torch.ones(5), logits, target, "none", 0.1), rtol=1e-12, atol=1e-15)
-    assert [s.inputs[0].shape for s in FUSED.validation_specs(spec)] == [(5, 7), (1, 7), (8, 7)]
+    assert [s.inputs[0].shape for s in FUSED.validation_specs(spec)] == [(r, 7) for r in (5, *tail_rows(5))]
     assert FUSED.flops(spec) == (5 + 5) * 35
     with pytest.raises(UnsupportedWorkload):
         FUSED.spec_for(logits, target.int())
@@ -437,7 +440,7 @@ def test_validation_specs_keep_dloss_and_targets_in_step() -> None:
     spec = OP.spec((40, 1000), "bfloat16", reduction="none", label_smoothing=0.1)
     specs = OP.validation_specs(spec)
     assert specs[0] == spec
-    assert [s.inputs[1].shape for s in specs] == [(40, 1000), (1, 1000), (7, 1000), (43, 1000)]
+    assert [s.inputs[1].shape for s in specs] == [(r, 1000) for r in (40, *tail_rows(40, FORWARD.row_block))]
     for s in specs:
         rows = s.inputs[1].shape[0]
         assert s.inputs[0] == TensorSpec((rows,), "float32") and s.inputs[2] == TensorSpec((rows,), "int64")

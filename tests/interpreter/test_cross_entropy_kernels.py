@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import TorchOpWatch, validate
 from kernelsmith.ops import UnsupportedWorkload
+from kernelsmith.ops._base import tail_rows
 from kernelsmith.ops.cross_entropy import OP
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec, TensorSpec
@@ -213,12 +214,12 @@ def test_out_of_range_target_is_nan_and_reads_nothing_outside(variant: str, devi
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_harness_accepts_each_variant(variant: str, device: str) -> None:
-    """The real harness: tails of 1, 7 and 15 rows, every distribution, canaries, input
-    mutation, and two runs that must agree bit for bit (the mean must be deterministic)."""
+    """The real harness: the tails, every distribution (the stress data on the tails), canaries,
+    input mutation, and two runs that must agree bit for bit (the mean must be deterministic)."""
     spec = OP.spec((12, 100), "bfloat16", reduction="mean", label_smoothing=0.1)
     config = OP.variant(variant).space(spec).configs()[-1]
     runs = validate(OP, spec, OP.variant(variant).build, config, device, lambda: None)
-    assert runs == 2 * (len(OP.distributions) + 3)
+    assert runs == 2 * (len(OP.distributions) + len(OP.validation_specs(spec)) - 1)
 
 
 def test_the_harness_accepts_per_row_losses(device: str) -> None:
@@ -226,7 +227,8 @@ def test_the_harness_accepts_per_row_losses(device: str) -> None:
     for the right (R,) output otherwise), and the split combine writes every row."""
     spec = OP.spec((12, 100), "float16", reduction="none")
     config = OP.variant("split_vocab").space(spec).configs()[0]
-    assert validate(OP, spec, OP.variant("split_vocab").build, config, device, lambda: None) == 12
+    runs = validate(OP, spec, OP.variant("split_vocab").build, config, device, lambda: None)
+    assert runs == 2 * (len(OP.distributions) + len(OP.validation_specs(spec)) - 1)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -422,13 +424,14 @@ def test_validation_specs_keep_targets_in_step_with_rows() -> None:
     spec = OP.spec((40, 1000), "bfloat16", reduction="none", label_smoothing=0.1)
     specs = OP.validation_specs(spec)
     assert specs[0] == spec
-    assert [s.inputs[0].shape for s in specs] == [(40, 1000), (1, 1000), (7, 1000), (43, 1000)]
+    assert [s.inputs[0].shape for s in specs] == [(r, 1000) for r in (40, *tail_rows(40, OP.row_block))]
     for s in specs:
         assert s.inputs[1] == TensorSpec((s.inputs[0].shape[0],), "int64")
         assert s.constants == spec.constants
         OP.check_supported(s)
-    assert [s.inputs[0].shape[0] for s in OP.validation_specs(OP.spec((8192, 5), "float16"))] == [8192, 1, 7, 67]
-    assert len(OP.validation_specs(OP.spec((1, 5), "float16"))) == 2  # (1 row) and a 4-row tail
+    assert [s.inputs[0].shape[0] for s in OP.validation_specs(OP.spec((8192, 5), "float16"))] == [
+        8192, *tail_rows(8192, OP.row_block)]
+    assert len(OP.validation_specs(OP.spec((1, 5), "float16"))) == 1  # one row: no tail has fewer
 
 
 def test_bytes_and_flops() -> None:

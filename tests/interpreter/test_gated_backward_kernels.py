@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import validate
 from kernelsmith.ops import UnsupportedWorkload, get_op
-from kernelsmith.ops._base import Variant
+from kernelsmith.ops._base import Variant, tail_rows
 from kernelsmith.ops.gated import GEGLU, SWIGLU
 from kernelsmith.ops.gated_backward import (
     GEGLU_BACKWARD,
@@ -219,8 +219,10 @@ def test_validate_accepts_every_variant(variant: str, family: str, layout: str, 
     spec = op.spec((9, 200), "bfloat16", layout=layout, **constants)
     v = op.variant(variant)
     config = v.space(spec).configs()[-1]
-    # the target on every distribution, three tails (1, 7 and 12 rows) on one each, two runs apiece
-    assert validate(op, spec, v.build, config, device, lambda: None) == 2 * (len(op.distributions) + 3)
+    # the target on every distribution of the family, each tail on one (or more where the data is
+    # blind), two runs apiece
+    tails = len(op.validation_specs(spec)) - 1
+    assert validate(op, spec, v.build, config, device, lambda: None) >= 2 * (len(op.distributions) + tails)
 
 
 # ---- references and tolerance ----------------------------------------------------------------------
@@ -415,14 +417,12 @@ def test_bad_command_line_specs_and_specs_from_elsewhere() -> None:
 def test_bucket_and_validation_specs_reshape_every_input() -> None:
     spec = SWIGLU_BACKWARD.spec((2, 40, 3000), "float16")
     shapes = [[t.shape for t in s.inputs] for s in SWIGLU_BACKWARD.validation_specs(spec)]
-    assert shapes == [[(2, 40, 3000)] * 3, [(1, 3000)] * 3, [(7, 3000)] * 3, [(67, 3000)] * 3]
+    rows = tail_rows(80, SWIGLU_BACKWARD.forward.row_block)
+    assert shapes == [[(2, 40, 3000)] * 3] + [[(r, 3000)] * 3 for r in rows]
     concat = GEGLU_BACKWARD.spec((2, 40, 3000), "float16", layout="concat", approximate="none")
     vspecs = GEGLU_BACKWARD.validation_specs(concat)
-    assert [[t.shape for t in s.inputs] for s in vspecs] == [
-        [(2, 40, 3000), (2, 40, 6000)],
-        [(1, 3000), (1, 6000)],
-        [(7, 3000), (7, 6000)],
-        [(67, 3000), (67, 6000)],
+    assert [[t.shape for t in s.inputs] for s in vspecs] == [[(2, 40, 3000), (2, 40, 6000)]] + [
+        [(r, 3000), (r, 6000)] for r in rows
     ]
     for s in vspecs:
         assert s.op == "geglu_backward" and dict(s.constants) == {"layout": "concat", "approximate": "none"}

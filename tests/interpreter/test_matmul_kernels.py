@@ -241,8 +241,9 @@ def test_one_config_of_each_variant_passes_the_harness(epilogue: str, dtype: str
     spec = OP.spec((20, 40, 72), dtype, epilogue=epilogue)
     for variant in OP.variants:
         config = variant.space(spec).configs()[-1]
-        # the target on every distribution, three tails (1, 7 and 19 rows) on one each, two runs apiece
-        assert validate(OP, spec, variant.build, config, device, lambda: None) == 2 * (len(OP.distributions) + 3)
+        # the target on every distribution of the family, three tails (1, 7 and 19 rows) on one
+        # each (the stress data first; more where the data is blind), two runs apiece
+        assert validate(OP, spec, variant.build, config, device, lambda: None) >= 2 * (len(OP.distributions) + 3)
 
 
 def test_validation_specs_and_buckets() -> None:

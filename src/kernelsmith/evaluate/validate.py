@@ -372,7 +372,9 @@ def _canary_problem(
         return None
     canaries = {
         "zeros": torch.zeros_like(lowp),
-        "constant": torch.full_like(lowp, float(finite.mean())),
+        # (made in float64 and rounded: a mean past the dtype's range, spikes times a weight in
+        # float16, is an infinity there, not an error)
+        "constant": torch.full_like(lowp, float(finite.mean()), dtype=torch.float64).to(lowp.dtype),
     }
     if inputs and inputs[0].shape == lowp.shape:
         canaries["identity"] = inputs[0].to(lowp.dtype)

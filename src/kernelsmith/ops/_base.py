@@ -272,9 +272,11 @@ def stress_(t: torch.Tensor, distribution: str, g: torch.Generator) -> None:
     - ``spikes``: one or two elements per row of magnitude 1e3 to 3e4 (log-uniform, either
       sign), so that a row's max, sum of squares or logits are dominated by one value;
     - ``nonfinite``: one element in three rows of four becomes NaN, +Inf or -Inf in turn (the
-      fourth stays finite, so that rows next to a poisoned one are checked too);
+      fourth stays finite, so that rows next to a poisoned one are checked too); a tensor of
+      fewer than four rows gets all three in every row;
     - ``denormal``: every element near the dtype's smallest normal (a factor of 8 either way, so
-      about half are subnormal), which a kernel flushing denormals gets wrong.
+      about half are subnormal), which a kernel flushing denormals gets wrong (bfloat16 in the
+      Triton interpreter excepted: see below).
     """
     if not t.is_floating_point() or t.numel() == 0:
         return
@@ -289,18 +291,24 @@ def stress_(t: torch.Tensor, distribution: str, g: torch.Generator) -> None:
         sign = torch.randint(0, 2, (n, k), generator=g).to(torch.float64) * 2 - 1
         values.scatter_(1, cols, magnitude * sign)
     elif distribution == "nonfinite":
-        offset = int(torch.randint(0, 4, (1,), generator=g))
-        cols = torch.randint(0, width, (n,), generator=g)
         specials = torch.tensor([math.nan, math.inf, -math.inf], dtype=torch.float64)
-        kinds = (torch.arange(n) + offset) % 4
-        hit = kinds < 3
-        values[torch.arange(n)[hit], cols[hit]] = specials[kinds[hit]]
+        if n >= 4:  # any four rows in a row hold one of each, and a finite one
+            offset = int(torch.randint(0, 4, (1,), generator=g))
+            cols = torch.randint(0, width, (n,), generator=g)
+            kinds = (torch.arange(n) + offset) % 4
+            hit = kinds < 3
+            values[torch.arange(n)[hit], cols[hit]] = specials[kinds[hit]]
+        else:  # too few rows for that: each row holds all three (as many as fit)
+            for r in range(n):
+                cols = torch.randperm(width, generator=g)[:3]
+                values[r, cols] = specials[: len(cols)]
     elif distribution == "denormal":
         tiny = torch.finfo(t.dtype).tiny
-        # The Triton interpreter converts bfloat16 subnormals wrongly (to about twice their
-        # value): there, bfloat16 gets the normal half only, down to the smallest normal.
-        low = 0.0 if t.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1" else -3.0
-        exponent = low + torch.rand(n, width, generator=g, dtype=torch.float64) * (3.0 - low)
+        # The Triton interpreter converts bfloat16 subnormals wrongly, loading and storing (by a
+        # factor of about 2): there, bfloat16 values start 2^10 above the smallest normal, so
+        # that neither they nor a kernel's results (a mean, x / 2) are subnormal.
+        low = 10.0 if t.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1" else -3.0
+        exponent = low + torch.rand(n, width, generator=g, dtype=torch.float64) * 6
         sign = torch.randint(0, 2, (n, width), generator=g).to(torch.float64) * 2 - 1
         values = sign * tiny * torch.pow(2.0, exponent)
     else:

@@ -550,6 +550,10 @@ class _CrossEntropyGradient(OpFamily):
     def _logits_spec(self, spec: OpSpec) -> TensorSpec:
         return spec.inputs[-2]
 
+    def stressed_inputs(self, spec: OpSpec) -> tuple[int, ...]:
+        """The stress data goes into the logits (second to last), not the upstream gradient."""
+        return (len(spec.inputs) - 2,)
+
 
 class CrossEntropyBackward(_CrossEntropyGradient):
     name = BACKWARD_NAME
