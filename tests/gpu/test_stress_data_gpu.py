@@ -1,0 +1,32 @@
+"""The stress data of validation (spikes, NaN/Inf, denormals, row-count residues) on the GPU.
+
+In the interpreter every built-in kernel passes it (tests/test_validate_stress_data.py and the
+families' harness tests); on the GPU, Triton's libdevice math flushes denormals (its default
+``enable_reflect_ftz``) and ``tl.max`` ignores NaN, so this checks that the honest kernels still
+pass the whole validation there, with one config of every variant of every family.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernelsmith.evaluate.validate import validate
+from kernelsmith.ops import get_op, op_names
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = {"attention": (1, 2, 19, 16), "rope": (1, 2, 9, 16), "matmul": (13, 24, 40), "decode_matmul": (3, 24, 40)}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("name", op_names())
+def test_every_variant_passes_the_stress_data_on_the_gpu(name: str, dtype: str) -> None:
+    op = get_op(name)
+    if dtype not in op.dtypes:
+        pytest.skip(f"{name} has no {dtype} kernels")
+    spec = op.spec(SHAPES.get(name, (13, 40)), dtype)
+    for variant in op.variants:
+        configs = variant.space(spec).configs()
+        if configs:
+            assert validate(op, spec, variant.build, configs[-1], "cuda", torch.cuda.synchronize) > 0
