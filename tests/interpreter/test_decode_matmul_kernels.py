@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -154,6 +158,36 @@ def test_the_validity_spaces_offer_every_choice() -> None:
             assert set(param.choices) == values[param.name], (variant, param.name)
 
 
+def real_compiler_cases() -> list[tuple[DecodeMatmul, str, OpSpec, Config]]:
+    """The cases real_compiler.py lowers: every variant's plan above, and on each of its test specs
+    the smallest and the largest blocks of the CUDA-core and of the tensor-core configs."""
+    cases = []
+    for variant in VARIANTS:
+        specs = specs_for(variant)
+        cases += [(OP, variant, spec, config) for spec, config in plan(variant, specs)]
+        for spec in specs:
+            configs = validity_space(variant, spec).configs()
+            for dot in (False, True):
+                sized = sorted((c for c in configs if (c["BLOCK_M"] >= 16) == dot),
+                               key=lambda c: (c["BLOCK_M"] * c["BLOCK_N"] * c["BLOCK_K"], c.key))  # fmt: skip
+                ends = {c.key: c for c in sized[:1] + sized[-1:]}  # (none on the tensor cores where N < 16)
+                cases += [(OP, variant, spec, c) for c in ends.values()]
+    return cases
+
+
+def test_every_config_class_compiles_under_the_real_triton_compiler() -> None:
+    """The interpreter accepts kernels the compiler rejects (numpy broadcasting; it stops at a
+    return inside an ``if`` on a constexpr, the compiler compiles on past it): the kernels of each
+    variant's config classes are lowered to Triton IR by the installed Triton's real front end, in
+    a process without the interpreter. A GPU is not needed for that."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    helper = Path(__file__).with_name("real_compiler.py")
+    done = subprocess.run([sys.executable, str(helper), "test_decode_matmul_kernels:real_compiler_cases"],
+                          env=env, capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-6000:]
+    assert "lowered" in done.stdout and ", 0 failed" in done.stdout, done.stdout
+
+
 # ---- split-K: the order of the sum -----------------------------------------------------------------
 
 
@@ -201,8 +235,9 @@ def test_one_config_of_each_variant_passes_the_harness(epilogue: str, dtype: str
     spec = OP.spec((5, 24, 72), dtype, epilogue=epilogue)
     for variant in OP.variants:
         config = min(variant.space(spec).configs(), key=lambda c: interpreter_cost(spec, c))
-        # the target on every distribution, two tails (1 and 4 rows) on one each, two runs apiece
-        assert validate(OP, spec, variant.build, config, device, lambda: None) == 2 * (len(OP.distributions) + 2)
+        # the target on every distribution, two tails (1 and 4 rows) on at least one each (more when
+        # the first cannot tell the canaries apart: the data is fresh every time), two runs apiece
+        assert validate(OP, spec, variant.build, config, device, lambda: None) >= 2 * (len(OP.distributions) + 2)
 
 
 # ---- specs and spaces ----------------------------------------------------------------------------

@@ -37,7 +37,7 @@ def _widest(op, spec: OpSpec, **fixed: object) -> Config:
 def _run(op, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
     """Launch into NaN-filled outputs; the inputs must come back untouched."""
     before = [t.clone() for t in inputs]
-    outs = [torch.full(o.shape, math.nan, dtype=o.torch_dtype) for o in op.output_specs(spec)]
+    outs = [torch.full(o.shape, math.nan, dtype=o.torch_dtype, device=inputs[0].device) for o in op.output_specs(spec)]
     op.variants[0].build(spec, config)(inputs, outs)
     for t, b in zip(inputs, before, strict=True):
         assert torch.equal(t, b), "an input was modified"
@@ -70,9 +70,9 @@ def _spec(op, case) -> OpSpec:
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_forward_matches_float64(case) -> None:
+def test_forward_matches_float64(case, device: str) -> None:
     spec = _spec(FORWARD, case)
-    inputs = FORWARD.make_inputs(spec, seed=5, distribution=case[4], device="cpu")
+    inputs = FORWARD.make_inputs(spec, seed=5, distribution=case[4], device=device)
     splits = max(s for s in (1, 2, 4) if s * 32 <= max(32, 1 << (case[2] - 1).bit_length()))
     config = _widest(FORWARD, spec, SPLITS=splits)
     _assert_correct(FORWARD, spec, _run(FORWARD, spec, config, inputs), inputs, f"{config.key} {spec.describe()}")
@@ -81,27 +81,27 @@ def test_forward_matches_float64(case) -> None:
 @pytest.mark.filterwarnings("error::RuntimeWarning")
 @pytest.mark.parametrize("op", [BACKWARD, FUSED], ids=lambda op: op.name)
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_gradients_match_float64(op, case) -> None:
+def test_gradients_match_float64(op, case, device: str) -> None:
     """17 tokens run as chunks of 16 (a ragged last chunk of 1); 1 and 3 tokens as one chunk of
     16, larger than the token count."""
     spec = _spec(op, case)
-    inputs = op.make_inputs(spec, seed=7, distribution=case[4], device="cpu")
+    inputs = op.make_inputs(spec, seed=7, distribution=case[4], device=device)
     config = _widest(op, spec, CHUNK=16)
     _assert_correct(op, spec, _run(op, spec, config, inputs), inputs, f"{config.key} {spec.describe()}")
 
 
-def test_dw_accumulated_in_the_output_dtype_is_right_too() -> None:
+def test_dw_accumulated_in_the_output_dtype_is_right_too(device: str) -> None:
     spec = BACKWARD.spec((40, 16, 100), "bfloat16", reduction="mean", bias=True)
-    inputs = BACKWARD.make_inputs(spec, seed=3, device="cpu")
+    inputs = BACKWARD.make_inputs(spec, seed=3, device=device)
     config = _widest(BACKWARD, spec, CHUNK=16, DW_ACC="output")
     _assert_correct(BACKWARD, spec, _run(BACKWARD, spec, config, inputs), inputs, config.key)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_every_target_ignored(reduction: str) -> None:
+def test_every_target_ignored(reduction: str, device: str) -> None:
     """torch: "mean" over no counted token is NaN, "sum" 0, "none" zeros; gradients all zero."""
     spec = FUSED.spec((5, 8, 7), "float32", reduction=reduction, bias=True)
-    hidden, weight, target, bias = FUSED.make_inputs(spec, seed=1, device="cpu")
+    hidden, weight, target, bias = FUSED.make_inputs(spec, seed=1, device=device)
     target = torch.full_like(target, -100)
     inputs = (hidden, weight, target, bias)
     loss, dh, dw, db = _run(FUSED, spec, _widest(FUSED, spec), inputs)
@@ -112,14 +112,14 @@ def test_every_target_ignored(reduction: str) -> None:
     assert torch.equal(forward_loss.isnan(), expected.isnan())
 
 
-def test_out_of_range_targets_raise_at_the_front_door_and_are_nan_in_the_kernel() -> None:
+def test_out_of_range_targets_raise_at_the_front_door_and_are_nan_in_the_kernel(device: str) -> None:
     spec = FORWARD.spec((4, 8, 7), "float32", reduction="none")
-    hidden, weight, _ = FORWARD.make_inputs(spec, seed=2, device="cpu")
-    bad = torch.tensor([0, 7, -1, -100])
+    hidden, weight, _ = FORWARD.make_inputs(spec, seed=2, device=device)
+    bad = torch.tensor([0, 7, -1, -100], device=device)
     with pytest.raises(IndexError, match="out of bounds"):
         FORWARD.spec_for(hidden, weight, bad, reduction="none")
-    with pytest.raises(IndexError):
-        FORWARD.reference(spec, (hidden, weight, bad))
+    with pytest.raises(IndexError):  # on the CPU: on a GPU torch's bounds check is a device-side assert
+        FORWARD.reference(spec, (hidden.cpu(), weight.cpu(), bad.cpu()))
     (loss,) = _run(FORWARD, spec, _widest(FORWARD, spec), (hidden, weight, bad))
     assert math.isnan(float(loss[1])) and math.isnan(float(loss[2])) and float(loss[3]) == 0.0
     want = F.cross_entropy(F.linear(hidden.double(), weight.double())[:1], bad[:1], reduction="none")
@@ -138,7 +138,7 @@ def test_specs_describe_the_inputs_and_outputs() -> None:
 
 
 @pytest.mark.parametrize("op", [FORWARD, FUSED, BACKWARD], ids=lambda op: op.name)
-def test_the_harness_accepts_each_family(op) -> None:
+def test_the_harness_accepts_each_family(op, device: str) -> None:
     """The real harness: tails, every distribution, stress data, canaries, two runs bit for bit.
 
     The gradient families run in float16: the interpreter rounds float32 subnormals to bfloat16
@@ -147,5 +147,5 @@ def test_the_harness_accepts_each_family(op) -> None:
     dtype = "bfloat16" if op is FORWARD else "float16"
     spec = op.spec((9, 16, 40), dtype, reduction="mean", label_smoothing=0.1, bias=op is not FORWARD)
     fixed = {} if op is FORWARD else {"CHUNK": 16}
-    runs = validate(op, spec, op.variants[0].build, _widest(op, spec, **fixed), "cpu", lambda: None)
+    runs = validate(op, spec, op.variants[0].build, _widest(op, spec, **fixed), device, lambda: None)
     assert runs >= 2 * len(op.distributions)

@@ -182,10 +182,16 @@ def _block_product(
 def _multiply_add(a, b, acc, DOT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     """acc + the products of x block ``a`` [BLOCK_M, BLOCK_K] and weight block ``b`` [BLOCK_N,
     BLOCK_K]: ``a @ b.T`` on the tensor cores (DOT), or every product a[m, k] * b[n, k] added to
-    its own float32 partial sum (acc is then [BLOCK_M, BLOCK_N, BLOCK_K])."""
+    its own float32 partial sum (acc is then [BLOCK_M, BLOCK_N, BLOCK_K]).
+
+    One return, after the branches: Triton's compiler does not stop at a ``return`` inside an
+    ``if`` on a constexpr, it goes on to compile what follows (the interpreter, plain Python,
+    does stop), so an early return would compile the CUDA-core sum against the dot's 2-D acc."""
     if DOT:
-        return _dot(a, tl.trans(b), acc, IEEE, UPCAST)
-    return acc + a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]
+        acc = _dot(a, tl.trans(b), acc, IEEE, UPCAST)
+    else:
+        acc = acc + a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]
+    return acc
 
 
 @triton.jit
