@@ -12,12 +12,14 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import Rejected, validate
 from kernelsmith.ops import UnsupportedWorkload
 from kernelsmith.ops._base import tail_rows
-from kernelsmith.ops.add_rmsnorm import MAX_WHOLE_ROW, OP, AddRMSNorm
+from kernelsmith.ops.add_rmsnorm import MAX_WHOLE_ROW, OP, AddRMSNorm, _to_storage
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
 from kernelsmith.testing.kernels import assert_guarded_outputs, covering_configs
@@ -162,6 +164,29 @@ def test_y_is_the_norm_of_the_rounded_h(variant: str, device: str) -> None:
     matches_unrounded = float((y == from_unrounded).float().mean())
     assert matches_rounded > 0.995, matches_rounded
     assert matches_unrounded < matches_rounded - differ / 2
+
+
+@triton.jit
+def _to_storage_kernel(v_ptr, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, _to_storage(tl.load(v_ptr + offs), out_ptr))
+
+
+def test_the_hand_rounding_to_bfloat16_keeps_every_nan(device: str) -> None:
+    """An NVIDIA GPU's arithmetic NaN (0x7FFFFFFF: NaN + x, Inf - Inf, Inf * 0) once rounded to
+    -0.0, so rows holding a NaN or an Inf came out finite on the GPU (the stress data's nonfinite
+    rows); the interpreter's own NaNs never showed it. Every NaN pattern stays NaN; infinities and
+    finite values round to nearest-even as before."""
+    patterns = [0x7FFFFFFF, 0xFFFFFFFF, 0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FBFFFFF,  # NaNs
+                0x7F800000, 0xFF800000, 0x3F808000, 0x3F818000, 0x3F80C000, 0x00000000,
+                0x7F7FFFFF, 0x80000001, 0x3F800000, 0x40490FDB]  # +-Inf, ties, overflow, ...
+    bits = torch.tensor([p - (1 << 32) if p >= 1 << 31 else p for p in patterns], dtype=torch.int32)
+    values = bits.view(torch.float32).to(device)
+    out = torch.empty(len(patterns), dtype=torch.bfloat16, device=device)
+    _to_storage_kernel[(1,)](values, out, BLOCK=len(patterns))
+    nan = values.isnan()
+    assert bool(out[nan].isnan().all()), out
+    assert torch.equal(out[~nan], values[~nan].to(torch.bfloat16)), out  # PyTorch rounds to nearest-even
 
 
 # ---- the harness ----------------------------------------------------------------------------

@@ -145,13 +145,19 @@ def _to_storage(v, ptr):
 
     bfloat16 keeps the top 16 bits of a float32: adding 0x7FFF plus the lowest kept bit and
     clearing the low half rounds to nearest, ties to even (the interpreter's own conversion
-    truncates). Infinities are unchanged; finite values round as IEEE does. float16 and float32
-    need nothing: the conversion itself rounds correctly on every backend.
+    truncates). Infinities are unchanged; finite values round as IEEE does. A NaN stays NaN,
+    with its quiet bit set (so that the interpreter's truncating conversion keeps it a NaN): the
+    carry of that addition would run through a NaN's mantissa into its exponent and sign, and an
+    NVIDIA GPU's arithmetic NaN is 0x7FFFFFFF, which it turned into -0.0 (a row holding a NaN or
+    an Inf came out finite). The interpreter's NaNs (x86's 0xFFC00000, or an input's payload)
+    survive the carry, so only the GPU showed it. float16 and float32 need nothing: the
+    conversion itself rounds correctly on every backend.
     """
     if ptr.dtype.element_ty == tl.bfloat16:
         bits = v.to(tl.uint32, bitcast=True)
-        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
-        v = bits.to(tl.float32, bitcast=True)
+        rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+        is_nan = (bits & 0x7FFFFFFF) > 0x7F800000  # on the bits: no float compare to optimise away
+        v = tl.where(is_nan, bits | 0x00400000, rounded).to(tl.float32, bitcast=True)
     return v.to(ptr.dtype.element_ty)
 
 

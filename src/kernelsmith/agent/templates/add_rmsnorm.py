@@ -9,7 +9,7 @@ store, so the rounding is part of the op.
 ``_to_storage`` rounds float32 to bfloat16 to nearest-even by hand (integer operations on the
 bits) before converting: a GPU's conversion already does that, but the Triton interpreter's
 truncates, and the harness checks ``h`` bit for bit against ``residual + x`` as PyTorch computes
-it. float16 and float32 need nothing.
+it. NaN is left alone by the rounding (see ``_to_storage``). float16 and float32 need nothing.
 """
 
 import triton
@@ -23,8 +23,11 @@ MAX_VALUES_PER_THREAD = 128  # beyond this a thread's registers spill
 def _to_storage(v, ptr):
     if ptr.dtype.element_ty == tl.bfloat16:
         bits = v.to(tl.uint32, bitcast=True)
-        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
-        v = bits.to(tl.float32, bitcast=True)
+        rounded = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+        # A NaN stays NaN, quieted (truncation keeps it): the carry would run through its
+        # mantissa (the GPU's NaN is 0x7FFFFFFF, which rounds to -0.0: a NaN row turns finite).
+        is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+        v = tl.where(is_nan, bits | 0x00400000, rounded).to(tl.float32, bitcast=True)
     return v.to(ptr.dtype.element_ty)
 
 
