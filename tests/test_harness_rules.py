@@ -44,7 +44,7 @@ from kernelsmith.ops._base import Launcher
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
 from kernelsmith.testing.bad_kernels import HOST_MODULES, KERNEL_FILES, NAMES, source
-from kernelsmith.testing.harness import evaluate_launcher
+from kernelsmith.testing.harness import caches_by_address, evaluate_launcher
 
 # Small shapes: the interpreter is slow. The softmax width is not a power of two (the masks of
 # a correct kernel are exercised), and wide enough that the "large" distribution overflows exp
@@ -448,40 +448,14 @@ def test_rule10_rebinding_a_global_of_a_harness_module_is_tampering(monkeypatch:
     assert "kernelsmith.evaluate.validate.errors" in str(caught.value)
 
 
-# Validation calls the target's launcher 16 times (a run and a rule-9 rerun per distribution,
-# and more on the target shape); timing with these settings calls it about 48 times.
-VALIDATION_CALLS = 20
+# Timing with these settings calls the launcher about 48 times.
 LONG_TIMING = TimingSettings(warmup_ms=0.0, rounds=48, input_sets=2, flush_l2=False)
 
 
-def _caches_by_data_ptr(spec: OpSpec, config: Config) -> Launcher:
-    """Rule 5: once past validation's number of calls, the first call for an input address
-    computes and later calls copy the cached answer (validation, which also refills inputs in
-    place, never sees the cache: it is a timing-phase attack)."""
-    launcher = honest(spec)
-    copy = parse_kernel_file(source("writes_identity")).build(spec, CONFIG)  # out0 = in0
-    cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-    calls = [0]
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        calls[0] += 1
-        if calls[0] <= VALIDATION_CALLS:
-            launcher(inputs, outputs)
-            return
-        x, w = inputs
-        key = (x.data_ptr(), w.data_ptr())
-        if key not in cache:
-            result = torch.empty_like(outputs[0])
-            launcher(inputs, [result])
-            cache[key] = (x, w, result)
-        copy([cache[key][2], w], outputs)
-
-    return launch
-
-
 def test_rule5_a_cache_by_address_passes_validation_and_fails_while_timing() -> None:
-    """Only the in-place refill of the timing inputs, halfway through, exposes the cache."""
-    result = evaluate_launcher(RMSNORM, _caches_by_data_ptr, timing=LONG_TIMING)
+    """Only the in-place refill of the timing inputs, halfway through, exposes the cache (which
+    engages once validation is over, however many calls that took)."""
+    result = evaluate_launcher(RMSNORM, caches_by_address(CONFIG), timing=LONG_TIMING)
     assert result.status == "cheat", result.error
     assert "outputs written while timing are wrong" in result.error
 

@@ -332,22 +332,30 @@ def _rerun_problem(
     first: torch.Tensor, second: torch.Tensor, fills: tuple[Prefill, Prefill]
 ) -> str | None:
     """Rule 9 (and 1): None when two runs on differently pre-filled buffers agree bit for bit,
-    else what differs: elements never written (they still hold a known pre-fill), or a race or a
-    read of the buffer's old contents."""
+    else what differs: elements never written, or a race or a read of the buffer's old contents.
+
+    An element never written holds its pre-fill in *every* run whose pre-fill is known (one run
+    is always random values); a written one can equal the random pre-fill by chance (a few in a
+    million bfloat16 elements). So "never written" is said only when every differing element
+    holds the pre-fills: a kernel that writes everything but mixes in what the buffer held
+    (rules 9 and 12) differs in written elements too, and is named for that.
+    """
     differ = _bits(first) != _bits(second)
     if not bool(differ.any()):
         return None
-    held = torch.zeros_like(differ)
+    held = torch.ones_like(differ)
     for out, fill in zip((first, second), fills, strict=True):
         values = fill.values(out.shape, out.dtype, out.device)
         if values is not None:
-            held |= _bits(out) == _bits(values)
+            held &= _bits(out) == _bits(values)
+    differing = int(differ.sum())
     never_written = int((held & differ).sum())
-    if never_written:
+    if never_written == differing:
         return f"{never_written} elements were never written (they still hold the harness's pre-fill)"
     return (
         f"two runs on outputs pre-filled with {fills[0].describe()} and {fills[1].describe()} differ "
-        f"bit for bit in {int(differ.sum())} elements: the kernel reads uninitialized memory or races"
+        f"bit for bit in {differing} elements: the kernel reads uninitialized memory or races"
+        + (f" ({never_written} of them still hold the pre-fills: never written)" if never_written else "")
     )
 
 

@@ -11,8 +11,11 @@ family's built-in variants. Never point this at text from outside the package.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+
+import torch
 
 from kernelsmith.evaluate.protocol import Candidate, EvalRequest, EvalResult, TimingSettings
 from kernelsmith.ops import get_op
@@ -49,3 +52,57 @@ def evaluate_launcher(
         reply = Worker().handle(request)
     (result,) = reply.results
     return result  # type: ignore[no-any-return]
+
+
+def in_validation() -> bool:
+    """Whether the caller runs inside the worker's validation (its compile step or ``validate``).
+
+    For launchers that cheat only after validation, to show the timing phase's own checks
+    (rule 5's refill) catch them: they count on the run itself rather than on a number of
+    validation calls, which changes with the validation data (and differs between the GPU,
+    which launches once per shape to compile first, and the interpreter).
+    """
+    from kernelsmith.evaluate.validate import validate
+    from kernelsmith.evaluate.worker import _compile
+
+    codes = {validate.__code__, _compile.__code__}
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def caches_by_address(config: Config) -> Callable[[OpSpec, Config], Launcher]:
+    """A build for :func:`evaluate_launcher`: RMSNorm that, once validation is over, computes
+    only the first call for each pair of input addresses and copies that answer on later calls.
+
+    Rule 5's attack under timing (for the interpreter and under CUDA events alike): validation
+    sees an honest kernel, so only the timing phase's in-place refill of its inputs, halfway
+    through, can expose it. The kernels are the planted kernel files ``correct_rmsnorm`` and
+    ``writes_identity`` (``out0 = in0``), at ``config``.
+    """
+    from kernelsmith.evaluate.kernel_file import parse_kernel_file
+    from kernelsmith.testing.bad_kernels import source
+
+    def build(spec: OpSpec, _: Config) -> Launcher:
+        launcher = parse_kernel_file(source("correct_rmsnorm")).build(spec, config)
+        copy = parse_kernel_file(source("writes_identity")).build(spec, config)
+        cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+        def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+            if in_validation():
+                launcher(inputs, outputs)
+                return
+            x, w = inputs
+            key = (x.data_ptr(), w.data_ptr())
+            if key not in cache:  # (x and w are kept, so that their addresses stay theirs)
+                result = torch.empty_like(outputs[0])
+                launcher(inputs, [result])
+                cache[key] = (x, w, result)
+            copy([cache[key][2], w], outputs)
+
+        return launch
+
+    return build
