@@ -205,6 +205,11 @@ BUILTIN_SHAPES: dict[str, list[tuple[int, ...]]] = {
     "cross_entropy_backward": [(512, 32000), (3, 50257)],
     "attention": [(2, 8, 512, 128), (1, 3, 17, 64)],  # B x H x S x D
     "matmul": [(1024, 1024, 512), (17, 1000, 129)],  # M x N x K
+    "decode_matmul": [(1, 4096, 4096), (5, 1000, 129)],  # M x N x K, M <= 64
+    # tokens x hidden x vocabulary
+    "linear_cross_entropy": [(256, 512, 8192), (17, 80, 1001)],
+    "linear_cross_entropy_backward": [(256, 512, 8192), (17, 80, 1001)],
+    "linear_cross_entropy_fused": [(256, 512, 8192), (17, 80, 1001)],
 }
 DEFAULT_SHAPES = [(4096, 4096), (1, 4097)]
 BUILTIN_CASES = [

@@ -16,7 +16,16 @@ from kernelsmith.ops import get_op, op_names
 
 pytestmark = pytest.mark.gpu
 
-SHAPES = {"attention": (1, 2, 19, 16), "rope": (1, 2, 9, 16), "matmul": (13, 24, 40), "decode_matmul": (3, 24, 40)}
+# Each family in its own --shape terms; the default is rows x columns.
+SHAPES = {
+    "attention": (1, 2, 19, 16),  # B x H x S x D
+    "rope": (1, 2, 9, 16),
+    "matmul": (13, 24, 40),  # M x N x K
+    "decode_matmul": (3, 24, 40),
+    "linear_cross_entropy": (13, 40, 100),  # tokens x hidden x vocabulary
+    "linear_cross_entropy_backward": (13, 40, 100),
+    "linear_cross_entropy_fused": (13, 40, 100),
+}
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
