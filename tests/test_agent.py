@@ -421,6 +421,10 @@ def test_build_runner_serves_a_stored_kernel_file(db: str) -> None:
 
 
 def test_build_runner_refuses_missing_edited_or_gate_failing_sources(db: str) -> None:
+    """build_runner checks trust before it reads the text: an edited source has lost its trust
+    (the token signs the hash, the text no longer hashes to it), so it is refused as untrusted, and
+    the loader, reached directly, refuses it for its hash; a trusted (local) source that fails the
+    kernel-file gate reaches the gate and is refused there."""
     family = get_op("rmsnorm")
     with pytest.raises(LookupError, match="no stored source"):
         dispatch.build_runner(family, RMSNORM, _decision("0" * 16), db=db)
@@ -430,7 +434,9 @@ def test_build_runner_refuses_missing_edited_or_gate_failing_sources(db: str) ->
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE variant_sources SET source = ? WHERE source_hash = ?", (TORCH_COMPUTE, edited))
     conn.close()
-    with pytest.raises(LookupError, match="does not match its hash"):
+    with pytest.raises(LookupError, match=f"kernel source {edited} .* is not trusted"):
         dispatch.build_runner(family, RMSNORM, _decision(edited), db=db)
+    with pytest.raises(LookupError, match="does not match its hash"):
+        dispatch.load_stored_source(family.name, edited, db=db)
     with pytest.raises(LookupError, match="not a valid kernel file"):
         dispatch.build_runner(family, RMSNORM, _decision(cheat), db=db)
