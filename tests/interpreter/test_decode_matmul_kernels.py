@@ -36,6 +36,7 @@ from kernelsmith.ops.decode_matmul import (
 )
 from kernelsmith.space import Config, Space
 from kernelsmith.spec import OpSpec
+from kernelsmith.testing.validation_runs import validation_runs
 
 VARIANTS = ("gemv", "split_k", "persistent")
 DTYPES = ("bfloat16", "float16", "float32")
@@ -175,6 +176,7 @@ def real_compiler_cases() -> list[tuple[DecodeMatmul, str, OpSpec, Config]]:
     return cases
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU every other test here compiles for real")
 def test_every_config_class_compiles_under_the_real_triton_compiler() -> None:
     """The interpreter accepts kernels the compiler rejects (numpy broadcasting; it stops at a
     return inside an ``if`` on a constexpr, the compiler compiles on past it): the kernels of each
@@ -235,9 +237,9 @@ def test_one_config_of_each_variant_passes_the_harness(epilogue: str, dtype: str
     spec = OP.spec((5, 24, 72), dtype, epilogue=epilogue)
     for variant in OP.variants:
         config = min(variant.space(spec).configs(), key=lambda c: interpreter_cost(spec, c))
-        # the target on every distribution, two tails (1 and 4 rows) on at least one each (more when
-        # the first cannot tell the canaries apart: the data is fresh every time), two runs apiece
-        assert validate(OP, spec, variant.build, config, device, lambda: None) >= 2 * (len(OP.distributions) + 2)
+        # the target on every distribution (the family's own, and the stress data its two tails, 1
+        # and 4 rows, do not take), each tail on one, two runs apiece
+        assert {validate(OP, spec, variant.build, config, device, lambda: None)} == validation_runs(OP, spec)
 
 
 # ---- specs and spaces ----------------------------------------------------------------------------
