@@ -21,6 +21,7 @@ from kernelsmith.ops._base import Variant, tail_rows
 from kernelsmith.ops.gelu import GELU, GELU_TANH, ODD_TAIL, Gelu, GeluTanh, _Gelu
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
+from kernelsmith.testing.validation_runs import validation_runs
 
 FAMILIES = {"gelu": GELU, "gelu_tanh": GELU_TANH}
 DTYPES = ("float16", "bfloat16", "float32")
@@ -157,10 +158,11 @@ def test_one_config_of_each_variant_passes_the_harness(family: str, device: str)
     spec = op.spec((5, 200), "bfloat16")
     for variant in op.variants:
         config = variant.space(spec).configs()[-1]  # the largest blocks
-        # the target on every distribution of the family, each tail on one (or more where the data
-        # is blind), two runs apiece
-        tails = len(op.validation_specs(spec)) - 1
-        assert validate(op, spec, variant.build, config, device, lambda: None) >= 2 * (len(op.distributions) + tails)
+        # the target on every distribution of the family, each tail on one, two runs apiece; the
+        # tail drawing spikes also draws the next when a spike is positive (gelu(x) is then about
+        # x where x dominates the row, so the identity canary passes: blind)
+        runs = validate(op, spec, variant.build, config, device, lambda: None)
+        assert runs in validation_runs(op, spec, maybe_blind=("spikes",)), (variant.name, runs)
 
 
 def test_validation_specs() -> None:

@@ -36,6 +36,7 @@ from kernelsmith.ops.matmul import (
 from kernelsmith.space import Config, Space
 from kernelsmith.spec import OpSpec
 from kernelsmith.testing.kernels import covering_configs
+from kernelsmith.testing.validation_runs import validation_runs
 
 VARIANTS = ("tiled", "persistent", "split_k", "tma")
 LAYOUTS = ("linear", "matmul")
@@ -242,8 +243,11 @@ def test_one_config_of_each_variant_passes_the_harness(epilogue: str, dtype: str
     for variant in OP.variants:
         config = variant.space(spec).configs()[-1]
         # the target on every distribution of the family, three tails (1, 7 and 19 rows) on one
-        # each (the stress data first; more where the data is blind), two runs apiece
-        assert validate(OP, spec, variant.build, config, device, lambda: None) >= 2 * (len(OP.distributions) + 3)
+        # each (the stress data first), two runs apiece; swiglu's float16 product of denormal
+        # data underflows to zero on most draws (blind), and that tail then draws once more
+        maybe_blind = ("denormal",) if (epilogue, dtype) == ("swiglu", "float16") else ()
+        runs = validate(OP, spec, variant.build, config, device, lambda: None)
+        assert runs in validation_runs(OP, spec, maybe_blind), (variant.name, runs)
 
 
 def test_validation_specs_and_buckets() -> None:
