@@ -28,7 +28,9 @@ SHAPES = {
 }
 
 
-# Known gaps, each a case the harness rightly rejects: the test documents them until fixed.
+# Known gaps, each a case the harness rightly rejects: the test documents them until fixed. Not
+# strict: validation draws secret random data, and the H200 run of 2026-12-01 saw this case both
+# fail and pass (the gap shows only when a spike lands where it hurts).
 GAPS = {
     ("layernorm_backward", "float32"): (
         "the built-in kernels' dw on spiky rows (dy and x with elements of 1e3-3e4) is about 10x "
@@ -39,7 +41,7 @@ GAPS = {
 }
 CASES = [
     pytest.param(name, dtype, id=f"{name}-{dtype}",
-                 marks=[pytest.mark.xfail(strict=True, reason=GAPS[name, dtype])] if (name, dtype) in GAPS else [])
+                 marks=[pytest.mark.xfail(strict=False, reason=GAPS[name, dtype])] if (name, dtype) in GAPS else [])
     for name in op_names()
     for dtype in ("float16", "bfloat16", "float32")
 ]
