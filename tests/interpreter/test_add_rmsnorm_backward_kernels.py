@@ -19,6 +19,7 @@ from kernelsmith.ops.rmsnorm_backward import OP as RMSNORM_BACKWARD
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
 from kernelsmith.testing.kernels import assert_guarded_outputs, covering_configs, launch_guarded
+from kernelsmith.testing.validation_runs import validation_runs
 
 DTYPES = ("float16", "bfloat16", "float32")
 WIDTHS = (1, 3, 341, 1000)
@@ -89,7 +90,11 @@ def test_validate_accepts_every_variant(variant: str, device: str) -> None:
     spec = OP.spec((20, 300), "bfloat16")
     v = OP.variant(variant)
     config = v.space(spec).configs()[-1]
-    assert validate(OP, spec, v.build, config, device, lambda: None) > 0
+    # denormal data is blind on every draw, not some: x lies within 2^16 of bfloat16's smallest
+    # normal, so mean(x^2) is nothing beside eps, x / rms is about 1e3 x and dw, dy times that,
+    # rounds to zero; the tail that starts on it always draws the next distribution too
+    runs = validate(OP, spec, v.build, config, device, lambda: None)
+    assert runs == max(validation_runs(OP, spec, maybe_blind=("denormal",)))
 
 
 def test_bfloat16_stores_round_to_nearest(device: str) -> None:
