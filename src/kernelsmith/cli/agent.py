@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
+
+from kernelsmith.cli.common import run_or_exit
 
 agent_app = typer.Typer(
     no_args_is_help=True,
     help="A workspace where a coding agent edits one kernel file against a fixed harness (keep or revert).",
 )
-T = TypeVar("T")
 
 DirOption = Annotated[Path, typer.Option("--dir", help="The workspace folder.")]
 DbOption = Annotated[
@@ -31,22 +30,6 @@ DbOption = Annotated[
 ]
 
 
-@contextmanager
-def _user_errors() -> Iterator[None]:
-    from kernelsmith.agent import WorkspaceError
-    from kernelsmith.db import DatabaseError
-    from kernelsmith.ops import UnsupportedWorkload
-
-    try:
-        yield
-    except (WorkspaceError, ValueError, DatabaseError, UnsupportedWorkload, OSError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-
-
-def _run(fn: Callable[[], T]) -> T:
-    with _user_errors():
-        return fn()
 
 
 def _constants(items: list[str]) -> dict[str, Any]:
@@ -84,7 +67,7 @@ def init(
             full_size=full_size, force=force,
         )  # fmt: skip
 
-    result = _run(create)
+    result = run_or_exit(create)
     for note in result.notes:
         typer.echo(f"note: {note}", err=True)
     typer.echo(f"workspace: {result.path}")
@@ -108,7 +91,7 @@ def bench(
     from kernelsmith.agent import bench_workspace
 
     typer.echo(f"evaluating {directory / 'kernel.py'} (the harness runs it in a worker process)...", err=True)
-    report = _run(lambda: bench_workspace(directory, db=db))
+    report = run_or_exit(lambda: bench_workspace(directory, db=db))
     if as_json:
         print(json.dumps(report.to_dict(), default=str))
         return

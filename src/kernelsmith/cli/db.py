@@ -40,14 +40,14 @@ def db_list(
     db: DbOption = None, op: Annotated[str | None, typer.Option("--op")] = None, as_json: JsonOption = False
 ) -> None:
     """Tuned workloads and their decisions (state: local, or a claim's validation state)."""
-    from kernelsmith.cli.main import _fmt, _run, out
+    from kernelsmith.cli.common import fmt, out, run_or_exit
     from kernelsmith.db import open_database
 
     def load() -> tuple[list[Any], dict[str, Any]]:
         with open_database(db) as database:
             return database.decisions(op=op), {f.hash: f for f in database.fingerprints()}
 
-    decisions, fingerprints = _run(load)
+    decisions, fingerprints = run_or_exit(load)
     if as_json:
         print(json.dumps([d.to_dict() for d in decisions], default=str))
         return
@@ -63,8 +63,8 @@ def db_list(
             inputs,
             d.winner,
             d.variant or "-",
-            _fmt(d.metrics.get("speedup"), 2, "x"),
-            _fmt(d.metrics.get("gbps")),
+            fmt(d.metrics.get("speedup"), 2, "x"),
+            fmt(d.metrics.get("gbps")),
             fp.gpu_name if fp else d.fingerprint,
             d.claim_state,
         )
@@ -82,7 +82,7 @@ def db_show(
     as_json: JsonOption = False,
 ) -> None:
     """One workload: its decisions, every trial (failures included), and speed against search cost."""
-    from kernelsmith.cli.main import UserError, _fmt, _run, out
+    from kernelsmith.cli.common import UserError, fmt, out, run_or_exit
     from kernelsmith.cost import summarize_trials
     from kernelsmith.db import open_database
 
@@ -96,7 +96,7 @@ def db_show(
         stored = {d.fingerprint: d.metrics["cost"] for d in decisions if isinstance(d.metrics.get("cost"), dict)}
         return decisions, trials, summarize_trials(trials, modes, lam=lam, axis=axis, stored_costs=stored)
 
-    decisions, trials, costs = _run(load)
+    decisions, trials, costs = run_or_exit(load)
     if as_json:
         print(
             json.dumps(
@@ -115,7 +115,7 @@ def db_show(
             state = f" ({d.claim_state} claim: {d.validation_error[:120]})"
         out.print(
             f"[bold]{d.op}[/bold] {d.workload} on {d.fingerprint}: winner {d.winner} "
-            f"{d.variant} {d.config} speedup {_fmt(d.metrics.get('speedup'), 3, 'x')}{state}",
+            f"{d.variant} {d.config} speedup {fmt(d.metrics.get('speedup'), 3, 'x')}{state}",
             highlight=False,
         )
     table = Table(title=f"{len(trials)} trials")
@@ -126,8 +126,8 @@ def db_show(
             t.variant,
             t.config_key,
             t.status,
-            _fmt(t.metrics.get("median_us")),
-            _fmt(t.metrics.get("gbps")),
+            fmt(t.metrics.get("median_us")),
+            fmt(t.metrics.get("gbps")),
             t.origin,
             (t.error or "")[:80],
         )
@@ -138,7 +138,7 @@ def db_show(
 
 def _print_cost(c: dict[str, Any]) -> None:
     """The search cost of one fingerprint's trials and the Pareto frontier of speed against it."""
-    from kernelsmith.cli.main import _fmt, out
+    from kernelsmith.cli.common import fmt, out
 
     seconds = c.get("gpu_s", c.get("interpreter_s", 0.0))
     line = (
@@ -159,10 +159,10 @@ def _print_cost(c: dict[str, Any]) -> None:
             str(p["index"]),
             p["variant"],
             ",".join(f"{k}={v}" for k, v in sorted(p["config"].items())),
-            _fmt(p["speedup"], 3, "x"),
+            fmt(p["speedup"], 3, "x"),
             str(p["evaluations"]),
-            _fmt(p["seconds"]),
-            _fmt(p["score"], 3),
+            fmt(p["seconds"]),
+            fmt(p["score"], 3),
             "chosen" if p["index"] == c["chosen"] else "",
         )
     out.print(table)
@@ -177,7 +177,7 @@ def db_export(
     op: Annotated[str | None, typer.Option("--op")] = None,
 ) -> None:
     """Write the database as JSON lines."""
-    from kernelsmith.cli.main import _run
+    from kernelsmith.cli.common import run_or_exit
     from kernelsmith.db import open_database
     from kernelsmith.db.jsonl import export_jsonl
 
@@ -188,7 +188,7 @@ def db_export(
             with open(out_file, "w") as stream:
                 return export_jsonl(database, stream, op=op)
 
-    count = _run(run)
+    count = run_or_exit(run)
     _say(f"exported {count} records")
 
 
@@ -208,7 +208,7 @@ def db_import(
     workers: WorkersOption = None,
 ) -> None:
     """Read JSON lines written by `db export` as claims (duplicates are skipped), and re-validate them."""
-    from kernelsmith.cli.main import _run
+    from kernelsmith.cli.common import run_or_exit
     from kernelsmith.db import open_database
     from kernelsmith.db.claims import describe_source, trust_sources, validate_claims
     from kernelsmith.db.jsonl import import_records, read_jsonl
@@ -246,7 +246,7 @@ def db_import(
                 return
             _print_outcomes(validate_claims(database, pending, retime=retime, budget=budget, workers=workers))
 
-    _run(run)
+    run_or_exit(run)
 
 
 @db_app.command("validate")
@@ -254,7 +254,7 @@ def db_validate(
     db: DbOption = None, retime: RetimeOption = False, budget: BudgetOption = 10, workers: WorkersOption = None
 ) -> None:
     """Re-validate every claim not yet validated here (imported decisions, failed validations)."""
-    from kernelsmith.cli.main import _run
+    from kernelsmith.cli.common import run_or_exit
     from kernelsmith.db import open_database
     from kernelsmith.db.claims import pending_claims, validate_claims
 
@@ -266,7 +266,7 @@ def db_validate(
                 return
             _print_outcomes(validate_claims(database, pending, retime=retime, budget=budget, workers=workers))
 
-    _run(run)
+    run_or_exit(run)
 
 
 @db_app.command("trust")
@@ -284,7 +284,7 @@ def db_trust(
     Each must still pass the kernel-file gate (Triton device code and literal launch data
     only), and every decision naming it is re-validated here before it is served.
     """
-    from kernelsmith.cli.main import UserError, _run
+    from kernelsmith.cli.common import UserError, run_or_exit
     from kernelsmith.db import open_database
     from kernelsmith.db.claims import describe_source, trust_sources
 
@@ -310,18 +310,18 @@ def db_trust(
         _print_outcomes(outcomes)
         return not any(problems.values())
 
-    if not _run(run):
+    if not run_or_exit(run):
         raise typer.Exit(1)
 
 
 @db_app.command("check")
 def db_check(db: DbOption = None, as_json: JsonOption = False) -> None:
     """Check the database file without changing it: integrity, schema version, counts (exit 1 when broken)."""
-    from kernelsmith.cli.main import _run
+    from kernelsmith.cli.common import run_or_exit
     from kernelsmith.db import database_path, repair_hint
     from kernelsmith.db.health import check_database
 
-    report = _run(lambda: check_database(database_path(db)))
+    report = run_or_exit(lambda: check_database(database_path(db)))
     if as_json:
         print(json.dumps(report.to_dict()))
     else:  # plain lines: paths are long, and a wrapped one cannot be copied
@@ -343,7 +343,7 @@ def db_check(db: DbOption = None, as_json: JsonOption = False) -> None:
 @db_app.command("reset")
 def db_reset(db: DbOption = None) -> None:
     """Move the database file aside (to <name>.broken-<timestamp>; nothing is deleted) and start an empty one."""
-    from kernelsmith.cli.main import _run
+    from kernelsmith.cli.common import run_or_exit
     from kernelsmith.db import database_path
     from kernelsmith.db.health import reset_database
 
@@ -351,7 +351,7 @@ def db_reset(db: DbOption = None) -> None:
     if path == ":memory:":
         _say("an in-memory database has nothing to reset")
         return
-    moved = _run(lambda: reset_database(path))
+    moved = run_or_exit(lambda: reset_database(path))
     if moved is None:
         _say(f"no database at {path}; created an empty one")
     else:

@@ -22,7 +22,7 @@ RayAddressOption = Annotated[
 def check_where(devices: str | None, executor: str, ray_address: str | None) -> None:
     """Refuse bad ``--devices``/``--executor``/``--ray-address`` in one line, before any work:
     an unreachable Ray cluster is reported here, not in the middle of a search."""
-    from kernelsmith.cli.main import UserError
+    from kernelsmith.cli.common import UserError
     from kernelsmith.evaluate.executor import ExecutorUnavailable, check_executor
     from kernelsmith.evaluate.pool import parse_devices
 

@@ -73,7 +73,7 @@ def optimize(
     ray_address: RayAddressOption = None,
 ) -> None:
     """Profile a model, tune its top ops (highest expected gain first) within the budget, report."""
-    from kernelsmith.cli.main import UserError, _run, err, out
+    from kernelsmith.cli.common import UserError, err, out, run_or_exit
 
     def prepare() -> tuple[Any, tuple[Any, ...], Any, str]:
         import torch
@@ -101,11 +101,11 @@ def optimize(
         check_where(devices, executor, ray_address)  # an unreachable Ray cluster, say: before profiling
         return module, inputs, plan, loaded.name
 
-    module, inputs, plan, name = _run(prepare)
+    module, inputs, plan, name = run_or_exit(prepare)
     from kernelsmith.frontends.model import optimize_model
 
     with _Bars(err, disabled=as_json) as bars:
-        _, report = _run(
+        _, report = run_or_exit(
             lambda: optimize_model(
                 module, inputs, budget=budget, seconds=seconds, db=db, strategy=strategy, plan=plan, train=train,
                 patience=patience, compare=compare, name=name, progress=bars.update,

@@ -51,7 +51,7 @@ def profile(
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan JSON instead of a table.")] = False,
 ) -> None:
     """Profile a model's forward, attribute its time to op families and shapes, write a ranked plan."""
-    from kernelsmith.cli.main import UserError, _run, err, out
+    from kernelsmith.cli.common import UserError, err, out, run_or_exit
 
     def run() -> Any:
         import torch
@@ -93,7 +93,7 @@ def profile(
         plan.write(out_file)
         return plan
 
-    plan = _run(run)
+    plan = run_or_exit(run)
     if as_json:
         print(json.dumps(plan.to_dict()))
     else:

@@ -27,14 +27,14 @@ def report(
     as_json: Annotated[bool, typer.Option("--json", help="Print the written files and notes as JSON.")] = False,
 ) -> None:
     """Write results.tsv, progress.png, roofline.png and report.md for the tuning results in a database."""
-    from kernelsmith.cli.main import _fmt, _run, err, out
+    from kernelsmith.cli.common import err, fmt, out, run_or_exit
 
     def run() -> Any:
         from kernelsmith.report import write_report
 
         return write_report(db, out_dir, fingerprint=fingerprint, op=op, plots=plots)
 
-    written = _run(run)
+    written = run_or_exit(run)
     data = written.data
     if as_json:
         print(
@@ -62,8 +62,8 @@ def report(
                 w.inputs or w.workload,
                 w.mode,
                 "-" if d is None else (f"{d.winner} {d.variant}" if d.winner == "kernel" else d.winner),
-                _fmt(w.figure("speedup"), 3, "x"),
-                _fmt(w.figure("gbps")),
+                fmt(w.figure("speedup"), 3, "x"),
+                fmt(w.figure("gbps")),
                 str(len(w.rows)),
                 str(sum(w.failures.values())),
             )

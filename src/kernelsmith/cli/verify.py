@@ -77,7 +77,7 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")] = False,
 ) -> None:
     """Check the optimized model against the original on fresh random inputs, and time both."""
-    from kernelsmith.cli.main import UserError, _run, err
+    from kernelsmith.cli.common import UserError, err, run_or_exit
 
     if truth not in ("auto", "fp64", "original"):
         err.print(f"[red]error:[/red] --truth {truth}: use auto, fp64 or original", highlight=False)
@@ -146,7 +146,7 @@ def verify(
             ).to_dict()  # fmt: skip
         return report
 
-    report = _run(run)
+    report = run_or_exit(run)
     if as_json:
         print(json.dumps(report, default=str))
     else:
@@ -198,7 +198,7 @@ def _time(
 def _print(report: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from kernelsmith.cli.main import _fmt, err, out
+    from kernelsmith.cli.common import err, fmt, out
 
     result = report["verify"]
     checks = result["checks"]
@@ -219,7 +219,7 @@ def _print(report: dict[str, Any]) -> None:
                 str(c["seed"]),
                 c["kind"],
                 c["name"],
-                _fmt(c["error"].get("rel_l2"), 3) if "rel_l2" in c["error"] else "-",
+                fmt(c["error"].get("rel_l2"), 3) if "rel_l2" in c["error"] else "-",
                 f"{c['reference_error']['rel_l2']:.3g}" if c["reference_error"] else "-",
                 c["reason"][:100],
             )
@@ -244,7 +244,7 @@ def _print(report: dict[str, Any]) -> None:
                 row["name"],
                 f"{row['median_ms']:,.3f}",
                 f"{row['p10_ms']:,.3f}-{row['p90_ms']:,.3f}",
-                _fmt(row["speedup_vs_eager"], 3, "x"),
+                fmt(row["speedup_vs_eager"], 3, "x"),
             )
         out.print(table)
         for other, c in timing["comparisons"].items():
