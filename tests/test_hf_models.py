@@ -209,8 +209,8 @@ def test_verify_with_the_kernelsmith_backend_serving_hf_winners(hf_dir, tmp_path
 
 def test_report_of_a_real_interpreter_tune_of_an_hf_workload(hf_dir, tmp_path, monkeypatch):
     import kernelsmith
-    from kernelsmith.profile import Plan, PlanRow
-    from kernelsmith.report import write_report
+    from kernelsmith.whole_model.profile import Plan, PlanRow
+    from kernelsmith.whole_model.report import write_report
 
     db = str(tmp_path / "tune.db")
     model = hf_llama(hf_dir)

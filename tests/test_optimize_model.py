@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 import kernelsmith
 from kernelsmith.db import DecisionRecord, current_fingerprint, open_database
 from kernelsmith.frontends.backend import KernelsmithBackend
-from kernelsmith.frontends.model import Workload, rank
 from kernelsmith.models import example_inputs, get_model
 from kernelsmith.ops import get_op
-from kernelsmith.profile import Plan, PlanRow
+from kernelsmith.whole_model.optimize import Workload, rank
+from kernelsmith.whole_model.profile import Plan, PlanRow
 
 
 def store_winners(db: str, model, inputs) -> None:
@@ -166,8 +166,8 @@ def test_the_optimize_command_writes_its_report(tmp_path, monkeypatch):
 def test_patience_and_the_tuner_stop_hook(tmp_path):
     from types import SimpleNamespace
 
-    from kernelsmith.frontends.model import _Patience
     from kernelsmith.tuner import tune_spec
+    from kernelsmith.whole_model.optimize import _Patience
 
     watch = _Patience(3)
     for evaluated, best_us in [(1, 10.0), (2, 9.0), (3, 8.95), (4, 8.93)]:

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from kernelsmith.cli.main import app
 from kernelsmith.models import example_inputs, get_model, load_model
-from kernelsmith.profile import (
+from kernelsmith.whole_model.profile import (
     MODULE_TAG,
     NO_GPU_NOTE,
     Plan,

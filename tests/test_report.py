@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from kernelsmith.cli.main import app
 from kernelsmith.db import DecisionRecord, Fingerprint, TrialRecord, open_database
 from kernelsmith.ops import get_op
-from kernelsmith.report import REPORT_EXTRA_HINT, TSV_COLUMNS, collect_report, write_report
+from kernelsmith.whole_model.report import REPORT_EXTRA_HINT, TSV_COLUMNS, collect_report, write_report
 
 GPU = Fingerprint("gpu", "NVIDIA H200", 132, "9.0", "580.1", "13.0", "2.13.0", "3.9.0", "0.1.0")
 INTERP = Fingerprint("interpreter", "triton-interpreter", 0, "cpu", "none", "none", "2.13.0", "3.9.0", "0.1.0")

@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 from typer.testing import CliRunner
 
-from kernelsmith import verify as v
 from kernelsmith.cli.main import app
 from kernelsmith.models import example_inputs, get_model
 from kernelsmith.models.llama import MLP, RMSNorm
+from kernelsmith.whole_model import verify as v
 
 SEEDS = (1, 2)
 

@@ -58,8 +58,8 @@ def optimize(fn: Any = None, **options: Any) -> Any:
 
 def optimize_model(model: Any, example_inputs: Any, **options: Any) -> tuple[Any, dict[str, Any]]:
     """Profile a model, tune its top ops within ``budget``, return ``(compiled_model, report)``;
-    see :mod:`kernelsmith.frontends.model`."""
-    from kernelsmith.frontends.model import optimize_model as _optimize_model
+    see :mod:`kernelsmith.whole_model.optimize`."""
+    from kernelsmith.whole_model.optimize import optimize_model as _optimize_model
 
     return _optimize_model(model, example_inputs, **options)
 

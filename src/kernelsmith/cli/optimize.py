@@ -1,6 +1,6 @@
 """``kernelsmith optimize MODEL``: profile a model, tune its top ops within a budget, report.
 
-A thin command over :func:`kernelsmith.optimize_model` (see :mod:`kernelsmith.frontends.model`
+A thin command over :func:`kernelsmith.optimize_model` (see :mod:`kernelsmith.whole_model.optimize`
 for the steps and how the budget is shared) and :func:`kernelsmith.models.load_model` (what
 ``MODEL`` may be). Progress bars on standard error: the whole budget, and the search under way.
 Writes the report (JSON) to ``--out``; ``kernelsmith verify`` then measures the result end to end.
@@ -84,8 +84,8 @@ def optimize(
             os.environ.setdefault("KERNELSMITH_INTERPRET", "1")
             os.environ.setdefault("TRITON_INTERPRET", "1")
         from kernelsmith.models import example_inputs, load_model, max_positions
-        from kernelsmith.profile import Plan
         from kernelsmith.spec import DTYPES, dtype_name
+        from kernelsmith.whole_model.profile import Plan
 
         defaults = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
         name = dtype_name(dtype) if dtype != "auto" else ("bfloat16" if on_gpu else "float32")
@@ -102,7 +102,7 @@ def optimize(
         return module, inputs, plan, loaded.name
 
     module, inputs, plan, name = run_or_exit(prepare)
-    from kernelsmith.frontends.model import optimize_model
+    from kernelsmith.whole_model.optimize import optimize_model
 
     with _Bars(err, disabled=as_json) as bars:
         _, report = run_or_exit(

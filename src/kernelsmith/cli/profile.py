@@ -1,6 +1,6 @@
 """``kernelsmith profile MODEL``: where a model's forward spends its time, and a ranked Amdahl plan.
 
-A thin command over :func:`kernelsmith.profile.profile_model` and
+A thin command over :func:`kernelsmith.whole_model.profile.profile_model` and
 :func:`kernelsmith.models.load_model`; see docs/models.md for the plan format. Heavy imports
 (torch, the models) happen inside the command so that ``kernelsmith --help`` stays fast.
 """
@@ -57,8 +57,8 @@ def profile(
         import torch
 
         from kernelsmith.models import example_inputs, load_model, max_positions, parameter_count
-        from kernelsmith.profile import profile_model
         from kernelsmith.spec import DTYPES, dtype_name
+        from kernelsmith.whole_model.profile import profile_model
 
         target = parse_device(device, torch)
         on_gpu = target.type == "cuda"

@@ -1,6 +1,6 @@
 """``kernelsmith report``: results.tsv, progress.png, roofline.png and report.md from a database.
 
-A thin command over :func:`kernelsmith.report.write_report` (see there, and docs/models.md, for
+A thin command over :func:`kernelsmith.whole_model.report.write_report` (see there, and docs/models.md, for
 what each file holds).
 """
 
@@ -30,7 +30,7 @@ def report(
     from kernelsmith.cli.common import err, fmt, out, run_or_exit
 
     def run() -> Any:
-        from kernelsmith.report import write_report
+        from kernelsmith.whole_model.report import write_report
 
         return write_report(db, out_dir, fingerprint=fingerprint, op=op, plots=plots)
 

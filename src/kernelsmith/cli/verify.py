@@ -1,6 +1,6 @@
 """``kernelsmith verify MODEL``: the optimized model against the original, and end-to-end time.
 
-A thin command over :mod:`kernelsmith.verify` (see there, and docs/models.md, for what is compared
+A thin command over :mod:`kernelsmith.whole_model.verify` (see there, and docs/models.md, for what is compared
 and how). The model is loaded as ``kernelsmith profile`` loads it; the optimized model is
 ``torch.compile(model, backend="kernelsmith")`` when that backend is registered, else Inductor
 (the command says so), or the backend named by ``--backend``.
@@ -88,7 +88,7 @@ def verify(
     def run() -> dict[str, Any]:
         import torch
 
-        from kernelsmith import verify as v
+        from kernelsmith.whole_model import verify as v
         from kernelsmith.models import example_inputs, load_model, max_positions, parameter_count
         from kernelsmith.spec import DTYPES, dtype_name
 
@@ -156,8 +156,8 @@ def verify(
 
 
 def _diagnose_hooks(backend_name: str, db: str | None, train: bool, error: type[Exception]) -> Any:
-    """The kernelsmith backend's hooks for :func:`kernelsmith.verify.diagnose`, or a usage error."""
-    from kernelsmith import verify as v
+    """The kernelsmith backend's hooks for :func:`kernelsmith.whole_model.verify.diagnose`, or a usage error."""
+    from kernelsmith.whole_model import verify as v
 
     if backend_name != v.BACKEND_NAME:
         raise error("--diagnose swaps in the kernelsmith backend's replacements, and that backend is not in use here")
@@ -183,7 +183,7 @@ def _time(
 ) -> Any:
     import torch
 
-    from kernelsmith import verify as v
+    from kernelsmith.whole_model import verify as v
 
     variants = {"eager": v.forward_runner(module, inputs, train=train)}
     if backend_name != "inductor":

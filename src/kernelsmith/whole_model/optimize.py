@@ -10,7 +10,7 @@
 
 The steps, in order:
 
-1. **Profile** (:func:`kernelsmith.profile.profile_model`, unless a plan is given): the share of
+1. **Profile** (:func:`kernelsmith.whole_model.profile.profile_model`, unless a plan is given): the share of
    the forward's time each op family and shape takes.
 2. **Discover** the model's workloads: the model is traced by Dynamo with the kernelsmith
    backend in discovery mode (:class:`~kernelsmith.frontends.backend.KernelsmithBackend`), which
@@ -53,8 +53,8 @@ from kernelsmith import dispatch
 from kernelsmith.db import DecisionRecord, open_database
 from kernelsmith.frontends.backend import KernelsmithBackend, Site, _backward_metas
 from kernelsmith.ops import UnsupportedWorkload, get_op
-from kernelsmith.profile import Plan, amdahl_gain
 from kernelsmith.spec import OpSpec
+from kernelsmith.whole_model.profile import Plan, amdahl_gain
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ def optimize_model(
     compiled graph times faster than Inductor alone (None: on for CUDA models, see
     :class:`~kernelsmith.frontends.backend.KernelsmithBackend`). ``devices``, ``executor`` and
     ``ray_address`` say where the candidates run (see :func:`kernelsmith.tuner.tune_spec`). See
-    :mod:`kernelsmith.frontends.model`.
+    :mod:`kernelsmith.whole_model.optimize`.
     """
     if budget < 0:
         raise ValueError(f"budget must be a count of evaluations >= 0, not {budget}")
@@ -260,7 +260,7 @@ def _mode_note(mode: str | None) -> str:
 
 
 def _profile(model: nn.Module, inputs: tuple[Any, ...], name: str) -> Plan:
-    from kernelsmith.profile import profile_model
+    from kernelsmith.whole_model.profile import profile_model
 
     on_gpu = any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in inputs)
     warmup, iterations = (3, 5) if on_gpu else (1, 2)

@@ -29,7 +29,7 @@ Both plots show one machine (the ``fingerprint`` asked for, else the GPU fingerp
 most trials): ceilings and throughputs of different machines do not share an axis. Interpreter
 fingerprints are reported like any other, marked as host-clock timings that are not performance.
 
->>> from kernelsmith.report import write_report
+>>> from kernelsmith.whole_model.report import write_report
 >>> report = write_report("kernelsmith.db", "report/")                       # doctest: +SKIP
 >>> sorted(report.files)                                                     # doctest: +SKIP
 ['progress.png', 'report.md', 'results.tsv', 'roofline.png']

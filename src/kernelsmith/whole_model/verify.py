@@ -54,7 +54,7 @@ callable can be passed instead, which is how the tests plant wrong models.
 
 >>> import torch
 >>> from kernelsmith.models import get_model, example_inputs
->>> from kernelsmith.verify import verify_model
+>>> from kernelsmith.whole_model.verify import verify_model
 >>> model = get_model("llama-160m", tiny=True).eval()
 >>> result = verify_model(model, model, lambda seed: example_inputs(model, 2, 16, seed=seed), seeds=[1, 2])
 >>> result.ok, result.truth
