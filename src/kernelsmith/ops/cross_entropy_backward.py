@@ -203,7 +203,11 @@ def _ceb_online_row_kernel(
     LOSS: tl.constexpr,  # also write the row's loss (the fused op)
     SMOOTH: tl.constexpr,  # LOSS and label_smoothing > 0: also sum the logits (for the loss)
     NUM_STAGES: tl.constexpr,
+    softcap=1.0,  # CAP: the soft-cap c of logits x = c tanh(u / c) (linear + cross-entropy)
+    CAP: tl.constexpr = False,  # the gradient with respect to u: times dx / du = 1 - (x / c)**2
 ):
+    """One row's statistics (and loss), then its gradient; ``dx_ptr`` may be ``x_ptr`` (each
+    element is read before it is written, by the same program)."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
     dx_row = dx_ptr + row * dx_row_stride
@@ -224,6 +228,9 @@ def _ceb_online_row_kernel(
         offs = start + cols
         x = tl.load(x_row + offs, mask=offs < n_read, other=float("-inf")).to(tl.float32)
         g = (tl.exp(x - shift) * inv_s - off - tl.where(offs == t32, on, 0.0)) * scale
+        if CAP:
+            xc = tl.where(offs < n_read, x, 0.0) / softcap
+            g = g * (1.0 - xc * xc)
         tl.store(dx_row + offs, g.to(dx_ptr.dtype.element_ty), mask=offs < n_cols)
 
 

@@ -26,8 +26,8 @@ Tokens go in chunks of ``CHUNK``; per chunk, four launches:
 1. the chunk's logits ``z`` (a tiled ``h_c @ W.T`` with the bias and soft-cap in its epilogue)
    into a float32 ``(CHUNK, V)`` scratch, the only memory that grows with the vocabulary;
 2. one program per row walks its logits twice: the online max and sum of exponentials (and, for
-   the fused op, the row's loss), then ``g`` written over ``z`` in place (cross-entropy's kernel
-   helpers, imported);
+   the fused op, the row's loss), then ``g`` written over ``z`` in place (cross-entropy
+   backward's own online-row kernel, with its soft-cap factor switched on);
 3. ``dh`` for the chunk's rows: ``g @ W``, a plain GEMM (``g`` rounded to W's dtype as it is
    loaded, as PyTorch's bfloat16 gradient is);
 4. ``dW (+)= g.T @ h_c``, a plain GEMM through transposed strides, whose A tiles' row sums are
@@ -66,14 +66,13 @@ from kernelsmith.ops._base import (
     generator,
 )
 from kernelsmith.ops._launch import direct_launch
-from kernelsmith.ops.cross_entropy import _REDUCE_BLOCK, _ce_online_stats, _ce_row_loss, _checked, _reducer
+from kernelsmith.ops.cross_entropy import _REDUCE_BLOCK, _checked, _reducer
 from kernelsmith.ops.cross_entropy_backward import (
     _SCALE_ONE,
     _SCALE_PER_ROW,
     _SCALE_SCALAR,
     _ceb_mean_scale_kernel,
-    _ceb_row_factors,
-    _ceb_target_logit,
+    _ceb_online_row_kernel,
 )
 from kernelsmith.ops.linear_cross_entropy import (
     OP as _FORWARD,
@@ -125,35 +124,6 @@ def _lceb_logits_kernel(
                         UPCAST)  # fmt: skip
     mask = (rows < T)[:, None] & col_mask[None, :]
     tl.store(z_ptr + rows.to(tl.int64)[:, None] * stride_zm + cols[None, :], z, mask=mask)
-
-
-@triton.jit
-def _lceb_grad_row_kernel(
-    z_ptr, t_ptr, scale_ptr, loss_ptr, stride_zm, V, ignore_index, smoothing, softcap,
-    BLOCK_V: tl.constexpr, SCALE: tl.constexpr, LOSS: tl.constexpr, SMOOTH: tl.constexpr,
-    CAP: tl.constexpr, NUM_STAGES: tl.constexpr,
-):  # fmt: skip
-    """Step 2: one row's statistics (and loss), then its gradient written over its logits."""
-    row = tl.program_id(0).to(tl.int64)
-    z_row = z_ptr + row * stride_zm
-    target = tl.load(t_ptr + row)
-    valid = target != ignore_index
-    n_read = tl.where(valid, V, 0)  # an ignored row reads nothing
-    m, s, sum_z = _ce_online_stats(z_row, 0, n_read, V, BLOCK_V, SMOOTH, NUM_STAGES)
-    if LOSS:
-        z_t = _ceb_target_logit(z_row, target, valid, V)
-        tl.store(loss_ptr + row, _ce_row_loss(m, s, z_t, sum_z, V, smoothing, valid, SMOOTH))
-    shift, inv_s, off, on, t32, scale = _ceb_row_factors(scale_ptr, row, target, valid, m, s, V, smoothing, SCALE)
-    cols = tl.arange(0, BLOCK_V)
-    for start in tl.range(0, V, BLOCK_V, num_stages=NUM_STAGES):
-        offs = start + cols
-        read = offs < n_read
-        z = tl.load(z_row + offs, mask=read, other=float("-inf"))
-        g = (tl.exp(z - shift) * inv_s - off - tl.where(offs == t32, on, 0.0)) * scale
-        if CAP:
-            zc = tl.where(read, z, 0.0) / softcap
-            g = g * (1.0 - zc * zc)
-        tl.store(z_row + offs, g, mask=offs < V)
 
 
 @triton.jit
@@ -275,7 +245,7 @@ class _Plan:
         self.logits = {
             c: direct_launch(_lceb_logits_kernel, (triton.cdiv(c, bm), triton.cdiv(self.v, bn))) for c in sizes
         }
-        self.rows = {c: direct_launch(_lceb_grad_row_kernel, (c,)) for c in sizes}
+        self.rows = {c: direct_launch(_ceb_online_row_kernel, (c,)) for c in sizes}
         self.dh = {c: direct_launch(_lceb_gemm_kernel, (triton.cdiv(c, bm), triton.cdiv(self.h, bn))) for c in sizes}
         self.dw = direct_launch(_lceb_gemm_kernel, (triton.cdiv(self.v, bm), triton.cdiv(self.h, bn)))
         self.cast_dw = direct_launch(_lceb_cast_kernel, (triton.cdiv(self.v * self.h, _CAST_BLOCK),))
@@ -311,10 +281,12 @@ class _Plan:
                            HAS_BIAS=self.bias, CAP=self.softcap > 0, **self.tiles)  # fmt: skip
             scale_c = scale[start : start + c] if self.scale_mode == _SCALE_PER_ROW else scale
             losses_c = losses[start : start + c] if self.fused else losses
+            # g over z in place: cross-entropy backward's row kernel, soft-cap factor included.
             self.rows[c](
-                z, t_c, scale_c, losses_c, z.stride(0), v, self.ignore_index, self.smoothing, self.softcap,
+                z, t_c, scale_c, z, losses_c, z.stride(0), z.stride(0), v, self.ignore_index, self.smoothing,
                 BLOCK_V=self.block_v, SCALE=self.scale_mode, LOSS=self.fused, SMOOTH=self.fused and self.smoothing > 0,
-                CAP=self.softcap > 0, NUM_STAGES=2, num_warps=_row_warps(self.block_v),
+                NUM_STAGES=2, softcap=self.softcap if self.softcap > 0 else 1.0, CAP=self.softcap > 0,
+                num_warps=_row_warps(self.block_v),
             )  # fmt: skip
             # dh_c = g @ W: (c, V) @ (V, H).
             self.dh[c](z, weight, dh_c, dh_c, c, h, v, z.stride(0), 1, weight.stride(0), 1, dh_c.stride(0), 0,
