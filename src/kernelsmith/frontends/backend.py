@@ -38,7 +38,8 @@ receive.
 
 Families matched: ``rmsnorm``, ``add_rmsnorm`` (residual add + RMSNorm), ``layernorm``,
 ``softmax``, ``gelu``, ``gelu_tanh``, ``swiglu`` and ``geglu`` (``act(a) * b``, two tensors or
-the halves of one), ``cross_entropy``. Not (yet): bias + activation after a linear (no such op
+the halves of one), ``cross_entropy``; with ``decode=True``, ``decode_matmul``: each ``F.linear``
+of at most 64 rows, with its residual add or SwiGLU partner (:mod:`kernelsmith.frontends.patterns.decode`). Not (yet): bias + activation after a linear (no such op
 family), add + LayerNorm, RoPE written as a function, the reductions (Inductor handles those well).
 
 "Never slower than Inductor alone". A decision's speedup was measured against the eager PyTorch
@@ -88,8 +89,14 @@ log = logging.getLogger(__name__)
 
 # Op families the backend looks for; add_rmsnorm is an RMSNorm site with its residual add folded in.
 FAMILIES = ("rmsnorm", "add_rmsnorm", "layernorm", "softmax", "gelu", "gelu_tanh", "swiglu", "geglu", "cross_entropy")
+# Families matched on request only (``decode=True``, or named in ``families``): decode-shaped
+# projections (kernelsmith.frontends.patterns.decode). Off by default: every small F.linear of any
+# graph would otherwise become a site, and a decode kernel pays only where the step runs as a graph.
+DECODE_FAMILIES = ("decode_matmul",)
+KNOWN_FAMILIES = FAMILIES + DECODE_FAMILIES
 # Keys of torch.compile's ``options`` the backend takes; every other key is an Inductor option.
-BACKEND_OPTIONS = frozenset({"tune", "budget", "strategy", "db", "families", "compare", "fuse_residual"})
+BACKEND_OPTIONS = frozenset({"tune", "budget", "strategy", "db", "families", "compare", "fuse_residual", "decode",
+                             "timing"})
 
 # Calls that are never inside an op family's region: they are its inputs.
 _HEAVY = frozenset({
@@ -285,6 +292,8 @@ def find_sites(gm: fx.GraphModule, families: Iterable[str] = FAMILIES, fuse_resi
     taken: set[fx.Node] = set()
     sites: list[Site] = []
     generators: dict[torch.device, torch.Generator] = {}
+    if "decode_matmul" in wanted:  # first: at decode shapes the projections are the step, and their
+        sites += _decode_sites(gm, nodes, order, taken, generators)  # fused epilogues save launches
     for out in reversed(nodes):
         if out in taken or not _absorbable(out) or not isinstance(_value(out), torch.Tensor):
             continue
@@ -364,6 +373,35 @@ def _recognize_region(
         site.spec = OpSpec(match.op, (), dict(match.constants))
     log.debug("site %s at %s (%d nodes)", match.op, out.name, len(nodes))
     return site
+
+
+def _decode_sites(
+    gm: fx.GraphModule,
+    nodes: list[fx.Node],
+    order: dict[fx.Node, int],
+    taken: set[fx.Node],
+    generators: dict[torch.device, torch.Generator],
+) -> list[Site]:
+    """``decode_matmul`` sites: the matmul pattern's match on a region around each decode-shaped
+    ``F.linear`` (largest region first), routed to the decode family when its shape is one
+    (:mod:`kernelsmith.frontends.patterns.decode`)."""
+    from kernelsmith.frontends.patterns import decode
+
+    found: list[Site] = []
+    for candidates in decode.candidate_regions(gm, taken):
+        for out, region in candidates:
+            site = _recognize_region(gm, out, region, nodes, order, {"matmul"}, generators)
+            if site is None:
+                continue
+            routed = decode.decode_spec([_input_meta(i) for i in site.inputs], site.constants)
+            if isinstance(routed, str):  # not a decode workload: Inductor's and cuBLAS's
+                log.debug("%s is not a decode projection: %s", out.name, routed)
+                break
+            site.op, site.spec = decode.OP, routed
+            found.append(site)
+            taken |= region
+            break
+    return found
 
 
 def _fold_residual_add(site: Site, taken: set[fx.Node], nodes: list[fx.Node], order: dict[fx.Node, int]) -> None:
@@ -659,7 +697,11 @@ class KernelsmithBackend:
     ``fuse_residual`` folds residual adds into RMSNorms; ``inductor_options`` are Inductor
     config patches and ``mode`` an Inductor mode (``"max-autotune"``). ``discover=True`` only
     records the sites and runs the graph eagerly (what :func:`kernelsmith.optimize_model` uses to
-    list a model's workloads). Every site of every graph compiled is appended to :attr:`sites`.
+    list a model's workloads). ``decode`` also matches decode-shaped projections
+    (``decode_matmul``); ``timing`` is how the in-context comparison times graphs: ``"graph"`` as
+    replayed CUDA graphs, ``"calls"`` call by call, ``"auto"`` the way the step will run
+    (:func:`kernelsmith.whole_model.decode.in_context_timer`). Every site of every graph compiled
+    is appended to :attr:`sites`.
     """
 
     def __init__(
@@ -675,11 +717,16 @@ class KernelsmithBackend:
         inductor_options: dict[str, Any] | None = None,
         mode: str | None = None,
         discover: bool = False,
+        decode: bool = False,
+        timing: str = "auto",
     ) -> None:
         self.families = tuple(families) if families is not None else FAMILIES
-        unknown = sorted(set(self.families) - set(FAMILIES))
+        if decode:
+            self.families = tuple(dict.fromkeys((*self.families, *DECODE_FAMILIES)))
+        unknown = sorted(set(self.families) - set(KNOWN_FAMILIES))
         if unknown:
-            raise ValueError(f"the kernelsmith backend does not match {unknown} (it matches: {', '.join(FAMILIES)})")
+            raise ValueError(f"the kernelsmith backend does not match {unknown} (it matches: {', '.join(KNOWN_FAMILIES)})")
+        self.timing = timing
         self.resolver = _Resolver(db, tune, budget, strategy)
         self.compare, self.fuse_residual, self.discover = compare, fuse_residual, discover
         self.inductor_options = dict(inductor_options or {})
@@ -734,6 +781,8 @@ class KernelsmithBackend:
             inductor_options={**self.inductor_options, **options},
             mode=mode or self.mode,
             discover=self.discover,
+            decode=bool(ours.get("decode", False)),
+            timing=str(ours.get("timing", self.timing)),
         )
 
     def _sites(self, gm: fx.GraphModule) -> list[Site]:
@@ -773,7 +822,8 @@ class KernelsmithBackend:
             return self._inductor(rewritten, example_inputs)
         ours = self._inductor(rewritten, example_inputs)
         alone = self._inductor(original, example_inputs)
-        alone_ms, ours_ms = time_graphs([alone, ours], example_inputs)
+        timer = self._timer()
+        alone_ms, ours_ms = timer([alone, ours], example_inputs)
         log.info("in context: Inductor alone %.3f ms, with every kernelsmith replacement %.3f ms", alone_ms, ours_ms)
         if ours_ms < alone_ms:
             return ours
@@ -783,7 +833,7 @@ class KernelsmithBackend:
         if len(families) > 1:  # maybe one family's replacements pay where all of them together do not
             subsets = [[site for site in replaced if site.op == family] for family in families]
             graphs = [self._inductor(rewrite(original, subset), example_inputs) for subset in subsets]
-            alone_ms, *family_ms = time_graphs([alone, *graphs], example_inputs)
+            alone_ms, *family_ms = timer([alone, *graphs], example_inputs)
             for family, ms in zip(families, family_ms, strict=True):
                 log.info("in context: Inductor alone %.3f ms, with %s replaced %.3f ms", alone_ms, family, ms)
             best = min(range(len(families)), key=lambda i: family_ms[i])
@@ -798,11 +848,20 @@ class KernelsmithBackend:
         return chosen
 
 
+    def _timer(self) -> Callable[[Sequence[Callable[..., Any]], Sequence[Any]], list[float]]:
+        """How the in-context comparison times a graph: the way the step will run, as a replayed
+        CUDA graph where it runs as one (:func:`kernelsmith.whole_model.decode.in_context_timer`)."""
+        from kernelsmith.whole_model.decode import in_context_timer
+
+        return in_context_timer(self.timing, self.mode, self.inductor_options)
+
+
 def backend(**options: Any) -> KernelsmithBackend:
     """A kernelsmith backend with options: ``torch.compile(model, backend=kernelsmith.backend(db="x.db"))``.
 
     Options: ``tune``, ``budget``, ``strategy``, ``db``, ``families``, ``compare``,
-    ``fuse_residual`` (see :class:`KernelsmithBackend`); any other key is an Inductor option.
+    ``fuse_residual``, ``decode``, ``timing`` (see :class:`KernelsmithBackend`); any other key is an
+    Inductor option.
     """
     return KernelsmithBackend().with_options(**options)
 

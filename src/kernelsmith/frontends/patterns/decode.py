@@ -1,0 +1,146 @@
+"""Decode-shaped projections: where the compile backend routes ``F.linear`` to ``decode_matmul``.
+
+When a language model generates, every projection of a step is ``F.linear`` of a few rows (one
+per sequence: ``M`` = 1 to :data:`~kernelsmith.ops.decode_matmul.MAX_M` after flattening the
+leading dims) against an ``nn.Linear`` weight. What the user writes is the same ``F.linear`` as
+at any other size, so *recognizing* it is the matmul pattern's job
+(:mod:`kernelsmith.frontends.patterns.matmul`: the product, the bias, the residual add, the
+SwiGLU pair); only the shape decides that the ``decode_matmul`` family, whose kernels stream the
+weight across every multiprocessor, is the one to serve it. So this module is not a second
+pattern in :data:`~kernelsmith.frontends.patterns.PATTERNS` (the recognizer tries every entry on
+every function: two entries matching every small linear would make each decorated product
+ambiguous, and ``@kernelsmith.optimize`` keeps routing products to ``matmul``), but the two
+things the backend needs besides the matmul pattern:
+
+- :func:`candidate_regions`: where to look. The backend grows regions backwards from cheap ops
+  and stops at products, which are the inputs of the other families; a decode site *starts* at a
+  product. For each ``F.linear`` node of decode shape, the regions that could be one
+  ``decode_matmul`` call, largest first: the SwiGLU pair ``silu(linear(x, w1)) * linear(x, w3)``
+  (one pass over both weights), the product and a residual add ``linear(x, w) + r`` (the o and
+  down projections), the product alone. A region holds only nodes no other site took (an
+  ``add_rmsnorm`` site keeps the residual add it folded in) and nodes whose every user is in the
+  region, except its output;
+- :func:`decode_spec`: the routing rule. A matmul match whose weight is stored as ``nn.Linear``
+  stores it (layout ``"linear"``) and whose ``x`` has at most ``MAX_M`` rows is a
+  ``decode_matmul`` workload; anything else (``x @ w`` with a ``(K, N)`` weight, more rows, a
+  dtype the family does not take) is left to Inductor and cuBLAS, with the family's reason.
+
+The backend then checks each region exactly as it checks its other sites (the region run on
+random inputs through :func:`~kernelsmith.frontends.recognize.recognize`, its output compared
+with the family's reference) and serves it only where a stored decision says the kernel wins.
+Projections are row-independent, so what the rows hold (padding, sequences of different lengths,
+a masked position) cannot make a served projection compute another row's result; attention,
+where masks matter, is not touched here.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Iterator
+
+import torch
+from torch import fx
+
+from kernelsmith.ops import UnsupportedWorkload, get_op
+from kernelsmith.ops.decode_matmul import MAX_M
+from kernelsmith.spec import OpSpec
+
+OP = "decode_matmul"
+
+_SILU = frozenset({"silu"})
+_MULS = frozenset({"mul", "__mul__"})
+_ADDS = frozenset({"add", "__add__"})
+
+
+def _name(node: fx.Node) -> str:
+    target = node.target
+    return target if isinstance(target, str) else getattr(target, "__name__", str(target))
+
+
+def _value(node: object) -> object:
+    if not isinstance(node, fx.Node):
+        return None
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+def _is_call(node: object, names: frozenset[str]) -> bool:
+    if not isinstance(node, fx.Node) or node.op not in ("call_function", "call_method"):
+        return False
+    if node.target is operator.mul:
+        return "mul" in names
+    if node.target is operator.add:
+        return "add" in names
+    return _name(node) in names
+
+
+def decode_rows(node: fx.Node) -> int | None:
+    """The rows of ``x`` (its leading dims flattened) when ``node`` is ``F.linear(x, w[, b])`` with
+    a 2-D weight and at most ``MAX_M`` rows, static shapes; else None."""
+    if not _is_call(node, frozenset({"linear"})) or len(node.args) < 2:
+        return None
+    x, w = _value(node.args[0]), _value(node.args[1])
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or w.dim() != 2 or x.dim() < 1:
+        return None
+    if not all(type(s) is int for s in x.shape):  # a dynamic-shape graph: not a decode workload
+        return None
+    rows = math.prod(x.shape[:-1])
+    return rows if 1 <= rows <= MAX_M else None
+
+
+def _only_user(node: fx.Node) -> fx.Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def _swiglu_region(linear: fx.Node, taken: set[fx.Node]) -> tuple[fx.Node, frozenset[fx.Node]] | None:
+    """``(mul, region)`` when ``linear`` is the gate of ``silu(linear(x, w1)) * linear(x, w3)``."""
+    silu = _only_user(linear)
+    if silu is None or not _is_call(silu, _SILU) or silu.args[:1] != (linear,):
+        return None
+    mul = _only_user(silu)
+    if mul is None or not _is_call(mul, _MULS) or len(mul.args) != 2 or mul.kwargs:
+        return None
+    up = mul.args[1] if mul.args[0] is silu else mul.args[0]
+    if not isinstance(up, fx.Node) or decode_rows(up) is None or _only_user(up) is not mul:
+        return None
+    if up.args[0] is not linear.args[0]:
+        return None  # two different x: not one pass
+    region = frozenset({linear, silu, up, mul})
+    return None if region & taken else (mul, region)
+
+
+def _residual_region(linear: fx.Node, taken: set[fx.Node]) -> tuple[fx.Node, frozenset[fx.Node]] | None:
+    """``(add, region)`` when the product's only user adds it to another tensor."""
+    add = _only_user(linear)
+    if add is None or add in taken or not _is_call(add, _ADDS) or len(add.args) != 2 or add.kwargs:
+        return None
+    other = add.args[1] if add.args[0] is linear else add.args[0]
+    if not isinstance(other, fx.Node) or other is linear:
+        return None
+    return add, frozenset({linear, add})
+
+
+def candidate_regions(gm: fx.GraphModule, taken: set[fx.Node]) -> Iterator[list[tuple[fx.Node, frozenset[fx.Node]]]]:
+    """For each decode-shaped ``F.linear`` of ``gm`` in graph order, its candidate regions as
+    ``(output node, nodes)``, largest first (see the module docstring). The up projection of a
+    SwiGLU pair is offered on its own too, for when the pair is not a site."""
+    for node in gm.graph.nodes:
+        if node in taken or decode_rows(node) is None:
+            continue
+        candidates = [r for r in (_swiglu_region(node, taken), _residual_region(node, taken)) if r is not None]
+        candidates.append((node, frozenset({node})))
+        yield candidates
+
+
+def decode_spec(inputs: list[torch.Tensor], constants: dict[str, object]) -> OpSpec | str:
+    """The ``decode_matmul`` spec of a recognized ``matmul`` site (its inputs as meta tensors,
+    strides kept, and the match's constants), or why it is none: the family's own reason
+    (another layout, too many rows, a non-contiguous input, an unsupported dtype)."""
+    try:
+        return get_op(OP).spec_for(*inputs, **constants)
+    except UnsupportedWorkload as exc:
+        return str(exc)
+
+
+__all__ = ["OP", "candidate_regions", "decode_rows", "decode_spec"]
