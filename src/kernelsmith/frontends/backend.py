@@ -39,7 +39,8 @@ receive.
 Families matched: ``rmsnorm``, ``add_rmsnorm`` (residual add + RMSNorm), ``layernorm``,
 ``softmax``, ``gelu``, ``gelu_tanh``, ``swiglu`` and ``geglu`` (``act(a) * b``, two tensors or
 the halves of one), ``cross_entropy``; with ``decode=True``, ``decode_matmul``: each ``F.linear``
-of at most 64 rows, with its residual add or SwiGLU partner (:mod:`kernelsmith.frontends.patterns.decode`). Not (yet): bias + activation after a linear (no such op
+of at most 64 rows, with its residual add or SwiGLU partner
+(:mod:`kernelsmith.frontends.patterns.decode`). Not (yet): bias + activation after a linear (no such op
 family), add + LayerNorm, RoPE written as a function, the reductions (Inductor handles those well).
 
 "Never slower than Inductor alone". A decision's speedup was measured against the eager PyTorch
@@ -725,7 +726,8 @@ class KernelsmithBackend:
             self.families = tuple(dict.fromkeys((*self.families, *DECODE_FAMILIES)))
         unknown = sorted(set(self.families) - set(KNOWN_FAMILIES))
         if unknown:
-            raise ValueError(f"the kernelsmith backend does not match {unknown} (it matches: {', '.join(KNOWN_FAMILIES)})")
+            known = ", ".join(KNOWN_FAMILIES)
+            raise ValueError(f"the kernelsmith backend does not match {unknown} (it matches: {known})")
         self.timing = timing
         self.resolver = _Resolver(db, tune, budget, strategy)
         self.compare, self.fuse_residual, self.discover = compare, fuse_residual, discover
