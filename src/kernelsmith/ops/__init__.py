@@ -37,6 +37,7 @@ _MODULES: dict[str, str] = {
     "max": "kernelsmith.ops.reductions:MAX",
     "matmul": "kernelsmith.ops.matmul",
     "decode_matmul": "kernelsmith.ops.decode_matmul",
+    "decode_attention": "kernelsmith.ops.decode_attention",
     "linear_cross_entropy": "kernelsmith.ops.linear_cross_entropy",
     "linear_cross_entropy_backward": "kernelsmith.ops.linear_cross_entropy_backward",
     "linear_cross_entropy_fused": "kernelsmith.ops.linear_cross_entropy_backward:FUSED",

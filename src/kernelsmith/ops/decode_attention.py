@@ -1,0 +1,730 @@
+"""Decode attention: a few new query tokens per sequence against a key/value cache.
+
+When a language model generates text, every step appends one token (a few, with speculative
+decoding) to each sequence and attends from it to everything the sequence holds so far. The keys
+and values of the past positions live in a *cache* written by the earlier steps, so the step reads
+the whole cache once and does two multiply-adds per cached element for each query head: a few
+flops per byte, bound by memory bandwidth like the decode projections
+(:mod:`kernelsmith.ops.decode_matmul`). A good kernel reads each cached key and value exactly once
+and keeps every multiprocessor streaming; the query-tiled kernels of :mod:`kernelsmith.ops.attention`
+have one query block per (head, sequence), too few programs at batch 1.
+
+The op
+------
+Inputs ``(q, k_cache, v_cache[, lengths])``, output ``o`` shaped like ``q``:
+
+- ``q`` is ``(B, H, Sq, D)``: ``Sq`` new tokens (1 in plain decoding) of ``H`` query heads. Any
+  memory order of those four dims with a unit stride along ``D`` is accepted (Hugging Face builds
+  ``q`` as ``proj(x).view(B, Sq, H, D).transpose(1, 2)``); the output is contiguous ``(B, H, Sq, D)``.
+- ``k_cache`` and ``v_cache`` are Hugging Face's cache layout, ``(B, Hk, L, D)`` with a unit stride
+  along ``D`` (strides of the other dims are passed to the kernels), ``Hk`` dividing ``H``
+  (grouped-query attention; ``Hk = 1`` is multi-query): query head ``h`` reads key/value head
+  ``h // (H / Hk)``, as ``repeat_interleave`` and ``enable_gqa`` do.
+- The constant ``cache`` says how much of the cache holds tokens:
+
+  ``"static"`` (Hugging Face's ``StaticCache``: ``L`` is ``max_cache_len``, allocated once)
+      ``lengths`` (``(B,)``, int32 or int64) holds each sequence's number of valid positions,
+      *the new tokens included* (they were written into the cache before attention, as
+      ``past_key_value.update`` does). Positions at or past ``lengths[b]`` hold anything and are
+      never read. Sequences of a batch may have different lengths.
+  ``"dynamic"`` (``DynamicCache``: the tensors grow by ``Sq`` positions a step)
+      every position is valid: the length of every sequence is ``L``; no ``lengths`` input.
+
+- The ``Sq`` query tokens are the *last* ``Sq`` positions of their sequence: query ``i`` sits at
+  position ``len - Sq + i`` and attends keys ``0 .. len - Sq + i`` (causal, bottom-right aligned,
+  which is what Hugging Face's mask at ``cache_position`` is). With ``Sq = 1`` that is every valid key.
+- ``scale`` multiplies the scores (default ``1 / sqrt(D)``).
+
+Math, for query row ``(b, h, i)`` with ``n = len - Sq + i + 1`` visible keys and ``g = h // (H / Hk)``::
+
+    s_j = scale * q[b, h, i] . k_cache[b, g, j]          (j < n)
+    o[b, h, i] = sum_j softmax(s)_j * v_cache[b, g, j]
+
+Bad input never gives a plausible wrong answer. What the spec shows (a layout other than the
+above, ``Sq > L``, more rows per key/value head than one program holds) is an
+:class:`UnsupportedWorkload`. What only the data shows, a ``lengths[b]`` past the cache's end or
+shorter than ``Sq``, cannot be checked without reading ``lengths`` on the host (a device sync, which
+CUDA-graph capture forbids): the kernels then write NaN to every output of that sequence, and so
+does the reference; :func:`check_lengths` is the host-side check for callers that can afford it.
+
+The kernels
+-----------
+A program owns one (sequence, key/value head) and a range of cache positions. Its ``GROUP * Sq``
+query rows (the query heads sharing that key/value head, each with its ``Sq`` tokens) are one
+``[BLOCK_Q, D]`` block, ``BLOCK_Q`` the rows padded to a power of two of at least 16 (``tl.dot``'s
+smallest block): every key and value block ``[BLOCK_N, D]`` is loaded once for all the heads of the
+group (4 in Llama-3 at 32 over 8 heads), which is the whole point of grouping. The scores are a
+``tl.dot`` on the tensor cores, the softmax is the online (FlashAttention) one in float32 and in
+base-2 units (``scale * log2(e)`` folded into the scores), the loads of the next blocks are
+pipelined by the compiler (``num_stages``: loads feeding a dot are), and cache offsets are 64-bit
+(a cache of 8 x 8 x 32768 x 128 has 2**28 elements per tensor, and batch strides multiply).
+
+``single_pass``
+    One program per (sequence, key/value head) walks all the sequence's positions and writes the
+    normalized output. Enough programs only for large ``B * Hk``.
+``split_kv`` (flash-decoding, Dao et al. 2023)
+    ``SPLITS`` programs per (sequence, key/value head), each over ``1 / SPLITS`` of that sequence's
+    *own* length (computed in the kernel from ``lengths``, so a short sequence in a long static
+    cache costs what it holds, and ranges stay balanced), storing its unnormalized float32 output
+    rows, running max and sum of exponentials (only the ``GROUP * Sq`` real rows). A second,
+    small kernel merges the splits of each (sequence, key/value head) in split order (``o = sum_s
+    2^(m_s - m) acc_s / sum_s 2^(m_s - m) l_s``): a fixed order, so the output is bitwise
+    reproducible (the harness requires it, rule 9; float atomics would not be). A split whose range
+    is empty stores ``m = -inf, l = 0`` and adds nothing.
+
+Spaces depend on the heads, ``Sq``, ``D`` and the dtype only, never on ``B``, ``L`` or the lengths,
+so a config tuned at one cache length is correct at every other: calls are bucketed by ``B`` and
+``L`` rounded up to powers of two (a dynamic cache grows every step), and validated on other
+lengths (see :meth:`DecodeAttention.validation_specs`).
+
+The baseline is ``F.scaled_dot_product_attention`` on the same inputs, with the boolean mask the
+lengths imply and ``enable_gqa``.
+Testing without a GPU: the interpreter's bfloat16 ``tl.dot`` is wrong (see the matmul module), so
+bfloat16 blocks are widened to float32 before a dot there (``UPCAST``), after the rounding to
+bfloat16 the GPU path does.
+
+Front door: ``kernelsmith tune decode_attention --shape 1x32x1024x64 --kv-heads 8`` (B x H x L x D).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelsmith.ops._base import (
+    FINITE_STRESS_DISTRIBUTIONS,
+    Launcher,
+    OpFamily,
+    UnsupportedWorkload,
+    Variant,
+    generator,
+)
+from kernelsmith.ops._launch import direct_launch
+from kernelsmith.ops.gelu import checked
+from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
+from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
+
+CACHES = ("static", "dynamic")
+LENGTH_DTYPES = ("int32", "int64")
+MAX_HEAD_DIM = 256
+MAX_ROWS = 128  # GROUP * Sq rows one program holds; more is prefill-like (use the attention family)
+LOG2E = 1.4426950408889634
+# What a position past a static cache's valid length holds in make_inputs: keys that would win
+# every softmax and values far from the others, so a kernel reading past a length is caught.
+STALE_KEY, STALE_VALUE = 30.0, 1e3
+
+# =================================================================================================
+# Kernels
+# =================================================================================================
+
+
+@triton.jit
+def _group_rows(q_ptr, bh, H, Hk, q_sb, q_sh, q_ss,
+                Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_Q: tl.constexpr):  # fmt: skip
+    """The query block of program (sequence, key/value head) ``bh``: row r is query head
+    ``kvh * GROUP + r // Q_LEN``, token ``r % Q_LEN``. Returns (q [BLOCK_Q, BLOCK_D] in its dtype,
+    token index of each row, which rows are real, the query head of each row)."""
+    b = bh // Hk
+    kvh = bh % Hk
+    r = tl.arange(0, BLOCK_Q)
+    r_ok = r < GROUP * Q_LEN
+    head = kvh * GROUP + r // Q_LEN
+    token = r % Q_LEN
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    offsets = b.to(tl.int64) * q_sb + head.to(tl.int64) * q_sh + token.to(tl.int64) * q_ss
+    q = tl.load(q_ptr + offsets[:, None] + d[None, :], mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+    return q, token, r_ok, head
+
+
+@triton.jit
+def _sequence_length(len_ptr, b, L, Q_LEN: tl.constexpr, HAS_LENGTHS: tl.constexpr):
+    """(the valid length clamped into [0, L], whether lengths[b] was out of range [Q_LEN, L])."""
+    if HAS_LENGTHS:
+        length = tl.load(len_ptr + b).to(tl.int64)
+    else:
+        length = tl.cast(L, tl.int64)
+    bad = (length < Q_LEN) | (length > L)
+    length = tl.minimum(tl.maximum(length, 0), L)
+    return length, bad
+
+
+@triton.jit
+def _attend(q, token, k_ptr, v_ptr, k_base, v_base, k_ss, v_ss, start, end, length, qk_scale,
+            Q_LEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
+            BLOCK_N: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+    """Online softmax of the query block over cache positions [start, end): (acc [BLOCK_Q,
+    BLOCK_D] unnormalized, m running max in log2 units, l sum of 2^(s - m)). Row r sees the
+    positions below ``length - Q_LEN + token + 1``."""
+    limit = length - Q_LEN + token + 1  # [BLOCK_Q]: keys each row may see
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    if UPCAST:
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = n < end  # positions at or past the length are never loaded
+        tile_ok = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + k_base + n[:, None] * k_ss + d[None, :], mask=tile_ok, other=0.0)
+        v = tl.load(v_ptr + v_base + n[:, None] * v_ss + d[None, :], mask=tile_ok, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(n[None, :] < limit[:, None], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+        alpha = tl.exp2(m_i - shift)
+        p = tl.exp2(s - shift[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        pv = p.to(v.dtype)  # the value product in the cache's precision, as FlashAttention does
+        if UPCAST:
+            pv = pv.to(tl.float32)
+            v = v.to(tl.float32)
+        if IEEE:
+            acc = tl.dot(pv, v, acc * alpha[:, None], input_precision="ieee")
+        else:
+            acc = tl.dot(pv, v, acc * alpha[:, None])
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _decode_attn_kernel(
+    q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, acc_ptr, ml_ptr,
+    qk_scale, H, Hk, L, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
+    SPLITS: tl.constexpr, Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LENGTHS: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """Program (bh, split): sequence bh // Hk, key/value head bh % Hk, the split-th of SPLITS
+    ranges of the sequence's length. SPLITS == 1 normalizes and stores o; otherwise the partials
+    go to acc_ptr ([bh, split, row, d], float32) and ml_ptr ([2, bh, split, row]: m then l)."""
+    ROWS: tl.constexpr = GROUP * Q_LEN
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bh // Hk
+    kvh = bh % Hk
+    q, token, r_ok, head = _group_rows(q_ptr, bh, H, Hk, q_sb, q_sh, q_ss, Q_LEN, GROUP, HEAD_DIM, BLOCK_D,
+                                       BLOCK_Q)  # fmt: skip
+    length, bad = _sequence_length(len_ptr, b, L, Q_LEN, HAS_LENGTHS)
+    # Each split takes a whole number of blocks of this sequence's own length.
+    per_split = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, length)
+    k_base = b.to(tl.int64) * k_sb + kvh.to(tl.int64) * k_sh
+    v_base = b.to(tl.int64) * v_sb + kvh.to(tl.int64) * v_sh
+    acc, m_i, l_i = _attend(q, token, k_ptr, v_ptr, k_base, v_base, k_ss, v_ss, start, end, length, qk_scale,
+                            Q_LEN, HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_N, IEEE, UPCAST)  # fmt: skip
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    r = tl.arange(0, BLOCK_Q)
+    store_ok = r_ok[:, None] & d_ok[None, :]
+    if SPLITS == 1:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        out = tl.where(bad, float("nan"), out)
+        o_rows = (b.to(tl.int64) * H + head) * Q_LEN + token
+        tl.store(o_ptr + o_rows[:, None] * HEAD_DIM + d[None, :], out.to(o_ptr.dtype.element_ty), mask=store_ok)
+    else:
+        row = (bh.to(tl.int64) * SPLITS + split) * ROWS + r  # only the real rows are stored
+        tl.store(acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=store_ok)
+        plane = tl.num_programs(0).to(tl.int64) * SPLITS * ROWS
+        tl.store(ml_ptr + row, m_i, mask=r_ok)
+        tl.store(ml_ptr + plane + row, l_i, mask=r_ok)
+
+
+@triton.jit
+def _decode_attn_combine_kernel(
+    acc_ptr, ml_ptr, len_ptr, o_ptr, H, Hk, L,
+    SPLITS: tl.constexpr, Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, HAS_LENGTHS: tl.constexpr,
+):  # fmt: skip
+    """Program bh merges the SPLITS partials of its GROUP * Q_LEN rows, in split order."""
+    ROWS: tl.constexpr = GROUP * Q_LEN
+    bh = tl.program_id(0)
+    b = bh // Hk
+    kvh = bh % Hk
+    r = tl.arange(0, BLOCK_Q)
+    r_ok = r < ROWS
+    d = tl.arange(0, BLOCK_D)
+    ok = r_ok[:, None] & (d < HEAD_DIM)[None, :]
+    plane = tl.num_programs(0).to(tl.int64) * SPLITS * ROWS
+    first = bh.to(tl.int64) * SPLITS * ROWS + r
+    m_max = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        m_max = tl.maximum(m_max, tl.load(ml_ptr + first + s * ROWS, mask=r_ok, other=float("-inf")))
+    shift = tl.where(m_max == float("-inf"), 0.0, m_max)
+    total = tl.zeros([BLOCK_Q], dtype=tl.float32)
+    out = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        rows = first + s * ROWS
+        w = tl.exp2(tl.load(ml_ptr + rows, mask=r_ok, other=float("-inf")) - shift)
+        total += w * tl.load(ml_ptr + plane + rows, mask=r_ok, other=0.0)
+        out += w[:, None] * tl.load(acc_ptr + rows[:, None] * HEAD_DIM + d[None, :], mask=ok, other=0.0)
+    out = out / tl.where(total == 0.0, 1.0, total)[:, None]
+    _, bad = _sequence_length(len_ptr, b, L, Q_LEN, HAS_LENGTHS)
+    out = tl.where(bad, float("nan"), out)
+    head = kvh * GROUP + r // Q_LEN
+    o_rows = (b.to(tl.int64) * H + head) * Q_LEN + r % Q_LEN
+    tl.store(o_ptr + o_rows[:, None] * HEAD_DIM + d[None, :], out.to(o_ptr.dtype.element_ty), mask=ok)
+
+
+# =================================================================================================
+# Shapes, spaces and launchers
+# =================================================================================================
+
+
+@dataclass(frozen=True)
+class _Dims:
+    batch: int
+    heads: int
+    kv_heads: int
+    q_len: int
+    cache_len: int  # L: the cache tensors' length (max_cache_len for a static cache)
+    head_dim: int
+    itemsize: int
+    has_lengths: bool
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+    @property
+    def rows(self) -> int:
+        """Query rows one program holds: the group's heads times the new tokens."""
+        return self.group * self.q_len
+
+    @property
+    def block_q(self) -> int:
+        return max(16, next_power_of_two(self.rows))
+
+    @property
+    def block_d(self) -> int:
+        return max(16, next_power_of_two(self.head_dim))
+
+
+def _dims(spec: OpSpec) -> _Dims:
+    q, k = spec.inputs[0], spec.inputs[1]
+    b, h, sq, d = q.shape
+    return _Dims(b, h, k.shape[1], sq, k.shape[2], d, q.torch_dtype.itemsize, len(spec.inputs) == 4)
+
+
+BLOCKS_N = (16, 32, 64, 128, 256)
+WARPS = (1, 2, 4, 8)
+STAGES = (1, 2, 3, 4)
+SPLITS = (2, 4, 8, 16, 32, 64)
+MAX_VALUES_PER_THREAD = 128  # float32 scores and accumulators a thread holds
+SHARED_MEMORY_BUDGET = 220 * 1024
+MIN_PRUNED_BLOCK_N = 32  # narrower key blocks move too few bytes a step to keep the loads busy
+
+
+def _constraints(dims: _Dims, prune: bool) -> list[Constraint]:
+    """Validity (registers and shared memory; never B, L or the lengths), then pruning."""
+
+    def values(c: Config) -> int:
+        return dims.block_q * (c["BLOCK_N"] + dims.block_d)
+
+    def stage_bytes(c: Config) -> int:
+        return 2 * c["BLOCK_N"] * dims.block_d * dims.itemsize
+
+    constraints = [
+        Constraint(f"the scores and the accumulator fit in registers ({MAX_VALUES_PER_THREAD} a thread)",
+                   lambda c: values(c) <= MAX_VALUES_PER_THREAD * 32 * c["num_warps"]),
+        Constraint(f"num_stages key and value blocks fit in shared memory ({SHARED_MEMORY_BUDGET} bytes)",
+                   lambda c: c["num_stages"] * stage_bytes(c) <= SHARED_MEMORY_BUDGET),
+    ]  # fmt: skip
+    if prune:
+        constraints.append(Constraint(f"key blocks of at least {MIN_PRUNED_BLOCK_N} positions",
+                                      lambda c: c["BLOCK_N"] >= MIN_PRUNED_BLOCK_N))  # fmt: skip
+    return constraints
+
+
+def _block_params() -> list[Param]:
+    return [Param("BLOCK_N", BLOCKS_N), Param("num_warps", WARPS), Param("num_stages", STAGES)]
+
+
+def _single_space(spec: OpSpec, prune: bool = True) -> Space:
+    return Space(_block_params(), _constraints(_dims(spec), prune))
+
+
+def _split_space(spec: OpSpec, prune: bool = True) -> Space:
+    return Space([*_block_params(), Param("SPLITS", SPLITS)], _constraints(_dims(spec), prune))
+
+
+def _interpreted() -> bool:
+    return type(_decode_attn_kernel).__name__ == "InterpretedFunction"
+
+
+def _launcher(spec: OpSpec, config: Config, splits: int) -> Launcher:
+    dims = _dims(spec)
+    programs = dims.batch * dims.kv_heads
+    dtype = spec.inputs[0].dtype
+    shape = {"Q_LEN": dims.q_len, "GROUP": dims.group, "HEAD_DIM": dims.head_dim, "BLOCK_D": dims.block_d,
+             "BLOCK_Q": dims.block_q, "HAS_LENGTHS": dims.has_lengths}  # fmt: skip
+    flags = {**shape, "BLOCK_N": int(config["BLOCK_N"]), "IEEE": dtype == "float32",
+             "UPCAST": _interpreted() and dtype == "bfloat16"}  # fmt: skip
+    launch_kwargs = {"num_warps": int(config["num_warps"]), "num_stages": int(config["num_stages"])}
+    qk_scale = float(spec.const("scale")) * LOG2E
+    kernel = direct_launch(_decode_attn_kernel, (programs, splits))
+    combine = direct_launch(_decode_attn_combine_kernel, (programs,))
+    partial_rows = programs * splits * dims.rows
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        q, k, v = inputs[0], inputs[1], inputs[2]
+        lengths = inputs[3] if dims.has_lengths else q  # (never read without lengths)
+        o = outputs[0]
+        acc = ml = o  # unused by one pass
+        if splits > 1:  # every element the combine reads is written first
+            acc = o.new_empty((partial_rows, dims.head_dim), dtype=torch.float32)
+            ml = o.new_empty((2, partial_rows), dtype=torch.float32)
+        kernel(q, k, v, lengths, o, acc, ml, qk_scale, dims.heads, dims.kv_heads, dims.cache_len,
+               q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+               v.stride(0), v.stride(1), v.stride(2), SPLITS=splits, **flags, **launch_kwargs)  # fmt: skip
+        if splits > 1:
+            combine(acc, ml, lengths, o, dims.heads, dims.kv_heads, dims.cache_len, SPLITS=splits, **shape,
+                    num_warps=4)  # fmt: skip
+
+    return launch
+
+
+def _single_build(spec: OpSpec, config: Config) -> Launcher:
+    checked(_single_space(spec, prune=False), config)
+    return _launcher(spec, config, 1)
+
+
+def _split_build(spec: OpSpec, config: Config) -> Launcher:
+    checked(_split_space(spec, prune=False), config)
+    return _launcher(spec, config, int(config["SPLITS"]))
+
+
+# =================================================================================================
+# Host-side checks and the references
+# =================================================================================================
+
+
+def check_lengths(lengths: torch.Tensor, q_len: int, cache_len: int) -> None:
+    """UnsupportedWorkload unless every length is in [q_len, cache_len]: for callers that can read
+    ``lengths`` on the host (this synchronizes with the device; never call it inside a CUDA graph
+    capture, where the kernels' NaN rows are the guard instead)."""
+    low, high = int(lengths.min()), int(lengths.max())
+    if low < q_len or high > cache_len:
+        raise UnsupportedWorkload(f"decode_attention: sequence lengths {low}..{high} are outside [{q_len}, "
+                                  f"{cache_len}] (the new tokens past the cache's end, or fewer positions than "
+                                  "new tokens)")  # fmt: skip
+
+
+def _lengths(spec: OpSpec, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    dims = _dims(spec)
+    if dims.has_lengths:
+        return inputs[3].to(torch.int64)
+    return torch.full((dims.batch,), dims.cache_len, dtype=torch.int64, device=inputs[0].device)
+
+
+def _visible(spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the boolean (B, 1, Sq, L) mask of the keys each query row sees, the (B,) bad sequences)."""
+    dims = _dims(spec)
+    lengths = _lengths(spec, inputs)
+    device = inputs[0].device
+    limit = lengths[:, None] - dims.q_len + torch.arange(dims.q_len, device=device)[None, :] + 1  # (B, Sq)
+    keys = torch.arange(dims.cache_len, device=device)
+    mask = keys[None, None, :] < limit[:, :, None]
+    bad = (lengths < dims.q_len) | (lengths > dims.cache_len)
+    return mask[:, None], bad
+
+
+def _poison_bad(out: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
+    return torch.where(bad[:, None, None, None], torch.full_like(out, math.nan), out)
+
+
+# =================================================================================================
+# The op family
+# =================================================================================================
+
+
+class DecodeAttention(OpFamily):
+    name = "decode_attention"
+    summary = ("decode attention: a few new query tokens per sequence over a Hugging Face KV cache (static with "
+               "per-sequence lengths, or dynamic), GQA/MQA, flash-decoding split over the cache length")  # fmt: skip
+    shape_help = (
+        "BxHxLxD: batch, query heads, cache length (max_cache_len for a static cache), head dim, e.g. "
+        "1x32x1024x64; constants: kv_heads (default H), q_len (new tokens, default 1), cache=static|dynamic "
+        "(static takes a lengths tensor), scale (default 1/sqrt(D))"
+    )
+    # full: every sequence fills the cache (what the bytes model assumes; timed); uneven: lengths
+    # from q_len to L, the positions past each length stale (see STALE_KEY); peaked: full, with
+    # scores of standard deviation about 6 (the online rescaling at work).
+    distributions = ("full", "uneven", "peaked")
+    # No nonfinite data: an infinity in q or k makes scores infinite of both signs, which the float64
+    # reference and an online softmax resolve differently (as in the attention family).
+    stress_distributions = FINITE_STRESS_DISTRIBUTIONS
+    variants = (
+        Variant("single_pass", "one program per (sequence, key/value head) over the whole cache, all the "
+                "group's query heads sharing each key/value load", _single_space, _single_build),
+        Variant("split_kv", "flash-decoding: SPLITS programs per (sequence, key/value head) over ranges of the "
+                "sequence's length, merged in order by a second kernel", _split_space, _split_build),
+    )  # fmt: skip
+
+    # ---- specs -----------------------------------------------------------------------------------
+    def spec(
+        self,
+        shape: tuple[int, ...],
+        dtype: str,
+        kv_heads: int | None = None,
+        q_len: int = 1,
+        cache: str = "static",
+        scale: float | None = None,
+        **constants: Any,
+    ) -> OpSpec:
+        """``shape`` is ``(B, H, L, D)``; a static cache adds an int64 ``lengths`` of ``(B,)``.
+
+        >>> [str(t) for t in OP.spec((2, 32, 1024, 64), "bf16", kv_heads=8).inputs]
+        ['2x32x1x64:bfloat16', '2x8x1024x64:bfloat16', '2x8x1024x64:bfloat16', '2:int64']
+        """
+        if constants:
+            raise UnsupportedWorkload(f"decode_attention: unknown constants {sorted(constants)}")
+        shape = tuple(int(s) for s in shape)
+        if len(shape) != 4 or any(s <= 0 for s in shape):
+            raise UnsupportedWorkload(f"decode_attention: the shape is B x H x L x D (positive sizes), not {shape}")
+        b, h, cache_len, d = shape
+        hk = h if kv_heads is None else _positive("kv_heads", kv_heads)
+        name = dtype_name(dtype)
+        tensors = [TensorSpec((b, h, _positive("q_len", q_len), d), name),
+                   TensorSpec((b, hk, cache_len, d), name), TensorSpec((b, hk, cache_len, d), name)]  # fmt: skip
+        if _cache_kind(cache) == "static":
+            tensors.append(TensorSpec((b,), "int64"))
+        spec = OpSpec(self.name, tuple(tensors), {"cache": cache, "scale": _scale(scale, d)})
+        self.check_supported(spec)
+        return spec
+
+    def spec_for(self, *inputs: torch.Tensor, scale: float | None = None, **constants: Any) -> OpSpec:
+        """The spec of ``(q, k_cache, v_cache, lengths)`` (a static cache) or ``(q, k_cache, v_cache)``
+        (a dynamic one); ``cache`` may be given, and must then agree."""
+        cache = constants.pop("cache", None)
+        if constants:
+            raise UnsupportedWorkload(f"decode_attention: unknown constants {sorted(constants)}")
+        if len(inputs) not in (3, 4) or not all(isinstance(t, torch.Tensor) for t in inputs):
+            raise UnsupportedWorkload("decode_attention takes (q, k_cache, v_cache[, lengths]) tensors")
+        kind = "static" if len(inputs) == 4 else "dynamic"
+        if cache is not None and _cache_kind(cache) != kind:
+            raise UnsupportedWorkload(f"decode_attention: a {cache} cache takes "
+                                      f"{'4' if cache == 'static' else '3'} tensors, not {len(inputs)}")  # fmt: skip
+        if inputs[0].dim() != 4:
+            raise UnsupportedWorkload(f"decode_attention: q must be 4-D (B, H, Sq, D), not {inputs[0].dim()}-D")
+        try:
+            tensors = tuple(TensorSpec.of(t) for t in inputs)
+        except ValueError as err:  # a dtype kernelsmith does not know at all
+            raise UnsupportedWorkload(f"decode_attention: {err}") from None
+        spec = OpSpec(self.name, tensors, {"cache": kind, "scale": _scale(scale, inputs[0].shape[-1])})
+        self.check_supported(spec)
+        return spec
+
+    def check_supported(self, spec: OpSpec) -> None:
+        """Everything but the lengths' values (see the module docstring): the layout, the dtypes,
+        the group fitting one program."""
+        if set(spec.constants) != {"cache", "scale"}:
+            raise UnsupportedWorkload(f"decode_attention: constants must be cache and scale, not "
+                                      f"{sorted(spec.constants)}")  # fmt: skip
+        kind = _cache_kind(spec.const("cache"))
+        scale = spec.const("scale")
+        if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale):
+            raise UnsupportedWorkload(f"decode_attention: scale must be a finite number, not {scale!r}")
+        wanted = 4 if kind == "static" else 3
+        if len(spec.inputs) != wanted:
+            raise UnsupportedWorkload(f"decode_attention: a {kind} cache takes {wanted} inputs, not {len(spec.inputs)}")
+        q, k, v = spec.inputs[:3]
+        if any(len(t.shape) != 4 for t in (q, k, v)):
+            raise UnsupportedWorkload("decode_attention: q, k_cache and v_cache must be 4-D (B, heads, length, D)")
+        if q.dtype not in self.dtypes or k.dtype != q.dtype or v.dtype != q.dtype:
+            raise UnsupportedWorkload(f"decode_attention: q and the caches must share one of {self.dtypes}, not "
+                                      f"{q.dtype}, {k.dtype}, {v.dtype}")  # fmt: skip
+        if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
+            raise UnsupportedWorkload(f"decode_attention: the caches {k}, {v} do not fit q {q} (B, Hk, L, D "
+                                      "with q's B and D, v shaped like k)")  # fmt: skip
+        if min(*q.shape, *k.shape) <= 0:
+            raise UnsupportedWorkload("decode_attention: empty inputs are not supported")
+        dims = _dims(spec)
+        if dims.heads % dims.kv_heads:
+            raise UnsupportedWorkload(f"decode_attention: {dims.kv_heads} key/value heads do not divide "
+                                      f"{dims.heads} query heads")  # fmt: skip
+        if dims.q_len > dims.cache_len:
+            raise UnsupportedWorkload(f"decode_attention: {dims.q_len} new tokens do not fit a cache of "
+                                      f"{dims.cache_len} positions")  # fmt: skip
+        if dims.rows > MAX_ROWS:
+            raise UnsupportedWorkload(f"decode_attention: {dims.group} query heads per key/value head times "
+                                      f"{dims.q_len} new tokens is over {MAX_ROWS} rows a program: a prefill "
+                                      "(use the attention family)")  # fmt: skip
+        if dims.head_dim % 16 or dims.head_dim > MAX_HEAD_DIM:
+            raise UnsupportedWorkload(f"decode_attention: the head dimension must be a multiple of 16 up to "
+                                      f"{MAX_HEAD_DIM}, not {dims.head_dim}")  # fmt: skip
+        for label, t in (("q", q), ("k_cache", k), ("v_cache", v)):
+            if t.strides[3] != 1 or any(n > 1 and s == 0 for n, s in zip(t.shape, t.strides, strict=True)):
+                raise UnsupportedWorkload(f"decode_attention: {label} {t} has strides {t.strides}: a layout "
+                                          "kernelsmith does not know (the head dim must have unit stride, "
+                                          "nothing broadcast)")  # fmt: skip
+        if any(s < 0 for t in (q, k, v) for s in t.strides):
+            raise UnsupportedWorkload("decode_attention: negative strides are not supported")
+        if kind == "static":
+            lengths = spec.inputs[3]
+            if lengths.shape != (dims.batch,) or lengths.dtype not in LENGTH_DTYPES:
+                raise UnsupportedWorkload(f"decode_attention: lengths must be int32 or int64 of shape "
+                                          f"({dims.batch},), not {lengths}")  # fmt: skip
+            if not lengths.is_contiguous:
+                raise UnsupportedWorkload("decode_attention: lengths must be contiguous")
+
+    def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
+        q = spec.inputs[0]
+        return (TensorSpec(q.shape, q.dtype),)
+
+    def small_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """One sequence, heads kept (so that --kv-heads still divides them), a cache of at most 64."""
+        if len(shape) != 4:
+            return shape
+        _, h, cache_len, d = shape
+        return (1, h, min(cache_len, 64), d)
+
+    def _resized(self, spec: OpSpec, batch: int, cache_len: int) -> OpSpec:
+        """The spec at another batch and cache length (the caches' memory order kept)."""
+        q, k, v = spec.inputs[:3]
+        tensors = [_resized_tensor(q, (batch, *q.shape[1:])),
+                   _resized_tensor(k, (batch, k.shape[1], cache_len, k.shape[3])),
+                   _resized_tensor(v, (batch, v.shape[1], cache_len, v.shape[3]))]  # fmt: skip
+        if len(spec.inputs) == 4:
+            tensors.append(TensorSpec((batch,), spec.inputs[3].dtype))
+        return OpSpec(spec.op, tuple(tensors), dict(spec.constants))
+
+    def bucket(self, spec: OpSpec) -> OpSpec:
+        """B and L rounded up to powers of two (a dynamic cache grows every step): spaces never
+        look at them, and every config is validated at other batches and lengths."""
+        dims = _dims(spec)
+        return self._resized(spec, next_power_of_two(dims.batch), next_power_of_two(dims.cache_len))
+
+    def validation_specs(self, spec: OpSpec) -> list[OpSpec]:
+        """The target, then one sequence whose cache holds only the new tokens, and up to 3
+        sequences of an odd length no key block divides (17 under 64 positions, else 67 or more)."""
+        dims = _dims(spec)
+        odd = 17 if dims.cache_len < 64 else 67
+        tails = [(1, dims.q_len), (min(dims.batch, 3), max(odd, dims.q_len + 2))]
+        specs = [spec]
+        for batch, cache_len in dict.fromkeys(tails):
+            if (batch, cache_len) != (dims.batch, dims.cache_len):
+                specs.append(self._resized(spec, batch, cache_len))
+        return specs
+
+    def stressed_inputs(self, spec: OpSpec) -> tuple[int, ...]:
+        """The stress data goes into q and both caches (the cache is what the kernels stream)."""
+        return (0, 1, 2)
+
+    # ---- math ------------------------------------------------------------------------------------
+    def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """What a user writes: ``F.scaled_dot_product_attention`` with the boolean mask the lengths
+        imply (none for a dynamic cache at one new token) and ``enable_gqa``,
+        in the inputs' dtype; NaN for a sequence whose length is out of range."""
+        dims = _dims(spec)
+        q, k, v = inputs[:3]
+        mask, bad = _visible(spec, inputs)
+        attn_mask = None if not dims.has_lengths and dims.q_len == 1 else mask
+        kwargs: dict[str, Any] = {"attn_mask": attn_mask, "scale": float(spec.const("scale"))}
+        if dims.group > 1:
+            kwargs["enable_gqa"] = True  # (torch >= 2.5; kernelsmith needs 2.11)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+        return (_poison_bad(out, bad).contiguous(),)
+
+    def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """The math in float64, the key/value heads repeated, the invisible keys' weights exactly 0."""
+        dims = _dims(spec)
+        q, k, v = (t.double() for t in inputs[:3])
+        k, v = k.repeat_interleave(dims.group, dim=1), v.repeat_interleave(dims.group, dim=1)
+        mask, bad = _visible(spec, inputs)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * float(spec.const("scale"))
+        scores = scores.masked_fill(~mask, -math.inf)
+        weights = torch.softmax(scores, dim=-1).masked_fill(~mask, 0.0)  # 0 * a stale value stays 0
+        return (_poison_bad(torch.matmul(weights, v), bad),)
+
+    def make_inputs(
+        self,
+        spec: OpSpec,
+        seed: int,
+        distribution: str = "full",
+        device: str | torch.device = "cuda",
+    ) -> tuple[torch.Tensor, ...]:
+        """q and the caches standard normal (``peaked``: q and k 2.5 times larger), with the spec's
+        strides; a static cache's lengths all ``L`` (``full``, ``peaked``) or, ``uneven``, drawn from
+        ``[Sq, L]`` with the first sequence full and, with more than one, the last holding only the
+        new tokens. Positions past a length hold stale keys of ``STALE_KEY`` and values of
+        ``STALE_VALUE`` (a dynamic cache has none)."""
+        if distribution not in self.distributions:
+            raise ValueError(f"decode_attention: unknown distribution {distribution!r} "
+                             f"(known: {', '.join(self.distributions)})")  # fmt: skip
+        dims = _dims(spec)
+        g = generator(seed, device)
+        spread = 2.5 if distribution == "peaked" else 1.0
+        tensors = []
+        for t, factor in zip(spec.inputs[:3], (spread, spread, 1.0), strict=True):
+            x = torch.randn(t.shape, generator=g, device=device, dtype=torch.float32) * factor
+            tensors.append(torch.empty_strided(t.shape, t.strides, dtype=t.torch_dtype, device=device).copy_(x))
+        if not dims.has_lengths:
+            return tuple(tensors)
+        lengths = torch.full((dims.batch,), dims.cache_len, dtype=torch.int64, device=device)
+        if distribution == "uneven":
+            drawn = torch.randint(dims.q_len, dims.cache_len + 1, (dims.batch,), generator=g, device=device)
+            lengths = drawn.clone()
+            lengths[0] = dims.cache_len
+            if dims.batch > 1:
+                lengths[-1] = dims.q_len
+        stale = torch.arange(dims.cache_len, device=device)[None, :] >= lengths[:, None]  # (B, L)
+        k, v = tensors[1], tensors[2]
+        k.masked_fill_(stale[:, None, :, None], STALE_KEY)
+        v.masked_fill_(stale[:, None, :, None], STALE_VALUE)
+        return (*tensors, lengths.to(spec.inputs[3].torch_dtype))
+
+    def flops(self, spec: OpSpec) -> int:
+        """Two products of 2 flops a multiply-add per (query row, cached key): the full cache."""
+        dims = _dims(spec)
+        return 4 * dims.batch * dims.heads * dims.q_len * dims.cache_len * dims.head_dim
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise UnsupportedWorkload(f"decode_attention: {name} must be a positive integer, not {value!r}")
+    return value
+
+
+def _cache_kind(value: Any) -> str:
+    if value not in CACHES:
+        raise UnsupportedWorkload(f"decode_attention: cache must be one of {CACHES} (Hugging Face's StaticCache "
+                                  f"and DynamicCache layouts), not {value!r}")  # fmt: skip
+    return str(value)
+
+
+def _scale(value: Any, head_dim: int) -> float:
+    if value is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise UnsupportedWorkload(f"decode_attention: scale must be a finite number, not {value!r}")
+    return float(value)
+
+
+def _resized_tensor(t: TensorSpec, shape: tuple[int, ...]) -> TensorSpec:
+    """``t`` at ``shape`` with its memory order kept (contiguous in the order of its strides)."""
+    order = sorted(range(len(t.shape)), key=lambda i: (-t.strides[i], i))
+    strides = [0] * len(shape)
+    step = 1
+    for i in reversed(order):
+        strides[i] = step
+        step *= shape[i]
+    return TensorSpec(shape, t.dtype, tuple(strides))
+
+
+OP = DecodeAttention()
