@@ -184,11 +184,11 @@ def test_specs_of_hugging_face_caches() -> None:
         (lambda: OP.spec((1, 32, 16, 16), "bf16", kv_heads=1, q_len=5), "prefill"),
         (lambda: OP.spec((1, 4, 16, 16), "bf16", cache="paged"), "cache must be"),
         (lambda: OP.spec_for(torch.zeros(1, 4, 1, 16), torch.zeros(1, 4, 16, 16).transpose(2, 3).contiguous()
-                             .transpose(2, 3), torch.zeros(1, 4, 16, 16)), "layout"),  # fmt: skip
+                             .transpose(2, 3), torch.zeros(1, 4, 16, 16)), "layout"),
         (lambda: OP.spec_for(torch.zeros(1, 4, 1, 16), torch.zeros(1, 4, 16, 16), torch.zeros(1, 4, 16, 16),
-                             torch.zeros(1)), "lengths"),  # fmt: skip
+                             torch.zeros(1)), "lengths"),
         (lambda: OP.spec_for(torch.zeros(1, 4, 1, 16), torch.zeros(1, 4, 16, 16), torch.zeros(1, 4, 16, 16),
-                             cache="static"), "4 tensors"),  # fmt: skip
+                             cache="static"), "4 tensors"),
     ],
     ids=["heads", "tokens-past-cache", "head-dim", "too-many-rows", "unknown-cache", "transposed-cache",
          "float-lengths", "static-without-lengths"],

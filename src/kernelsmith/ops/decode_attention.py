@@ -147,10 +147,7 @@ def _group_rows(q_ptr, bh, H, Hk, q_sb, q_sh, q_ss,
 @triton.jit
 def _sequence_length(len_ptr, b, L, Q_LEN: tl.constexpr, HAS_LENGTHS: tl.constexpr):
     """(the valid length clamped into [0, L], whether lengths[b] was out of range [Q_LEN, L])."""
-    if HAS_LENGTHS:
-        length = tl.load(len_ptr + b).to(tl.int64)
-    else:
-        length = tl.cast(L, tl.int64)
+    length = tl.load(len_ptr + b).to(tl.int64) if HAS_LENGTHS else tl.cast(L, tl.int64)
     bad = (length < Q_LEN) | (length > L)
     length = tl.minimum(tl.maximum(length, 0), L)
     return length, bad
@@ -179,10 +176,7 @@ def _attend(q, token, k_ptr, v_ptr, k_base, v_base, k_ss, v_ss, start, end, leng
         v = tl.load(v_ptr + v_base + n[:, None] * v_ss + d[None, :], mask=tile_ok, other=0.0)
         if UPCAST:
             k = k.to(tl.float32)
-        if IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") if IEEE else tl.dot(q, tl.trans(k))
         s = tl.where(n[None, :] < limit[:, None], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
