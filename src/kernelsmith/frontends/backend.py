@@ -745,6 +745,11 @@ class KernelsmithBackend:
             return this._compile(gm, example_inputs)
         return self._compile(gm, example_inputs)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> KernelsmithBackend:
+        """The backend itself: a copy would lose the sites it reports and the decisions it caches
+        (transformers' ``CompileConfig`` deep-copies its backend before ``torch.compile``)."""
+        return self
+
     def _compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         graph_sites = self._sites(gm)
         self.sites.extend(graph_sites)
