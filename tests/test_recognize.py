@@ -474,11 +474,12 @@ def test_output_cast_to_another_dtype_is_refused():
 
 
 def test_cast_of_the_weight_is_refused():
+    # weight.float() is the kernels' own math (tests/test_recognize_hf_formulations.py); a
+    # downcast of the weight rounds it, which they never do.
     def f(x, w):
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS) * w.float()).to(x.dtype)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w.to(torch.bfloat16)
 
-    _refused(f, (_x(dtype=torch.bfloat16), _w(dtype=torch.bfloat16)), reason="casts the weight")
+    _refused(f, (_x(), _w()), reason="casts the weight")
 
 
 def test_upcast_to_float64_is_refused():
@@ -496,11 +497,12 @@ def test_square_of_another_tensor_is_refused():
     _refused(f, (_x(), _x(seed=3), _w()), reason="not the one whose mean square is taken")
 
 
-def test_gemma_one_plus_weight_is_refused():
+def test_weight_offset_other_than_gemmas_is_refused():
+    # Gemma's 1 + weight is tested in tests/test_recognize_hf_formulations.py.
     def f(x, w):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * (1.0 + w)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * (2.0 + w)
 
-    _refused(f, (_x(), _w()), reason="factors other than")
+    _refused(f, (_x(), _w()), reason="only Gemma's 1 + weight")
 
 
 def test_rmsnorm_without_weight_is_refused():
@@ -711,7 +713,9 @@ def test_extra_computation_after_softmax_is_refused():
 
 
 def test_softmax_of_a_computed_value_is_refused():
-    _refused(lambda x: torch.softmax(x * 0.125, -1), (_x(),), reason="not an input tensor")
+    _refused(lambda x: torch.softmax(x.exp(), -1), (_x(),), reason="not an input tensor")
+    # A constant scale (a temperature) is refused with its own reason: the family has no scale.
+    _refused(lambda x: torch.softmax(x * 0.125, -1), (_x(),), reason="no scale constant")
 
 
 def test_softmax_with_two_outputs_is_refused():

@@ -380,6 +380,31 @@ def row_parameter_ref(value: TensorValue, x: TensorValue, role: str) -> InputRef
     return replace(ref, reshape=(n,)) if value.ndim != 1 else ref
 
 
+# Calls that only reinterpret a tensor's shape in row-major order (as ``view`` does): the result
+# is ``t.reshape(result.shape)`` whatever the arguments were written as.
+RESHAPES = frozenset({"torch.Tensor.view", "torch.Tensor.reshape", "torch.reshape", "torch.Tensor.flatten",
+                      "torch.flatten"})  # fmt: skip
+
+
+def through_reshapes(graph: Graph, value: Value | None, used: list[Node]) -> Value | None:
+    """The value reshaped to ``value`` (``logits.view(-1, V)`` gives ``logits``), following any
+    chain of :data:`RESHAPES`, each of whose nodes is appended to ``used``; ``value`` itself when
+    it is not a reshape. A dtype view (``t.view(torch.int32)``) is not a reshape: it stops there.
+
+    A pattern binds the tensor found with ``InputRef.reshape`` set to ``value``'s shape, which is
+    valid for every later call the match accepts (the call signature pins the input's shape).
+    """
+    while True:
+        node = graph.producer(value)
+        if node is None or node.kind is not Kind.OTHER or node.name not in RESHAPES:
+            return value
+        source = node.inputs[0] if node.inputs else None
+        if not (isinstance(source, TensorValue) and isinstance(value, TensorValue)) or source.dtype != value.dtype:
+            return value
+        used.append(node)
+        value = source
+
+
 def reduction_dims_text(node: Node) -> str:
     """``dims (0,) with keepdim=True``, for messages about a reduction node."""
     return f"dims {node.params.get('dims')} with keepdim={node.params.get('keepdim')}"

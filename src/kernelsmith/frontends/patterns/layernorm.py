@@ -15,7 +15,9 @@ Recognized (after the capture's normalization, see :mod:`kernelsmith.frontends.c
   optional (a bias alone is refused: the op family has no such form); ``eps`` a Python number
   (or ``torch.tensor(number)``) added in either order, or absent (``eps = 0``); ``x`` may be
   upcast to float32 (``x.float()``) with the result, or the normalized value before the weight,
-  cast back to x's dtype.
+  cast back to x's dtype; the weight and the bias may be upcast to float32 too
+  (``self.weight.to(torch.float32) * normed``, Cohere's LayerNorm without a bias): that is the
+  kernels' own float32 math.
 
 The match's inputs are ``x`` and then the weight and the bias that are present, its constants
 ``eps`` and ``affine`` (``"weight_bias"``, ``"weight"`` or ``"none"``), as the op family's
@@ -32,6 +34,8 @@ besides the op.
 from __future__ import annotations
 
 import logging
+
+import torch
 
 from kernelsmith.frontends.capture import Const, Graph, Kind, Node, TensorValue, Value
 from kernelsmith.frontends.recognize import (
@@ -77,17 +81,25 @@ def match(graph: Graph) -> Match | None:
         return _finish(graph, out, x, refs, constants, used)
     bias: TensorValue | None = None
     if node.kind is Kind.ADD:
-        tensors = [v for v in node.inputs if isinstance(v, TensorValue) and graph.producer(v) is None]
-        if len(tensors) != 1:
+        biases = [v for v in node.inputs if _is_parameter(graph, v)]
+        if len(biases) != 1:
             names = [describe(graph, v) for v in node.inputs]
             raise NoMatch(f"adds {names[0]} and {names[1]}: not a normalized value and a bias tensor")
-        bias = tensors[0]
-        value = node.inputs[1] if node.inputs[0] is bias else node.inputs[0]
-        used.append(node)
+        bias, upcasts = input_or_upcast(graph, biases[0], "bias")  # bias.float(): float32 math too
+        value = node.inputs[1] if node.inputs[0] is biases[0] else node.inputs[0]
+        used += [node, *upcasts]
     elif node.kind not in (Kind.MUL, Kind.CAST):
         raise NoMatch(f"the output comes from {node.name}, which is not the last step of a layer norm")
     x, refs, constants = _product(graph, value, bias, used)
     return _finish(graph, out, x, refs, constants, used)
+
+
+def _is_parameter(graph: Graph, value: Value) -> bool:
+    """An input tensor, or its upcast to float32 (``bias.float()``), not a computed value."""
+    cast = graph.produced_by(value, Kind.CAST)
+    if cast is not None and cast.params["dtype"] == torch.float32:
+        value = cast.inputs[0]
+    return isinstance(value, TensorValue) and graph.producer(value) is None
 
 
 def _is_centering(graph: Graph, node: Node) -> bool:
@@ -198,6 +210,8 @@ def _product(
         under = {id(v) for v in leaves}
         if {id(centred[0]), id(rstds[0])} <= under and cast.params["dtype"] == x.dtype:
             continue  # the normalized value (times the weight or not) cast back to x's dtype
+        if weight is not None and under == {id(weight)} and cast.params["dtype"] == torch.float32:
+            continue  # weight.to(torch.float32) (Cohere): the kernels multiply in float32 too
         what = "the weight" if weight is not None and under == {id(weight)} else "a factor"
         raise NoMatch(f"casts {what} to {cast.params['dtype']}")
     affine = _affine(weight, bias)

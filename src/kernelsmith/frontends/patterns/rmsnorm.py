@@ -18,7 +18,15 @@ Recognized (after the capture's normalization, see :mod:`kernelsmith.frontends.c
 - the Hugging Face Llama form: ``x`` upcast to float32 before the square (and the product), the
   normalized value cast back to ``x``'s dtype before or after the weight multiply; also Meta's
   Llama form ``self._norm(x.float()).type_as(x) * self.weight`` and the older T5 form that
-  squares the upcast but multiplies the raw ``x``.
+  squares the upcast but multiplies the raw ``x``;
+- the weight upcast to float32 before the multiply (``normed * self.weight.float()``, Gemma 3n,
+  Helium and others), with the product cast back to ``x``'s dtype: that is the kernels' own
+  float32 math;
+- Gemma's RMSNorm, ``(normed * (1.0 + self.weight.float())).type_as(x)`` (also ``1 + weight``
+  of a float32 weight, and through ``F.rms_norm(x, (N,), eps=eps)``): the match carries the
+  constant ``weight_offset=1.0`` (the kernels add it to the weight in float32, so no ``1 +
+  weight`` tensor is allocated per call). Until the rmsnorm family takes that constant, the
+  pattern refuses it, saying so.
 
 Refused, with a reason: a reduction over another dim or without keepdim (``mean(-1)`` then
 ``unsqueeze`` is not followed through views, so it is refused too), a weight that does not
@@ -27,13 +35,15 @@ broadcast along the last axis alone (``(rows, 1)``), any other cast (of the weig
 ``x``'s, a missing weight (``nn.RMSNorm(elementwise_affine=False)``: the rmsnorm op needs a
 weight, and synthesizing ones would dispatch a kernel that reads a tensor the user never had),
 ``normalized_shape`` of more than one dim, a 0-d tensor eps from outside the function (its value
-could change without the call signature noticing), and anything computed besides the op.
+could change without the call signature noticing), a weight offset other than 1 (``2 + weight``,
+``weight - 1``), ``1 + weight`` added in float16 or bfloat16 (it rounds there; the kernels add in
+float32), and anything computed besides the op.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -44,6 +54,7 @@ from kernelsmith.frontends.recognize import (
     NoMatch,
     constant_number,
     finite_non_negative,
+    input_or_upcast,
     input_ref,
     reduces_last_dim,
     require_only,
@@ -115,7 +126,10 @@ def _functional_times_weight(
 ) -> Match:
     """``F.rms_norm(x, (N,), eps=eps) * weight`` (or ``nn.RMSNorm(N, elementwise_affine=False)``)."""
     norms = [f for f in factors if graph.produced_by(f, Kind.RMS_NORM) is not None]
+    offset = _offset_weights(graph, factors)
     weights = [f for f in factors if isinstance(f, TensorValue) and graph.producer(f) is None]
+    if offset is not None:
+        weights.append(offset.weight)
     if len(norms) != 1 or len(weights) != 1 or len(factors) != 2:
         names = [_describe(graph, f) for f in factors]
         raise NoMatch(f"multiplies rms_norm(x) by {names}, not by one weight")
@@ -130,8 +144,77 @@ def _functional_times_weight(
     _check_weight(weight, x)
     refs = (input_ref(x, "input x"), _weight_ref(weight))
     _check_output(out, x)
-    require_only(graph, [*muls, node], OP)
-    return Match(OP, refs, {"eps": eps})
+    require_only(graph, [*muls, node, *(offset.nodes if offset else ())], OP)
+    return _served(refs, eps, offset)
+
+
+@dataclass(frozen=True)
+class _OffsetWeight:
+    """A factor ``1 + weight`` (``factor``): the weight (perhaps upcast), the 1, and the nodes."""
+
+    factor: Value
+    weight: TensorValue
+    offset: float
+    nodes: tuple[Node, ...]
+
+
+def _offset_weights(graph: Graph, factors: list[Value]) -> _OffsetWeight | None:
+    """The one factor of the form ``c + weight`` (Gemma's ``1.0 + self.weight.float()``), if any.
+
+    An addition of two tensors, or of a computed value, is not a weight offset: it is left to
+    the caller, which refuses it as a factor that is not x, 1/rms or the weight.
+    """
+    found = []
+    for factor in factors:
+        add = graph.produced_by(factor, Kind.ADD)
+        if add is None:
+            continue
+        a, b = add.inputs
+        constant, tensor_side = (constant_number(graph, a), b)
+        if constant is None:
+            constant, tensor_side = (constant_number(graph, b), a)
+        if constant is None:
+            continue
+        offset, const_node = constant
+        weight, casts = input_or_upcast(graph, tensor_side, "weight")
+        if offset != 1.0:
+            raise NoMatch(f"multiplies by {offset:g} + weight: only Gemma's 1 + weight is recognized")
+        assert isinstance(factor, TensorValue)
+        if factor.dtype in (torch.float16, torch.bfloat16):
+            raise NoMatch(
+                f"adds 1 to the weight in {factor.dtype}, where 1 + weight rounds; the kernels add it in "
+                f"float32 (1.0 + weight.float())"
+            )
+        nodes = (add, *casts, *([const_node] if const_node else []))
+        found.append(_OffsetWeight(factor, weight, offset, nodes))
+    if len(found) > 1:
+        raise NoMatch("the product has more than one factor of the form 1 + weight")
+    return found[0] if found else None
+
+
+def _served(refs: tuple[InputRef, InputRef], eps: float, offset: _OffsetWeight | None) -> Match:
+    """The match, with Gemma's weight offset as a constant where there is one, if the rmsnorm
+    family serves that constant (until it does, the pattern says so instead of matching)."""
+    if offset is None:
+        return Match(OP, refs, {"eps": eps})
+    missing = _weight_offset_unsupported()
+    if missing:
+        raise NoMatch(
+            f"x * (1 + weight) (Gemma's RMSNorm) is recognized, but the rmsnorm family cannot serve it yet: "
+            f"it has no weight_offset constant ({missing})"
+        )
+    return Match(OP, refs, {"eps": eps, "weight_offset": offset.offset})
+
+
+def _weight_offset_unsupported() -> str | None:
+    """None when the rmsnorm family takes ``weight_offset=1.0``, else its refusal."""
+    from kernelsmith.ops import UnsupportedWorkload, get_op
+
+    try:
+        get_op(OP).spec((1, 8), "float32", eps=0.0, weight_offset=1.0)
+    except (UnsupportedWorkload, TypeError) as exc:
+        return str(exc)
+    return None
 
 
 def _weight_ref(weight: TensorValue) -> InputRef:
@@ -229,8 +312,13 @@ def _explicit(graph: Graph, out: TensorValue) -> Match:
     rstd_node = graph.producer(rstds[0])
     assert rstd_node is not None
     x, eps, used = _mean_square(graph, rstd_node.inputs[0])
+    offset = _offset_weights(graph, factors)
     tensors = [f for f in factors if isinstance(f, TensorValue) and graph.producer(f) is None]
-    others = [f for f in factors if not any(f is g for g in [*rstds, *tensors])]
+    known = [*rstds, *tensors, *([offset.factor] if offset is not None else [])]
+    others = [f for f in factors if not any(f is g for g in known)]
+    if offset is not None:
+        tensors.append(offset.weight)
+        used += offset.nodes
     if others:
         names = [_describe(graph, f) for f in others]
         raise NoMatch(f"the product has factors other than x, 1/rms and the weight: {names}")
@@ -245,6 +333,7 @@ def _explicit(graph: Graph, out: TensorValue) -> Match:
         raise NoMatch("x is 0-d")
     _check_weight(weight, x)
     w_ref = _weight_ref(weight)
+    weight_factor = offset.factor if offset is not None else weight
     for cast, leaves in casts:
         target = cast.params["dtype"]
         under = {id(v) for v in leaves}
@@ -253,13 +342,15 @@ def _explicit(graph: Graph, out: TensorValue) -> Match:
                 raise NoMatch(f"x is cast to {target}; only an upcast to float32 is allowed")
         elif {id(x), id(rstds[0])} <= under and target == x.dtype:
             pass  # the normalized value (times the weight or not) cast back to x's dtype
+        elif under == {id(weight_factor)} and target == torch.float32:
+            pass  # weight.float(): the kernels load the weight and multiply in float32 too
         elif {id(x), id(rstds[0])} <= under:
             raise NoMatch(f"casts the normalized value to {target}, not back to x's {x.dtype}")
         else:
             raise NoMatch(f"casts {'the weight' if under == {id(weight)} else 'a factor'} to {target}")
     _check_output(out, x)
     require_only(graph, [*muls, *(c for c, _ in casts), rstd_node, *used], OP)
-    return Match(OP, (x_ref, w_ref), {"eps": eps})
+    return _served((x_ref, w_ref), eps, offset)
 
 
 def _describe(graph: Graph, value: Value) -> str:

@@ -20,7 +20,10 @@ Refused, with a reason: any other dim (``dim=0``, ``dim=1`` of a 3-D ``x``), red
 keepdim, ``log_softmax``, an output dtype other than ``x``'s (``softmax(x, -1,
 dtype=torch.float32)`` of a bfloat16 ``x`` returns float32: a different function), a
 computation in a lower precision than ``x`` then cast back, the max's indices, and anything
-computed besides the op (``softmax(x) * 2``).
+computed besides the op (``softmax(x) * 2``), and a temperature (``softmax(x / t, -1)``,
+``softmax(x * s, -1)`` for a constant ``t`` or ``s``): the family has no scale constant yet, and
+the refusal says so. (Under ``torch.compile`` the backend still serves the softmax behind such a
+scaling: Inductor computes ``x / t`` and the region that is only the softmax matches.)
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from kernelsmith.frontends.capture import Graph, Kind, Node, TensorValue, Value
 from kernelsmith.frontends.recognize import (
     Match,
     NoMatch,
+    constant_number,
     input_ref,
     reduces_last_dim,
     require_only,
@@ -91,9 +95,29 @@ def _source(graph: Graph, value: Value) -> tuple[TensorValue, list[Node]]:
         value = cast.inputs[0]
     if not isinstance(value, TensorValue) or graph.producer(value) is not None:
         node = graph.producer(value)
+        _refuse_temperature(graph, node)
         what = node.name if node is not None else repr(getattr(value, "value", value))
         raise NoMatch(f"the softmax input is computed by {what}, not an input tensor")
     return value, [cast] if cast is not None else []
+
+
+def _refuse_temperature(graph: Graph, node: Node | None) -> None:
+    """NoMatch naming the missing constant for ``softmax(x / t)`` or ``softmax(x * s)`` with a
+    constant ``t`` or ``s`` (a temperature): the softmax family has no scale constant yet, and
+    scaling ``x`` into a new tensor before the kernel would allocate and read it on every call."""
+    if node is None or node.kind not in (Kind.DIV, Kind.MUL):
+        return
+    numbers = [constant_number(graph, v) for v in node.inputs]
+    if node.kind is Kind.DIV and numbers[1] is not None and numbers[0] is None:
+        scale = f"1/{numbers[1][0]:g}"
+    elif node.kind is Kind.MUL and (numbers[0] is None) != (numbers[1] is None):
+        scale = f"{next(n for n in numbers if n is not None)[0]:g}"
+    else:
+        return
+    raise NoMatch(
+        f"softmax of x scaled by a constant ({scale}, a temperature): the softmax family has no scale "
+        f"constant to fold it into the kernel yet"
+    )
 
 
 def _explicit(graph: Graph, div: Node) -> tuple[TensorValue, list[Node]]:
