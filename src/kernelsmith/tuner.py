@@ -5,13 +5,26 @@
 1. returns the stored decision at once when this workload was already tuned on this
    fingerprint (no evaluation at all; an imported claim not validated here does not count);
 2. measures the device's copy bandwidth once per fingerprint (the roofline ceiling);
-3. asks the strategy for batches of candidates, reuses any trial already measured here
+3. carries over a kernel decision stored under a *near* fingerprint (the same GPU, CUDA, torch
+   and Triton, another driver build or kernelsmith release; see
+   :class:`~kernelsmith.db.records.Fingerprint`) whose variant is unchanged (same source hash):
+   its candidate is evaluated here like any other (built, validated on fresh secret data, timed)
+   and re-timed against the baseline in step 5; only if it still wins with confidence is it
+   stored under this fingerprint and served. A changed variant, a failed validation or a lost
+   race against the baseline leaves it as a warm-start seed for step 4;
+4. asks the strategy for batches of candidates, reuses any trial already measured here
    (failed configs are never measured again; imported trials never stand in), evaluates the
    rest in parallel workers, and stores every result immediately (an interrupted search loses nothing);
-4. re-times the best few candidates interleaved with the baseline in one worker and adopts the
+5. re-times the best few candidates interleaved with the baseline in one worker and adopts the
    best only if it beats both the incumbent and the baseline with statistical confidence; a
    winner from outside the package (a strategy's own kernel source) is kept only if a decisive
    run in brand-new worker processes agrees (:mod:`kernelsmith.evaluate.confirm`).
+
+Three switches, as arguments or settings (:mod:`kernelsmith.settings`): ``force``
+(``KERNELSMITH_FORCE_RETUNE``) skips steps 1 and 3 and reuses no trial stored before the run;
+``database_only`` (``KERNELSMITH_DATABASE_ONLY``) stops after step 3, returning a baseline
+result that is not stored when nothing was served; ``require_tuned``
+(``KERNELSMITH_REQUIRE_TUNED``) stops there too but raises :class:`NotTunedError` instead.
 """
 
 from __future__ import annotations
@@ -33,15 +46,19 @@ import torch
 from kernelsmith import notify
 from kernelsmith.cost import EVAL_SECONDS_KEY, LLM_TOKENS_KEY, SearchCost, search_cost
 from kernelsmith.db import Database, DecisionRecord, Fingerprint, TrialRecord, current_fingerprint, open_database
+from kernelsmith.db.claims import candidate_of
 from kernelsmith.db.records import variant_source_hash
 from kernelsmith.decide import Comparison, compare
 from kernelsmith.evaluate.confirm import plausible  # here too: tuner.plausible is the public name
 from kernelsmith.evaluate.executor import Executor, check_executor, make_executor
 from kernelsmith.evaluate.protocol import Candidate, EvalResult, TimingSettings
+from kernelsmith.exceptions import KernelsmithError
 from kernelsmith.llm._base import LLMClient, Metered
 from kernelsmith.ops import OpFamily, get_op
+from kernelsmith.settings import get as setting
 from kernelsmith.spec import OpSpec
 from kernelsmith.strategies import Strategy, make_strategy
+from kernelsmith.strategies.warm import Seeds
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +66,34 @@ FINALISTS = 3
 # How often a tuner waiting for a candidate another tuner is evaluating looks for its trial (s).
 CLAIM_POLL_S = 0.5
 Progress = Callable[[int, int, "EvalResult | None"], None]
+REVALIDATED = "revalidated"  # the strategy name of a decision carried over from a near fingerprint
+
+
+class NotTunedError(KernelsmithError, LookupError):
+    """A workload has no decision in the database and tuning was not allowed (``require_tuned``,
+    ``KERNELSMITH_REQUIRE_TUNED``): the message names the workload, the machine and the fix.
+    ``spec`` is the workload, ``fingerprint`` the machine's fingerprint hash."""
+
+    def __init__(self, spec: OpSpec, fp: Fingerprint, why: str = "") -> None:
+        detail = f" ({why})" if why else ""
+        super().__init__(
+            f"{spec.describe()} (workload {spec.workload_hash}) is not tuned on {fp.describe()}{detail}; "
+            f"tune it first (kernelsmith tune {spec.op} ..., or unset KERNELSMITH_REQUIRE_TUNED)"
+        )
+        self.spec, self.fingerprint = spec, fp.hash
 
 
 @dataclass
 class TuneResult:
-    """What a tuning run found. ``winner`` is "kernel" or "baseline"."""
+    """What a tuning run found. ``winner`` is "kernel" or "baseline".
+
+    ``variant`` and ``best_config`` are the kernel that serves, so both are empty when the
+    baseline wins; the best candidate measured (kept for the record, a baseline decision
+    included) is ``candidate_variant`` / ``candidate_config``. ``speedup_vs_baseline`` (and
+    ``speedup_ci``) are against ``baseline``: the op's PyTorch reference run eagerly in the same
+    worker; torch.compile is not timed here (:mod:`kernelsmith.versus` says so wherever a speedup
+    is shown).
+    """
 
     op: str
     workload: str
@@ -62,6 +102,9 @@ class TuneResult:
     winner: str
     variant: str = ""
     best_config: dict[str, Any] = field(default_factory=dict)
+    candidate_variant: str = ""
+    candidate_config: dict[str, Any] = field(default_factory=dict)
+    baseline: str = "eager"
     median_us: float | None = None
     baseline_us: float | None = None
     speedup_vs_baseline: float | None = None
@@ -138,8 +181,10 @@ def _result_from_decision(
         spec=decision.spec,
         mode=fp.mode,
         winner=decision.winner,
-        variant=decision.variant,
-        best_config=dict(decision.config),
+        variant=decision.variant if decision.winner == "kernel" else "",
+        best_config=dict(decision.config) if decision.winner == "kernel" else {},
+        candidate_variant=decision.variant,
+        candidate_config=dict(decision.config),
         median_us=m.get("median_us"),
         baseline_us=m.get("baseline_median_us"),
         speedup_vs_baseline=m.get("speedup"),
@@ -172,10 +217,12 @@ class _Search:
         evaluator: Executor,
         progress: Progress | None,
         copy_gbps: float | None = None,
+        since: float = 0.0,
     ) -> None:
         self.family, self.spec, self.fp, self.db = family, spec, fp, db
         self.evaluator, self.progress = evaluator, progress
         self.copy_gbps = copy_gbps
+        self.since = since  # trials stored before this time are not reused (a forced retune)
         self.source_hashes = {v.name: v.source_hash for v in family.variants}
         self.results: list[EvalResult] = []
         self.fresh: list[bool] = []  # per result: evaluated now (True) or reused from the database
@@ -207,6 +254,10 @@ class _Search:
         )
         self.meter = client
         strategy.setup(self.candidates())
+        self._drive(strategy, budget, stop)
+
+    def _drive(self, strategy: Strategy, budget: int, stop: Callable[[], bool] | None) -> None:
+        """Run ``strategy`` (set up) to its end or ``budget``, then let go of unstored claims."""
         try:
             self._loop(strategy, budget, stop)
         finally:
@@ -267,7 +318,9 @@ class _Search:
         """Claim ``candidate`` for this search; False when another tuner is evaluating it (or
         stored its trial since :meth:`_known` looked)."""
         candidate_id = self._candidate_id(candidate)
-        if not self.db.claim_evaluation(self.fp.hash, self.spec.workload_hash, *candidate_id, owner=self.owner):
+        if not self.db.claim_evaluation(
+            self.fp.hash, self.spec.workload_hash, *candidate_id, owner=self.owner, since=self.since
+        ):
             return False
         self.claimed.add(candidate_id)
         return True
@@ -304,6 +357,7 @@ class _Search:
             candidate.variant,
             self._source_hash(candidate),
             candidate.config.key,
+            since=self.since,
         )
         return None if record is None else _from_trial(record, candidate)
 
@@ -435,6 +489,29 @@ class _Search:
             **base,
         )
 
+    def carry_over(
+        self, candidates: Sequence[Candidate], near: Sequence[DecisionRecord], copy_gbps: float | None
+    ) -> DecisionRecord | None:
+        """Step 3 of the module docstring: the decision to store here for the ``candidates`` of
+        the kernel decisions ``near`` (see :func:`_carried`), or None when none carries over.
+
+        Each candidate is evaluated here as in a search (validation on fresh secret data,
+        timing; the trial is stored under this fingerprint), then :meth:`decide` re-times the
+        survivors against the baseline, and only a confident win is returned.
+        """
+        log.info("%s: re-validating %d record(s) of a near fingerprint (another driver or kernelsmith release)",
+                 self.spec.describe(), len(candidates))
+        seeds = Seeds(candidates)
+        seeds.setup(candidates)
+        self._drive(seeds, len(candidates), None)
+        decision = self.decide(REVALIDATED, copy_gbps)
+        if decision.winner != "kernel":
+            log.info("%s: the near fingerprint's winner did not win here (%s): tuning afresh",
+                     self.spec.describe(), decision.metrics.get("note", "baseline wins"))
+            return None
+        origins = sorted({d.fingerprint for d in near if d.variant == decision.variant and d.config == decision.config})
+        return replace(decision, metrics={**decision.metrics, "revalidated_from": origins})
+
     def _confirm(
         self, result: EvalResult, settings: TimingSettings, copy_gbps: float | None
     ) -> tuple[EvalResult | None, str]:
@@ -454,6 +531,25 @@ class _Search:
             self.db.add_trial(_trial(self.fp, self.spec, checked))
         log.warning("%s was not confirmed in a fresh worker: %s", result.candidate.key, reason)
         return None, reason
+
+
+def _carried(db: Database, spec: OpSpec, fp: Fingerprint, force: bool) -> tuple[list[DecisionRecord], list[Candidate]]:
+    """The kernel decisions for ``spec`` of fingerprints near ``fp`` (none when ``force``) and the
+    candidates that re-validate them: :func:`~kernelsmith.db.claims.candidate_of` gives none for a
+    variant whose source changed since (its source hash), or an outside kernel not trusted here."""
+    if force:
+        return [], []
+    near = [d for d in db.near_decisions(fp, spec.workload_hash) if d.servable and d.winner == "kernel"]
+    candidates: list[Candidate] = []
+    for decision in near:
+        prepared = candidate_of(db, decision)
+        if isinstance(prepared, Candidate):
+            if prepared not in candidates:
+                candidates.append(prepared)
+        elif prepared is not None:  # a ClaimOutcome: why this record cannot be carried over
+            log.info("%s: the record of fingerprint %s is not carried over: %s",
+                     spec.describe(), decision.fingerprint, prepared.detail)
+    return near, candidates
 
 
 def _copy_bandwidth(db: Database, fp: Fingerprint, evaluator: Executor) -> float | None:
@@ -486,8 +582,17 @@ def tune_spec(
     devices: Sequence[int] | str | None = None,
     executor: str = "local",
     ray_address: str | None = None,
+    force: bool | None = None,
+    database_only: bool | None = None,
+    require_tuned: bool | None = None,
 ) -> TuneResult:
     """Tune one workload (see the module docstring); returns a :class:`TuneResult`.
+
+    ``force``, ``database_only`` and ``require_tuned`` are the switches of the module docstring;
+    None reads each one's setting (``KERNELSMITH_FORCE_RETUNE``, ``KERNELSMITH_DATABASE_ONLY``,
+    ``KERNELSMITH_REQUIRE_TUNED``). ``require_tuned`` raises :class:`NotTunedError` where
+    ``database_only`` would return an unstored baseline result (``from_database=False``,
+    ``evaluations=0`` unless a near record was re-validated, and a ``note`` saying why).
 
     ``stop``, when given, is asked before each new proposal; True ends the search early (the
     whole-model optimizer uses it for wall-time budgets and diminishing returns), and the
@@ -504,6 +609,12 @@ def tune_spec(
     """
     if budget < 1:
         raise ValueError("budget must be at least 1")
+    force = setting("KERNELSMITH_FORCE_RETUNE") if force is None else force
+    require_tuned = setting("KERNELSMITH_REQUIRE_TUNED") if require_tuned is None else require_tuned
+    database_only = setting("KERNELSMITH_DATABASE_ONLY") if database_only is None else database_only
+    searching = not (database_only or require_tuned)
+    if force and not searching:
+        raise ValueError("force (retune) contradicts database_only / require_tuned, which never tune")
     if strategy == "llm" and client is None:
         from kernelsmith.llm import make_client
 
@@ -518,16 +629,27 @@ def tune_spec(
     database = open_database(db)
     try:
         database.put_fingerprint(fp)
-        stored = database.get_decision(fp.hash, spec.workload_hash)
+        stored = None if force else database.get_decision(fp.hash, spec.workload_hash)
         if stored is not None and stored.servable:  # an unvalidated imported claim is tuned afresh
             return _result_from_decision(
                 stored, fp, from_database=True, evaluations=0, wall_s=time.perf_counter() - started
             )
+        near, carried = _carried(database, spec, fp, force)
+        if not carried and not searching:
+            why = "a record of a near fingerprint did not re-validate here" if near else "not in the database"
+            return _not_tuned(spec, fp, started, require_tuned, why)
         with make_executor(fp.mode, workers, devices=devices, executor=executor, ray_address=ray_address) as evaluator:
             copy_gbps = _copy_bandwidth(database, fp, evaluator)
             search = _Search(family, spec, fp, database, evaluator, progress, copy_gbps)
-            search.run(strategy, budget, seed, client=meter, stop=stop)
-            decision = search.decide(strategy, copy_gbps)
+            decision = search.carry_over(carried, near, copy_gbps) if carried else None
+            if decision is None and not searching:
+                return _not_tuned(spec, fp, started, require_tuned,
+                                  "a record of a near fingerprint did not re-validate here", search.evaluated)
+            if decision is None:
+                search = _Search(family, spec, fp, database, evaluator, progress, copy_gbps,
+                                 since=time.time() if force else 0.0)
+                search.run(strategy, budget, seed, client=meter, stop=stop)
+                decision = search.decide(strategy, copy_gbps)
         cost = search_cost(
             search.results, search.fresh, fp.mode, wall_s=time.perf_counter() - started, recheck_s=search.recheck_s,
             llm=meter.usage.as_cost() if meter is not None else None,
@@ -554,6 +676,21 @@ def tune_spec(
             database.close()
 
 
+def _not_tuned(
+    spec: OpSpec, fp: Fingerprint, started: float, require_tuned: bool, why: str, evaluations: int = 0
+) -> TuneResult:
+    """What ``database_only`` returns for a workload with no servable decision (nothing is
+    stored: the baseline runs), or the :class:`NotTunedError` that ``require_tuned`` raises."""
+    if require_tuned:
+        raise NotTunedError(spec, fp, why)
+    log.info("%s is not tuned (%s) and tuning is off (database only): the original code runs", spec.describe(), why)
+    return TuneResult(
+        op=spec.op, workload=spec.workload_hash, spec=spec.to_dict(), mode=fp.mode, winner="baseline",
+        evaluations=evaluations, wall_s=time.perf_counter() - started, fingerprint=fp.describe(),
+        note=f"not tuned ({why}); database-only mode never tunes",
+    )
+
+
 def tune(
     op: str | OpFamily,
     *example_inputs: torch.Tensor,
@@ -566,9 +703,13 @@ def tune(
     devices: Sequence[int] | str | None = None,
     executor: str = "local",
     ray_address: str | None = None,
+    force: bool | None = None,
+    database_only: bool | None = None,
+    require_tuned: bool | None = None,
     **constants: Any,
 ) -> TuneResult:
-    """Tune ``op`` for the workload of ``example_inputs``; see :func:`tune_spec`.
+    """Tune ``op`` for the workload of ``example_inputs``; see :func:`tune_spec` (``force``,
+    ``database_only`` and ``require_tuned`` are its switches).
 
     >>> import torch, kernelsmith
     >>> x = torch.randn(64, 1024, dtype=torch.bfloat16, device="cuda")  # doctest: +SKIP
@@ -579,5 +720,6 @@ def tune(
     spec = family.spec_for(*example_inputs, **constants)
     return tune_spec(
         spec, budget=budget, strategy=strategy, db=db, seed=seed, workers=workers, client=client,
-        devices=devices, executor=executor, ray_address=ray_address,
+        devices=devices, executor=executor, ray_address=ray_address, force=force, database_only=database_only,
+        require_tuned=require_tuned,
     )  # fmt: skip

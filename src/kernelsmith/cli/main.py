@@ -17,6 +17,7 @@ from rich.table import Table
 from kernelsmith.cli.agent import agent_app
 from kernelsmith.cli.common import out
 from kernelsmith.cli.db import JsonOption, db_app
+from kernelsmith.cli.env import env as env_command
 from kernelsmith.cli.optimize import optimize as optimize_command
 from kernelsmith.cli.profile import profile as profile_command
 from kernelsmith.cli.report import report as report_command
@@ -33,6 +34,7 @@ app.command("optimize")(optimize_command)
 app.command("verify")(verify_command)
 app.command("report")(report_command)
 app.command("tune")(tune_command)
+app.command("env")(env_command)
 
 
 @app.command()

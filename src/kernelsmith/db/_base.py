@@ -20,9 +20,10 @@ from types import TracebackType
 from typing import Any
 
 from kernelsmith.db.records import LOCAL, DecisionRecord, Fingerprint, TrialRecord, VariantSource
+from kernelsmith.exceptions import KernelsmithError
 
 
-class DatabaseError(RuntimeError):
+class DatabaseError(KernelsmithError, RuntimeError):
     """The database cannot be opened, read or written; the message names the location, and
     ``path`` holds it when there is a file (empty for a bad URL or an in-memory database)."""
 
@@ -125,13 +126,16 @@ class Database(ABC):
         variant: str,
         source_hash: str,
         config_key: str | Mapping[str, Any],
+        *,
+        since: float = 0.0,
     ) -> TrialRecord | None:
         """The most recent *local* trial of this exact candidate, or None if it was never
         evaluated here. Imported trials are claims and never answer: a failure someone else
         recorded must not stop this machine from measuring the candidate (DESIGN.md rule 13).
 
         ``config_key`` is in :attr:`TrialRecord.config_key` form (``"k=v,k=v"``, sorted); a
-        config mapping is accepted too and converted with :func:`config_key_of`.
+        config mapping is accepted too and converted with :func:`config_key_of`. ``since`` (a
+        ``time.time()``) ignores trials created before it: a forced retune measures afresh.
         """
 
     @abstractmethod
@@ -156,11 +160,12 @@ class Database(ABC):
         *,
         owner: str,
         ttl_s: float = 900.0,
+        since: float = 0.0,
     ) -> bool:
         """Claim the right to evaluate this candidate before evaluating it: True when ``owner``
         holds the claim now (taken, or already its own), False when a local trial of it is
-        stored (read it with :meth:`find_trial`) or another owner's claim has not expired (it
-        is being evaluated elsewhere right now).
+        stored (created at ``since`` or later; read it with :meth:`find_trial`) or another
+        owner's claim has not expired (it is being evaluated elsewhere right now).
 
         The check and the claim are one transaction, so of several tuners asking at once
         exactly one gets True. A claim lapses ``ttl_s`` seconds after it was taken, so a tuner
@@ -198,6 +203,17 @@ class Database(ABC):
         self, fingerprint: str | None = None, op: str | None = None
     ) -> list[DecisionRecord]:
         """Decisions matching every filter given, in the order they were first made."""
+
+    def near_decisions(self, fp: Fingerprint, workload: str) -> list[DecisionRecord]:
+        """The decisions for ``workload`` stored under fingerprints :meth:`~Fingerprint.near`
+        ``fp`` (another driver build or kernelsmith release, the rest equal), newest first.
+
+        They are candidates for re-validation here, never servable as they are: the tuner
+        re-validates and re-times one before storing it under ``fp`` (:mod:`kernelsmith.tuner`).
+        """
+        near = [other.hash for other in self.fingerprints() if fp.near(other)]
+        found = [d for d in (self.get_decision(h, workload) for h in near) if d is not None]
+        return sorted(found, key=lambda d: d.created_at, reverse=True)
 
     # -- ceilings ----------------------------------------------------------------------------
 

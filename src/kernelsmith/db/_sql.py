@@ -319,7 +319,8 @@ class SQLDatabase(Database):
         return len(rows)
 
     _LOCAL_TRIAL_WHERE = (
-        "fingerprint = ? AND workload = ? AND variant = ? AND source_hash = ? AND config_key = ? AND origin = ?"
+        "fingerprint = ? AND workload = ? AND variant = ? AND source_hash = ? AND config_key = ? AND origin = ? "
+        "AND created_at >= ?"
     )
 
     def find_trial(
@@ -329,11 +330,13 @@ class SQLDatabase(Database):
         variant: str,
         source_hash: str,
         config_key: str | Mapping[str, Any],
+        *,
+        since: float = 0.0,
     ) -> TrialRecord | None:
         with self._read() as conn:
             row = conn.execute(
                 f"SELECT {self._TRIAL_COLUMNS} FROM trials WHERE {self._LOCAL_TRIAL_WHERE} ORDER BY id DESC LIMIT 1",
-                (fingerprint, workload, variant, source_hash, config_key_of(config_key), LOCAL),
+                (fingerprint, workload, variant, source_hash, config_key_of(config_key), LOCAL, float(since)),
             ).fetchone()
         return self._trial_from_row(row) if row else None
 
@@ -362,6 +365,7 @@ class SQLDatabase(Database):
         *,
         owner: str,
         ttl_s: float = CLAIM_TTL_S,
+        since: float = 0.0,
     ) -> bool:
         key = config_key_of(config_key)
         candidate = candidate_key(variant, source_hash, key)
@@ -372,7 +376,7 @@ class SQLDatabase(Database):
             # just after the caller's find_trial is seen here, never measured again.
             measured = conn.execute(
                 f"SELECT 1 FROM trials WHERE {self._LOCAL_TRIAL_WHERE} LIMIT 1",
-                (fingerprint, workload, variant, source_hash, key, LOCAL),
+                (fingerprint, workload, variant, source_hash, key, LOCAL, float(since)),
             ).fetchone()
             if measured:
                 return False

@@ -132,7 +132,7 @@ def _validate_in_mode(
     outcomes: dict[int, ClaimOutcome] = {}
     to_run: list[tuple[int, DecisionRecord, Any, Candidate]] = []
     for index, decision in items:
-        prepared = _candidate_of(db, decision)
+        prepared = candidate_of(db, decision)
         if isinstance(prepared, ClaimOutcome):
             outcomes[index] = _store(db, prepared)
         elif prepared is None:  # a baseline decision: none of its code ever runs in the user's process
@@ -156,9 +156,12 @@ def _validate_in_mode(
     return outcomes
 
 
-def _candidate_of(db: Database, decision: DecisionRecord) -> Any:
+def candidate_of(db: Database, decision: DecisionRecord) -> Any:
     """The candidate that checks ``decision``, None for a baseline decision, or the
-    :class:`ClaimOutcome` that settles it without running anything."""
+    :class:`ClaimOutcome` that settles it without running anything: an unknown family, a
+    built-in variant whose source here differs from the one measured (its source hash), an
+    outside kernel not stored, not trusted or not a kernel file. Used for imported claims and
+    for records of a near fingerprint carried over by the tuner."""
     from kernelsmith.evaluate.protocol import Candidate
     from kernelsmith.ops import get_op
     from kernelsmith.space import Config

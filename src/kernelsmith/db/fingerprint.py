@@ -2,8 +2,11 @@
 
 A tuned result is only valid where it was measured: another GPU, driver, CUDA, torch or Triton
 (or kernelsmith) can change which kernel wins, so all of them go into the fingerprint, and every
-stored record is keyed by its hash. Results from the Triton interpreter on the CPU get their own
-fingerprint (``mode="interpreter"``) so they can never be served as GPU results.
+stored record is keyed by its hash. Not all of them invalidate a result, though: a record of a
+fingerprint that differs only in the driver build or the kernelsmith release is re-validated and
+served (see :class:`~kernelsmith.db.records.Fingerprint` and :mod:`kernelsmith.tuner`). Results
+from the Triton interpreter on the CPU get their own fingerprint (``mode="interpreter"``) so they
+can never be served as GPU results.
 
 This module must import, and the interpreter fingerprint must work, on machines without a GPU
 or a CUDA driver; torch and triton are imported lazily so that opening a database stays cheap.
@@ -15,20 +18,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 
+from kernelsmith import settings
 from kernelsmith.db.records import Fingerprint
 
 logger = logging.getLogger(__name__)
 
 MODES = ("gpu", "interpreter")
-
-_TRUTHY = {"1", "true", "yes", "on"}
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in _TRUTHY
-
 
 def _cuda_available() -> bool:
     try:
@@ -48,7 +44,7 @@ def resolve_mode(mode: str | None = None) -> str:
         if mode not in MODES:
             raise ValueError(f"unknown fingerprint mode {mode!r}; expected one of {MODES}")
         return mode
-    if _env_flag("TRITON_INTERPRET") or _env_flag("KERNELSMITH_INTERPRET"):
+    if settings.interpreter_requested():
         return "interpreter"
     return "gpu" if _cuda_available() else "interpreter"
 

@@ -28,12 +28,39 @@ LOCAL, IMPORTED, UNKNOWN = "local", "imported", "unknown"
 ORIGINS: tuple[str, ...] = (LOCAL, IMPORTED, UNKNOWN)
 
 
+# The fields of a fingerprint, by what a change of each does to a stored result (see
+# docs/search.md, "A cache that survives upgrades"):
+# - MODEL_FIELDS name the GPU model; another model's results are never served, nor used as seeds.
+# - STRICT_FIELDS (the model's, CUDA, torch, Triton) invalidate a result: Triton compiles the
+#   kernel (a new Triton is new machine code), CUDA is the toolkit torch and Triton build and link
+#   against, and torch is the baseline every decision was measured against (its kernels and, for
+#   the compile backend, Inductor's code) and pins the Triton it ships with. A result measured
+#   under other values is only a warm-start seed here.
+# - The rest (the driver build, the kernelsmith release) are re-validated instead: a result
+#   measured under another value is served only after the harness here passed it on fresh data
+#   and it beat the baseline again (kernelsmith.tuner). A kernelsmith release that changed the
+#   variant itself changes the record's source hash, and that record is never served.
+MODEL_FIELDS: tuple[str, ...] = ("mode", "gpu_name", "sm_count", "compute_capability")
+STRICT_FIELDS: tuple[str, ...] = (*MODEL_FIELDS, "cuda", "torch", "triton")
+REVALIDATED_FIELDS: tuple[str, ...] = ("driver", "kernelsmith")
+
+
+def _digest(data: dict[str, Any]) -> str:
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class Fingerprint:
     """Everything about the machine and software that could make a stored result wrong.
 
     ``mode`` is ``"gpu"`` for real hardware and ``"interpreter"`` for the Triton interpreter on
     the CPU; the two never share a hash, so interpreter results are never served as GPU results.
+
+    Records are keyed by :attr:`hash`, of every field. Two fingerprints that differ only in
+    :data:`REVALIDATED_FIELDS` share a :attr:`compatibility` key: they are :meth:`near`, and a
+    record of one is served on the other once re-validated there. Fingerprints with one
+    :attr:`model` key are the same GPU model, whose winners seed each other's searches.
     """
 
     mode: str
@@ -48,8 +75,27 @@ class Fingerprint:
 
     @property
     def hash(self) -> str:
-        canonical = json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+        return _digest(asdict(self))
+
+    @property
+    def compatibility(self) -> str:
+        """The hash of the :data:`STRICT_FIELDS`: equal for fingerprints whose results may be
+        carried over to each other after re-validation."""
+        return _digest({k: getattr(self, k) for k in STRICT_FIELDS})
+
+    @property
+    def model(self) -> str:
+        """The hash of the :data:`MODEL_FIELDS`: one GPU model (or the interpreter)."""
+        return _digest({k: getattr(self, k) for k in MODEL_FIELDS})
+
+    def near(self, other: Fingerprint) -> bool:
+        """Whether ``other`` differs from this one only in :data:`REVALIDATED_FIELDS`."""
+        return other.hash != self.hash and other.compatibility == self.compatibility
+
+    def changes(self, other: Fingerprint) -> dict[str, tuple[Any, Any]]:
+        """The fields that differ: ``{name: (this one's value, other's value)}``."""
+        mine, theirs = asdict(self), asdict(other)
+        return {k: (v, theirs[k]) for k, v in mine.items() if theirs[k] != v}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -15,6 +15,12 @@ The distance between two specs of the same op, input by input:
 Inputs of another rank are compared as (product of leading sizes, last size), the row-wise view
 every op family here uses. Specs with another number of inputs are not comparable. A decision
 whose winner was the baseline still names the best kernel it measured; it is used too.
+
+Given a fingerprint, the decisions of every stored fingerprint of the same GPU model count
+(:attr:`~kernelsmith.db.Fingerprint.model`: same GPU, SM count and compute capability, any
+driver, CUDA, torch, Triton or kernelsmith version), so an upgrade that invalidates the stored
+results still starts its searches from them; at equal distance this fingerprint's own come
+first. Seeds are only proposals: each is measured here like any other candidate.
 """
 
 from __future__ import annotations
@@ -81,22 +87,25 @@ def nearest_winners(
     """Stored winners of the ``limit`` nearest tuned workloads of ``spec.op``, nearest first,
     as candidates of the current set (winners not in it are dropped; each appears once).
 
-    ``db`` is a :class:`kernelsmith.db.Database`; ``fingerprint`` (a hash) restricts the search to
-    one machine, which should be the one being tuned: another GPU's winners are a weaker hint.
+    ``db`` is a :class:`kernelsmith.db.Database`; ``fingerprint`` (a hash), which should be the
+    machine being tuned, restricts the search to the fingerprints of its GPU model (see the
+    module docstring): another GPU's winners are a weaker hint. None searches every fingerprint.
     """
     by_identity: dict[tuple[str, str], Candidate] = {}
     for c in candidates:
         by_identity.setdefault((c.variant, c.config.key), c)
+    same_model = _same_model(db, fingerprint)
     ranked = []
-    for decision in db.decisions(fingerprint=fingerprint, op=spec.op):
-        if not decision.variant:
+    for decision in db.decisions(op=spec.op):
+        if not decision.variant or (same_model is not None and decision.fingerprint not in same_model):
             continue
         distance = spec_distance(spec, OpSpec.from_dict(decision.spec))
         if distance is not None:
-            ranked.append((distance, decision.workload, decision.fingerprint, decision))
-    ranked.sort(key=lambda item: item[:3])
+            elsewhere = decision.fingerprint != fingerprint  # this fingerprint's own first, at a tie
+            ranked.append((distance, elsewhere, decision.workload, decision.fingerprint, decision))
+    ranked.sort(key=lambda item: item[:4])
     winners: list[Candidate] = []
-    for distance, _, _, decision in ranked[:limit]:
+    for distance, _, _, _, decision in ranked[:limit]:
         candidate = by_identity.get((decision.variant, config_key_of(decision.config)))
         if candidate is not None and candidate not in winners:
             log.debug("warm start: %s from %s (distance %.2f)", candidate.key, decision.workload, distance)
@@ -104,7 +113,18 @@ def nearest_winners(
     return winners
 
 
-class _Seeds(Strategy):
+def _same_model(db: Any, fingerprint: str | None) -> set[str] | None:
+    """The hashes of the stored fingerprints of ``fingerprint``'s GPU model (itself included),
+    or None (no restriction) when no fingerprint is given. A hash not stored is its own model."""
+    if fingerprint is None:
+        return None
+    this = db.get_fingerprint(fingerprint)
+    if this is None:
+        return {fingerprint}
+    return {fp.hash for fp in db.fingerprints() if fp.model == this.model} | {fingerprint}
+
+
+class Seeds(Strategy):
     """A fixed list of candidates, in order (those not in the candidate set are skipped)."""
 
     name = "seeds"
@@ -125,6 +145,6 @@ class WarmStart(Chain):
     observes the seeds' results and never proposes them again."""
 
     def __init__(self, inner: Strategy, seeds: Sequence[Candidate]) -> None:
-        super().__init__([(_Seeds(seeds), None), (inner, None)], inner.seed)
+        super().__init__([(Seeds(seeds), None), (inner, None)], inner.seed)
         self.inner = inner
         self.name = f"warm+{inner.name}"
