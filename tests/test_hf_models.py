@@ -82,11 +82,13 @@ def test_hugging_face_llama_sites_are_found_in_its_own_formulation(hf_dir):
     assert mlp.spec.describe() == "swiglu(2x8x128:float32, 2x8x128:float32, layout=pair)"
     assert [target_name(n) for n in mlp.region] == ["silu", "mul"]  # ACT2FN["silu"](gate_proj(x)) * up_proj(x)
 
-    # With labels the model computes its loss (logits.float(), labels shifted): cross-entropy over the tokens.
+    # With labels the model computes its loss (logits.float(), labels shifted): the LM head and its
+    # cross-entropy over the tokens are one linear_cross_entropy site (h, W, shifted labels).
     torch._dynamo.reset()
     loss = discover(lambda i: model(i, labels=i).loss, ids)[-1]
-    logits = loss.spec.inputs[0]
-    assert loss.op == "cross_entropy" and logits.shape[-1] == 256 and logits.dtype == "float32"
+    hidden, weight, target = loss.spec.inputs
+    assert loss.op == "linear_cross_entropy" and weight.shape == (256, 64) and hidden.shape == (BATCH * SEQ, 64)
+    assert target.shape == (BATCH * SEQ,) and target.dtype == "int64"
     assert loss.constants["ignore_index"] == -100 and loss.constants["label_smoothing"] == 0.0
 
 
@@ -121,7 +123,8 @@ def test_a_training_step_through_the_hf_loss_matches_eager(hf_dir, tmp_path, mon
     (ids,) = example_inputs(model, BATCH, SEQ)
     sites = discover(lambda i: model(i, labels=i).loss, ids, grad=True)
     assert [(s.op, s.needs_grad) for s in sites] == [
-        ("rmsnorm", True), ("add_rmsnorm", True), ("swiglu", True), ("add_rmsnorm", True), ("cross_entropy", True)]
+        ("rmsnorm", True), ("add_rmsnorm", True), ("swiglu", True), ("add_rmsnorm", True),
+        ("linear_cross_entropy", True)]
     store_all(db, sites, backward=True)
     seen = record_inductor(monkeypatch)
     calls = spy_runners(monkeypatch)
@@ -130,7 +133,7 @@ def test_a_training_step_through_the_hf_loss_matches_eager(hf_dir, tmp_path, mon
     compiled = torch.compile(model, backend=backend)
     compiled(ids, labels=ids).loss.backward()  # compiles (and checks each kernel once)
     assert {s.status for s in backend.sites} == {"replaced"}
-    assert sorted(kernel_ops(seen[-1])) == ["add_rmsnorm", "add_rmsnorm", "cross_entropy", "rmsnorm", "swiglu"]
+    assert sorted(kernel_ops(seen[-1])) == ["add_rmsnorm", "add_rmsnorm", "linear_cross_entropy", "rmsnorm", "swiglu"]
     model.zero_grad()
     calls.clear()
     loss = compiled(ids, labels=ids).loss

@@ -38,7 +38,9 @@ receive.
 
 Families matched: ``rmsnorm``, ``add_rmsnorm`` (residual add + RMSNorm), ``layernorm``,
 ``softmax``, ``gelu``, ``gelu_tanh``, ``swiglu`` and ``geglu`` (``act(a) * b``, two tensors or
-the halves of one), ``cross_entropy``; with ``decode=True``, ``decode_matmul``: each ``F.linear``
+the halves of one), ``cross_entropy``, ``linear_cross_entropy`` (an LM head's product and its loss,
+Hugging Face's included: :mod:`kernelsmith.frontends.patterns.linear_cross_entropy`); with
+``decode=True``, ``decode_matmul``: each ``F.linear``
 of at most 64 rows, with its residual add or SwiGLU partner
 (:mod:`kernelsmith.frontends.patterns.decode`). Not (yet): bias + activation after a linear (no such op
 family), add + LayerNorm, RoPE written as a function, the reductions (Inductor handles those well).
@@ -89,7 +91,8 @@ from kernelsmith.spec import OpSpec
 log = logging.getLogger(__name__)
 
 # Op families the backend looks for; add_rmsnorm is an RMSNorm site with its residual add folded in.
-FAMILIES = ("rmsnorm", "add_rmsnorm", "layernorm", "softmax", "gelu", "gelu_tanh", "swiglu", "geglu", "cross_entropy")
+FAMILIES = ("rmsnorm", "add_rmsnorm", "layernorm", "softmax", "gelu", "gelu_tanh", "swiglu", "geglu", "cross_entropy",
+            "linear_cross_entropy")
 # Families matched on request only (``decode=True``, or named in ``families``): decode-shaped
 # projections (kernelsmith.frontends.patterns.decode). Off by default: every small F.linear of any
 # graph would otherwise become a site, and a decode kernel pays only where the step runs as a graph.
@@ -295,6 +298,8 @@ def find_sites(gm: fx.GraphModule, families: Iterable[str] = FAMILIES, fuse_resi
     generators: dict[torch.device, torch.Generator] = {}
     if "decode_matmul" in wanted:  # first: at decode shapes the projections are the step, and their
         sites += _decode_sites(gm, nodes, order, taken, generators)  # fused epilogues save launches
+    if "linear_cross_entropy" in wanted:  # before cross_entropy, which would take the loss without its head
+        sites += _linear_cross_entropy_sites(gm, nodes, order, taken, generators)
     for out in reversed(nodes):
         if out in taken or not _absorbable(out) or not isinstance(_value(out), torch.Tensor):
             continue
@@ -402,6 +407,29 @@ def _decode_sites(
             found.append(site)
             taken |= region
             break
+    return found
+
+
+def _linear_cross_entropy_sites(
+    gm: fx.GraphModule,
+    nodes: list[fx.Node],
+    order: dict[fx.Node, int],
+    taken: set[fx.Node],
+    generators: dict[torch.device, torch.Generator],
+) -> list[Site]:
+    """``linear_cross_entropy`` sites: each LM head's product through its loss, checked as one
+    region (:mod:`kernelsmith.frontends.patterns.linear_cross_entropy`); where the logits are also
+    used elsewhere (a model output) the product stays and the site replaces only the loss."""
+    from kernelsmith.frontends.patterns import linear_cross_entropy as lce
+
+    found: list[Site] = []
+    for out, chain in lce.candidate_regions(gm, taken):
+        site = _recognize_region(gm, out, frozenset(chain), nodes, order, {lce.OP}, generators)
+        if site is None:
+            continue
+        site.region = lce.kept_nodes(chain)
+        found.append(site)
+        taken |= set(chain)
     return found
 
 

@@ -23,6 +23,7 @@ from kernelsmith.frontends.patterns import (
     gated,
     gelu,
     layernorm,
+    linear_cross_entropy,
     matmul,
     reductions,
     rmsnorm,
@@ -42,6 +43,7 @@ PATTERNS: dict[str, Callable[[Graph], Match | None]] = {
     "mean": reductions.match_mean,
     "max": reductions.match_max,
     "cross_entropy": cross_entropy.match,
+    "linear_cross_entropy": linear_cross_entropy.match,
     "attention": attention.match,
     "matmul": matmul.match,
 }
