@@ -2,6 +2,7 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo test lint gpu-session
 
@@ -28,7 +29,9 @@ demo: setup
 test: setup
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -m "not gpu"
+	# Two test processes (pytest-xdist; a file stays on one of them, so its fixtures are built once):
+	# the suite is CPU-bound in the Triton interpreter, and CI has two cores. TEST_WORKERS=0 runs serially.
+	$(BIN)/python -m pytest -q -m "not gpu" -n $(TEST_WORKERS) --dist loadfile
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks
