@@ -228,6 +228,8 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     output: Any = None  # the function's actual return value
     output_value: TensorValue | None = None  # set when the output is a single tracked tensor
+    # Set when the output is a tuple or list: each element's value if it is a tensor, else None.
+    output_values: tuple[TensorValue | None, ...] | None = None
     problems: list[str] = field(default_factory=list)  # reasons no pattern may match
     signature: CallSignature | None = None
 
@@ -1422,6 +1424,10 @@ def capture(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, An
     try:
         if isinstance(output, torch.Tensor):
             graph.output_value = recorder.tensor_value(output)
+        elif isinstance(output, tuple | list):
+            graph.output_values = tuple(
+                recorder.tensor_value(o) if isinstance(o, torch.Tensor) else None for o in output
+            )
         _settle_reads(recorder, fn, args, kwargs)
     except Exception as err:
         recorder.fail(err)
