@@ -52,7 +52,7 @@ def _as_postgres(*argv: str) -> list[str]:
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[Server]:
-    pytest.importorskip("psycopg", reason="psycopg is not installed: pip install 'kernelsmith[postgres]'")
+    pytest.importorskip("psycopg", reason="psycopg is not installed: pip install -e '.[postgres]'")
     bin_dir = _bin_dir()
     if bin_dir is None:
         pytest.skip("the PostgreSQL server programs are not installed (no /usr/lib/postgresql/*/bin/initdb)")

@@ -561,9 +561,9 @@ def test_ollama_request_host_and_context(monkeypatch, caplog):
 def test_a_missing_sdk_says_which_extra_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "anthropic", None)  # import fails
     monkeypatch.setitem(sys.modules, "ollama", None)
-    with pytest.raises(ImportError, match=re.escape("pip install 'kernelsmith[llm]'")):
+    with pytest.raises(ImportError, match=re.escape("pip install -e '.[llm]'")):
         make_client("anthropic", model="m", api_key="k")
-    with pytest.raises(ImportError, match=re.escape("pip install 'kernelsmith[ollama]'")):
+    with pytest.raises(ImportError, match=re.escape("pip install -e '.[ollama]'")):
         make_client("ollama", model="m")
     with pytest.raises(ValueError, match="unknown LLM provider"):
         make_client("palm", model="m")

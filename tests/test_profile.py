@@ -324,7 +324,7 @@ def test_cli_cuda_without_gpu_is_an_error(tmp_path):
 def test_hf_config_without_transformers_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # import fails as if not installed
     result = runner.invoke(app, ["profile", "--hf-config", "gpt2", "--out", str(tmp_path / "p.json")])
-    assert result.exit_code == 2 and "pip install 'kernelsmith[hf]'" in result.output
+    assert result.exit_code == 2 and "pip install -e '.[hf]'" in result.output
 
 
 def test_hf_llama_config_profiles_without_weights(tmp_path):

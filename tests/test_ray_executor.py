@@ -120,7 +120,7 @@ def test_without_ray_the_message_names_the_extra(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` sees when it is not installed
     with pytest.raises(ImportError) as caught:
         import_ray()
-    assert str(caught.value) == MISSING_RAY and "pip install 'kernelsmith[ray]'" in MISSING_RAY
+    assert str(caught.value) == MISSING_RAY and "pip install -e '.[ray]'" in MISSING_RAY
 
 
 def test_the_cli_reports_an_unreachable_cluster_in_one_line_and_writes_nothing(tmp_path: Any) -> None:

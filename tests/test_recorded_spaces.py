@@ -34,7 +34,7 @@ SPACES_DIR = Path(__file__).parent / "data" / "spaces"
 SPACE_FILES = sorted(SPACES_DIR.glob("*.json"))
 SPACE_IDS = [p.stem for p in SPACE_FILES]
 
-needs_optuna = pytest.mark.skipif(not optuna_available(), reason="needs optuna (pip install 'kernelsmith[search]')")
+needs_optuna = pytest.mark.skipif(not optuna_available(), reason="needs optuna (pip install -e '.[search]')")
 
 STRATEGIES: dict[str, Callable[[int], Strategy]] = {
     "grid": GridSearch,

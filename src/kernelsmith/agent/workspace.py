@@ -58,6 +58,7 @@ from kernelsmith.db import (
 from kernelsmith.decide import compare
 from kernelsmith.evaluate.kernel_file import KernelFileError, check_kernel_file, parse_kernel_file
 from kernelsmith.evaluate.protocol import Candidate, EvalResult, TimingSettings
+from kernelsmith.exceptions import KernelsmithError
 from kernelsmith.ops import OpFamily, get_op
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec, parse_shape
@@ -87,7 +88,7 @@ INTERPRETER_TIMING = TimingSettings(warmup_ms=0.0, rounds=6, input_sets=2, flush
 Evaluate = Callable[[OpSpec, Sequence[Candidate], TimingSettings], list[EvalResult]]
 
 
-class WorkspaceError(Exception):
+class WorkspaceError(KernelsmithError):
     """A problem with the workspace or the request (one line for the user, no traceback)."""
 
 

@@ -5,7 +5,7 @@ one is served by the others) and never measure the same candidate twice (claims,
 :mod:`kernelsmith.db._sql`). The schema, migrations and record semantics are SQLite's, from the
 same SQL (:class:`~kernelsmith.db._sql.SQLDatabase`); only the connection differs.
 
-- The driver is psycopg 3, an optional dependency (``pip install 'kernelsmith[postgres]'``),
+- The driver is psycopg 3, an optional dependency (``pip install -e '.[postgres]'``),
   imported only when a ``postgresql://`` URL is opened.
 - The connection runs in autocommit mode: every read is its own statement, every write one
   explicit transaction, committed when the method returns. ``INSERT ... ON CONFLICT`` makes the
@@ -63,9 +63,9 @@ def _psycopg() -> Any:
     try:
         import psycopg
     except ImportError:
-        raise DatabaseError(
-            "a postgresql:// database needs the psycopg driver: pip install 'kernelsmith[postgres]'"
-        ) from None
+        from kernelsmith.extras import missing
+
+        raise DatabaseError(missing("a postgresql:// database", "postgres")) from None
     return psycopg
 
 

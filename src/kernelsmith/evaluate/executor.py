@@ -21,12 +21,13 @@ from typing import Protocol
 
 from kernelsmith.evaluate.confirm import Confirmation
 from kernelsmith.evaluate.protocol import Candidate, CeilingResult, EvalResult, TimingSettings
+from kernelsmith.exceptions import KernelsmithError
 from kernelsmith.spec import OpSpec
 
 EXECUTORS = ("local", "ray")
 
 
-class ExecutorUnavailable(RuntimeError):
+class ExecutorUnavailable(KernelsmithError, RuntimeError):
     """The executor asked for cannot run here (an unreachable Ray address, say): one line,
     raised before any tuning starts."""
 

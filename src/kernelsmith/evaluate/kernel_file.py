@@ -51,6 +51,7 @@ from kernelsmith.evaluate.kernel_gate import (
     check_kernel_file,
 )
 from kernelsmith.evaluate.launch_expr import Expr, LaunchExprError, TensorInfo
+from kernelsmith.exceptions import KernelsmithError
 from kernelsmith.ops._base import Launcher, rows_and_width
 from kernelsmith.ops._launch import direct_launch
 from kernelsmith.space import Config, Constraint, Param, Space
@@ -73,7 +74,7 @@ __all__ = [
 MAX_SCRATCH_BYTES = 1 << 34
 
 
-class KernelFileError(ValueError):
+class KernelFileError(KernelsmithError, ValueError):
     """A kernel file that fails the gate or cannot be loaded or built; ``problems`` lists why."""
 
     def __init__(self, problems: Sequence[str]) -> None:

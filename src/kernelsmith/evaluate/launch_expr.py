@@ -33,6 +33,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kernelsmith.exceptions import KernelsmithError
+
 MAX_LENGTH = 400  # characters in one expression: enough for any launch, too few to nest deeply
 MAX_EXPONENT = 64
 MAX_INT = 1 << 64
@@ -61,7 +63,7 @@ ALLOWED_FORMS = (
 )
 
 
-class LaunchExprError(ValueError):
+class LaunchExprError(KernelsmithError, ValueError):
     """An expression that does not parse in the grammar, or fails to evaluate."""
 
 

@@ -16,7 +16,7 @@ run: the actor is replaced, the request is retried on another actor (up to
 ``MAX_ATTEMPTS`` times), and only a request that lost every attempt comes back as a ``crash``
 failure record. A crash of the worker process under a live actor is the candidate's, as locally.
 
-Ray is an optional dependency (``pip install 'kernelsmith[ray]'``), imported only here and only
+Ray is an optional dependency (``pip install -e '.[ray]'``), imported only here and only
 when this executor is chosen. Every Ray node needs kernelsmith installed, like any Ray library.
 """
 
@@ -60,11 +60,12 @@ from kernelsmith.evaluate.protocol import (
     encode_reply,
     encode_request,
 )
+from kernelsmith.extras import missing
 from kernelsmith.spec import OpSpec
 
 log = logging.getLogger(__name__)
 
-MISSING_RAY = "the Ray executor needs Ray: pip install 'kernelsmith[ray]'"
+MISSING_RAY = missing("the Ray executor", "ray")
 MAX_ATTEMPTS = 3  # actors a request may lose before it is a failure record
 _PROBE_TIMEOUT_S = 5.0
 _CLOSE_TIMEOUT_S = 30.0

@@ -39,6 +39,9 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from kernelsmith.exceptions import KernelsmithError
+from kernelsmith.extras import missing
+
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
@@ -83,7 +86,7 @@ class Usage:
         }
 
 
-class LLMError(RuntimeError):
+class LLMError(KernelsmithError, RuntimeError):
     """A request failed or its answer did not fit the schema. ``usage`` is what it still cost."""
 
     def __init__(self, message: str, usage: Usage | None = None) -> None:
@@ -144,10 +147,7 @@ def import_sdk(module: str, extra: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise ImportError(
-            f"this LLM client needs the {module!r} package: "
-            f"pip install 'kernelsmith[{extra}]' (or pip install {module})"
-        ) from exc
+        raise ImportError(missing("this LLM client", extra, module)) from exc
 
 
 def setting(value: str | None, env: str) -> str | None:

@@ -1,4 +1,4 @@
-"""Anthropic's Messages API through the official ``anthropic`` SDK (``pip install 'kernelsmith[llm]'``).
+"""Anthropic's Messages API through the official ``anthropic`` SDK (``pip install -e '.[llm]'``).
 
 Structured output is a forced tool call: the request declares one tool whose ``input_schema`` is
 the pydantic model's JSON schema and sets ``tool_choice`` to it, so the model answers with a

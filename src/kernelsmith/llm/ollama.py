@@ -1,4 +1,4 @@
-"""A local model served by Ollama, through the official ``ollama`` SDK (``pip install 'kernelsmith[ollama]'``).
+"""A local model served by Ollama, through the official ``ollama`` SDK (``pip install -e '.[ollama]'``).
 
 Why the native SDK rather than Ollama's OpenAI-compatible endpoint (which
 :mod:`~kernelsmith.llm.openai_compat` could also reach):

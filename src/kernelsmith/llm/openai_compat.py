@@ -1,5 +1,5 @@
 """Any OpenAI-compatible chat endpoint through the official ``openai`` SDK with a ``base_url``
-(``pip install 'kernelsmith[llm]'``): OpenAI itself, vLLM, SGLang, llama.cpp's server, LiteLLM
+(``pip install -e '.[llm]'``): OpenAI itself, vLLM, SGLang, llama.cpp's server, LiteLLM
 and other gateways.
 
 Structured output uses ``response_format``: ``"json_schema"`` (the default) sends the pydantic

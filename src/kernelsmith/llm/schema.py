@@ -1,4 +1,4 @@
-"""The structured answers the LLM strategy asks for (pydantic models; ``pip install 'kernelsmith[llm]'``).
+"""The structured answers the LLM strategy asks for (pydantic models; ``pip install -e '.[llm]'``).
 
 A round's answer is a list of parameter proposals (a variant of the op family and a config) and,
 when whole-kernel proposals are enabled, a list of kernels (a kernel file's text, see

@@ -27,9 +27,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from kernelsmith.extras import install_hint
+
 logger = logging.getLogger(__name__)
 
-HF_EXTRA_HINT = "pip install 'kernelsmith[hf]'"
+HF_EXTRA_HINT = install_hint("hf")
 
 
 @dataclass

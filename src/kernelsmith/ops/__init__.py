@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from kernelsmith.ops._base import Launcher, OpFamily, Tolerance, UnsupportedWorkload, Variant
+from kernelsmith.ops._base import Launcher, OpFamily, Tolerance, UnknownOpError, UnsupportedWorkload, Variant
 
 # name -> "module" (which defines OP) or "module:ATTR" for modules holding several families.
 # Modules import lazily so that `import kernelsmith` stays cheap.
@@ -52,11 +52,13 @@ def op_names() -> list[str]:
 def get_op(name: str) -> OpFamily:
     """The op family registered under ``name``; ValueError for an unknown name."""
     if name not in _MODULES:
-        raise ValueError(f"unknown op {name!r} (known: {', '.join(op_names())})")
+        raise UnknownOpError(f"unknown op {name!r} (known: {', '.join(op_names())})")
     if name not in _LOADED:
         module_name, _, attribute = _MODULES[name].partition(":")
         _LOADED[name] = getattr(importlib.import_module(module_name), attribute or "OP")
     return _LOADED[name]
 
 
-__all__ = ["Launcher", "OpFamily", "Tolerance", "UnsupportedWorkload", "Variant", "get_op", "op_names"]
+__all__ = [
+    "Launcher", "OpFamily", "Tolerance", "UnknownOpError", "UnsupportedWorkload", "Variant", "get_op", "op_names",
+]

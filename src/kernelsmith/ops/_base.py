@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from kernelsmith.exceptions import KernelsmithError
 from kernelsmith.space import Config, Space
 from kernelsmith.spec import OpSpec, TensorSpec
 
@@ -49,8 +50,12 @@ FINITE_STRESS_DISTRIBUTIONS = ("spikes", "denormal")
 SPIKE_RANGE = (1e3, 3e4)  # magnitudes of the spikes: large, yet finite in float16 (max 65504)
 
 
-class UnsupportedWorkload(ValueError):
+class UnsupportedWorkload(KernelsmithError, ValueError):
     """The op family cannot handle this spec (dtype, layout, rank...): callers fall back."""
+
+
+class UnknownOpError(KernelsmithError, ValueError):
+    """No op family has this name (the message lists those that do)."""
 
 
 @dataclass(frozen=True)

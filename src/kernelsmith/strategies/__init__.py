@@ -3,10 +3,10 @@
 ====================  ==========================================================================
 ``grid``              every candidate in a fixed order, variants interleaved
 ``random``            seeded random order, variants interleaved
-``tpe``               Optuna's TPE sampler (``pip install 'kernelsmith[search]'``)
+``tpe``               Optuna's TPE sampler (``pip install -e '.[search]'``)
 ``coordinate``        coordinate descent around the incumbent, random restarts when stuck
 ``llm``               rounds of proposals from a language model, parameters and whole kernels
-                      (``pip install 'kernelsmith[llm]'``; a ``client``, or one configured by
+                      (``pip install -e '.[llm]'``; a ``client``, or one configured by
                       environment variables: see :mod:`kernelsmith.llm`)
 ``auto``              picks one of the above from the budget and the space size, warm-started
                       from the nearest tuned workloads in the database (see ``auto.py``); the

@@ -560,7 +560,9 @@ def _import_schema(sources: bool) -> type:
     try:
         from kernelsmith.llm.schema import ParamRound, Round
     except ImportError as exc:
-        raise ImportError("the 'llm' strategy needs pydantic: pip install 'kernelsmith[llm]'") from exc
+        from kernelsmith.extras import missing
+
+        raise ImportError(missing("the 'llm' strategy", "llm", "pydantic")) from exc
     return Round if sources else ParamRound
 
 

@@ -16,7 +16,7 @@ Failed evaluations are told as ``TrialState.FAIL``, never as a time. Results of 
 strategy did not propose (a warm start, an earlier stage) are added to the study as finished
 trials, so TPE learns from them too.
 
-Optuna is an optional dependency: ``pip install 'kernelsmith[search]'``.
+Optuna is an optional dependency: ``pip install -e '.[search]'``.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ def import_optuna() -> Any:
     try:
         import optuna
     except ImportError as exc:
-        raise ImportError(
-            "the 'tpe' strategy needs Optuna: pip install 'kernelsmith[search]' (or pip install optuna)"
-        ) from exc
+        from kernelsmith.extras import missing
+
+        raise ImportError(missing("the 'tpe' strategy", "search")) from exc
     return optuna
 
 
