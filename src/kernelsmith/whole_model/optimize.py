@@ -42,7 +42,7 @@ import datetime
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
@@ -55,6 +55,7 @@ from kernelsmith.frontends.backend import KernelsmithBackend, Site, _backward_me
 from kernelsmith.ops import UnsupportedWorkload, get_op
 from kernelsmith.spec import OpSpec
 from kernelsmith.whole_model.profile import Plan, amdahl_gain
+from kernelsmith.whole_model.train_step import MemoryObjective, decide_training_step
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ PLAN_FAMILIES: dict[str, tuple[str, ...]] = {
     "swiglu": ("swiglu", "silu"),
     "geglu": ("geglu", "gelu"),
     "cross_entropy": ("cross_entropy", "log_softmax"),
+    "linear_cross_entropy": ("cross_entropy", "log_softmax"),  # (the head's GEMM is a matmul row)
 }
 MIN_EVALUATIONS = 4  # a search shorter than this is hardly a search
 IMPROVEMENT = 0.01  # a best time this much better counts as progress (patience)
@@ -160,8 +162,9 @@ class _Patience:
 
 def optimize_model(
     model: nn.Module,
-    example_inputs: Sequence[Any],
+    example_inputs: Sequence[Any] = (),
     *,
+    example_kwargs: Mapping[str, Any] | None = None,
     budget: int = 100,
     seconds: float | None = None,
     db: Any = None,
@@ -171,6 +174,7 @@ def optimize_model(
     patience: int | None = 12,
     min_gain: float = 1.002,
     compare: bool | None = None,
+    memory: MemoryObjective | None = None,
     name: str = "model",
     progress: ProgressFn | None = None,
     devices: Sequence[int] | str | None = None,
@@ -190,6 +194,15 @@ def optimize_model(
     :class:`~kernelsmith.frontends.backend.KernelsmithBackend`). ``devices``, ``executor`` and
     ``ray_address`` say where the candidates run (see :func:`kernelsmith.tuner.tune_spec`). See
     :mod:`kernelsmith.whole_model.optimize`.
+
+    ``example_kwargs`` are keyword inputs of the model's calls, as Hugging Face models take them
+    (``input_ids``, ``labels``, ``attention_mask``): with ``labels`` the loss is computed inside the
+    model, so it is in the plan, in the graph and among the sites. With ``train=True`` (and
+    ``compare`` not False; None: on a GPU) the whole training step decides which families'
+    replacements stay (:mod:`kernelsmith.whole_model.train_step`): each family's alone, timed with
+    its peak memory against none, kept where the step is not slower or where ``memory`` (a
+    :class:`~kernelsmith.whole_model.train_step.MemoryObjective`) accepts its memory saving; the
+    report's ``train_step`` says what each kept family saves.
     """
     if budget < 0:
         raise ValueError(f"budget must be a count of evaluations >= 0, not {budget}")
@@ -199,7 +212,8 @@ def optimize_model(
     where = {"devices": devices, "executor": executor, "ray_address": ray_address}
     started = time.monotonic()
     inputs = tuple(example_inputs)
-    tensors = [t for t in (*inputs, *model.parameters()) if isinstance(t, torch.Tensor)]
+    kwargs = dict(example_kwargs or {})
+    tensors = [t for t in (*inputs, *kwargs.values(), *model.parameters()) if isinstance(t, torch.Tensor)]
     mode = dispatch.mode_for(tensors)
     allowance = _Budget(budget, started + seconds if seconds is not None else None)
     report: dict[str, Any] = {
@@ -220,10 +234,10 @@ def optimize_model(
     try:
         if plan is None:
             tell("profile", f"profiling {name}")
-            plan = _profile(model, inputs, name)
+            plan = _profile(model, inputs, name, kwargs)
         model.train(was_training)
         tell("discover", "tracing the model for op patterns")
-        sites = discover_sites(model, inputs, train=train)
+        sites = discover_sites(model, inputs, train=train, kwargs=kwargs)
         workloads = rank(workloads_of(sites, train), plan)
         stopped = "" if mode is not None else report["note"]
         if mode is not None:
@@ -232,7 +246,11 @@ def optimize_model(
         backend = KernelsmithBackend(db=db, compare=compare)
         compiled = cast(nn.Module, torch.compile(model, backend=backend))
         with torch.set_grad_enabled(train):
-            compiled(*inputs)
+            compiled(*inputs, **kwargs)
+        if train and (compare if compare is not None else mode == "gpu"):
+            tell("compile", "timing the training step with and without each family's replacements")
+            compiled, step_report = _decide_training_step(model, backend, db, inputs, kwargs, memory)
+            report["train_step"] = step_report
     finally:
         model.train(was_training)
     replaced = [s for s in backend.sites if s.status == "replaced"]
@@ -245,6 +263,7 @@ def optimize_model(
         sites=[s.summary() for s in backend.sites],
         replaced=len(replaced),
         expected_gain=expected_gain(workloads, replaced),
+        peak_memory_bytes=plan.peak_memory_bytes,
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     )
     tell("done", f"{len(replaced)} of {len(backend.sites)} sites replaced, {allowance.spent} evaluations")
@@ -259,20 +278,54 @@ def _mode_note(mode: str | None) -> str:
     return ""
 
 
-def _profile(model: nn.Module, inputs: tuple[Any, ...], name: str) -> Plan:
+def _profile(model: nn.Module, inputs: tuple[Any, ...], name: str, kwargs: Mapping[str, Any] | None = None) -> Plan:
     from kernelsmith.whole_model.profile import profile_model
 
-    on_gpu = any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in inputs)
+    keywords = dict(kwargs or {})
+    on_gpu = any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in (*inputs, *keywords.values()))
     warmup, iterations = (3, 5) if on_gpu else (1, 2)
-    return profile_model(model, inputs, name=name, warmup=warmup, iterations=iterations)
+    return profile_model(model, inputs, name=name, warmup=warmup, iterations=iterations, kwargs=keywords)
 
 
-def discover_sites(model: nn.Module, inputs: Sequence[Any], *, train: bool = False) -> list[Site]:
+def discover_sites(
+    model: nn.Module, inputs: Sequence[Any], *, train: bool = False, kwargs: Mapping[str, Any] | None = None
+) -> list[Site]:
     """The sites the kernelsmith backend finds in ``model``'s graphs (one forward, run eagerly)."""
     backend = KernelsmithBackend(discover=True)
     with torch.set_grad_enabled(train):
-        torch.compile(model, backend=backend)(*inputs)
+        torch.compile(model, backend=backend)(*inputs, **dict(kwargs or {}))
     return backend.sites
+
+
+def _decide_training_step(
+    model: nn.Module,
+    backend: KernelsmithBackend,
+    db: Any,
+    inputs: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    memory: MemoryObjective | None,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """The model compiled with the families whose replacements the training step keeps
+    (:func:`kernelsmith.whole_model.train_step.decide_training_step`), and the step report. The
+    sites of a dropped family become "slower in context", with the step's numbers as the reason."""
+    families = sorted({s.op for s in backend.sites if s.status == "replaced"})
+
+    def build(chosen: frozenset[str]) -> nn.Module:
+        only = KernelsmithBackend(db=db, compare=False, families=tuple(f for f in families if f in chosen))
+        return cast(nn.Module, torch.compile(model, backend=only))
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    device = next((p.device for p in params), torch.device("cpu"))
+    model.train()
+    compiled, step = decide_training_step(build, families, params, device, inputs, kwargs, objective=memory)
+    for p in params:
+        p.grad = None
+    verdicts = {d.family: d for d in step.families}
+    for site in backend.sites:
+        verdict = verdicts.get(site.op)
+        if site.status == "replaced" and verdict is not None and site.op not in step.kept:
+            site.status, site.reason = "slower in context", f"training step: {verdict.reason}"
+    return compiled, step.to_dict()
 
 
 def workloads_of(sites: Sequence[Site], train: bool = False) -> list[Workload]:

@@ -52,7 +52,7 @@ import platform
 import re
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -296,6 +296,8 @@ class Plan:
     parameters: int | None = None
     compiled: bool = False
     wall_ms: float | None = None  # one forward, unprofiled, host clock around synchronized runs
+    peak_memory_bytes: int | None = None  # torch.cuda.max_memory_allocated over the unprofiled forwards
+    memory_note: str = ""  # why peak memory is not measured (a CPU)
     families: list[dict[str, Any]] = field(default_factory=list)
     attributed_by: dict[str, float] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
@@ -417,6 +419,7 @@ def profile_model(
     iterations: int = 5,
     compile: bool = False,
     recognize_modules: bool = True,
+    kwargs: Mapping[str, Any] | None = None,
     **meta: Any,
 ) -> Plan:
     """Profile ``model(*inputs)`` (forward, no grad) on the inputs' device and return its plan.
@@ -425,19 +428,24 @@ def profile_model(
     run first (with ``compile=True`` the model is ``torch.compile``-d and the warm-up compiles
     it), then ``iterations`` unprofiled forwards give the wall time and ``iterations`` profiled
     ones the plan. ``meta`` (``batch``, ``seq``, ``dtype``, ``source``...) is recorded in the plan.
+    ``kwargs`` are keyword inputs of every call (Hugging Face's ``input_ids``, ``labels``,
+    ``attention_mask``: with ``labels`` the model's loss is profiled too). On a GPU the plan's
+    ``peak_memory_bytes`` is the largest ``torch.cuda.max_memory_allocated`` of the unprofiled
+    forwards; on a CPU it is None and ``memory_note`` says why.
     """
     if iterations < 1 or warmup < 0:
         raise ValueError(f"iterations must be positive and warmup non-negative (got {iterations}, {warmup})")
-    device = _device_of(model, inputs)
+    keywords = dict(kwargs or {})
+    device = _device_of(model, (*inputs, *keywords.values()))
     on_gpu = device.type == "cuda"
     model.eval()
     annotations = _ModuleAnnotations()
-    run: Callable[[], Any] = lambda: model(*inputs)
+    run: Callable[[], Any] = lambda: model(*inputs, **keywords)
     if compile:
-        run = _compiled(model, inputs)
+        run = _compiled(model, inputs, keywords)
     elif recognize_modules:
         with torch.no_grad():
-            annotations.recognize(model, inputs)
+            annotations.recognize(model, inputs, keywords)
 
     def sync() -> None:
         if on_gpu:
@@ -447,11 +455,14 @@ def profile_model(
         for _ in range(warmup):
             run()
         sync()
+        if on_gpu:
+            torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
         for _ in range(iterations):
             run()
         sync()
         wall_ms = (time.perf_counter() - start) * 1000.0 / iterations
+        peak = torch.cuda.max_memory_allocated(device) if on_gpu else None
 
         from torch.profiler import ProfilerActivity, profile
 
@@ -476,6 +487,8 @@ def profile_model(
         note="" if on_gpu else NO_GPU_NOTE,
         compiled=compile,
         wall_ms=wall_ms,
+        peak_memory_bytes=peak,
+        memory_note="" if on_gpu else "peak memory is not measured on a CPU",
         versions={"torch": torch.__version__, "kernelsmith": kernelsmith.__version__},
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         **{"dtype": _dtype_name(model), **meta},
@@ -508,9 +521,9 @@ def _dtype_name(model: nn.Module) -> str:
         return str(dtype).removeprefix("torch.")
 
 
-def _compiled(model: nn.Module, inputs: Sequence[Any]) -> Callable[[], Any]:
+def _compiled(model: nn.Module, inputs: Sequence[Any], kwargs: Mapping[str, Any]) -> Callable[[], Any]:
     compiled = torch.compile(model)
-    return lambda: compiled(*inputs)
+    return lambda: compiled(*inputs, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -645,7 +658,7 @@ class _ModuleAnnotations:
     def __init__(self) -> None:
         self.matches: dict[int, Any] = {}  # id(module) -> kernelsmith.frontends.recognize.Match
 
-    def recognize(self, model: nn.Module, inputs: Sequence[Any]) -> None:
+    def recognize(self, model: nn.Module, inputs: Sequence[Any], kwargs: Mapping[str, Any] | None = None) -> None:
         """One forward with each leaf module's first call run through the recognizer."""
         from kernelsmith.frontends.recognize import recognize
 
@@ -666,7 +679,7 @@ class _ModuleAnnotations:
         leaves = [m for m in model.modules() if not any(True for _ in m.children()) and not isinstance(m, self.SKIP)]
         handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in leaves]
         try:
-            model(*inputs)
+            model(*inputs, **dict(kwargs or {}))
         finally:
             for handle in handles:
                 handle.remove()

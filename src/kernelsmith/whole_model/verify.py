@@ -605,8 +605,13 @@ def verify_model(
     train: bool = False,
     truth: str = "auto",
     tolerance: Tolerance = MODEL_TOLERANCE,
+    keywords: Sequence[str] = (),
 ) -> VerifyResult:
     """Compare ``optimized`` with ``model`` on ``inputs_fn(seed)`` for each seed (module docstring).
+
+    ``keywords`` names the inputs when the models take them as keywords (Hugging Face's
+    ``input_ids``, ``labels``, ``attention_mask``): ``inputs_fn(seed)`` returns them in that order
+    and both models are called with them by name (:class:`~kernelsmith.whole_model.keyword_inputs.KeywordCall`).
 
     ``optimized`` is any callable taking the model's inputs (``None``: :func:`optimized_model`).
     ``truth`` is ``"auto"`` (float64 where it fits), ``"fp64"`` or ``"original"`` (compare with
@@ -619,6 +624,12 @@ def verify_model(
     """
     seeds = list(seeds)
     note = ""
+    if keywords:
+        from kernelsmith.whole_model.keyword_inputs import KeywordCall
+
+        model = KeywordCall(model, keywords)
+        if optimized is not None:
+            optimized = KeywordCall.calling(optimized, keywords)
     if optimized is None:
         optimized, _, note = optimized_model(model)
     reference, truth_note = _truth_model(model, inputs_fn, seeds, truth, train)
