@@ -92,6 +92,11 @@ class TensorSpec:
         strides = tuple(int(s) for s in self.strides) or contiguous_strides(self.shape)
         if len(strides) != len(self.shape):
             raise ValueError(f"strides {strides} do not match shape {self.shape}")
+        # A size-1 dim is never stepped along, so its stride means nothing (PyTorch ignores it too:
+        # ``y.transpose(1, 2).reshape(b, 1, -1)`` of a decode step is contiguous with the stride 16
+        # there); canonical, so that such a tensor is the contiguous workload it is.
+        canonical = contiguous_strides(self.shape)
+        strides = tuple(c if size == 1 else s for s, c, size in zip(strides, canonical, self.shape, strict=True))
         object.__setattr__(self, "strides", strides)
 
     @classmethod

@@ -24,12 +24,15 @@ from kernelsmith.cli.model_options import (
     DeviceOption,
     DtypeOption,
     HfConfigOption,
+    KeywordInputsOption,
     KwargsOption,
     ModelArg,
     TinyOption,
     parse_device,
     parse_kwargs,
+    parse_memory_objective,
     seq_option,
+    split_inputs,
 )
 
 GPU_DEFAULTS = {"batch": 8, "seq": 1024}
@@ -45,6 +48,7 @@ def optimize(
     seq: Annotated[int | None, seq_option(32)] = None,
     dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
+    keyword_inputs: KeywordInputsOption = None,
     budget: Annotated[int, typer.Option("--budget", min=0, help="Evaluations in all, over every op tuned.")] = 100,
     seconds: Annotated[
         float | None, typer.Option("--seconds", min=0, help="Wall-time limit in seconds (default: none).")
@@ -57,6 +61,11 @@ def optimize(
         Path | None, typer.Option("--plan", help="A plan JSON from `kernelsmith profile` to use instead of profiling.")
     ] = None,
     train: Annotated[bool, typer.Option("--train", help="Also tune the backward ops (training).")] = False,
+    memory: Annotated[
+        str | None,
+        typer.Option("--memory-objective", help="With --train: SAVING:SLOWDOWN in percent (20:5 keeps a replacement "
+                     "that cuts the step's peak memory by >= 20% for <= 5% more time; default: never slower)."),
+    ] = None,
     compare: Annotated[
         bool | None,
         typer.Option("--compare/--no-compare", help="Keep kernels only where the compiled model times faster in "
@@ -75,7 +84,7 @@ def optimize(
     """Profile a model, tune its top ops (highest expected gain first) within the budget, report."""
     from kernelsmith.cli.common import UserError, err, out, run_or_exit
 
-    def prepare() -> tuple[Any, tuple[Any, ...], Any, str]:
+    def prepare() -> tuple[Any, tuple[Any, ...], dict[str, Any], Any, str, Any]:
         import torch
 
         target = parse_device(device, torch)
@@ -97,18 +106,21 @@ def optimize(
         limit = max_positions(module)
         run_seq = seq if seq is not None else min(defaults["seq"], limit or defaults["seq"])
         inputs = example_inputs(module, batch if batch is not None else defaults["batch"], run_seq, target)
+        inputs, keywords = split_inputs(inputs, keyword_inputs, UserError)
+        objective = parse_memory_objective(memory, UserError)
         plan = Plan.read(plan_file) if plan_file is not None else None
         check_where(devices, executor, ray_address)  # an unreachable Ray cluster, say: before profiling
-        return module, inputs, plan, loaded.name
+        return module, inputs, keywords, plan, loaded.name, objective
 
-    module, inputs, plan, name = run_or_exit(prepare)
+    module, inputs, keywords, plan, name, objective = run_or_exit(prepare)
     from kernelsmith.whole_model.optimize import optimize_model
 
     with _Bars(err, disabled=as_json) as bars:
         _, report = run_or_exit(
             lambda: optimize_model(
-                module, inputs, budget=budget, seconds=seconds, db=db, strategy=strategy, plan=plan, train=train,
-                patience=patience, compare=compare, name=name, progress=bars.update,
+                module, inputs, example_kwargs=keywords, budget=budget, seconds=seconds, db=db, strategy=strategy,
+                plan=plan, train=train, patience=patience, compare=compare, memory=objective, name=name,
+                progress=bars.update,
                 devices=devices, executor=executor, ray_address=ray_address,
             )
         )
@@ -118,9 +130,31 @@ def optimize(
         print(json.dumps(report, default=str))
     else:
         _print_report(report, out)
+        _print_train_step(report, out)
     if report["note"]:
         err.print(f"[yellow]{report['note']}[/yellow]", highlight=False)
     err.print(f"report written to {out_file}; measure the result with `kernelsmith verify`", highlight=False)
+
+
+def _print_train_step(report: dict[str, Any], console: Any) -> None:
+    """The training step's verdict per family (``optimize --train`` on a GPU), and the peak memory."""
+    from kernelsmith.whole_model.train_step import format_bytes
+
+    step = report.get("train_step")
+    if step is None:
+        if report.get("peak_memory_bytes") is not None:
+            console.print(f"peak memory of a forward: {format_bytes(report['peak_memory_bytes'])}", highlight=False)
+        return
+    base = step["baseline"]
+    console.print(f"training step without replacements: {base['median_ms']:.2f} ms, peak "
+                  f"{format_bytes(base['peak_bytes'])}", highlight=False)  # fmt: skip
+    for d in step["families"]:
+        saved = "-" if d["memory_saving"] is None else f"{100 * d['memory_saving']:.1f}%"
+        console.print(f"  {d['family']}: {'kept' if d['keep'] else 'dropped'}, {d['time_ratio']:.3f}x the time, "
+                      f"peak memory saved {saved}: {d['reason']}", highlight=False)  # fmt: skip
+    console.print(f"kept: {', '.join(step['kept']) or 'none'} ({step['final_reason']})", highlight=False)
+    if step["memory_note"]:
+        console.print(step["memory_note"], highlight=False)
 
 
 class _Bars:

@@ -18,12 +18,14 @@ from kernelsmith.cli.model_options import (
     DeviceOption,
     DtypeOption,
     HfConfigOption,
+    KeywordInputsOption,
     KwargsOption,
     ModelArg,
     TinyOption,
     parse_device,
     parse_kwargs,
     seq_option,
+    split_inputs,
 )
 
 # Sizes when --batch / --seq are not given: the GPU shape of a realistic run; on a CPU, where the
@@ -41,6 +43,7 @@ def profile(
     seq: Annotated[int | None, seq_option(128)] = None,
     dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
+    keyword_inputs: KeywordInputsOption = None,
     warmup: Annotated[int | None, typer.Option("--warmup", min=0, help="Forwards before measuring.")] = None,
     iters: Annotated[int | None, typer.Option("--iters", min=1, help="Forwards measured (and profiled).")] = None,
     compile: Annotated[
@@ -72,7 +75,7 @@ def profile(
         limit = max_positions(module)
         run_seq = seq if seq is not None else min(defaults["seq"], limit or defaults["seq"])
         run_batch = batch if batch is not None else defaults["batch"]
-        inputs = example_inputs(module, run_batch, run_seq, target)
+        inputs, keywords = split_inputs(example_inputs(module, run_batch, run_seq, target), keyword_inputs, UserError)
         err.print(
             f"profiling {loaded.name} ({parameter_count(module) / 1e6:,.1f}M parameters) on {target}: "
             f"batch {run_batch}, seq {run_seq}, {name}{', torch.compile' if compile else ''}",
@@ -85,6 +88,7 @@ def profile(
             warmup=warmup if warmup is not None else defaults["warmup"],
             iterations=iters if iters is not None else defaults["iterations"],
             compile=compile,
+            kwargs=keywords,
             batch=run_batch,
             seq=run_seq,
             dtype=name,
