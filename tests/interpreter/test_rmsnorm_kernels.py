@@ -15,7 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.ops import UnsupportedWorkload, get_op
-from kernelsmith.ops.rmsnorm import MAX_WHOLE_ROW, OP, RMSNorm
+from kernelsmith.ops._rowwise import MAX_WHOLE_ROW
+from kernelsmith.ops.rmsnorm import OP, RMSNorm
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
 from kernelsmith.testing.kernels import covering_configs

@@ -21,6 +21,7 @@ from kernelsmith.cli.model_options import (
     DeviceOption,
     DtypeOption,
     HfConfigOption,
+    KeywordInputsOption,
     KwargsOption,
     ModelArg,
     TinyOption,
@@ -43,6 +44,7 @@ def verify(
     seq: Annotated[int | None, seq_option(64)] = None,
     dtype: DtypeOption = "auto",
     device: DeviceOption = "auto",
+    keyword_inputs: KeywordInputsOption = None,
     seeds: Annotated[int, typer.Option("--seeds", min=1, help="Input sets to compare on, one per seed.")] = 3,
     seed: Annotated[
         int | None, typer.Option("--seed", help="First seed (default: fresh random seeds, printed for a re-run).")
@@ -107,8 +109,19 @@ def verify(
         run_seq = seq if seq is not None else min(defaults["seq"], limit or defaults["seq"])
         run_batch = batch if batch is not None else defaults["batch"]
 
+        from kernelsmith.whole_model import keyword_inputs as ki
+
+        try:
+            keyword_names = ki.parse_keywords(keyword_inputs)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        plain = module  # with keyword inputs `module` calls it by keyword (positional tensors, in that order)
+        if keyword_names:
+            module = ki.KeywordCall(plain, keyword_names)
+
         def inputs_fn(s: int) -> tuple[Any, ...]:
-            return example_inputs(module, run_batch, run_seq, target, seed=s)
+            ids = example_inputs(plain, run_batch, run_seq, target, seed=s)
+            return tuple(ki.keyword_inputs(ids[0], keyword_names).values()) if keyword_names else ids
 
         inputs_fn(seed_list[0])  # a bad --seq fails here, before anything compiles
         err.print(
@@ -144,6 +157,13 @@ def verify(
                 warmup if warmup is not None else defaults["warmup"],
                 rounds if rounds is not None else defaults["rounds"],
             ).to_dict()  # fmt: skip
+        if train and timing:
+            err.print("timing training steps: eager, torch.compile, the optimized model, Liger-Kernel", highlight=False)
+            report["train_steps"] = _train_steps(
+                plain, optimized, keyword_names, inputs_fn(seed_list[0]),
+                warmup if warmup is not None else defaults["warmup"],
+                rounds if rounds is not None else defaults["rounds"],
+            )  # fmt: skip
         return report
 
     report = run_or_exit(run)
@@ -151,8 +171,55 @@ def verify(
         print(json.dumps(report, default=str))
     else:
         _print(report)
+        _print_train_steps(report)
     if not report["verify"]["ok"]:
         raise typer.Exit(1)
+
+
+def _train_steps(
+    model: Any, optimized: Any, names: tuple[str, ...], inputs: tuple[Any, ...], warmup: int, iterations: int
+) -> list[dict[str, Any]]:
+    """``verify --train``'s executions side by side (kernelsmith.whole_model.train_step.compare_executions)."""
+    from kernelsmith.whole_model.train_step import compare_executions
+
+    if not names:
+        args, keywords, step_fn = inputs, {}, optimized
+    else:
+        args, keywords = (), dict(zip(names, inputs, strict=True))
+
+        def step_fn(**given: Any) -> Any:  # the optimized model takes them positionally, in `names` order
+            return optimized(*(given[n] for n in names))
+
+    executions = compare_executions(model, args, keywords, kernelsmith=step_fn, warmup=warmup, iterations=iterations)
+    return [e.to_dict() for e in executions]
+
+
+def _print_train_steps(report: dict[str, Any]) -> None:
+    """The training-step table: time, peak memory, and agreement with eager per execution."""
+    from rich.table import Table
+
+    from kernelsmith.cli.common import out
+    from kernelsmith.whole_model.train_step import GRAD_RTOL, LOSS_RTOL, NOT_MEASURED, format_bytes
+
+    steps = report.get("train_steps")
+    if not steps:
+        return
+    table = Table(title=f"training step (forward + loss + backward): {report['model']}")
+    for column in ("execution", "ms/step", "peak memory", "loss vs eager", "grad norm vs eager", "agrees"):
+        table.add_column(column, justify="left" if column == "execution" else "right")
+    measured_peak = False
+    for e in steps:
+        m = e["measure"]
+        if m is None:
+            table.add_row(e["name"], "-", "-", "-", "-", e["skipped"])
+            continue
+        measured_peak = measured_peak or m["peak_bytes"] is not None
+        agrees = "yes" if e["agrees"] else "[red]NO[/red]"
+        table.add_row(e["name"], f"{m['median_ms']:.2f}", format_bytes(m["peak_bytes"]), f"{e['loss_rel']:.1e}",
+                      f"{e['grad_rel']:.1e}", agrees)  # fmt: skip
+    out.print(table)
+    out.print(f"agreement: loss within {LOSS_RTOL:g} and gradient norm within {GRAD_RTOL:g} of eager's, relative"
+              + ("" if measured_peak else f"; {NOT_MEASURED}"), highlight=False)  # fmt: skip
 
 
 def _diagnose_hooks(backend_name: str, db: str | None, train: bool, error: type[Exception]) -> Any:

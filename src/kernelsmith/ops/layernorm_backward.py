@@ -96,9 +96,9 @@ from kernelsmith.ops._base import (
     tensor_specs,
 )
 from kernelsmith.ops._launch import direct_launch
+from kernelsmith.ops._rowwise import NORM_WARPS, STAGES, WARPS
 from kernelsmith.ops.layernorm import AFFINE, AFFINE_PARAMS, DEFAULT_EPS, _check_affine, _has_weight_and_bias
 from kernelsmith.ops.layernorm import OP as _LAYERNORM
-from kernelsmith.ops.rmsnorm import STAGES, WARPS, _warps_fit
 from kernelsmith.ops.rmsnorm_backward import (
     GROUPS,
     LOOPED_BLOCKS,
@@ -374,7 +374,7 @@ def _two_stage_space(spec: OpSpec) -> Space:
             Constraint(f"the whole row must fit: BLOCK_N <= {MAX_WHOLE_ROW}",
                        lambda c: block_n <= MAX_WHOLE_ROW),
             Constraint("num_warps must suit x, dy and the parameters' rows (weight, dw and db shares)",
-                       lambda c: _warps_fit(held, c["num_warps"])),
+                       lambda c: NORM_WARPS.fit(held, c["num_warps"])),
         ],
     )
 

@@ -47,12 +47,12 @@ configs that compile to the same code.
 All kernels load with masks (``other=0.0``, which adds nothing to a sum of squares), compute in
 float32, store in the output's dtype, and compute row offsets in 64-bit integers so that tensors
 of more than 2**31 elements are addressed correctly. Launchers accept contiguous inputs only (the
-spec says so), view them as ``(rows, N)`` and pass the row strides explicitly.
+spec says so) and pass the row strides explicitly. The schedules' spaces, grids and launchers are
+the row-wise skeleton's (:mod:`kernelsmith.ops._rowwise`); this module holds the math.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,39 +60,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelsmith.ops._base import (
-    Launcher,
-    OpFamily,
-    Tolerance,
-    UnsupportedWorkload,
-    Variant,
-    check_eps,
-    generator,
-    rows_and_width,
-    tensor_specs,
-)
-from kernelsmith.ops._launch import direct_launch
-from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
+from kernelsmith.ops import _rowwise as skeleton
+from kernelsmith.ops._base import OpFamily, Tolerance, UnsupportedWorkload, check_eps, generator, tensor_specs
+from kernelsmith.ops._rowwise import NO_LOOP_STAGES
+from kernelsmith.space import Space
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
 DEFAULT_EPS = 1e-6
-
-# The widest row the register-resident variants accept: at 32 warps (1024 threads) a row of 65536
-# float32 values is 64 registers a thread, about the most that does not spill.
-MAX_WHOLE_ROW = 65536
-# The most elements one multi_row block holds (ROWS * BLOCK_N), a register budget of 16 values a
-# thread at 32 warps, 128 at 4.
-MAX_MULTI_ROW_BLOCK = 16384
-# Beyond this many float32 values a thread, a block no longer fits in registers: configs with
-# fewer warps than that would need are left out of the spaces.
-MAX_VALUES_PER_THREAD = 128
-
-WARPS = (1, 2, 4, 8, 16, 32)
-STAGES = (1, 2, 3)  # for kernels with a loop to pipeline
-# Cache hint for the activation load: "" (the default policy) or "evict_first" (streamed data,
-# read once; leaves L2 to the weight). Which is faster depends on the device: a search parameter.
-EVICTION = ("", "evict_first")
-NO_LOOP_STAGES = (1,)  # for kernels without one: num_stages would change nothing
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,165 +201,29 @@ def _rmsnorm_persistent_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# Spaces and launchers
+# Spaces (the launchers are the skeleton's: kernelsmith.ops._rowwise)
+#
+# x and the weight are in registers together in most kernels; the loop-free ones list the single
+# num_stages value 1, so that the config keys stored for them stay as they were.
 # ---------------------------------------------------------------------------------------------
 
 
-def _warps_fit(elements: int, num_warps: int) -> bool:
-    """Whether a block of ``elements`` float32 values suits ``num_warps`` warps.
-
-    No more threads than elements (idle warps only add scheduling cost), except that 1 and 2 warps
-    are always allowed, so that even the tiniest rows keep a choice; and no more than
-    MAX_VALUES_PER_THREAD values a thread, beyond which registers spill to local memory.
-    """
-    threads = 32 * num_warps
-    return (num_warps <= 2 or threads <= elements) and elements <= threads * MAX_VALUES_PER_THREAD
-
-
-@functools.cache
-def _multiprocessor_count() -> int:
-    """Multiprocessors of the current GPU (a small stand-in on a machine without one, where the
-    interpreter runs the kernels: a few programs, so that the grid-stride loop really loops)."""
-    if torch.cuda.is_available():
-        properties = torch.cuda.get_device_properties(torch.cuda.current_device())
-        return int(properties.multi_processor_count)
-    return 4
-
-
-def _launch_kwargs(config: Config) -> dict[str, Any]:
-    return {"num_warps": int(config["num_warps"]), "num_stages": int(config["num_stages"])}
-
-
-# ---- whole_row ------------------------------------------------------------------------------
-
-
 def _whole_row_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(rows_and_width(spec)[1])
-    return Space(
-        [Param("num_warps", WARPS), Param("num_stages", NO_LOOP_STAGES), Param("EVICT_X", EVICTION)],
-        [
-            Constraint(f"the whole row must fit: BLOCK_N <= {MAX_WHOLE_ROW}",
-                       lambda c: block_n <= MAX_WHOLE_ROW),
-            Constraint("num_warps must suit the row's BLOCK_N elements",
-                       lambda c: _warps_fit(block_n, c["num_warps"])),
-        ],
-    )
-
-
-def _whole_row_build(spec: OpSpec, config: Config) -> Launcher:
-    rows, n = rows_and_width(spec)
-    grid = (rows,)
-    block_n = next_power_of_two(n)
-    eps = float(spec.const("eps"))
-    kwargs = _launch_kwargs(config)
-    evict_x = str(config["EVICT_X"])
-    kernel = direct_launch(_rmsnorm_whole_row_kernel, grid)
-    # Inputs are contiguous (the family refuses others), so row r starts at element r * n of x
-    # and y: the tensors go to the kernel as they are, with row strides n, and no view per call.
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        kernel(inputs[0], inputs[1], outputs[0], n, n, n, eps, BLOCK_N=block_n, EVICT_X=evict_x, **kwargs)
-
-    return launch
-
-
-# ---- multi_row ------------------------------------------------------------------------------
+    return skeleton.whole_row_space(spec, skeleton.NORM_WARPS, stages=NO_LOOP_STAGES)
 
 
 def _multi_row_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(rows_and_width(spec)[1])
-    return Space(
-        [Param("ROWS", (2, 4, 8, 16, 32)), Param("num_warps", WARPS),
-         Param("num_stages", NO_LOOP_STAGES)],
-        [
-            Constraint(f"the block must fit: ROWS * BLOCK_N <= {MAX_MULTI_ROW_BLOCK}",
-                       lambda c: c["ROWS"] * block_n <= MAX_MULTI_ROW_BLOCK),
-            Constraint("num_warps must suit the block's ROWS * BLOCK_N elements",
-                       lambda c: _warps_fit(c["ROWS"] * block_n, c["num_warps"])),
-        ],
-    )
-
-
-def _multi_row_build(spec: OpSpec, config: Config) -> Launcher:
-    rows, n = rows_and_width(spec)
-    rows_per_program = int(config["ROWS"])
-    grid = (triton.cdiv(rows, rows_per_program),)
-    block_n = next_power_of_two(n)
-    eps = float(spec.const("eps"))
-    kwargs = _launch_kwargs(config)
-    kernel = direct_launch(_rmsnorm_multi_row_kernel, grid)
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        kernel(inputs[0], inputs[1], outputs[0], n, n, rows, n, eps,
-               ROWS=rows_per_program, BLOCK_N=block_n, **kwargs)
-
-    return launch
-
-
-# ---- looped ---------------------------------------------------------------------------------
+    return skeleton.multi_row_space(spec, skeleton.NORM_WARPS, stages=NO_LOOP_STAGES)
 
 
 def _looped_space(spec: OpSpec) -> Space:
-    full = next_power_of_two(rows_and_width(spec)[1])
-    return Space(
-        [Param("BLOCK_N", powers_of_two(64, 8192)), Param("num_warps", WARPS),
-         Param("num_stages", STAGES)],
-        [
-            # A block as wide as the row is whole_row with extra work; the smallest block is
-            # always allowed so that the space is never empty for narrow rows.
-            Constraint("BLOCK_N must be narrower than the row (or the smallest block)",
-                       lambda c: c["BLOCK_N"] < full or c["BLOCK_N"] == 64),
-            Constraint("num_warps must suit the BLOCK_N elements",
-                       lambda c: _warps_fit(c["BLOCK_N"], c["num_warps"])),
-        ],
-    )
-
-
-def _looped_build(spec: OpSpec, config: Config) -> Launcher:
-    rows, n = rows_and_width(spec)
-    grid = (rows,)
-    block_n = int(config["BLOCK_N"])
-    eps = float(spec.const("eps"))
-    kwargs = _launch_kwargs(config)
-    kernel = direct_launch(_rmsnorm_looped_kernel, grid)
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        kernel(inputs[0], inputs[1], outputs[0], n, n, n, eps, BLOCK_N=block_n, **kwargs)
-
-    return launch
-
-
-# ---- persistent -----------------------------------------------------------------------------
+    return skeleton.looped_space(spec, skeleton.NORM_WARPS)
 
 
 def _persistent_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(rows_and_width(spec)[1])
-    return Space(
-        [Param("PROGRAMS_PER_SM", (1, 2, 4, 8)), Param("num_warps", WARPS),
-         Param("num_stages", STAGES)],
-        [
-            Constraint(f"the whole row must fit: BLOCK_N <= {MAX_WHOLE_ROW}",
-                       lambda c: block_n <= MAX_WHOLE_ROW),
-            # Both the row and the weight stay in registers: 2 * BLOCK_N values.
-            Constraint("num_warps must suit the row and the weight (2 * BLOCK_N elements)",
-                       lambda c: _warps_fit(2 * block_n, c["num_warps"])),
-        ],
-    )
-
-
-def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
-    rows, n = rows_and_width(spec)
-    grid = (min(rows, int(config["PROGRAMS_PER_SM"]) * _multiprocessor_count()),)
-    block_n = next_power_of_two(n)
-    eps = float(spec.const("eps"))
-    kwargs = _launch_kwargs(config)
-    kernel = direct_launch(_rmsnorm_persistent_kernel, grid)
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        kernel(inputs[0], inputs[1], outputs[0], n, n, rows, n, eps, BLOCK_N=block_n,
-               **kwargs)
-
-    return launch
+    # Both the row and the weight stay in registers; the row loop is pipelined by the launch
+    # option alone (no shared-memory bound: see the kernel).
+    return skeleton.persistent_space(spec, skeleton.NORM_WARPS, in_registers=2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,14 +244,14 @@ class RMSNorm(OpFamily):
     distributions = ("normal", "uniform", "large", "small", "outliers")
     tolerance = Tolerance()
     variants = (
-        Variant("whole_row", "one program per row, the whole row in registers",
-                _whole_row_space, _whole_row_build),
-        Variant("multi_row", "ROWS rows per program as a 2D block, for narrow rows",
-                _multi_row_space, _multi_row_build),
-        Variant("looped", "one program per row, two passes over column blocks, for wide rows",
-                _looped_space, _looped_build),
-        Variant("persistent", "PROGRAMS_PER_SM programs per SM walk the rows, weight loaded once",
-                _persistent_space, _persistent_build),
+        skeleton.variant(__name__, "whole_row", "one program per row, the whole row in registers",
+                        _whole_row_space, _rmsnorm_whole_row_kernel, strides=2, scalars=skeleton.eps_of),
+        skeleton.variant(__name__, "multi_row", "ROWS rows per program as a 2D block, for narrow rows",
+                        _multi_row_space, _rmsnorm_multi_row_kernel, strides=2, scalars=skeleton.eps_of),
+        skeleton.variant(__name__, "looped", "one program per row, two passes over column blocks, for wide rows",
+                        _looped_space, _rmsnorm_looped_kernel, strides=2, scalars=skeleton.eps_of),
+        skeleton.variant(__name__, "persistent", "PROGRAMS_PER_SM programs per SM walk the rows, weight loaded once",
+                        _persistent_space, _rmsnorm_persistent_kernel, strides=2, scalars=skeleton.eps_of),
     )
 
     # ---- specs -------------------------------------------------------------------------------

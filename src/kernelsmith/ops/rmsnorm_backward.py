@@ -78,13 +78,8 @@ from kernelsmith.ops._base import (
     tensor_specs,
 )
 from kernelsmith.ops._launch import direct_launch
-from kernelsmith.ops.rmsnorm import (
-    DEFAULT_EPS,
-    STAGES,
-    WARPS,
-    _multiprocessor_count,
-    _warps_fit,
-)
+from kernelsmith.ops._rowwise import NORM_WARPS, STAGES, WARPS, programs
+from kernelsmith.ops.rmsnorm import DEFAULT_EPS
 from kernelsmith.ops.rmsnorm import OP as _RMSNORM
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
@@ -244,7 +239,7 @@ def _rows_and_width(spec: OpSpec) -> tuple[int, int]:
 
 def _groups(per_multiprocessor: int, rows: int) -> int:
     """Programs of a grid of ``per_multiprocessor`` per multiprocessor, at most one per row."""
-    return max(1, min(rows, per_multiprocessor * _multiprocessor_count()))
+    return max(1, min(rows, per_multiprocessor * programs(1)))
 
 
 def _reduce_block_c(block_r: int, n: int) -> int:
@@ -252,7 +247,7 @@ def _reduce_block_c(block_r: int, n: int) -> int:
     the columns spread over every multiprocessor. (With 256 columns, N = 4096 made 16 programs
     for 132 multiprocessors: 14 us for a 4 MB sum on an H200, most of the GPU idle.)"""
     tile_width = max(16, REDUCE_TILE // block_r)
-    spread = max(16, next_power_of_two(triton.cdiv(n, _multiprocessor_count())))
+    spread = max(16, next_power_of_two(triton.cdiv(n, programs(1))))
     return min(next_power_of_two(n), tile_width, spread)
 
 
@@ -295,7 +290,7 @@ def two_stage_space(block_n: int, itemsize: int, rows_in_flight: int) -> Space:
             # At most four row vectors are live at a time (the activation, dy, the weight, the
             # dw share; add_rmsnorm_backward loads dh once the others are dead).
             Constraint("num_warps must suit four row vectors (4 * BLOCK_N elements)",
-                       lambda c: _warps_fit(4 * block_n, c["num_warps"])),
+                       lambda c: NORM_WARPS.fit(4 * block_n, c["num_warps"])),
         ],
     )
 

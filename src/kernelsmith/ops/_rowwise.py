@@ -1,0 +1,300 @@
+"""The skeleton the row-wise families share: who owns which rows, the config spaces, the launcher.
+
+A row-wise op computes every row of the last dimension on its own (RMSNorm, residual-add +
+RMSNorm, softmax, the row reductions...). Its kernels differ in their math, and in nothing else
+than *how rows are assigned to programs*, which is one of four schedules:
+
+``whole_row``
+    One program per row; the whole row, padded to a power of two (``BLOCK_N``), sits in
+    registers: loaded once, reduced, mapped, stored. Rows up to :data:`MAX_WHOLE_ROW`.
+``multi_row``
+    One program per ``ROWS`` consecutive rows, as one ``[ROWS, BLOCK_N]`` block reduced along its
+    columns: narrow rows give a one-row program too little work to hide memory latency. The last
+    program masks the rows past the end.
+``looped``
+    One program per row, walked in column blocks of ``BLOCK_N`` (two passes: reduce, then map):
+    any width in a fixed register footprint, and a loop the compiler can pipeline (``num_stages``).
+``persistent``
+    A fixed grid of ``PROGRAMS_PER_SM`` programs per multiprocessor, each walking rows ``pid,
+    pid + programs, ...``: the weight (if any) is loaded once, program start-up is paid once, and
+    the next row's load can be pipelined under the current row's math.
+
+A family writes its kernels (its math, the part worth reading) and this module writes the rest
+once: the spaces of each schedule and their constraints (:func:`whole_row_space` ...), the grid
+and the launcher (:func:`launcher`), and the variants (:func:`variant`), whose source hash covers
+both the family's module and this one.
+
+Kernel conventions (what :func:`launcher` passes). A family's kernel takes, in order: its input
+tensors, its output tensors, the row stride of each of its ``strides`` row-strided tensors (every
+one ``N``: the families refuse non-contiguous tensors, so row ``r`` starts at element ``r * N``,
+and the launcher passes the tensors as they are, without a view per call), ``n_rows`` when the
+schedule has programs owning several rows (``multi_row``, ``persistent``), ``N``, then the
+family's own scalars (``eps``...). Its constexprs are ``BLOCK_N`` (the config's, or the padded
+row), ``ROWS`` and ``EVICT_X`` when the config has them, ``NUM_STAGES`` when the kernel gives the
+pipelining depth on ``tl.range`` itself, and any the family adds. Kernels address rows in 64-bit
+integers (``tl.program_id(0).to(tl.int64)``, or a 64-bit loop counter), so that tensors of more
+than 2**31 elements are addressed correctly, and mask every load and store.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+
+from kernelsmith.ops._base import Launcher, Variant, rows_and_width
+from kernelsmith.ops._launch import direct_launch
+from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
+from kernelsmith.spec import OpSpec
+
+# ---- the choices every schedule draws from ------------------------------------------------------------
+WARPS = (1, 2, 4, 8, 16, 32)
+STAGES = (1, 2, 3)  # software-pipelining depths, for kernels with a loop
+# For a loop-free kernel num_stages would change nothing; a family that has always listed it
+# (so that its stored config keys hold it) offers this single value.
+NO_LOOP_STAGES = (1,)
+# Cache hint for read-once activations: "" (the default policy) or "evict_first" (leaves L2 to
+# the weight). Which is faster depends on the device: a search parameter.
+EVICTION = ("", "evict_first")
+ROWS_PER_PROGRAM = (2, 4, 8, 16, 32)  # multi_row's ROWS
+LOOPED_BLOCKS = powers_of_two(64, 8192)  # looped's BLOCK_N
+PROGRAMS_PER_SM = (1, 2, 4, 8)  # persistent's programs per multiprocessor
+
+# ---- the budgets ------------------------------------------------------------------------------------
+# The widest row the register-resident schedules accept: at 32 warps (1024 threads) a row of
+# 65536 float32 values is 64 registers a thread, about the most that does not spill.
+MAX_WHOLE_ROW = 65536
+# The most elements one multi_row block holds (ROWS * BLOCK_N): 16 values a thread at 32 warps.
+MAX_MULTI_ROW_BLOCK = 16384
+MAX_WARPS_PER_SM = 64  # resident warps a multiprocessor holds (Hopper, Ampere)
+# Shared memory for software-pipelined loads, per multiprocessor (Hopper has 227 KiB a block;
+# the rest is left for the reduction's scratch).
+PIPELINE_SHARED_BYTES = 192 * 1024
+# Without a GPU (the interpreter) any program count is correct; a small one keeps the persistent
+# grid-stride loop exercised by tests with a few dozen rows.
+INTERPRETER_MULTIPROCESSORS = 4
+
+
+@dataclass(frozen=True)
+class Warps:
+    """Which warp counts suit a block of float32 values in flight: one family's register rule.
+
+    No more threads than values (idle warps only add scheduling cost), except that counts up to
+    ``always`` are allowed whatever the block, so that the tiniest rows keep a choice; and at most
+    ``per_thread`` values a thread, beyond which registers spill to local memory (and, for a sum,
+    the sequential part of each thread's reduction grows, which is where float32 loses accuracy).
+    """
+
+    per_thread: int
+    always: int
+
+    def fit(self, elements: int, num_warps: int) -> bool:
+        threads = 32 * num_warps
+        return (num_warps <= self.always or threads <= elements) and elements <= threads * self.per_thread
+
+    def constraint(self, what: str, elements: Callable[[Config], int]) -> Constraint:
+        """``num_warps`` must suit the ``elements(config)`` values described by ``what``."""
+        return Constraint(f"num_warps must suit {what} ({self.per_thread} values a thread at most)",
+                          lambda c: self.fit(elements(c), c["num_warps"]))
+
+
+# The two rules in use: the norms' (values a thread up to 128, 1 or 2 warps always allowed) and
+# the reductions' (at most 64 values a thread, which also bounds a sum's sequential part).
+NORM_WARPS = Warps(per_thread=128, always=2)
+REDUCTION_WARPS = Warps(per_thread=64, always=1)
+
+
+# ---- the spaces of the four schedules ------------------------------------------------------------------
+def _padded_row(spec: OpSpec) -> int:
+    return next_power_of_two(rows_and_width(spec)[1])
+
+
+def _row_fits(block_n: int) -> Constraint:
+    return Constraint(f"the whole row must fit: BLOCK_N <= {MAX_WHOLE_ROW}", lambda c: block_n <= MAX_WHOLE_ROW)
+
+
+def whole_row_space(spec: OpSpec, warps: Warps, in_flight: int = 1, stages: tuple[int, ...] = ()) -> Space:
+    """``num_warps`` (and ``num_stages`` from ``stages``, when given), ``EVICT_X``; ``in_flight``
+    padded rows are in registers at once (x and a residual: 2)."""
+    block_n = _padded_row(spec)
+    stage_param = [Param("num_stages", stages)] if stages else []
+    return Space(
+        [Param("num_warps", WARPS), *stage_param, Param("EVICT_X", EVICTION)],
+        [_row_fits(block_n),
+         warps.constraint(f"{in_flight} row(s) of BLOCK_N elements", lambda c: in_flight * block_n)],
+    )
+
+
+def multi_row_space(spec: OpSpec, warps: Warps, in_flight: int = 1, stages: tuple[int, ...] = (),
+                    rows: tuple[int, ...] = ROWS_PER_PROGRAM) -> Space:
+    """``ROWS`` rows per program, ``num_warps`` (and ``num_stages`` from ``stages``, when given);
+    ``in_flight`` blocks of ``[ROWS, BLOCK_N]`` are in registers at once."""
+    block_n = _padded_row(spec)
+    stage_param = [Param("num_stages", stages)] if stages else []
+    return Space(
+        [Param("ROWS", rows), Param("num_warps", WARPS), *stage_param],
+        [Constraint(f"the block must fit: ROWS * BLOCK_N <= {MAX_MULTI_ROW_BLOCK}",
+                    lambda c: c["ROWS"] * block_n <= MAX_MULTI_ROW_BLOCK),
+         warps.constraint(f"{in_flight} block(s) of ROWS * BLOCK_N elements",
+                          lambda c: in_flight * c["ROWS"] * block_n)],
+    )
+
+
+def looped_space(spec: OpSpec, warps: Warps, in_flight: int = 1, whole_row_block: bool = False) -> Space:
+    """``BLOCK_N`` columns a step, ``num_warps``, ``num_stages``; ``in_flight`` blocks at once.
+
+    A block as wide as the padded row is whole_row with a loop around it, so blocks are narrower
+    than the row, unless ``whole_row_block`` (softmax's online loop, whose one step is not its
+    whole_row kernel: a block may be as wide as the padded row); the smallest block is always
+    allowed, so that the space is never empty for narrow rows.
+    """
+    full = _padded_row(spec)
+    smallest = LOOPED_BLOCKS[0]
+    if whole_row_block:
+        widest = max(smallest, full)
+        narrow = Constraint("BLOCK_N is no wider than the padded row", lambda c: c["BLOCK_N"] <= widest)
+    else:
+        narrow = Constraint("BLOCK_N must be narrower than the row (or the smallest block)",
+                            lambda c: c["BLOCK_N"] < full or c["BLOCK_N"] == smallest)
+    return Space(
+        [Param("BLOCK_N", LOOPED_BLOCKS), Param("num_warps", WARPS), Param("num_stages", STAGES)],
+        [narrow, warps.constraint(f"{in_flight} block(s) of BLOCK_N elements", lambda c: in_flight * c["BLOCK_N"])],
+    )
+
+
+def persistent_space(spec: OpSpec, warps: Warps, in_registers: int, pipelined: int = 0) -> Space:
+    """``PROGRAMS_PER_SM``, ``num_warps``, ``num_stages``; ``in_registers`` padded rows stay in
+    registers (the row, its residual, the weight...).
+
+    ``pipelined`` rows of the input dtype are loaded per step of the row loop: with ``num_stages
+    = s`` the compiler keeps ``s - 1`` steps of them in flight in shared memory, for each of the
+    programs sharing a multiprocessor, which must fit, and those programs must all be resident.
+    ``pipelined = 0`` leaves both bounds out (a family whose kernel gives the depth only as a launch
+    option).
+    """
+    block_n = _padded_row(spec)
+    row_bytes = block_n * spec.inputs[0].torch_dtype.itemsize
+    bounds = []
+    if pipelined:
+        bounds = [
+            Constraint(f"the programs of a multiprocessor are all resident ({MAX_WARPS_PER_SM} warps)",
+                       lambda c: c["PROGRAMS_PER_SM"] * c["num_warps"] <= MAX_WARPS_PER_SM),
+            Constraint(f"the rows in flight fit in shared memory ({PIPELINE_SHARED_BYTES} bytes an SM)",
+                       lambda c: c["PROGRAMS_PER_SM"] * (c["num_stages"] - 1) * pipelined * row_bytes
+                       <= PIPELINE_SHARED_BYTES),
+        ]
+    return Space(
+        [Param("PROGRAMS_PER_SM", PROGRAMS_PER_SM), Param("num_warps", WARPS), Param("num_stages", STAGES)],
+        [_row_fits(block_n), *bounds,
+         warps.constraint(f"{in_registers} row(s) of BLOCK_N elements", lambda c: in_registers * block_n)],
+    )
+
+
+# ---- grids and the launcher ------------------------------------------------------------------------------
+@functools.cache
+def _multiprocessor_count(device_index: int) -> int:
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+
+
+def programs(per_multiprocessor: int) -> int:
+    """``per_multiprocessor`` programs for each multiprocessor of the current GPU (of a small
+    stand-in without one: see :data:`INTERPRETER_MULTIPROCESSORS`)."""
+    if torch.cuda.is_available():
+        return per_multiprocessor * _multiprocessor_count(torch.cuda.current_device())
+    return per_multiprocessor * INTERPRETER_MULTIPROCESSORS
+
+
+def checked(op: str, space: Space, config: Config) -> None:
+    """ValueError unless ``config`` is in ``space``: a build outside its space is a caller's bug."""
+    problems = space.violations(config)
+    if problems:
+        raise ValueError(f"{op}: config {config.key} is not in the space: {'; '.join(problems)}")
+
+
+def grid(rows: int, config: Config) -> tuple[tuple[int], bool]:
+    """The grid of a schedule, told by its config's parameters, and whether its programs own
+    several rows (so that the kernel takes ``n_rows`` to mask or stop at)."""
+    if "ROWS" in config:  # multi_row
+        return (triton.cdiv(rows, int(config["ROWS"])),), True
+    if "PROGRAMS_PER_SM" in config:  # persistent
+        return (min(rows, programs(int(config["PROGRAMS_PER_SM"]))),), True
+    return (rows,), False  # whole_row, looped: one program a row
+
+
+def launcher(kernel: Any, spec: OpSpec, config: Config, strides: int, scalars: tuple[Any, ...] = (),
+             pipelined: bool = False, **constexprs: Any) -> Launcher:
+    """The launcher of one of a family's kernels at ``config`` (see the module docstring for the
+    arguments a kernel takes). ``pipelined``: the kernel takes ``NUM_STAGES`` (the depth it gives
+    ``tl.range``); ``constexprs``: the family's own.
+
+    Everything is worked out here, once; the launcher only launches into the caller's outputs.
+    """
+    rows, n = rows_and_width(spec)
+    shape, several_rows = grid(rows, config)
+    args = (*(n,) * strides, *((rows,) if several_rows else ()), n, *scalars)
+    meta = dict(constexprs)
+    meta["BLOCK_N"] = int(config["BLOCK_N"]) if "BLOCK_N" in config else next_power_of_two(n)
+    if "ROWS" in config:
+        meta["ROWS"] = int(config["ROWS"])
+    if "EVICT_X" in config:
+        meta["EVICT_X"] = str(config["EVICT_X"])
+    meta["num_warps"] = int(config["num_warps"])
+    if "num_stages" in config:
+        meta["num_stages"] = int(config["num_stages"])
+        if pipelined:
+            meta["NUM_STAGES"] = int(config["num_stages"])
+    run = direct_launch(kernel, shape)
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        run(*inputs, *outputs, *args, **meta)
+
+    return launch
+
+
+# ---- variants ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RowVariant(Variant):
+    """A variant built on this skeleton: its source hash covers the family's module (``module``,
+    its kernels and math) and this one (its spaces and launcher), so that a change in either
+    invalidates the decisions stored for it."""
+
+    module: str = ""
+
+    @property
+    def source_hash(self) -> str:
+        text = "\n".join(inspect.getsource(sys.modules[m]) for m in (self.module, __name__))
+        return hashlib.sha256(f"{self.name}\n{text}".encode()).hexdigest()[:16]
+
+
+def variant(module: str, name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any,
+            strides: int, scalars: Callable[[OpSpec], tuple[Any, ...]] = lambda spec: (),
+            pipelined: bool = False, **constexprs: Any) -> RowVariant:
+    """A variant of the family in ``module`` running ``kernel`` over the configs of ``space``;
+    ``scalars(spec)`` are the kernel's own scalar arguments after ``N`` (see :func:`launcher`)."""
+    op = module.rsplit(".", 1)[-1]
+
+    def build(spec: OpSpec, config: Config) -> Launcher:
+        checked(op, space(spec), config)
+        return launcher(kernel, spec, config, strides, scalars(spec), pipelined, **constexprs)
+
+    return RowVariant(name, summary, space, build, module)
+
+
+def eps_of(spec: OpSpec) -> tuple[float]:
+    """The scalars of a normalisation's kernels: its ``eps``."""
+    return (float(spec.const("eps")),)
+
+
+__all__ = [
+    "EVICTION", "LOOPED_BLOCKS", "MAX_MULTI_ROW_BLOCK", "MAX_WARPS_PER_SM", "MAX_WHOLE_ROW", "NORM_WARPS",
+    "NO_LOOP_STAGES", "PIPELINE_SHARED_BYTES", "PROGRAMS_PER_SM", "REDUCTION_WARPS", "ROWS_PER_PROGRAM",
+    "STAGES", "WARPS", "RowVariant", "Warps", "checked", "eps_of", "grid", "launcher", "looped_space",
+    "multi_row_space", "persistent_space", "programs", "variant", "whole_row_space",
+]
