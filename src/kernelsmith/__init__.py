@@ -27,12 +27,15 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from kernelsmith import settings as _settings
+
 __version__ = "0.1.0"
 
 # KERNELSMITH_INTERPRET=1 asks for kernels on CPU tensors through the Triton interpreter. Triton
 # reads TRITON_INTERPRET when a kernel is defined, so it is set here, before any op module loads;
-# it is never switched on without the user asking.
-if os.environ.get("KERNELSMITH_INTERPRET") == "1":
+# it is never switched on without the user asking (a value that is not true or false is an error
+# naming the variable, as for every setting: kernelsmith.settings).
+if _settings.get("KERNELSMITH_INTERPRET"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 if TYPE_CHECKING:

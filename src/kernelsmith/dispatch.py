@@ -243,9 +243,9 @@ def load_stored_source(op: str, source_hash: str, db: Any = None) -> Callable[[O
 
 def interpreter_enabled() -> bool:
     """Whether the user asked for kernels on CPU tensors through the Triton interpreter."""
-    import os
+    from kernelsmith import settings
 
-    return os.environ.get("KERNELSMITH_INTERPRET") == "1" or os.environ.get("TRITON_INTERPRET") == "1"
+    return settings.interpreter_requested()
 
 
 def mode_for(tensors: Sequence[torch.Tensor]) -> str | None:

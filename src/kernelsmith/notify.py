@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any
+
+from kernelsmith import settings
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def redact(url: str) -> str:
 
 def enabled_events() -> frozenset[str]:
     """The events to send, from ``KERNELSMITH_WEBHOOK_EVENTS`` (default: all)."""
-    text = os.environ.get(EVENTS_ENV, "").strip()
+    text = settings.get(EVENTS_ENV)
     if not text:
         return frozenset(EVENTS)
     asked = {e.strip().lower() for e in text.split(",") if e.strip()}
@@ -79,7 +80,7 @@ def send(event: str, content: str, *, timeout_s: float = TIMEOUT_S) -> bool:
     Returns True when the receiver answered 2xx; False when nothing was configured, the event
     is switched off, or sending failed (logged, never raised).
     """
-    url = os.environ.get(URL_ENV, "").strip()
+    url = settings.get(URL_ENV)
     if not url or event not in enabled_events():
         return False
     where = redact(url)

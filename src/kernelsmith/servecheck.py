@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import random
 import sys
 from collections.abc import Callable, Sequence
@@ -50,6 +49,7 @@ from typing import Any
 
 import torch
 
+from kernelsmith import settings
 from kernelsmith.db import TrialRecord, current_fingerprint, open_database
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.ops import OpFamily
@@ -59,9 +59,8 @@ from kernelsmith.spec import OpSpec
 log = logging.getLogger(__name__)
 
 SERVE_CHECK = "serve-check"  # the status of the trial a failed check records
-DEFAULT_FIRST = 3
-DEFAULT_RATE = 1e-3
-_OFF = {"0", "false", "no", "off"}
+DEFAULT_FIRST: int = settings.setting("KERNELSMITH_CHECK_FIRST").default
+DEFAULT_RATE: float = settings.setting("KERNELSMITH_CHECK_RATE").default
 _SECRET = random.SystemRandom()  # the operating system's randomness: no seed a kernel could know
 
 
@@ -78,9 +77,9 @@ class CheckPolicy:
         """The policy for ``check`` (an ``optimize(check=...)`` argument) over the environment:
         None reads ``KERNELSMITH_CHECK`` / ``_RATE`` / ``_FIRST``; False turns checking off;
         True keeps the environment's rate; a number in [0, 1] is the rate."""
-        enabled = os.environ.get("KERNELSMITH_CHECK", "1").strip().lower() not in _OFF
-        rate = _env_number("KERNELSMITH_CHECK_RATE", DEFAULT_RATE, float)
-        first = int(_env_number("KERNELSMITH_CHECK_FIRST", DEFAULT_FIRST, int))
+        enabled = bool(settings.get("KERNELSMITH_CHECK"))
+        rate = float(settings.get("KERNELSMITH_CHECK_RATE"))
+        first = int(settings.get("KERNELSMITH_CHECK_FIRST"))
         if isinstance(check, bool):
             enabled = check
         elif check is not None:
@@ -88,16 +87,6 @@ class CheckPolicy:
         if not 0.0 <= rate <= 1.0 or first < 0:
             raise ValueError(f"kernelsmith checks: a rate in [0, 1] and a first count >= 0, not {rate} and {first}")
         return cls(enabled, first, rate)
-
-
-def _env_number(name: str, default: float, kind: Callable[[str], Any]) -> Any:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        return kind(text)
-    except ValueError:
-        raise ValueError(f"{name}={text!r} is not a number") from None
 
 
 def _capturing_or_tracing() -> bool:

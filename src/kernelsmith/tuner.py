@@ -628,7 +628,6 @@ def tune_spec(
     fp = current_fingerprint(mode)
     database = open_database(db)
     try:
-        database.put_fingerprint(fp)
         stored = None if force else database.get_decision(fp.hash, spec.workload_hash)
         if stored is not None and stored.servable:  # an unvalidated imported claim is tuned afresh
             return _result_from_decision(
@@ -637,7 +636,8 @@ def tune_spec(
         near, carried = _carried(database, spec, fp, force)
         if not carried and not searching:
             why = "a record of a near fingerprint did not re-validate here" if near else "not in the database"
-            return _not_tuned(spec, fp, started, require_tuned, why)
+            return _not_tuned(spec, fp, started, require_tuned, why)  # nothing written: a read-only database serves
+        database.put_fingerprint(fp)
         with make_executor(fp.mode, workers, devices=devices, executor=executor, ray_address=ray_address) as evaluator:
             copy_gbps = _copy_bandwidth(database, fp, evaluator)
             search = _Search(family, spec, fp, database, evaluator, progress, copy_gbps)

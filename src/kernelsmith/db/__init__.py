@@ -25,6 +25,7 @@ import os
 import threading
 from pathlib import Path
 
+from kernelsmith import settings
 from kernelsmith.db._base import BrokenDatabaseError, Ceiling, Database, DatabaseError, config_key_of, repair_hint
 from kernelsmith.db.fingerprint import current_fingerprint
 from kernelsmith.db.postgres import is_postgres_url, redact
@@ -90,7 +91,7 @@ def _location_to_path(location: str) -> str:
 def default_db_path() -> Path:
     """``$KERNELSMITH_DB`` if set (a path or ``sqlite:`` URL), else the per-user cache file.
     (A ``postgresql://`` URL in ``$KERNELSMITH_DB`` is no path: :func:`database_path` gives it.)"""
-    env = os.environ.get(ENV_VAR, "").strip()
+    env = settings.get(ENV_VAR)
     if env:
         return Path(_location_to_path(env)).expanduser()
     cache = os.environ.get("XDG_CACHE_HOME", "").strip()
@@ -103,7 +104,7 @@ def database_path(location: str | os.PathLike[str] | None = None) -> str:
     would open for ``location``, without opening it: for commands that inspect or move a file
     that may be broken."""
     if location is None:
-        env = os.environ.get(ENV_VAR, "").strip()
+        env = settings.get(ENV_VAR)
         if is_postgres_url(env):
             return env
         return str(default_db_path())

@@ -32,6 +32,8 @@ import secrets
 import threading
 from pathlib import Path
 
+from kernelsmith import settings
+
 logger = logging.getLogger(__name__)
 
 ENV_VAR = "KERNELSMITH_TRUST_KEY"
@@ -44,7 +46,7 @@ _KEYS_LOCK = threading.Lock()
 def trust_key_path() -> Path:
     """``$KERNELSMITH_TRUST_KEY`` if set, else ``$XDG_CONFIG_HOME/kernelsmith/trust.key``
     (``~/.config/kernelsmith/trust.key``): a per-user file kept apart from any database."""
-    env = os.environ.get(ENV_VAR, "").strip()
+    env = settings.get(ENV_VAR)
     if env:
         return Path(env).expanduser()
     config = os.environ.get("XDG_CONFIG_HOME", "").strip()

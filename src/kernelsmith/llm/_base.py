@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from kernelsmith import settings
 from kernelsmith.exceptions import KernelsmithError
 from kernelsmith.extras import missing
 
@@ -151,9 +152,13 @@ def import_sdk(module: str, extra: str) -> ModuleType:
 
 
 def setting(value: str | None, env: str) -> str | None:
-    """``value`` when given, else the environment variable ``env`` (None when unset or empty)."""
+    """``value`` when given, else the environment variable ``env`` (None when unset or empty):
+    a kernelsmith setting through :mod:`kernelsmith.settings`, a provider's own (such as
+    ``ANTHROPIC_API_KEY``) as it is."""
     if value:
         return value
+    if env.startswith(settings.PREFIX):
+        return settings.get(env) or None
     return os.environ.get(env) or None
 
 

@@ -23,11 +23,12 @@ a Triton whose internals moved). Under the Triton interpreter every call goes th
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from kernelsmith import settings
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ _SCALARS = (int, float, bool, str, type(None))
 
 
 def direct_launch_enabled() -> bool:
-    return os.environ.get("KERNELSMITH_DIRECT_LAUNCH", "1") != "0"
+    return bool(settings.get("KERNELSMITH_DIRECT_LAUNCH"))
 
 
 def direct_launch(kernel: Any, grid: Sequence[int]) -> Callable[..., Any]:
