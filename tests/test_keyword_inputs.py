@@ -74,3 +74,46 @@ def test_verify_model_calls_both_models_by_keyword(llama) -> None:
     assert result.ok, result
     with pytest.raises(TypeError, match="expected 2 inputs"):
         ki.KeywordCall(llama, names)(_kwargs()["input_ids"])
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> str:
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    path = tmp_path_factory.mktemp("hf") / "tiny"
+    config.save_pretrained(path)
+    return str(path)
+
+
+def test_the_commands_take_keyword_inputs_and_verify_train_compares_the_steps(hf_dir, tmp_path, monkeypatch) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from kernelsmith.cli.main import app
+
+    compile_ = torch.compile  # every compile eager here: CPU Inductor compiles take seconds each
+    monkeypatch.setattr(torch, "compile", lambda model, backend=None, **kw: compile_(model, backend="eager"))
+    runner = CliRunner()
+    torch._dynamo.reset()
+    plan_file = tmp_path / "plan.json"
+    result = runner.invoke(app, ["profile", "--hf-config", hf_dir, "--seq", "8", "--keyword-inputs", "labels",
+                                 "--out", str(plan_file), "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["peak_memory_bytes"] is None and any(r["family"] == "cross_entropy" for r in plan["rows"])
+    result = runner.invoke(app, ["verify", "--hf-config", hf_dir, "--seq", "8", "--seeds", "1", "--seed", "3",
+                                 "--backend", "eager", "--keyword-inputs", "input_ids,labels", "--train",
+                                 "--warmup", "0", "--rounds", "6", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["verify"]["ok"]
+    assert "output.loss" in [c["name"] for c in data["verify"]["checks"]]
+    steps = {s["name"]: s for s in data["train_steps"]}
+    assert list(steps) == ["eager", "torch.compile", "kernelsmith", "liger"]
+    assert steps["torch.compile"]["agrees"] and steps["kernelsmith"]["agrees"]
+    assert steps["kernelsmith"]["measure"]["peak_bytes"] is None  # a CPU
+    result = runner.invoke(app, ["verify", "--hf-config", hf_dir, "--keyword-inputs", "tokens"])
+    assert result.exit_code != 0 and "unknown" in result.output

@@ -59,3 +59,46 @@ def parse_kwargs(text: str | None, error: type[Exception]) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise error("--kwargs must be a JSON object, such as '{\"n_layers\": 2}'")
     return value
+
+
+KeywordInputsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--keyword-inputs",
+        help="Call the model with keyword inputs, as Hugging Face models are called: a comma-separated subset of "
+        "input_ids, labels (the token ids; the model computes its loss) and attention_mask (ones).",
+    ),
+]
+
+
+def split_inputs(
+    inputs: tuple[Any, ...], text: str | None, error: type[Exception]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(positional, keyword)`` example inputs: ``inputs`` as they are without --keyword-inputs,
+    else none positional and the named keyword inputs made from the token ids ``inputs[0]``."""
+    from kernelsmith.whole_model.keyword_inputs import keyword_inputs, parse_keywords
+
+    try:
+        names = parse_keywords(text)
+    except ValueError as exc:
+        raise error(str(exc)) from None
+    if not names:
+        return inputs, {}
+    return (), keyword_inputs(inputs[0], names)
+
+
+def parse_memory_objective(text: str | None, error: type[Exception]) -> Any:
+    """The ``--memory-objective SAVING:SLOWDOWN`` (percentages: ``20:5`` accepts a replacement that
+    cuts peak memory by >= 20% for <= 5% more time) as a MemoryObjective; None without one."""
+    if not text:
+        return None
+    from kernelsmith.whole_model.train_step import MemoryObjective
+
+    try:
+        saving, slowdown = (float(part) for part in text.split(":"))
+        return MemoryObjective(min_saving=saving / 100.0, max_slowdown=slowdown / 100.0)
+    except ValueError:
+        raise error(
+            f"--memory-objective {text}: expected SAVING:SLOWDOWN in percent, such as 20:5 (>= 20% less peak "
+            "memory for <= 5% more time)"
+        ) from None

@@ -374,7 +374,21 @@ def compare_executions(
     """The training step of ``model(*args, **kwargs)`` run eagerly, under ``torch.compile``, as
     ``kernelsmith`` (the optimized callable, when given) and patched by Liger-Kernel (when
     installed and ``liger``; last, since its patch changes the model, undone afterwards): time and
-    peak memory per step, and each one's loss and gradient norm against eager's."""
+    peak memory per step, and each one's loss and gradient norm against eager's. The model is in
+    training mode meanwhile; its gradients are cleared afterwards."""
+    was_training = model.training
+    model.train()
+    try:
+        return _compare(model, args, kwargs, kernelsmith, liger, warmup, iterations, loss_rtol, grad_rtol)
+    finally:
+        model.train(was_training)
+        for p in model.parameters():
+            p.grad = None
+
+
+def _compare(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None,
+             kernelsmith: Callable[..., Any] | None, liger: bool, warmup: int, iterations: int, loss_rtol: float,
+             grad_rtol: float) -> list[Execution]:  # fmt: skip
     params = [p for p in model.parameters() if p.requires_grad]
     device = next((p.device for p in params), torch.device("cpu"))
     runs: list[tuple[str, Callable[[], Callable[..., Any]] | str]] = [
