@@ -250,7 +250,7 @@ class Optimized:
         family = get_op(op)
         # Inputs that are all plain positional arguments are picked by index: the call key pins
         # the arguments' count and types, so nothing else about them needs checking.
-        positions = [ref.index for ref in match.inputs if ref.kind == "arg" and ref.reshape is None]
+        positions = [ref.index for ref in match.inputs if ref.kind == "arg" and ref.as_given]
         if len(positions) == len(match.inputs):
 
             def bind(args: tuple[Any, ...], kwargs: dict[str, Any], check: bool = False) -> tuple[Any, ...]:

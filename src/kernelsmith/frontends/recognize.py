@@ -65,7 +65,9 @@ class InputRef:
 
     ``kind`` is ``"arg"`` (positional ``index``), ``"kwarg"`` (keyword ``name``) or
     ``"external"`` (``tensor``, held by reference: a module's weight, a closure tensor).
-    ``reshape``, when set, is applied on binding (a ``(1, N)`` weight is the op's ``(N,)``).
+    ``reshape``, when set, is applied on binding (a ``(1, N)`` weight is the op's ``(N,)``), then
+    ``transpose`` (two dims swapped: a view, as attention takes a ``(B, H, S, D)`` argument in its
+    ``(B, S, H, D)`` layout).
     ``path`` and ``meta`` let a later call check an external tensor is still the one the
     function reaches, unchanged.
     """
@@ -77,19 +79,26 @@ class InputRef:
     reshape: tuple[int, ...] | None = None
     path: Path | None = field(default=None, repr=False)
     meta: TensorMeta | None = field(default=None, repr=False)
+    transpose: tuple[int, int] | None = None
+
+    @property
+    def as_given(self) -> bool:
+        """Whether the op's input is the tensor itself, neither reshaped nor transposed."""
+        return self.reshape is None and self.transpose is None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, InputRef):
             return NotImplemented
-        return (self.kind, self.index, self.name, self.reshape) == (
+        return (self.kind, self.index, self.name, self.reshape, self.transpose) == (
             other.kind,
             other.index,
             other.name,
             other.reshape,
+            other.transpose,
         ) and self.tensor is other.tensor
 
     def __hash__(self) -> int:
-        return hash((self.kind, self.index, self.name, self.reshape, id(self.tensor)))
+        return hash((self.kind, self.index, self.name, self.reshape, self.transpose, id(self.tensor)))
 
     def resolve(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> torch.Tensor:
         """The tensor this input is on the call ``(args, kwargs)``."""
@@ -105,7 +114,9 @@ class InputRef:
             raise ValueError(f"unknown input kind {self.kind!r}")
         if not isinstance(t, torch.Tensor):
             raise MatchDoesNotApply(f"input {self} is not a tensor on this call")
-        return t.reshape(self.reshape) if self.reshape is not None else t
+        if self.reshape is not None:
+            t = t.reshape(self.reshape)
+        return t.transpose(*self.transpose) if self.transpose is not None else t
 
 
 @dataclass(frozen=True)
@@ -119,12 +130,18 @@ class Match:
     layernorm: ``{"eps", "affine"}``; swiglu: ``{"layout"}``, geglu also ``{"approximate"}``;
     sum / mean / max: ``{"dim": -1}``; cross_entropy: ``{"reduction", "ignore_index",
     "label_smoothing"}``; gelu / gelu_tanh: none), ready for ``spec_for``.
+
+    ``returns`` is None when the function returns the op's (first) output itself; for a function
+    that returns a tuple it says what each element is: the op's output of that number, or None
+    for an element that is ``None`` (Hugging Face's attention helpers return ``(out, None)``,
+    ``apply_rotary_pos_emb`` returns rope's two outputs, ``returns=(0, 1)``).
     """
 
     op: str
     inputs: tuple[InputRef, ...]
     constants: dict[str, Any]
     signature: CallSignature | None = field(default=None, compare=False, repr=False)
+    returns: tuple[int | None, ...] | None = None
 
     def mismatch(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
         """None when this match holds for the call ``(args, kwargs)``, else why it does not."""
@@ -200,7 +217,10 @@ def _match(graph: Graph) -> tuple[Match | None, str]:
     if graph.problems:
         return None, "; ".join(graph.problems)
     try:
-        single_tensor_output(graph)
+        if graph.output_values is None:
+            single_tensor_output(graph)
+        else:
+            tuple_output(graph)
     except NoMatch as err:
         return None, str(err)
     found: list[Match] = []
@@ -219,6 +239,8 @@ def _match(graph: Graph) -> tuple[Match | None, str]:
         return found[0], ""
     if refusals:
         return None, "; ".join(refusals)
+    if graph.output_values is not None:
+        return None, f"no registered pattern recognizes a function that returns {len(graph.output_values)} values"
     node = graph.producer(graph.output_value)
     made_by = f" (its output comes from {node.name})" if node is not None else ""
     return None, f"no registered pattern recognizes it{made_by}"
@@ -255,6 +277,26 @@ def single_tensor_output(graph: Graph) -> TensorValue:
     if graph.producer(graph.output_value) is None:
         raise NoMatch(f"returns {graph.output_value.describe()} without computing it")
     return graph.output_value
+
+
+def tuple_output(graph: Graph) -> tuple[TensorValue | None, ...]:
+    """The function's output when it is a tuple of tensors the call computed and ``None``s (at
+    least one tensor): each element's value, None for a ``None``."""
+    if graph.problems:
+        raise NoMatch("; ".join(graph.problems))
+    out, values = graph.output, graph.output_values
+    if not isinstance(out, tuple) or values is None:
+        raise NoMatch(f"returns a {type(out).__name__}, not a tuple of tensors")
+    for i, (element, value) in enumerate(zip(out, values, strict=True)):
+        if element is None:
+            continue
+        if not isinstance(element, torch.Tensor) or value is None:
+            raise NoMatch(f"returns {type(element).__name__} as value {i}, not a tensor or None")
+        if graph.producer(value) is None:
+            raise NoMatch(f"returns {value.describe()} as value {i} without computing it")
+    if all(v is None for v in values):
+        raise NoMatch("returns a tuple without a tensor")
+    return values
 
 
 def input_ref(value: Value | None, role: str) -> InputRef:

@@ -27,6 +27,7 @@ from kernelsmith.frontends.patterns import (
     matmul,
     reductions,
     rmsnorm,
+    rope,
     softmax,
 )
 from kernelsmith.frontends.recognize import Match
@@ -45,6 +46,7 @@ PATTERNS: dict[str, Callable[[Graph], Match | None]] = {
     "cross_entropy": cross_entropy.match,
     "linear_cross_entropy": linear_cross_entropy.match,
     "attention": attention.match,
+    "rope": rope.match,
     "matmul": matmul.match,
 }
 

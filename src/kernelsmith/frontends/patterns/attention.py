@@ -17,14 +17,24 @@ Recognized (after the capture's normalization, see :mod:`kernelsmith.frontends.c
   ``F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)``). ``k`` and ``v`` may have one head
   that broadcasts over ``q``'s (multi-query attention), as torch's matmul allows;
 - in both forms the mask may be sliced to the keys it already has, as Hugging Face writes it
-  (``attention_mask[:, :, :, : key.shape[-2]]``): a slice that keeps every element is the mask.
+  (``attention_mask[:, :, :, : key.shape[-2]]``): a slice that keeps every element is the mask;
+- in both forms, on ``(B, H, S, D)`` tensors, the result transposed to ``(B, S, H, D)``
+  (``.transpose(1, 2)``, then perhaps ``.contiguous()``), as Hugging Face's attention helpers
+  end: the match is the ``"bshd"`` layout with ``q``, ``k`` and ``v`` bound as
+  ``.transpose(1, 2)`` views (``InputRef.transpose``), so the kernels write the transposed result
+  directly instead of a copy; a reshape to the same shape before the transpose
+  (``attn_output.reshape(B, -1, S, D)``) is nothing;
+- Hugging Face's ``sdpa_attention_forward``, which returns ``(attn_output, None)``: the match's
+  ``returns`` is ``(0, None)``.
 
 The match's constants are ``layout``, ``causal`` and ``scale`` (None for torch's default
 ``1 / sqrt(D)``); the inputs are ``(q, k, v)`` or ``(q, k, v, mask)``.
 
-Refused, with a reason: dropout (``dropout_p`` other than 0), 3-D or 5-D tensors, a mask that is
-computed in the function (``~padding``, ``masked_fill``...) rather than passed in, an additive mask
-in another dtype than ``q`` (it would promote the scores), a scale applied to the mask as well
+Refused, with a reason: a tuple with a second tensor (eager attention's ``(attn_output,
+attn_weights)``: the kernels never form the weights), dropout (``dropout_p`` other than 0), 3-D
+or 5-D tensors, a mask that is computed in the function (``~padding``, ``masked_fill``...)
+rather than passed in, an additive mask in another dtype than ``q`` (it would promote the
+scores), a scale applied to the mask as well
 (``(q @ k^T + mask) * scale``), a softmax over another dim or in a lower precision than ``q``,
 transposes of other dims, and anything computed besides the op. Whether the kernels support the
 shapes (head dim a multiple of 16...) is the family's ``spec_for``'s call, at bind time.
@@ -35,12 +45,22 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from kernelsmith.frontends.capture import Const, Graph, Kind, Node, TensorValue, Value
-from kernelsmith.frontends.recognize import Match, NoMatch, describe, input_ref, require_only, single_tensor_output
+from kernelsmith.frontends.recognize import (
+    Match,
+    NoMatch,
+    describe,
+    input_ref,
+    require_only,
+    single_tensor_output,
+    through_reshapes,
+    tuple_output,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +74,7 @@ _TRANSPOSE = {"torch.Tensor.transpose", "torch.transpose", "torch.Tensor.swapaxe
 _PERMUTE = {"torch.Tensor.permute", "torch.permute"}
 _LAST_TWO_SWAPPED = {"torch.Tensor.mT"}  # swaps the last two dims whatever the rank
 _GETITEM = "torch.Tensor.__getitem__"
+_CONTIGUOUS = {"torch.Tensor.contiguous"}
 
 
 def match(graph: Graph) -> Match | None:
@@ -64,23 +85,29 @@ def match(graph: Graph) -> Match | None:
     )
     if not sdpa and not explicit:
         return None
-    out = single_tensor_output(graph)
+    out, returns = _output(graph)
     node = graph.producer(out)
-    assert node is not None  # single_tensor_output checked it
+    assert node is not None  # single_tensor_output / tuple_output checked it
     used: list[Node] = []
     layout = "bhsd"
+    transpose_inputs = False  # (B, H, S, D) arguments served in the (B, S, H, D) layout
+    if node.kind is Kind.OTHER and node.name in _CONTIGUOUS:  # ....transpose(1, 2).contiguous()
+        used.append(node)
+        node = _producer(graph, node.inputs[0], "a contiguous copy")
     transposed = _transposed_dims(graph, node)
-    if transposed is not None and sdpa:  # (B, S, H, D) data: the result transposed back
+    if transposed is not None:  # the result transposed to (B, S, H, D)
         if transposed != (1, 2):
             raise NoMatch(f"the attention's output is transposed on dims {transposed}, not (1, 2)")
         used.append(node)
-        inner = graph.producer(node.inputs[0])
-        if inner is None:
-            raise NoMatch("the output is a transpose of an input, not of an attention")
-        node, layout = inner, "bshd"
+        node = _producer(graph, _through_same_shape(graph, node.inputs[0], used), "a transpose")
+        layout = "bshd"
+        # (B, S, H, D) data transposed in and out (flash-attn's layout), or Hugging Face's
+        # (B, H, S, D) tensors whose result alone is transposed: then the op reads the
+        # arguments transposed, as views, and writes the (B, S, H, D) result directly.
+        transpose_inputs = not (node.kind is Kind.OTHER and node.name == _SDPA and _query_transposed(graph, node))
     if node.kind is Kind.OTHER and node.name == _SDPA:
-        found = _sdpa(graph, node, layout)
-    elif node.kind is Kind.OTHER and node.name in _MATMUL and layout == "bhsd":
+        found = _sdpa(graph, node, "bhsd" if transpose_inputs else layout)
+    elif node.kind is Kind.OTHER and node.name in _MATMUL and (layout == "bhsd" or transpose_inputs):
         found = _explicit(graph, node)
     else:
         raise NoMatch(f"the output comes from {node.name}, not from an attention")
@@ -89,8 +116,52 @@ def match(graph: Graph) -> Match | None:
     if out.dtype != q.dtype:
         raise NoMatch(f"the output is {out.dtype}, but q is {q.dtype}")
     refs = tuple(input_ref(value, role) for value, role in zip(values, ("q", "k", "v", "mask"), strict=False))
+    if transpose_inputs:
+        refs = tuple(replace(r, transpose=(1, 2)) if i < 3 else r for i, r in enumerate(refs))
+        constants = {**constants, "layout": "bshd"}
     require_only(graph, used + nodes, OP)
-    return Match(OP, refs, constants)
+    return Match(OP, refs, constants, returns=returns)
+
+
+def _output(graph: Graph) -> tuple[TensorValue, tuple[int | None, ...] | None]:
+    """The attention's output and the match's ``returns``: the function's tensor, or the first
+    element of Hugging Face's ``(attn_output, None)`` (the sdpa and flash helpers)."""
+    if graph.output_values is None:
+        return single_tensor_output(graph), None
+    values = tuple_output(graph)
+    first = values[0]
+    if first is None or any(v is not None for v in values[1:]):
+        raise NoMatch(
+            f"returns {len(values)} values with a tensor besides the attention's output (eager attention's "
+            f"attention weights?): the attention kernels never form the weights; only (output, None) is served"
+        )
+    return first, (0, *([None] * (len(values) - 1)))
+
+
+def _producer(graph: Graph, value: Value, what: str) -> Node:
+    node = graph.producer(value)
+    if node is None:
+        raise NoMatch(f"the output is {what} of an input, not of an attention")
+    return node
+
+
+def _through_same_shape(graph: Graph, value: Value, used: list[Node]) -> Value:
+    """``x`` for ``x.reshape(x.shape)`` (Hugging Face's ``attn_output.reshape(B, -1, S, D)``,
+    which undoes a packing it did not do), recording the reshape; ``value`` otherwise."""
+    used_here: list[Node] = []
+    source = through_reshapes(graph, value, used_here)
+    if isinstance(source, TensorValue) and isinstance(value, TensorValue) and source.shape == value.shape:
+        used += used_here
+        return source
+    return value
+
+
+def _query_transposed(graph: Graph, node: Node) -> bool:
+    """Whether the SDPA call's query is ``x.transpose(1, 2)`` (flash-attn's layout)."""
+    arguments = _bound(node, _SDPA_ARGS)
+    query = arguments.get("query") if arguments else None
+    producer = graph.producer(query)
+    return producer is not None and _transposed_dims(graph, producer) == (1, 2)
 
 
 # ---- F.scaled_dot_product_attention ----------------------------------------------------------
