@@ -8,6 +8,8 @@ the graph it is handed, and winners are stored directly (interpreter timings nev
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -285,3 +287,38 @@ def test_hf_generate_with_served_decode_kernels_gives_eager_tokens_with_padding(
     assert {s.status for s in backend.sites if s.op == "decode_matmul"} == {"replaced"}
     assert kernel_ops(seen[0]).count("decode_matmul") == 7  # q, k, v, o + residual, gate+up, down + residual, head
     assert report.cache_bytes == 2 * 1 * BATCH * 2 * (PROMPT + NEW) * 16 * 4
+
+
+# ---- kernelsmith verify MODEL --decode -------------------------------------------------------------
+
+
+def test_verify_decode_refuses_a_model_it_cannot_decode_and_a_cache_too_short():
+    from typer.testing import CliRunner
+
+    from kernelsmith.cli.main import app
+
+    result = CliRunner().invoke(app, ["verify", "gpt2", "--tiny", "--decode", "--seq", "4", "--new-tokens", "2"])
+    assert result.exit_code == 2 and "built-in llama" in result.output
+    result = CliRunner().invoke(app, ["verify", "llama-160m", "--tiny", "--decode", "--seq", "4", "--new-tokens", "0"])
+    assert result.exit_code == 2  # --new-tokens is at least 1
+
+
+def test_verify_decode_reports_every_variant_in_json(monkeypatch):
+    """The command's JSON: one row per variant with tokens/s and the token check (the variants'
+    generation is verify_decode's, stubbed here to the eager one so the test stays fast)."""
+    from typer.testing import CliRunner
+
+    from kernelsmith.cli.main import app
+
+    real = decode.verify_decode
+
+    def eager_only(model, **kwargs):
+        return real(model, **{**kwargs, "variants": ("eager",)})
+
+    monkeypatch.setattr(decode, "verify_decode", eager_only)
+    result = CliRunner().invoke(app, ["verify", "llama-160m", "--tiny", "--decode", "--seq", "5", "--new-tokens", "3",
+                                      "--batch", "1", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output.strip().splitlines()[-1])
+    assert report["ok"] and report["prompt"] == 5 and report["new_tokens"] == 3 and report["kind"] == "builtin"
+    assert [r["name"] for r in report["rows"]] == ["eager"] and report["rows"][0]["tokens_per_s"] > 0

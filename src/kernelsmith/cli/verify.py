@@ -77,6 +77,15 @@ def verify(
     warmup: Annotated[int | None, typer.Option("--warmup", min=0, help="Calls of each variant before timing.")] = None,
     rounds: Annotated[int | None, typer.Option("--rounds", min=1, help="Interleaved timing rounds.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document instead of tables.")] = False,
+    decode: Annotated[
+        bool,
+        typer.Option("--decode", help="Greedy generation after a --seq-token prompt instead: eager, torch.compile "
+                     "(reduce-overhead) and kernelsmith, tokens/s, % of copy bandwidth, same tokens."),
+    ] = False,
+    new_tokens: Annotated[
+        int | None,
+        typer.Option("--new-tokens", min=1, help="With --decode: tokens to generate (256 on a GPU, 8 on a CPU)."),
+    ] = None,
 ) -> None:
     """Check the optimized model against the original on fresh random inputs, and time both."""
     from kernelsmith.cli.common import UserError, err, run_or_exit
@@ -108,6 +117,8 @@ def verify(
         limit = max_positions(module)
         run_seq = seq if seq is not None else min(defaults["seq"], limit or defaults["seq"])
         run_batch = batch if batch is not None else defaults["batch"]
+        if decode:
+            return _decode(module, loaded.name, run_batch, run_seq, new_tokens, db, on_gpu, UserError)
 
         from kernelsmith.whole_model import keyword_inputs as ki
 
@@ -167,6 +178,9 @@ def verify(
         return report
 
     report = run_or_exit(run)
+    if decode:
+        print(json.dumps(report, default=str)) if as_json else _print_decode(report)
+        raise typer.Exit(0 if report["ok"] else 1)
     if as_json:
         print(json.dumps(report, default=str))
     else:
@@ -220,6 +234,50 @@ def _print_train_steps(report: dict[str, Any]) -> None:
     out.print(table)
     out.print(f"agreement: loss within {LOSS_RTOL:g} and gradient norm within {GRAD_RTOL:g} of eager's, relative"
               + ("" if measured_peak else f"; {NOT_MEASURED}"), highlight=False)  # fmt: skip
+
+
+def _decode(module: Any, name: str, batch: int, prompt: int, new_tokens: int | None, db: str | None, on_gpu: bool,
+            error: type[Exception]) -> dict[str, Any]:  # fmt: skip
+    """``--decode``: :func:`kernelsmith.whole_model.decode.verify_decode`, its report as a dict."""
+    from kernelsmith.cli.common import err
+    from kernelsmith.whole_model import decode as d
+
+    tokens = new_tokens if new_tokens is not None else (256 if on_gpu else 8)
+    with err.status(f"generating {tokens} tokens after a {prompt}-token prompt: eager, torch.compile, kernelsmith..."):
+        try:
+            report = d.verify_decode(module, name=name, batch=batch, prompt_len=prompt, new_tokens=tokens,
+                                     backend=d.kernelsmith_backend(db=db))  # fmt: skip
+        except ValueError as exc:  # a model decode verification does not run, or a cache too short
+            raise error(str(exc)) from None
+    return report.to_dict()
+
+
+def _print_decode(report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from kernelsmith.cli.common import err, fmt, out
+
+    colour = "green" if report["ok"] else "red"
+    out.print(f"[{colour}]{'PASS' if report['ok'] else 'FAIL'}[/{colour}]: greedy decoding of {report['model']}, "
+              f"batch {report['batch']}, {report['new_tokens']} tokens after {report['prompt']}; "
+              f"{report['bytes_per_step'] / 1e9:.3f} GB a step, copy bandwidth "
+              f"{fmt(report['copy_gbps'], 0, ' GB/s')}", highlight=False)  # fmt: skip
+    table = Table(title="decode (a step: the weights and the whole static KV cache read once)")
+    for column in ("variant", "tokens/s", "ms/step", "% of copy", "tokens"):
+        table.add_column(column, justify="left" if column in ("variant", "tokens") else "right")
+    for row in report["rows"]:
+        if row["error"]:
+            table.add_row(row["name"], "-", "-", "-", f"error: {row['error'][:80]}")
+            continue
+        first = row["first_difference"]
+        tokens = "same"
+        if not row["same_tokens"] and first:
+            tokens = f"part at step {first['step']} ({'tie' if first['tie'] else 'WRONG'})"
+        table.add_row(row["name"], fmt(row["tokens_per_s"], 1), fmt(row["ms_per_step"], 3),
+                      fmt(row["pct_of_copy"], 1, "%"), tokens)  # fmt: skip
+    out.print(table)
+    for note in report["notes"]:
+        err.print(f"[yellow]{note}[/yellow]", highlight=False)
 
 
 def _diagnose_hooks(backend_name: str, db: str | None, train: bool, error: type[Exception]) -> Any:
