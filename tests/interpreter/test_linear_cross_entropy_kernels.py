@@ -150,3 +150,35 @@ def test_the_harness_accepts_each_family(op, device: str) -> None:
     fixed = {} if op is FORWARD else {"CHUNK": 16}
     runs = validate(op, spec, op.variants[0].build, _widest(op, spec, **fixed), device, lambda: None)
     assert {runs} == validation_runs(op, spec)  # no blind data: the target on all, each tail on one
+
+
+@pytest.mark.parametrize("num_items_in_batch", [None, 7])
+def test_hugging_face_causal_lm_loss_is_the_op_on_shifted_labels(num_items_in_batch, device: str) -> None:
+    """Hugging Face's ForCausalLMLoss (labels shifted by one with -100 padding; "mean", or "sum" over
+    ``num_items_in_batch``) is the fused op on the shifted labels, divided outside when the trainer
+    counts the items: loss, dh and dW against the float64 formula."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    batch, seq, hidden, vocab = 2, 9, 16, 40
+    g = torch.Generator().manual_seed(11)
+    h = torch.randn(batch, seq, hidden, generator=g).to(device)
+    w = (torch.randn(vocab, hidden, generator=g) / 4).to(device)
+    labels = torch.randint(0, vocab, (batch, seq), generator=g).to(device)
+    labels[0, :3] = -100  # a masked prompt
+    shifted = F.pad(labels, (0, 1), value=-100)[..., 1:].reshape(-1)
+    reduction = "mean" if num_items_in_batch is None else "sum"
+    inputs = (h.reshape(-1, hidden), w, shifted)
+    spec = FUSED.spec_for(*inputs, reduction=reduction)
+    loss, dh, dw = _run(FUSED, spec, _widest(FUSED, spec, CHUNK=16), inputs)
+    scale = 1.0 if num_items_in_batch is None else 1.0 / num_items_in_batch
+
+    # Hugging Face's own function (it upcasts the logits to float32), and the same formula in float64.
+    hf = ForCausalLMLoss(F.linear(h, w), labels, vocab, num_items_in_batch=num_items_in_batch)
+    torch.testing.assert_close(loss * scale, hf, rtol=1e-5, atol=1e-6)
+    h64, w64 = h.double().requires_grad_(), w.double().requires_grad_()
+    logits = F.linear(h64, w64).reshape(-1, vocab)
+    expected = F.cross_entropy(logits, shifted, ignore_index=-100, reduction=reduction) * scale
+    expected.backward()
+    torch.testing.assert_close(loss.double() * scale, expected.detach(), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(dh.double() * scale, h64.grad.reshape(-1, hidden), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(dw.double() * scale, w64.grad, rtol=1e-4, atol=1e-6)
