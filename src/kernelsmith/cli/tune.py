@@ -53,6 +53,11 @@ def tune(
     devices: DevicesOption = None,
     executor: ExecutorOption = "local",
     ray_address: RayAddressOption = None,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Tune again even if the workload is stored, measuring afresh "
+                     "(also KERNELSMITH_FORCE_RETUNE=1)."),
+    ] = False,
 ) -> None:
     """Search kernels for one op and shape, print a table, store the winner."""
     if epilogue is not None:  # the matmul family's constant (another family refuses it by name)
@@ -114,7 +119,7 @@ def tune(
             try:
                 return tune_spec(
                     spec, budget=run_budget, strategy=strategy, db=db, seed=seed, workers=workers, progress=progress,
-                    devices=devices, executor=executor, ray_address=ray_address,
+                    devices=devices, executor=executor, ray_address=ray_address, force=force or None,
                 )  # fmt: skip
             except Exception as exc:
                 from kernelsmith import notify

@@ -49,7 +49,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from kernelsmith import dispatch
+from kernelsmith import dispatch, settings
 from kernelsmith.db import DecisionRecord, open_database
 from kernelsmith.frontends.backend import KernelsmithBackend, Site, _backward_metas
 from kernelsmith.ops import UnsupportedWorkload, get_op
@@ -180,6 +180,8 @@ def optimize_model(
     devices: Sequence[int] | str | None = None,
     executor: str = "local",
     ray_address: str | None = None,
+    force_retune: bool | None = None,
+    require_tuned: bool | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Profile ``model(*example_inputs)``, tune its top workloads within the budget, compile it.
 
@@ -193,7 +195,10 @@ def optimize_model(
     compiled graph times faster than Inductor alone (None: on for CUDA models, see
     :class:`~kernelsmith.frontends.backend.KernelsmithBackend`). ``devices``, ``executor`` and
     ``ray_address`` say where the candidates run (see :func:`kernelsmith.tuner.tune_spec`). See
-    :mod:`kernelsmith.whole_model.optimize`.
+    :mod:`kernelsmith.whole_model.optimize`. ``force_retune`` tunes the workloads again even where
+    decisions are stored; ``require_tuned`` tunes nothing and raises
+    :class:`kernelsmith.NotTunedError` for the first workload not in the database (None: the
+    settings ``KERNELSMITH_FORCE_RETUNE`` / ``KERNELSMITH_REQUIRE_TUNED``; docs/cache.md).
 
     ``example_kwargs`` are keyword inputs of the model's calls, as Hugging Face models take them
     (``input_ids``, ``labels``, ``attention_mask``): with ``labels`` the loss is computed inside the
@@ -209,7 +214,10 @@ def optimize_model(
     from kernelsmith.evaluate.executor import check_executor
 
     check_executor(executor, ray_address)  # an unreachable cluster: one line, before profiling
-    where = {"devices": devices, "executor": executor, "ray_address": ray_address}
+    force = bool(settings.get("KERNELSMITH_FORCE_RETUNE") if force_retune is None else force_retune)
+    # Where the candidates run, and the cache's switches: tune_spec's keyword arguments.
+    where = {"devices": devices, "executor": executor, "ray_address": ray_address, "force": force,
+             "require_tuned": require_tuned}
     started = time.monotonic()
     inputs = tuple(example_inputs)
     kwargs = dict(example_kwargs or {})
@@ -401,7 +409,7 @@ def _tune_all(
     stopped = ""
     count = len(workloads)
     for index, w in enumerate(workloads, 1):
-        stored = _stored(db, mode, w.spec)
+        stored = None if where.get("force") else _stored(db, mode, w.spec)
         if stored is not None:
             w.status, w.reason = "stored", "decided in the database already"
             w.winner, w.speedup = stored.winner, stored.metrics.get("speedup")
