@@ -95,3 +95,51 @@ def test_gpu_fields() -> None:
     assert fp.gpu_name == torch.cuda.get_device_name(0)
     assert fp.driver != "none"
     assert current_fingerprint("gpu") is fp
+
+
+# ---- which fields invalidate a result (docs/cache.md) ---------------------------------------------
+def _changed(fp: Fingerprint, **fields: object) -> Fingerprint:
+    return Fingerprint(**{**fp.to_dict(), **fields})
+
+
+def test_the_fields_are_classified_once_and_completely() -> None:
+    from kernelsmith.db.records import MODEL_FIELDS, REVALIDATED_FIELDS, STRICT_FIELDS
+
+    assert set(MODEL_FIELDS) <= set(STRICT_FIELDS)
+    assert set(STRICT_FIELDS) | set(REVALIDATED_FIELDS) == set(Fingerprint.__dataclass_fields__)
+    assert not set(STRICT_FIELDS) & set(REVALIDATED_FIELDS)
+
+
+@pytest.mark.parametrize("field, value", [("driver", "535.104.05 / CUDA 12.2"), ("kernelsmith", "0.0.9")])
+def test_a_driver_build_or_a_kernelsmith_release_is_near(field: str, value: str) -> None:
+    here = current_fingerprint("interpreter")
+    other = _changed(here, **{field: value})
+    assert other.hash != here.hash  # still stored apart: the record says where it was measured
+    assert other.near(here) and here.near(other) and other.compatibility == here.compatibility
+    assert here.changes(other) == {field: (getattr(here, field), value)}
+    assert not here.near(here)  # the same fingerprint is not "near": its records are served as they are
+
+
+@pytest.mark.parametrize("field, value", [("torch", "2.0.0"), ("triton", "2.0.0"), ("cuda", "11.8"),
+                                          ("gpu_name", "NVIDIA A100"), ("sm_count", 7), ("mode", "gpu"),
+                                          ("compute_capability", "8.0")])
+def test_the_toolchain_and_the_gpu_invalidate(field: str, value: object) -> None:
+    here = current_fingerprint("interpreter")
+    other = _changed(here, **{field: value})
+    assert not other.near(here) and other.compatibility != here.compatibility
+    same_model = field in ("torch", "triton", "cuda")
+    assert (other.model == here.model) is same_model  # a toolchain upgrade keeps the GPU model
+
+
+def test_near_decisions_finds_only_near_fingerprints(tmp_path) -> None:
+    from kernelsmith.db import DecisionRecord, open_database
+
+    here = current_fingerprint("interpreter")
+    old_driver, old_torch = _changed(here, driver="old"), _changed(here, torch="2.0.0")
+    with open_database(str(tmp_path / "n.db")) as db:
+        for fp in (here, old_driver, old_torch):
+            db.put_fingerprint(fp)
+            db.put_decision(DecisionRecord(fp.hash, "w", "softmax", {}, "kernel", "v"))
+        db.put_decision(DecisionRecord(old_driver.hash, "other", "softmax", {}, "kernel", "v"))
+        assert [d.fingerprint for d in db.near_decisions(here, "w")] == [old_driver.hash]
+        assert db.near_decisions(here, "missing") == []
