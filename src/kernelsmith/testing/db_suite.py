@@ -409,6 +409,35 @@ class DatabaseSuite:
         assert not db.claim_evaluation(*key, owner="b")  # read its trial instead
         assert db.find_trial(*key) == trial
 
+    def test_trials_before_since_are_ignored(self, db: Database) -> None:
+        """A forced retune (``since``: when it began) neither reuses nor is blocked by older trials."""
+        old = make_trial(status="timeout", error="measured before")
+        old = replace(old, created_at=100.0)
+        key = (old.fingerprint, old.workload, old.variant, old.source_hash, old.config_key)
+        db.add_trial(old)
+        assert db.find_trial(*key) == old and db.find_trial(*key, since=100.0) == old
+        assert db.find_trial(*key, since=200.0) is None
+        assert not db.claim_evaluation(*key, owner="a")
+        assert db.claim_evaluation(*key, owner="a", since=200.0)
+        fresh = replace(old, status="ok", error="", created_at=300.0)
+        db.add_trial(fresh)
+        db.release_evaluation(*key, owner="a")
+        assert db.find_trial(*key, since=200.0) == fresh
+        assert not db.claim_evaluation(*key, owner="b", since=200.0)
+
+    def test_near_decisions(self, db: Database) -> None:
+        """Decisions of fingerprints that differ only in the driver build or kernelsmith release,
+        newest first; never this fingerprint's own, another toolchain's or another GPU's."""
+        near_driver = replace(GPU_FP, driver="12.8")
+        near_release = replace(GPU_FP, kernelsmith="0.0.9")
+        far = [replace(GPU_FP, triton="3.5.0"), replace(GPU_FP, torch="2.10.0"), replace(GPU_FP, sm_count=114)]
+        for n, fp in enumerate([GPU_FP, near_driver, near_release, *far]):
+            db.put_fingerprint(fp)
+            db.put_decision(replace(make_decision(fingerprint=fp.hash, workload="w"), created_at=1000.0 + n))
+        found = db.near_decisions(GPU_FP, "w")
+        assert [d.fingerprint for d in found] == [near_release.hash, near_driver.hash]
+        assert db.near_decisions(GPU_FP, "other") == []
+
     def test_an_expired_claim_is_taken_over(self, db: Database) -> None:
         """A tuner that died mid-evaluation blocks the candidate only until its claim expires."""
         key = (INTERP_FP.hash, "w", "row", "src0", "BLOCK=64")
