@@ -22,6 +22,10 @@
 #   lce         benchmarks/linear_cross_entropy.py --budget $LCE_BUDGET $LCE_ARGS (LCE_TIMEOUT, default 900 s):
 #               fused linear + cross-entropy forward+backward, 16384 tokens, hidden 2048 and 4096, vocabulary
 #               128256, against torch.compile and Liger: time and peak memory
+#   train       benchmarks/train_step.py --budget $TRAIN_BUDGET $TRAIN_ARGS (TRAIN_TIMEOUT, default 540 s): one
+#               training step of a Hugging Face Llama (hidden 2048, 4 layers, vocabulary 128256, bf16, with labels)
+#               for eager, torch.compile, Liger and kernelsmith: time, peak memory, loss and gradient agreement;
+#               train-2x2048 and train-4x4096: one batch each (the two rows together may outlast one command)
 #   spaces      benchmarks/record_space.py $SPACES           (SPACES_TIMEOUT, default 400 s)
 #   strategies  benchmarks/strategies.py $STRATEGY_WORKLOADS (STRATEGIES_TIMEOUT, default 300 s)
 #   model       kernelsmith optimize $OPTIMIZE_ARGS, then verify --max-autotune, on $MODEL $MODEL_ARGS
@@ -65,6 +69,10 @@ step() {  # step NAME: one step, its log in $RESULTS/NAME.log, then a marker $RE
               $([ "$name" = decode ] || echo "--models ${name#decode-}") ${DECODE_ARGS:-} ;;
     lce) timeout "${LCE_TIMEOUT:-900}" python3 benchmarks/linear_cross_entropy.py --out "$RESULTS/lce.json" \
            --db "/tmp/ks-lce.db" --budget "${LCE_BUDGET:-30}" ${LCE_ARGS:-} ;;
+    train|train-2x2048|train-4x4096)
+           timeout "${TRAIN_TIMEOUT:-540}" python3 benchmarks/train_step.py --out "$RESULTS/$name.json" \
+             --db "/tmp/ks-train.db" --budget "${TRAIN_BUDGET:-60}" \
+             $([ "$name" = train ] || echo "--only ${name#train-}") ${TRAIN_ARGS:-} ;;
     spaces) timeout "${SPACES_TIMEOUT:-400}" python3 benchmarks/record_space.py $SPACES --dtype bf16 \
               --out-dir "$RESULTS/spaces" ;;
     strategies) timeout "${STRATEGIES_TIMEOUT:-300}" python3 benchmarks/strategies.py $STRATEGY_WORKLOADS \

@@ -105,3 +105,29 @@ def test_executions_side_by_side_agree_with_eager(monkeypatch) -> None:
     assert by["liger"].measure is None and by["liger"].skipped  # not installed here, or not a Llama
     without = ts.compare_executions(model, (x,), warmup=0, iterations=1, liger=False)
     assert {r.name: r.skipped for r in without}["kernelsmith"] == "no optimized model was given"
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_a_tiny_config_on_the_cpu_and_says_so(tmp_path) -> None:
+    """benchmarks/train_step.py without a GPU: one tiny row, every execution (Liger skipped where it
+    is not installed), agreement with eager, and a table that says its timings are not performance."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "train_step.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root / "src")}
+    command = [sys.executable, str(root / "benchmarks" / "train_step.py"), "--smoke", "--out", str(out),
+               "--db", str(tmp_path / "bench.db")]  # fmt: skip
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "SMOKE TEST" in done.stdout and "peak memory is not measured" in done.stdout
+    report = json.loads(out.read_text())
+    (row,) = report["rows"]
+    assert "error" not in row, row.get("error")
+    by = {e["name"]: e for e in row["executions"]}
+    assert by["eager"]["agrees"] and by["torch.compile"]["agrees"] and by["kernelsmith"]["agrees"]
+    assert ("linear_cross_entropy", "not tuned") in [tuple(s) for s in row["sites"]]

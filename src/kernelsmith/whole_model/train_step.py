@@ -370,16 +370,20 @@ def compare_executions(
     iterations: int = 5,
     loss_rtol: float = LOSS_RTOL,
     grad_rtol: float = GRAD_RTOL,
+    compile_backend: str = "inductor",
 ) -> list[Execution]:
     """The training step of ``model(*args, **kwargs)`` run eagerly, under ``torch.compile``, as
     ``kernelsmith`` (the optimized callable, when given) and patched by Liger-Kernel (when
     installed and ``liger``; last, since its patch changes the model, undone afterwards): time and
     peak memory per step, and each one's loss and gradient norm against eager's. The model is in
-    training mode meanwhile; its gradients are cleared afterwards."""
+    training mode meanwhile; its gradients are cleared afterwards. ``compile_backend`` is the
+    torch.compile column's backend (Inductor; a CPU smoke run may take a cheaper one)."""
     was_training = model.training
     model.train()
     try:
-        return _compare(model, args, kwargs, kernelsmith, liger, warmup, iterations, loss_rtol, grad_rtol)
+        return _compare(
+            model, args, kwargs, kernelsmith, liger, warmup, iterations, loss_rtol, grad_rtol, compile_backend
+        )
     finally:
         model.train(was_training)
         for p in model.parameters():
@@ -388,12 +392,12 @@ def compare_executions(
 
 def _compare(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None,
              kernelsmith: Callable[..., Any] | None, liger: bool, warmup: int, iterations: int, loss_rtol: float,
-             grad_rtol: float) -> list[Execution]:  # fmt: skip
+             grad_rtol: float, compile_backend: str) -> list[Execution]:  # fmt: skip
     params = [p for p in model.parameters() if p.requires_grad]
     device = next((p.device for p in params), torch.device("cpu"))
     runs: list[tuple[str, Callable[[], Callable[..., Any]] | str]] = [
         ("eager", lambda: model),
-        ("torch.compile", lambda: torch.compile(model)),
+        ("torch.compile", lambda: torch.compile(model, backend=compile_backend)),
         ("kernelsmith", (lambda: kernelsmith) if kernelsmith is not None else "no optimized model was given"),
     ]
     results: list[Execution] = []
