@@ -1,0 +1,137 @@
+"""Fused linear + cross-entropy on the GPU: the kernels compiled for real (soft-cap through
+cross-entropy backward's row kernel, bias, label smoothing) against float64, memory that grows
+with the chunk and not with tokens x vocabulary, and training steps of a Hugging Face Llama
+measured with peak memory (eager, torch.compile, the backend with the fused family)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernelsmith.evaluate.errors import check_close
+from kernelsmith.ops import get_op
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+FORWARD = get_op("linear_cross_entropy")
+BACKWARD = get_op("linear_cross_entropy_backward")
+FUSED = get_op("linear_cross_entropy_fused")
+
+
+def _config(op, spec, chunk: int | None = None):
+    """A mid-space config (tiles of 64-128, the chunk given): what a search would try early."""
+    configs = [c for c in op.variants[0].space(spec).configs() if chunk is None or c["CHUNK"] == chunk]
+    assert configs
+    return configs[len(configs) // 2]
+
+
+def _run(op, spec, config, inputs):
+    outs = [torch.full(o.shape, float("nan"), dtype=o.torch_dtype, device="cuda") for o in op.output_specs(spec)]
+    op.variants[0].build(spec, config)(inputs, outs)
+    torch.cuda.synchronize()
+    return outs
+
+
+@pytest.mark.parametrize("op", [FORWARD, BACKWARD, FUSED], ids=lambda op: op.name)
+@pytest.mark.parametrize(
+    "constants",
+    [{"reduction": "mean"}, {"reduction": "none", "label_smoothing": 0.1, "softcap": 30.0, "bias": True},
+     {"reduction": "sum", "softcap": 15.0}],
+    ids=["mean", "none-smooth-cap-bias", "sum-cap"],
+)  # fmt: skip
+def test_the_families_match_float64_compiled_for_real(op, constants) -> None:
+    spec = op.spec((1000, 256, 5003), "bfloat16", **constants)
+    inputs = op.make_inputs(spec, seed=4, distribution="large", device="cuda")
+    config = _config(op, spec, None if op is FORWARD else 256)
+    outs = _run(op, spec, config, inputs)
+    for k, (out, ref64, lowp) in enumerate(
+        zip(outs, op.reference_fp64(spec, inputs), op.reference(spec, inputs), strict=True)
+    ):
+        problem = check_close(out, ref64, lowp, op.tolerance)
+        assert problem is None, f"{config.key} output {k}: {problem}"
+
+
+def test_the_fused_memory_grows_with_the_chunk_not_with_the_vocabulary() -> None:
+    tokens, hidden, vocab, chunk = 8192, 1024, 128256, 512
+    spec = FUSED.spec((tokens, hidden, vocab), "bfloat16")
+    inputs = FUSED.make_inputs(spec, seed=1, device="cuda")
+    config = _config(FUSED, spec, chunk)
+    outs = [torch.empty(o.shape, dtype=o.torch_dtype, device="cuda") for o in FUSED.output_specs(spec)]
+    launch = FUSED.variants[0].build(spec, config)
+    launch(inputs, outs)  # compiles
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    launch(inputs, outs)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    logits_f32 = tokens * vocab * 4  # what the unfused loss holds (twice: the logits and their gradient)
+    bound = chunk * vocab * 4 + vocab * hidden * 4 + tokens * 64 + (1 << 20)  # chunk, dW scratch, per-row stats
+    assert extra <= bound, f"{extra / 2**20:.0f} MiB beyond the inputs and outputs (bound {bound / 2**20:.0f} MiB)"
+    assert extra < logits_f32 / 4
+
+
+def _llama(vocab: int = 32000):
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).train()
+
+
+def test_training_steps_side_by_side_record_peak_memory_and_agree() -> None:
+    from kernelsmith.whole_model.train_step import compare_executions
+
+    model = _llama()
+    ids = torch.randint(0, 32000, (2, 512), device="cuda")
+    results = compare_executions(model, (), {"input_ids": ids, "labels": ids}, warmup=1, iterations=3)
+    by = {r.name: r for r in results}
+    for name in ("eager", "torch.compile"):
+        assert by[name].measure is not None and by[name].measure.peak_bytes, name
+    assert by["torch.compile"].agrees, by["torch.compile"]
+    if by["liger"].measure is not None:  # Liger-Kernel installed
+        assert by["liger"].agrees, by["liger"]
+
+
+def test_the_backend_fuses_the_hf_loss_in_training_with_less_memory(tmp_path) -> None:
+    """The kernelsmith backend, tuning the fused family on the spot (a small budget), serves the
+    Llama's LM head and loss in a training step: loss and gradients agree with eager's, and the
+    step's peak memory is below eager's (the float32 logits and their gradient are never stored)."""
+    from kernelsmith.frontends.backend import KernelsmithBackend
+    from kernelsmith.whole_model.train_step import measure_step, train_step
+
+    model = _llama(vocab=65536)
+    ids = torch.randint(0, 65536, (2, 1024), device="cuda")
+    kwargs = {"input_ids": ids, "labels": ids}
+    params = [p for p in model.parameters() if p.requires_grad]
+    eager = measure_step("eager", train_step(model, params, (), kwargs), params, torch.device("cuda"),
+                         warmup=1, iterations=2)  # fmt: skip
+    torch._dynamo.reset()
+    backend = KernelsmithBackend(db=str(tmp_path / "k.db"), tune=True, budget=4, families=("linear_cross_entropy",),
+                                 compare=False)  # fmt: skip
+    compiled = torch.compile(model, backend=backend)
+    fused = measure_step("kernelsmith", train_step(compiled, params, (), kwargs), params, torch.device("cuda"),
+                         warmup=1, iterations=2)  # fmt: skip
+    statuses = {(s.op, s.status, s.reason) for s in backend.sites}
+    assert any(op == "linear_cross_entropy" and status == "replaced" for op, status, _ in statuses), statuses
+    assert abs(fused.loss - eager.loss) <= 1e-3 * abs(eager.loss)
+    assert abs(fused.grad_norm - eager.grad_norm) <= 1e-2 * eager.grad_norm
+    assert fused.peak_bytes is not None and eager.peak_bytes is not None
+    assert fused.peak_bytes < eager.peak_bytes, (
+        f"peak: eager {eager.peak_bytes / 2**20:.0f} MiB, fused {fused.peak_bytes / 2**20:.0f} MiB"
+    )
+
+
+def test_an_out_of_range_target_is_an_error_at_the_front_door() -> None:
+    h = torch.randn(4, 32, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(10, 32, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(IndexError, match="out of bounds"):
+        FUSED.spec_for(h, w, torch.tensor([0, 10, 1, -100], device="cuda"))
+    F.cross_entropy(F.linear(h, w).float(), torch.tensor([0, 9, 1, -100], device="cuda"))  # in range: fine
