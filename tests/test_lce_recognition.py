@@ -187,3 +187,35 @@ def test_logits_used_twice_in_the_graph_keep_their_product() -> None:
     sites = [s for s in _sites(loss_and_entropy, h, w, y) if s.op == "linear_cross_entropy"]
     assert len(sites) == 1
     assert [ks_backend._target_name(n) for n in sites[0].region] == ["view", "cross_entropy"]
+
+
+# ---- the decorator -------------------------------------------------------------------------------
+
+
+def test_the_decorator_serves_the_fused_op_forward_and_backward(tmp_path) -> None:
+    """A decorated LM-head loss with stored decisions for the family and its backward: the kernel
+    runs (the logits are never materialized), and the loss and the gradients of h and W agree with
+    the function's own (interpreter mode, float32, tiny shapes)."""
+    import kernelsmith
+    from test_decorator import _store_forward_and_backward
+
+    db = str(tmp_path / "d.db")
+    h, w, y = _inputs(torch.float32)
+
+    def head_loss(h, w, y):
+        return F.cross_entropy(F.linear(h, w).view(-1, V), y.view(-1))
+
+    _store_forward_and_backward(db, "linear_cross_entropy", (h.reshape(-1, H), w, y.reshape(-1)),
+                                reduction="mean", ignore_index=-100, label_smoothing=0.0, softcap=None)  # fmt: skip
+    optimized = kernelsmith.optimize(head_loss, mode="db", db=db)
+    leaves = [h.clone().requires_grad_(), w.clone().requires_grad_()]
+    optimized(*leaves, y)  # first call: recognize and check both runners
+    loss = optimized(*leaves, y)
+    assert optimized.kernelsmith.stats["kernel_calls"] == 1, optimized.kernelsmith.reasons
+    got = torch.autograd.grad(loss, leaves)
+    want_leaves = [h.clone().requires_grad_(), w.clone().requires_grad_()]
+    expected = head_loss(*want_leaves, y)
+    want = torch.autograd.grad(expected, want_leaves)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    for g, e in zip(got, want, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
