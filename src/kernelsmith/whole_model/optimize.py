@@ -333,7 +333,7 @@ def _decide_training_step(
         verdict = verdicts.get(site.op)
         if site.status == "replaced" and verdict is not None and site.op not in step.kept:
             site.status, site.reason = "slower in context", f"training step: {verdict.reason}"
-    return compiled, step.to_dict()
+    return cast(nn.Module, compiled), step.to_dict()
 
 
 def workloads_of(sites: Sequence[Site], train: bool = False) -> list[Workload]:
