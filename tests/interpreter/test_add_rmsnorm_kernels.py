@@ -19,7 +19,8 @@ from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import Rejected, validate
 from kernelsmith.ops import UnsupportedWorkload
 from kernelsmith.ops._base import tail_rows
-from kernelsmith.ops.add_rmsnorm import MAX_WHOLE_ROW, OP, AddRMSNorm, _to_storage
+from kernelsmith.ops._rowwise import MAX_WHOLE_ROW
+from kernelsmith.ops.add_rmsnorm import OP, AddRMSNorm, _to_storage
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
 from kernelsmith.testing.kernels import assert_guarded_outputs, covering_configs

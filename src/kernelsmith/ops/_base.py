@@ -27,6 +27,7 @@ import hashlib
 import inspect
 import math
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -66,12 +67,19 @@ class Variant:
     summary: str
     space: Callable[[OpSpec], Space]
     build: Callable[[OpSpec, Config], Launcher]
+    # Further modules (by name) whose code the variant runs besides its build's: a family whose
+    # kernels, spaces or launchers live in a module of their own (the row-wise skeleton, a
+    # family's kernels file) names them, so that a change there changes the hash too.
+    modules: tuple[str, ...] = ()
 
     @property
     def source_hash(self) -> str:
-        """Hash of the source that defines this variant (its whole module), for the database."""
+        """Hash of the source that defines this variant (its whole module, and ``modules``), for
+        the database."""
         module = inspect.getmodule(self.build)
         text = inspect.getsource(module) if module is not None else inspect.getsource(self.build)
+        for name in self.modules:
+            text += "\n" + inspect.getsource(sys.modules[name])
         return hashlib.sha256(f"{self.name}\n{text}".encode()).hexdigest()[:16]
 
 

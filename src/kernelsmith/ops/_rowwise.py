@@ -22,7 +22,7 @@ than *how rows are assigned to programs*, which is one of four schedules:
 A family writes its kernels (its math, the part worth reading) and this module writes the rest
 once: the spaces of each schedule and their constraints (:func:`whole_row_space` ...), the grid
 and the launcher (:func:`launcher`), and the variants (:func:`variant`), whose source hash covers
-both the family's module and this one.
+both the family's module and this one (``Variant.modules``).
 
 Kernel conventions (what :func:`launcher` passes). A family's kernel takes, in order: its input
 tensors, its output tensors, the row stride of each of its ``strides`` row-strided tensors (every
@@ -39,9 +39,6 @@ than 2**31 elements are addressed correctly, and mask every load and store.
 from __future__ import annotations
 
 import functools
-import hashlib
-import inspect
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +71,7 @@ MAX_WHOLE_ROW = 65536
 # The most elements one multi_row block holds (ROWS * BLOCK_N): 16 values a thread at 32 warps.
 MAX_MULTI_ROW_BLOCK = 16384
 MAX_WARPS_PER_SM = 64  # resident warps a multiprocessor holds (Hopper, Ampere)
+REGISTERS_PER_SM = 65536  # 32-bit registers a multiprocessor holds
 # Shared memory for software-pipelined loads, per multiprocessor (Hopper has 227 KiB a block;
 # the rest is left for the reduction's scratch).
 PIPELINE_SHARED_BYTES = 192 * 1024
@@ -84,31 +82,55 @@ INTERPRETER_MULTIPROCESSORS = 4
 
 @dataclass(frozen=True)
 class Warps:
-    """Which warp counts suit a block of float32 values in flight: one family's register rule.
+    """Which warp counts suit a block of ``lanes`` columns holding ``held`` float32 values in
+    registers (``held = lanes`` unless a kernel keeps more): one family's register rule.
 
-    No more threads than values (idle warps only add scheduling cost), except that counts up to
+    No more threads than lanes (idle warps only add scheduling cost), except that counts up to
     ``always`` are allowed whatever the block, so that the tiniest rows keep a choice; and at most
     ``per_thread`` values a thread, beyond which registers spill to local memory (and, for a sum,
     the sequential part of each thread's reduction grows, which is where float32 loses accuracy).
+    With ``register_share``, a thread's values are also bounded by its share of a multiprocessor's
+    registers (see :meth:`values_per_thread`).
     """
 
     per_thread: int
     always: int
+    register_share: bool = False
 
-    def fit(self, elements: int, num_warps: int) -> bool:
+    def values_per_thread(self, num_warps: int) -> int:
+        """The most values a thread may hold at ``num_warps`` warps. With ``register_share``: a
+        multiprocessor has 65536 32-bit registers, so a thread of a program of ``32 * num_warps``
+        threads gets at most ``65536 / (32 * num_warps)`` of them (never more than 255); compiled
+        for sm_90, the kernels take about 2.5 registers per float32 value plus some fixed
+        overhead, so a quarter of that share is the bound: 64 up to 8 warps, 32 at 16, 16 at 32."""
+        if not self.register_share:
+            return self.per_thread
+        share = min(256, REGISTERS_PER_SM // (32 * num_warps))
+        return min(self.per_thread, share // 4)
+
+    def fit(self, lanes: int, num_warps: int, held: int | None = None) -> bool:
         threads = 32 * num_warps
-        return (num_warps <= self.always or threads <= elements) and elements <= threads * self.per_thread
+        values = lanes if held is None else held
+        return (num_warps <= self.always or threads <= lanes) and values <= threads * self.values_per_thread(num_warps)
 
-    def constraint(self, what: str, elements: Callable[[Config], int]) -> Constraint:
-        """``num_warps`` must suit the ``elements(config)`` values described by ``what``."""
-        return Constraint(f"num_warps must suit {what} ({self.per_thread} values a thread at most)",
-                          lambda c: self.fit(elements(c), c["num_warps"]))
+    def constraint(self, what: str, lanes: Callable[[Config], int],
+                   held: Callable[[Config], int] | None = None) -> Constraint:
+        """``num_warps`` must suit the ``lanes(config)`` columns (holding ``held(config)`` values)
+        described by ``what``."""
+        values = held or lanes
+        return Constraint(f"num_warps must suit {what} (no idle warps, no spilled registers)",
+                          lambda c: self.fit(lanes(c), c["num_warps"], values(c)))
 
 
-# The two rules in use: the norms' (values a thread up to 128, 1 or 2 warps always allowed) and
-# the reductions' (at most 64 values a thread, which also bounds a sum's sequential part).
+# The rules in use: the RMSNorms' (values a thread up to 128, 1 or 2 warps always allowed), the
+# reductions' (at most 64 values a thread, which also bounds a sum's sequential part) and
+# LayerNorm's (the reductions', within each thread's register share: measured with
+# triton.compile for sm_90, a 65536-wide row at 32 warps, 64 values a thread, spills 536 bytes a
+# thread; 32768 at 16 warps spills 472; 16384 at 32 warps, 16 values, takes 51 registers and does
+# not spill).
 NORM_WARPS = Warps(per_thread=128, always=2)
 REDUCTION_WARPS = Warps(per_thread=64, always=1)
+LAYERNORM_WARPS = Warps(per_thread=64, always=1, register_share=True)
 
 
 # ---- the spaces of the four schedules ------------------------------------------------------------------
@@ -116,39 +138,44 @@ def _padded_row(spec: OpSpec) -> int:
     return next_power_of_two(rows_and_width(spec)[1])
 
 
-def _row_fits(block_n: int) -> Constraint:
-    return Constraint(f"the whole row must fit: BLOCK_N <= {MAX_WHOLE_ROW}", lambda c: block_n <= MAX_WHOLE_ROW)
+def _row_fits(block_n: int, max_row: int) -> Constraint:
+    return Constraint(f"the whole row must fit: BLOCK_N <= {max_row}", lambda c: block_n <= max_row)
 
 
-def whole_row_space(spec: OpSpec, warps: Warps, in_flight: int = 1, stages: tuple[int, ...] = ()) -> Space:
+def whole_row_space(spec: OpSpec, warps: Warps, in_flight: int = 1, stages: tuple[int, ...] = (),
+                    max_row: int = MAX_WHOLE_ROW) -> Space:
     """``num_warps`` (and ``num_stages`` from ``stages``, when given), ``EVICT_X``; ``in_flight``
-    padded rows are in registers at once (x and a residual: 2)."""
+    padded rows are in registers at once (x and a residual: 2), of at most ``max_row`` elements."""
     block_n = _padded_row(spec)
     stage_param = [Param("num_stages", stages)] if stages else []
     return Space(
         [Param("num_warps", WARPS), *stage_param, Param("EVICT_X", EVICTION)],
-        [_row_fits(block_n),
+        [_row_fits(block_n, max_row),
          warps.constraint(f"{in_flight} row(s) of BLOCK_N elements", lambda c: in_flight * block_n)],
     )
 
 
 def multi_row_space(spec: OpSpec, warps: Warps, in_flight: int = 1, stages: tuple[int, ...] = (),
-                    rows: tuple[int, ...] = ROWS_PER_PROGRAM) -> Space:
+                    rows: tuple[int, ...] = ROWS_PER_PROGRAM, extra: Sequence[Constraint] = ()) -> Space:
     """``ROWS`` rows per program, ``num_warps`` (and ``num_stages`` from ``stages``, when given);
-    ``in_flight`` blocks of ``[ROWS, BLOCK_N]`` are in registers at once."""
+    ``in_flight`` blocks of ``[ROWS, BLOCK_N]`` are in registers at once; ``extra``: a family's
+    own bounds on the block."""
     block_n = _padded_row(spec)
     stage_param = [Param("num_stages", stages)] if stages else []
     return Space(
         [Param("ROWS", rows), Param("num_warps", WARPS), *stage_param],
         [Constraint(f"the block must fit: ROWS * BLOCK_N <= {MAX_MULTI_ROW_BLOCK}",
                     lambda c: c["ROWS"] * block_n <= MAX_MULTI_ROW_BLOCK),
+         *extra,
          warps.constraint(f"{in_flight} block(s) of ROWS * BLOCK_N elements",
                           lambda c: in_flight * c["ROWS"] * block_n)],
     )
 
 
-def looped_space(spec: OpSpec, warps: Warps, in_flight: int = 1, whole_row_block: bool = False) -> Space:
-    """``BLOCK_N`` columns a step, ``num_warps``, ``num_stages``; ``in_flight`` blocks at once.
+def looped_space(spec: OpSpec, warps: Warps, in_flight: int = 1, whole_row_block: bool = False,
+                 held: Callable[[Config], int] | None = None) -> Space:
+    """``BLOCK_N`` columns a step, ``num_warps``, ``num_stages``; ``in_flight`` blocks at once
+    (holding ``held(config)`` values in registers, when a kernel keeps more than the blocks).
 
     A block as wide as the padded row is whole_row with a loop around it, so blocks are narrower
     than the row, unless ``whole_row_block`` (softmax's online loop, whose one step is not its
@@ -165,13 +192,16 @@ def looped_space(spec: OpSpec, warps: Warps, in_flight: int = 1, whole_row_block
                             lambda c: c["BLOCK_N"] < full or c["BLOCK_N"] == smallest)
     return Space(
         [Param("BLOCK_N", LOOPED_BLOCKS), Param("num_warps", WARPS), Param("num_stages", STAGES)],
-        [narrow, warps.constraint(f"{in_flight} block(s) of BLOCK_N elements", lambda c: in_flight * c["BLOCK_N"])],
+        [narrow,
+         warps.constraint(f"{in_flight} block(s) of BLOCK_N elements", lambda c: in_flight * c["BLOCK_N"], held)],
     )
 
 
-def persistent_space(spec: OpSpec, warps: Warps, in_registers: int, pipelined: int = 0) -> Space:
-    """``PROGRAMS_PER_SM``, ``num_warps``, ``num_stages``; ``in_registers`` padded rows stay in
-    registers (the row, its residual, the weight...).
+def persistent_space(spec: OpSpec, warps: Warps, in_registers: int, pipelined: int = 0,
+                     max_row: int = MAX_WHOLE_ROW, held: int | None = None) -> Space:
+    """``PROGRAMS_PER_SM``, ``num_warps``, ``num_stages``; ``in_registers`` padded rows (of at most
+    ``max_row`` elements) stay in registers (the row, its residual, the weight...), or ``held``
+    values where a family measured what its kernel keeps.
 
     ``pipelined`` rows of the input dtype are loaded per step of the row loop: with ``num_stages
     = s`` the compiler keeps ``s - 1`` steps of them in flight in shared memory, for each of the
@@ -192,8 +222,9 @@ def persistent_space(spec: OpSpec, warps: Warps, in_registers: int, pipelined: i
         ]
     return Space(
         [Param("PROGRAMS_PER_SM", PROGRAMS_PER_SM), Param("num_warps", WARPS), Param("num_stages", STAGES)],
-        [_row_fits(block_n), *bounds,
-         warps.constraint(f"{in_registers} row(s) of BLOCK_N elements", lambda c: in_registers * block_n)],
+        [_row_fits(block_n, max_row), *bounds,
+         warps.constraint(f"{in_registers} row(s) of BLOCK_N elements", lambda c: in_registers * block_n,
+                          None if held is None else (lambda c: held))],
     )
 
 
@@ -228,11 +259,16 @@ def grid(rows: int, config: Config) -> tuple[tuple[int], bool]:
     return (rows,), False  # whole_row, looped: one program a row
 
 
+Operands = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], Sequence[torch.Tensor]]
+
+
 def launcher(kernel: Any, spec: OpSpec, config: Config, strides: int, scalars: tuple[Any, ...] = (),
-             pipelined: bool = False, **constexprs: Any) -> Launcher:
+             pipelined: bool = False, operands: Operands | None = None, **constexprs: Any) -> Launcher:
     """The launcher of one of a family's kernels at ``config`` (see the module docstring for the
     arguments a kernel takes). ``pipelined``: the kernel takes ``NUM_STAGES`` (the depth it gives
-    ``tl.range``); ``constexprs``: the family's own.
+    ``tl.range``); ``operands(inputs, outputs)``: the tensors the kernel takes, where they are not
+    the inputs then the outputs (placeholders for optional ones: views only); ``constexprs``: the
+    family's own.
 
     Everything is worked out here, once; the launcher only launches into the caller's outputs.
     """
@@ -251,6 +287,13 @@ def launcher(kernel: Any, spec: OpSpec, config: Config, strides: int, scalars: t
         if pipelined:
             meta["NUM_STAGES"] = int(config["num_stages"])
     run = direct_launch(kernel, shape)
+    if operands is not None:
+        tensors = operands
+
+        def launch_operands(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+            run(*tensors(inputs, outputs), *args, **meta)
+
+        return launch_operands
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         run(*inputs, *outputs, *args, **meta)
@@ -259,32 +302,19 @@ def launcher(kernel: Any, spec: OpSpec, config: Config, strides: int, scalars: t
 
 
 # ---- variants ----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RowVariant(Variant):
-    """A variant built on this skeleton: its source hash covers the family's module (``module``,
-    its kernels and math) and this one (its spaces and launcher), so that a change in either
-    invalidates the decisions stored for it."""
-
-    module: str = ""
-
-    @property
-    def source_hash(self) -> str:
-        text = "\n".join(inspect.getsource(sys.modules[m]) for m in (self.module, __name__))
-        return hashlib.sha256(f"{self.name}\n{text}".encode()).hexdigest()[:16]
-
-
 def variant(module: str, name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any,
             strides: int, scalars: Callable[[OpSpec], tuple[Any, ...]] = lambda spec: (),
-            pipelined: bool = False, **constexprs: Any) -> RowVariant:
+            pipelined: bool = False, **constexprs: Any) -> Variant:
     """A variant of the family in ``module`` running ``kernel`` over the configs of ``space``;
-    ``scalars(spec)`` are the kernel's own scalar arguments after ``N`` (see :func:`launcher`)."""
+    ``scalars(spec)`` are the kernel's own scalar arguments after ``N`` (see :func:`launcher`).
+    Its source hash covers this module (its build's) and the family's."""
     op = module.rsplit(".", 1)[-1]
 
     def build(spec: OpSpec, config: Config) -> Launcher:
         checked(op, space(spec), config)
         return launcher(kernel, spec, config, strides, scalars(spec), pipelined, **constexprs)
 
-    return RowVariant(name, summary, space, build, module)
+    return Variant(name, summary, space, build, modules=(module,))
 
 
 def eps_of(spec: OpSpec) -> tuple[float]:
@@ -293,8 +323,30 @@ def eps_of(spec: OpSpec) -> tuple[float]:
 
 
 __all__ = [
-    "EVICTION", "LOOPED_BLOCKS", "MAX_MULTI_ROW_BLOCK", "MAX_WARPS_PER_SM", "MAX_WHOLE_ROW", "NORM_WARPS",
-    "NO_LOOP_STAGES", "PIPELINE_SHARED_BYTES", "PROGRAMS_PER_SM", "REDUCTION_WARPS", "ROWS_PER_PROGRAM",
-    "STAGES", "WARPS", "RowVariant", "Warps", "checked", "eps_of", "grid", "launcher", "looped_space",
-    "multi_row_space", "persistent_space", "programs", "variant", "whole_row_space",
+    "EVICTION",
+    "LAYERNORM_WARPS",
+    "LOOPED_BLOCKS",
+    "MAX_MULTI_ROW_BLOCK",
+    "MAX_WARPS_PER_SM",
+    "MAX_WHOLE_ROW",
+    "NORM_WARPS",
+    "NO_LOOP_STAGES",
+    "PIPELINE_SHARED_BYTES",
+    "PROGRAMS_PER_SM",
+    "REDUCTION_WARPS",
+    "ROWS_PER_PROGRAM",
+    "STAGES",
+    "WARPS",
+    "Operands",
+    "Warps",
+    "checked",
+    "eps_of",
+    "grid",
+    "launcher",
+    "looped_space",
+    "multi_row_space",
+    "persistent_space",
+    "programs",
+    "variant",
+    "whole_row_space",
 ]

@@ -83,7 +83,6 @@ stores ``rstd`` (a third, float32 ``(rows,)`` output) can be added through ``out
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -91,43 +90,20 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelsmith.ops import _rowwise as skeleton
 from kernelsmith.ops._base import (
-    Launcher,
     OpFamily,
     Tolerance,
     UnsupportedWorkload,
     Variant,
     check_eps,
     generator,
-    rows_and_width,
     tensor_specs,
 )
-from kernelsmith.ops._launch import direct_launch
-from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
+from kernelsmith.space import Space
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
 DEFAULT_EPS = 1e-6
-
-# Register and shared-memory budgets, the same as RMSNorm's (see kernelsmith.ops.rmsnorm).
-MAX_WHOLE_ROW = 65536  # widest row the register-resident variants accept
-MAX_MULTI_ROW_BLOCK = 16384  # most elements one multi_row block holds (ROWS * BLOCK_N)
-MAX_VALUES_PER_THREAD = 128  # more float32 values a thread than this and registers spill
-MAX_WARPS_PER_SM = 64  # resident warps a multiprocessor holds (Hopper, Ampere)
-# Shared memory for software-pipelined loads, per multiprocessor (Hopper has 227 KiB a block;
-# the rest is left for the reduction's scratch).
-PIPELINE_SHARED_BYTES = 192 * 1024
-
-WARPS = (1, 2, 4, 8, 16, 32)
-STAGES = (1, 2, 3)  # for kernels with a loop to pipeline
-# Cache hint for the two read-once activations: "" (the default policy) or "evict_first".
-EVICTION = ("", "evict_first")
-ROWS_PER_PROGRAM = (2, 4, 8, 16, 32)
-LOOPED_BLOCKS = powers_of_two(64, 8192)
-PROGRAMS_PER_SM = (1, 2, 4, 8)
-
-# Without a GPU (the interpreter) any program count is correct; a small one keeps the
-# persistent grid-stride loop exercised by tests with a few dozen rows.
-INTERPRETER_MULTIPROCESSORS = 4
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,189 +287,34 @@ def _add_rmsnorm_persistent_kernel(
 
 
 # ---------------------------------------------------------------------------------------------
-# Spaces and launchers
+# Spaces (the launchers are the skeleton's: kernelsmith.ops._rowwise)
 #
-# A build precomputes the grid, the constexprs and the launch options; the launcher only views
-# the tensors as (rows, N), reads four row strides and launches into the caller's outputs.
+# The budgets are RMSNorm's; x and residual are in flight together (twice RMSNorm's values), and
+# the persistent kernel keeps x, residual and the weight in registers.
 # ---------------------------------------------------------------------------------------------
 
 
-def _warps_fit(elements: int, num_warps: int) -> bool:
-    """Whether ``elements`` float32 values in flight suit ``num_warps`` warps (RMSNorm's rule).
-
-    No more threads than elements (idle warps only cost), except that 1 and 2 warps are always
-    allowed so that the tiniest rows keep a choice; at most MAX_VALUES_PER_THREAD values a thread.
-    """
-    threads = 32 * num_warps
-    return (num_warps <= 2 or threads <= elements) and elements <= threads * MAX_VALUES_PER_THREAD
-
-
-def _warps_constraint(what: str, elements: Callable[[Config], int]) -> Constraint:
-    return Constraint(f"num_warps must suit {what}", lambda c: _warps_fit(elements(c), c["num_warps"]))
-
-
-def _checked(space: Space, config: Config) -> None:
-    problems = space.violations(config)
-    if problems:
-        raise ValueError(f"add_rmsnorm: config {config.key} is not in the space: {'; '.join(problems)}")
-
-
-@functools.cache
-def _multiprocessor_count(device_index: int) -> int:
-    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
-
-
-def _programs(per_multiprocessor: int) -> int:
-    if torch.cuda.is_available():
-        return per_multiprocessor * _multiprocessor_count(torch.cuda.current_device())
-    return per_multiprocessor * INTERPRETER_MULTIPROCESSORS
-
-
-def _views(n: int, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]
-           ) -> tuple[torch.Tensor, ...]:
-    """x, residual, weight, y, h, with the four activations viewed as (rows, N)."""
-    x, r, w = inputs
-    y, h = outputs
-    return x.view(-1, n), r.view(-1, n), w, y.view(-1, n), h.view(-1, n)
-
-
-# ---- whole_row ------------------------------------------------------------------------------
-
-
 def _whole_row_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(rows_and_width(spec)[1])
-    # No num_stages: no loop to pipeline. x and residual are in flight together: 2 * BLOCK_N.
-    return Space(
-        [Param("num_warps", WARPS), Param("EVICT_X", EVICTION)],
-        [
-            Constraint(f"the whole row must fit: BLOCK_N <= {MAX_WHOLE_ROW}", lambda c: block_n <= MAX_WHOLE_ROW),
-            _warps_constraint("x's and residual's rows (2 * BLOCK_N elements)", lambda c: 2 * block_n),
-        ],
-    )
-
-
-def _whole_row_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_whole_row_space(spec), config)
-    rows, n = rows_and_width(spec)
-    block_n = next_power_of_two(n)
-    eps = float(spec.const("eps"))
-    num_warps = int(config["num_warps"])
-    evict_x = str(config["EVICT_X"])
-    kernel = direct_launch(_add_rmsnorm_whole_row_kernel, (rows,))
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x, r, w, y, h = _views(n, inputs, outputs)
-        kernel(x, r, w, y, h, x.stride(0), r.stride(0), y.stride(0), h.stride(0), n, eps,
-               BLOCK_N=block_n, EVICT_X=evict_x, num_warps=num_warps)
-
-    return launch
-
-
-# ---- multi_row ------------------------------------------------------------------------------
+    return skeleton.whole_row_space(spec, skeleton.NORM_WARPS, in_flight=2)
 
 
 def _multi_row_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(rows_and_width(spec)[1])
-    return Space(
-        [Param("ROWS", ROWS_PER_PROGRAM), Param("num_warps", WARPS)],
-        [
-            Constraint(f"the block must fit: ROWS * BLOCK_N <= {MAX_MULTI_ROW_BLOCK}",
-                       lambda c: c["ROWS"] * block_n <= MAX_MULTI_ROW_BLOCK),
-            _warps_constraint("two [ROWS, BLOCK_N] blocks (x and residual)", lambda c: 2 * c["ROWS"] * block_n),
-        ],
-    )
-
-
-def _multi_row_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_multi_row_space(spec), config)
-    rows, n = rows_and_width(spec)
-    rows_per_program = int(config["ROWS"])
-    block_n = next_power_of_two(n)
-    eps = float(spec.const("eps"))
-    num_warps = int(config["num_warps"])
-    kernel = direct_launch(_add_rmsnorm_multi_row_kernel, (triton.cdiv(rows, rows_per_program),))
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x, r, w, y, h = _views(n, inputs, outputs)
-        kernel(x, r, w, y, h, x.stride(0), r.stride(0), y.stride(0), h.stride(0), rows, n, eps,
-               ROWS=rows_per_program, BLOCK_N=block_n, num_warps=num_warps)
-
-    return launch
-
-
-# ---- looped ---------------------------------------------------------------------------------
+    return skeleton.multi_row_space(spec, skeleton.NORM_WARPS, in_flight=2)
 
 
 def _looped_space(spec: OpSpec) -> Space:
-    full = next_power_of_two(rows_and_width(spec)[1])
-    return Space(
-        [Param("BLOCK_N", LOOPED_BLOCKS), Param("num_warps", WARPS), Param("num_stages", STAGES)],
-        [
-            # A block as wide as the row is whole_row with extra work; the smallest block is
-            # always allowed so that the space is never empty for narrow rows.
-            Constraint("BLOCK_N must be narrower than the row (or the smallest block)",
-                       lambda c: c["BLOCK_N"] < full or c["BLOCK_N"] == LOOPED_BLOCKS[0]),
-            _warps_constraint("a block of x and residual (2 * BLOCK_N elements)", lambda c: 2 * c["BLOCK_N"]),
-        ],
-    )
-
-
-def _looped_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_looped_space(spec), config)
-    rows, n = rows_and_width(spec)
-    block_n = int(config["BLOCK_N"])
-    eps = float(spec.const("eps"))
-    num_warps, num_stages = int(config["num_warps"]), int(config["num_stages"])
-    kernel = direct_launch(_add_rmsnorm_looped_kernel, (rows,))
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x, r, w, y, h = _views(n, inputs, outputs)
-        kernel(x, r, w, y, h, x.stride(0), r.stride(0), y.stride(0), h.stride(0), n, eps,
-               BLOCK_N=block_n, NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages)
-
-    return launch
-
-
-# ---- persistent -----------------------------------------------------------------------------
+    return skeleton.looped_space(spec, skeleton.NORM_WARPS, in_flight=2)
 
 
 def _persistent_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(rows_and_width(spec)[1])
-    row_bytes = block_n * spec.inputs[0].torch_dtype.itemsize
-
-    def pipeline_bytes(c: Config) -> int:
-        # num_stages = s keeps s - 1 rows of x and of residual in flight in shared memory, for
-        # each of the PROGRAMS_PER_SM programs sharing a multiprocessor.
-        return c["PROGRAMS_PER_SM"] * (c["num_stages"] - 1) * 2 * row_bytes
-
-    return Space(
-        [Param("PROGRAMS_PER_SM", PROGRAMS_PER_SM), Param("num_warps", WARPS), Param("num_stages", STAGES)],
-        [
-            Constraint(f"the whole row must fit: BLOCK_N <= {MAX_WHOLE_ROW}", lambda c: block_n <= MAX_WHOLE_ROW),
-            Constraint(f"the programs of a multiprocessor are all resident ({MAX_WARPS_PER_SM} warps)",
-                       lambda c: c["PROGRAMS_PER_SM"] * c["num_warps"] <= MAX_WARPS_PER_SM),
-            Constraint(f"the rows in flight fit in shared memory ({PIPELINE_SHARED_BYTES} bytes an SM)",
-                       lambda c: pipeline_bytes(c) <= PIPELINE_SHARED_BYTES),
-            # x, residual and the weight stay in registers: 3 * BLOCK_N values.
-            _warps_constraint("x, residual and the weight (3 * BLOCK_N elements)", lambda c: 3 * block_n),
-        ],
-    )
+    return skeleton.persistent_space(spec, skeleton.NORM_WARPS, in_registers=3, pipelined=2)
 
 
-def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_persistent_space(spec), config)
-    rows, n = rows_and_width(spec)
-    block_n = next_power_of_two(n)
-    eps = float(spec.const("eps"))
-    num_warps, num_stages = int(config["num_warps"]), int(config["num_stages"])
-    kernel = direct_launch(_add_rmsnorm_persistent_kernel, (min(rows, _programs(int(config["PROGRAMS_PER_SM"]))),))
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x, r, w, y, h = _views(n, inputs, outputs)
-        kernel(x, r, w, y, h, x.stride(0), r.stride(0), y.stride(0), h.stride(0), rows, n, eps,
-               BLOCK_N=block_n, NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages)
-
-    return launch
+def _variant(name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any, pipelined: bool = False
+             ) -> Variant:
+    # Four row-strided tensors (x, residual, y, h); eps after N.
+    return skeleton.variant(__name__, name, summary, space, kernel, strides=4, scalars=skeleton.eps_of,
+                            pipelined=pipelined)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -510,19 +331,19 @@ class AddRMSNorm(OpFamily):
         "(2x1024x4096). Outputs: y (the normalised sum) and h (the sum), both shaped like x"
     )
     rowwise = True  # configs depend on the row width only: calls are bucketed by row count
-    row_block = max(ROWS_PER_PROGRAM)
+    row_block = max(skeleton.ROWS_PER_PROGRAM)
     distributions = ("normal", "large", "small", "outliers")
     tolerance = Tolerance()
     backward = "add_rmsnorm_backward"
     variants = (
-        Variant("whole_row", "one program per row, the whole row in registers",
-                _whole_row_space, _whole_row_build),
-        Variant("multi_row", "ROWS rows per program as a 2D block, for narrow rows",
-                _multi_row_space, _multi_row_build),
-        Variant("looped", "one program per row in column blocks: add, store h, sum squares; then re-read h",
-                _looped_space, _looped_build),
-        Variant("persistent", "PROGRAMS_PER_SM programs per SM walk the rows, weight loaded once",
-                _persistent_space, _persistent_build),
+        _variant("whole_row", "one program per row, the whole row in registers",
+                 _whole_row_space, _add_rmsnorm_whole_row_kernel),
+        _variant("multi_row", "ROWS rows per program as a 2D block, for narrow rows",
+                 _multi_row_space, _add_rmsnorm_multi_row_kernel),
+        _variant("looped", "one program per row in column blocks: add, store h, sum squares; then re-read h",
+                 _looped_space, _add_rmsnorm_looped_kernel, pipelined=True),
+        _variant("persistent", "PROGRAMS_PER_SM programs per SM walk the rows, weight loaded once",
+                 _persistent_space, _add_rmsnorm_persistent_kernel, pipelined=True),
     )
 
     # ---- specs -------------------------------------------------------------------------------
