@@ -38,6 +38,12 @@ __version__ = "0.1.0"
 if _settings.get("KERNELSMITH_INTERPRET"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# The torch.library op kernelsmith's compiled and exported programs call: registered now if torch
+# is imported, else right after it is (so torch.export.load finds it), without importing torch.
+from kernelsmith.frontends.register import register_op  # noqa: E402
+
+register_op()
+
 if TYPE_CHECKING:
     from kernelsmith.tuner import TuneResult
 

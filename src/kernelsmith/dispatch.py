@@ -5,10 +5,12 @@ allocates the outputs and launches, nothing else. Front doors keep runners in in
 keyed by the call's shapes, dtypes, strides and device, so a repeated call does no hashing of
 large objects, no database query and no tracing.
 
-``torch.ops.kernelsmith.kernel(op, inputs, constants)`` exposes every tuned kernel as one
-``torch.library`` custom op with a fake (meta) implementation, so that torch.compile graphs and
-torch.export can hold kernelsmith kernels. Its implementation serves the stored winner for the
-inputs' workload (or the op's PyTorch reference when the database has none).
+``torch.ops.kernelsmith.kernel(op, inputs, constants, decisions)`` exposes every tuned kernel as
+one ``torch.library`` custom op (defined in :mod:`kernelsmith.frontends.torch_op`, which
+``import kernelsmith`` registers) with a fake (meta) implementation, so that torch.compile graphs
+and torch.export can hold kernelsmith kernels. Its implementation (:func:`run_kernel`) serves, for
+the concrete inputs' workload, the decision the graph carries in ``decisions`` (see
+:func:`encode_decisions`), else the stored winner, else the op's PyTorch reference.
 
 Kernels written outside the package. A decision may name a variant that is not one of the
 family's built-in ones: a kernel file (``docs/kernel-files.md``: Triton device code and a
@@ -38,6 +40,7 @@ the database, who could equally edit the package.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -57,6 +60,8 @@ from kernelsmith.db import (
     variant_source_hash,
     warn_unusable_database,
 )
+from kernelsmith.frontends.torch_op import KERNEL as KERNEL  # re-exported: the op lives there
+from kernelsmith.frontends.torch_op import kernel_op as kernel_op
 from kernelsmith.ops import OpFamily, UnsupportedWorkload, get_op
 from kernelsmith.ops._base import Launcher
 from kernelsmith.space import Config
@@ -258,6 +263,17 @@ def mode_for(tensors: Sequence[torch.Tensor]) -> str | None:
     return None
 
 
+def lookup_decision(db: Database, mode: str, family: OpFamily, spec: OpSpec) -> DecisionRecord | None:
+    """The decision serving a call of ``spec``: the one stored for its exact workload (what
+    ``kernelsmith.tune`` stores for the example inputs it was given), else its bucket's (what the
+    front doors tune), so a workload tuned ahead of time for 30 rows is served to 30-row calls."""
+    if family.bucket(spec) != spec:
+        exact = stored_decision(db, mode, spec)
+        if exact is not None:
+            return exact
+    return stored_decision(db, mode, family.bucket(spec))
+
+
 def stored_decision(db: Database, mode: str, bucket: OpSpec) -> DecisionRecord | None:
     """The decision stored for ``bucket`` on this machine in ``mode``, claims included: a claim
     not validated here is returned (so the front doors do not tune over it) and then refused by
@@ -357,9 +373,9 @@ def _served(
 
 
 def _runner_key(
-    op: str, inputs: Sequence[torch.Tensor], constants: str, device: torch.device | None = None
+    op: str, inputs: Sequence[torch.Tensor], constants: str, device: torch.device | None = None, decisions: str = ""
 ) -> tuple[Any, ...]:
-    return (op, constants, *((tuple(t.shape), t.dtype, t.stride(), device or t.device) for t in inputs))
+    return (op, constants, decisions, *((tuple(t.shape), t.dtype, t.stride(), device or t.device) for t in inputs))
 
 
 def install_runner(
@@ -381,10 +397,11 @@ def install_runner(
         _RUNNERS[key] = _served(key, runner, op, constants, mode, db)
 
 
-def runner_for(op: str, inputs: Sequence[torch.Tensor], constants: str) -> CheckedRunner | None:
+def runner_for(op: str, inputs: Sequence[torch.Tensor], constants: str, decisions: str = "") -> CheckedRunner | None:
     """The (checked) runner ``kernelsmith::kernel`` uses for these inputs: installed, or built
-    from the stored decision (cached), or None when the op's PyTorch reference must run."""
-    key = _runner_key(op, inputs, constants)
+    from the decision ``decisions`` carry for their bucket, or from the stored decision (cached),
+    or None when the op's PyTorch reference must run."""
+    key = _runner_key(op, inputs, constants, decisions=decisions)
     if key in _RUNNERS:
         return _RUNNERS[key]
     runner: CheckedRunner | None = None
@@ -392,10 +409,12 @@ def runner_for(op: str, inputs: Sequence[torch.Tensor], constants: str) -> Check
     try:
         family, spec = _spec_of(op, inputs, constants)
         if mode is not None:
-            with open_database() as db:
-                decision = stored_decision(db, mode, family.bucket(spec))
-            if decision is not None and decision.winner == "kernel":
-                runner = _served(key, build_runner(family, spec, decision), op, constants, mode)
+            runner = _carried_runner(key, family, spec, constants, mode, decisions)
+            if runner is None:
+                with open_database() as db:
+                    decision = lookup_decision(db, mode, family, spec)
+                if decision is not None and decision.winner == "kernel":
+                    runner = _served(key, build_runner(family, spec, decision), op, constants, mode)
     except (UnsupportedWorkload, LookupError, KeyError) as exc:
         log.info("kernelsmith::kernel(%s) uses the PyTorch reference: %s", op, exc)
     except DatabaseError as exc:  # a broken cache is not a broken program
@@ -403,6 +422,130 @@ def runner_for(op: str, inputs: Sequence[torch.Tensor], constants: str) -> Check
     with _RUNNERS_LOCK:
         _RUNNERS[key] = runner
     return runner
+
+
+def _carried_runner(
+    key: tuple[Any, ...], family: OpFamily, spec: OpSpec, constants: str, mode: str, decisions: str
+) -> CheckedRunner | None:
+    """The runner of the decision the graph carries for ``spec`` (its exact workload, else its
+    bucket), or None. A carried decision that cannot be built here (a kernel file, whose source
+    lives in a database; a variant changed since) is logged and the database is asked instead."""
+    if not decisions:
+        return None
+    carried = parse_decisions(decisions)
+    entry = (
+        carried.get((mode, spec.workload_hash))
+        or carried.get((mode, family.bucket(spec).workload_hash))
+        or carried.get((mode, pinned_workload(family.name)))
+    )
+    if entry is None:
+        return None
+    try:
+        runner = build_runner(family, spec, entry)
+    except LookupError as exc:
+        log.info("kernelsmith::kernel(%s): the carried decision is not used: %s", family.name, exc)
+        return None
+    return _served(key, runner, family.name, constants, mode)
+
+
+def run_kernel(op: str, inputs: Sequence[torch.Tensor], constants: str, decisions: str = "") -> list[torch.Tensor]:
+    """The implementation of ``kernelsmith::kernel`` (:mod:`kernelsmith.frontends.torch_op`)."""
+    runner = runner_for(op, inputs, constants, decisions)
+    if runner is None:
+        return _reference(op, inputs, constants)
+    return runner(inputs)
+
+
+# ---- decisions a graph carries ------------------------------------------------------------------
+# Format version of the ``decisions`` string; a string of another version is ignored (logged).
+DECISIONS_VERSION = 1
+_CONFIG_VALUES = (int, float, str, bool)
+
+
+def encode_decisions(records: Sequence[DecisionRecord], mode: str) -> str:
+    """The ``decisions`` argument of ``kernelsmith::kernel`` carrying ``records`` (kernel winners
+    measured in ``mode``): per workload, its op, variant, variant source hash and config.
+
+    Plain JSON of strings and numbers; :func:`parse_decisions` reads it back field by field.
+    """
+    entries = [
+        {"mode": mode, "workload": r.workload, "op": r.op, "variant": r.variant, "source_hash": r.source_hash,
+         "config": dict(r.config)}
+        for r in sorted(records, key=lambda r: (r.op, r.workload))
+        if r.winner == "kernel"
+    ]
+    if not entries:
+        return ""
+    return json.dumps({"kernelsmith_decisions": DECISIONS_VERSION, "entries": entries}, sort_keys=True,
+                      separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=256)
+def parse_decisions(text: str) -> dict[tuple[str, str], DecisionRecord]:
+    """The decisions of a ``decisions`` string by (mode, workload hash); entries that are not
+    exactly the shape :func:`encode_decisions` writes are dropped (and logged), never guessed at."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        log.warning("kernelsmith::kernel: ignoring a decisions string that is not JSON: %s", exc)
+        return {}
+    if not isinstance(data, dict) or data.get("kernelsmith_decisions") != DECISIONS_VERSION:
+        log.warning("kernelsmith::kernel: ignoring decisions of an unknown format version")
+        return {}
+    found: dict[tuple[str, str], DecisionRecord] = {}
+    for entry in data.get("entries", ()):
+        record = _carried_record(entry)
+        if record is None:
+            log.warning("kernelsmith::kernel: ignoring a malformed carried decision: %.200r", entry)
+            continue
+        found[(entry["mode"], record.workload)] = record
+    return found
+
+
+def _carried_record(entry: Any) -> DecisionRecord | None:
+    names = ("mode", "workload", "op", "variant", "source_hash")
+    if not isinstance(entry, dict) or set(entry) != {*names, "config"}:
+        return None
+    if not all(isinstance(entry[n], str) for n in names) or not isinstance(entry["config"], dict):
+        return None
+    config = entry["config"]
+    if not all(isinstance(k, str) and isinstance(v, _CONFIG_VALUES) for k, v in config.items()):
+        return None
+    return DecisionRecord("carried", entry["workload"], entry["op"], {}, "kernel", entry["variant"],
+                          entry["source_hash"], dict(config), origin="carried")
+
+
+def pinned_workload(op: str) -> str:
+    """The workload name of a decision that serves every shape of ``op`` (a config pinned in
+    code: ``@kernelsmith.optimize(config=...)``)."""
+    return f"{op}:*"
+
+
+def carried_winners(
+    db: Database, family: OpFamily, spec: OpSpec, mode: str, compare_dtypes: bool = True
+) -> list[DecisionRecord]:
+    """Every stored winner a graph can carry for ``family`` with ``spec``'s constants (and input
+    dtypes) on this machine in ``mode``: one per tuned workload, each call's shape picks one."""
+    wanted = json.loads(json.dumps(spec.to_dict()))  # the form stored specs have (lists, not tuples)
+    dtypes = [t["dtype"] for t in wanted["inputs"]]
+
+    def same(stored: dict[str, Any]) -> bool:
+        if stored.get("constants") != wanted["constants"]:
+            return False
+        return not compare_dtypes or [t.get("dtype") for t in stored.get("inputs", [])] == dtypes
+
+    records = db.decisions(current_fingerprint(mode).hash, family.name)
+    return [r for r in records if embeddable(r, family) and same(r.spec)]
+
+
+def embeddable(decision: DecisionRecord, family: OpFamily) -> bool:
+    """Whether a graph can carry ``decision``: a servable kernel winner of a built-in variant
+    (a kernel file's source lives in a database, with its trust, and is not carried)."""
+    return (
+        decision.winner == "kernel"
+        and decision.servable
+        and decision.variant in {v.name for v in family.variants}
+    )
 
 
 def _autograd_inside_op() -> contextlib.AbstractContextManager[Any]:
@@ -419,48 +562,6 @@ def _autograd_inside_op() -> contextlib.AbstractContextManager[Any]:
         stack.enter_context(guard(getattr(torch._C.DispatchKey, key), False))
     stack.enter_context(torch.enable_grad())
     return stack
-
-
-@torch.library.custom_op("kernelsmith::kernel", mutates_args=())
-def kernel_op(op: str, inputs: list[torch.Tensor], constants: str) -> list[torch.Tensor]:
-    """Run op family ``op`` on ``inputs`` (constants as JSON) with its stored winner."""
-    runner = runner_for(op, inputs, constants)
-    if runner is None:
-        return _reference(op, inputs, constants)
-    return runner(inputs)
-
-
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    op, tensors, constants = inputs
-    ctx.op, ctx.constants, ctx.count = op, constants, len(tensors)
-    ctx.save_for_backward(*tensors, *output)
-
-
-def _backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> tuple[None, list[torch.Tensor | None], None]:
-    """The gradient of ``kernelsmith::kernel``: the op family's backward family, itself a
-    ``kernelsmith::kernel`` call (its tuned winner, or its PyTorch reference), so that
-    torch.compile graphs of training steps hold the tuned backward too."""
-    family = get_op(ctx.op)
-    if family.backward is None:
-        raise RuntimeError(f"kernelsmith::kernel({ctx.op}) has no backward family: it cannot be differentiated")
-    saved = ctx.saved_tensors
-    inputs, outputs = saved[: ctx.count], saved[ctx.count :]
-    filled = tuple(
-        (torch.zeros_like(out) if g is None else g).contiguous() for g, out in zip(grads, outputs, strict=True)
-    )
-    backward_inputs = family.backward_inputs(filled, inputs, outputs)
-    gradients = kernel_op(family.backward, list(backward_inputs), ctx.constants)
-    per_input = family.input_gradients(gradients, inputs)
-    return None, [None if g is None else g.to(t.dtype) for g, t in zip(per_input, inputs, strict=True)], None
-
-
-kernel_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-@kernel_op.register_fake
-def _kernel_op_fake(op: str, inputs: list[torch.Tensor], constants: str) -> list[torch.Tensor]:
-    family, spec = _spec_of(op, inputs, constants)
-    return [inputs[0].new_empty(t.shape, dtype=t.torch_dtype) for t in family.output_specs(spec)]
 
 
 def constants_json(constants: dict[str, Any]) -> str:

@@ -64,7 +64,13 @@ AOTAutograd traces the custom op through the autograd formula registered here: t
 backward family's PyTorch reference, called directly (it differentiates with autograd, which
 does not run inside a custom op's body).
 
-Limits. Shapes must be static (a dynamic-shape graph passes through unchanged); inputs must be
+Dynamic shapes. In a graph with symbolic sizes (``dynamic=True``, ``mark_dynamic``, the
+automatic dynamic graph of a second shape) sites are found at the sizes' example values; each
+kept site's op call carries every stored winner of its family with its constants and dtypes, and
+each call's concrete shape picks its bucket's (else the database's, else the PyTorch reference):
+one graph for every shape, with no launcher installed for one of them.
+
+Limits. Inputs must be
 contiguous (the kernels' contract); a site whose region has an in-place op or a grad-mode switch
 between its first node and its output is left alone; installed launchers live in this process.
 """
@@ -85,6 +91,7 @@ from torch import fx
 from kernelsmith import dispatch
 from kernelsmith.db import DatabaseError, DecisionRecord, open_database, warn_unusable_database
 from kernelsmith.evaluate.errors import check_close
+from kernelsmith.frontends import torch_op
 from kernelsmith.ops import OpFamily, UnsupportedWorkload, get_op
 from kernelsmith.spec import OpSpec
 
@@ -154,6 +161,7 @@ class Site:
     speedup: float | None = None
     backward_speedup: float | None = None
     runners: list[tuple[str, list[torch.Tensor], dispatch.KernelRunner]] = field(default_factory=list, repr=False)
+    decisions: str = ""  # a dynamic graph's site: the winners its op call carries, one chosen per call
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready line for reports."""
@@ -177,7 +185,21 @@ def _value(node: Any) -> Any:
 
 
 def _static_tensor(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and all(type(s) is int for s in (*value.shape, *value.stride()))
+    """A tensor whose sizes and strides are known: ints, or (in a dynamic graph) SymInts with a
+    hint, the example value a site is recognized and its workload described at."""
+    if not isinstance(value, torch.Tensor):
+        return False
+    try:
+        for size in (*value.shape, *value.stride()):
+            torch_op.size_hint(size)
+    except RuntimeError:  # an unbacked size (data-dependent): nothing to sample it at
+        return False
+    return True
+
+
+def _dynamic(value: Any) -> bool:
+    """A tensor with a symbolic size or stride: its site's kernel is chosen per call."""
+    return isinstance(value, torch.Tensor) and torch_op.has_symbolic_size(value)
 
 
 def _target_name(node: fx.Node) -> str:
@@ -262,7 +284,7 @@ def _region_module(gm: fx.GraphModule, nodes: list[fx.Node], inputs: list[fx.Nod
 
 def _sample(value: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """A random tensor of ``value``'s shape, dtype and device (integers are zeros: valid indices)."""
-    shape, device = tuple(value.shape), value.device
+    shape, device = tuple(torch_op.size_hint(s) for s in value.shape), value.device
     if value.dtype.is_floating_point:
         return torch.randn(shape, generator=generator, device=device).to(value.dtype)
     if value.dtype == torch.bool:
@@ -271,7 +293,7 @@ def _sample(value: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 
 
 def _meta(value: torch.Tensor) -> torch.Tensor:
-    return torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype, device="meta")
+    return torch_op.concrete_meta(value)
 
 
 def _input_meta(op_input: OpInput) -> torch.Tensor:
@@ -355,8 +377,9 @@ def _recognize_region(
             return None
         expected = _value(out)
         produced = recognition.output
-        if not isinstance(produced, torch.Tensor) or (produced.shape, produced.dtype) != (
-            expected.shape,
+        expected_shape = tuple(torch_op.size_hint(s) for s in expected.shape)  # no guard on a symbolic size
+        if not isinstance(produced, torch.Tensor) or (tuple(produced.shape), produced.dtype) != (
+            expected_shape,
             expected.dtype,
         ):
             return None  # run outside its context (autocast, say), the region computes something else
@@ -497,6 +520,9 @@ class _Resolver:
             return
         family = get_op(site.op)
         device = _value(site.output).device
+        if any(_dynamic(_value(i.node)) for i in site.inputs):
+            self._resolve_dynamic(site, family, mode, device)
+            return
         forward = self._runner(site, family, site.spec, mode, device)
         if forward is None:
             return
@@ -520,6 +546,37 @@ class _Resolver:
             site.backward_speedup = backward[1].metrics.get("speedup")
             runners.append((backward_family.name, list(backward_inputs), backward[0]))
         site.status, site.runners = "replaced", runners
+
+    def _resolve_dynamic(self, site: Site, family: OpFamily, mode: str, device: torch.device) -> None:
+        """A site of a graph with symbolic sizes: its op call carries every stored winner of its
+        family with its constants and dtypes (and, in training, its backward family's), and the
+        concrete shape of each call picks one (``kernelsmith::kernel``'s ``decisions``). With
+        ``tune``, the workload of the graph's example shape is tuned (and checked) first."""
+        if any(i.reshape is not None for i in site.inputs):
+            site.status, site.reason = "unsupported", "an input is reshaped, in a graph with symbolic sizes"
+            return
+        if family.backward is None and site.needs_grad:
+            site.status, site.reason = "no backward", f"{site.op} has no backward kernel family"
+            return
+        if self.tune:
+            self._runner(site, family, site.spec, mode, device)  # tunes the example shape's bucket
+        try:
+            with open_database(self.db) as db:
+                records = dispatch.carried_winners(db, family, site.spec, mode)
+                if records and site.needs_grad and family.backward is not None:
+                    backward = get_op(family.backward)
+                    records += dispatch.carried_winners(db, backward, site.spec, mode, compare_dtypes=False)
+        except DatabaseError as exc:
+            warn_unusable_database(exc)
+            site.status, site.reason = "no database", f"the database cannot be used: {exc}"
+            return
+        if not records:
+            site.status = "not tuned"
+            site.reason = (f"no stored {site.op} winner with these constants and dtypes (tune it, or pass "
+                           "options={'tune': True})")
+            return
+        site.status, site.reason = "replaced", f"{len(records)} winner(s) carried, one chosen per call's shape"
+        site.decisions = dispatch.encode_decisions(records, mode)
 
     def _runner(
         self, site: Site, family: OpFamily, spec: OpSpec, mode: str, device: torch.device
@@ -641,13 +698,13 @@ def _rewrite_site(graph: fx.Graph, site: Site, val_map: dict[fx.Node, fx.Node], 
                 node = graph.call_method("reshape", (node, shape))
                 _set_value(node, fake_mode, functools.partial(torch.reshape, source, shape))
             args.append(node)
-        kernel = graph.call_function(_KERNEL, (site.op, args, constants))
+        kernel = graph.call_function(_KERNEL, (site.op, args, constants, site.decisions))
         results = [graph.call_function(operator.getitem, (kernel, i)) for i in range(2 if add is not None else 1)]
     for node in (kernel, *results):
         for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
             if key in out.meta:
                 node.meta[key] = out.meta[key]
-    _set_value(kernel, fake_mode, lambda: _KERNEL(site.op, [_value(a) for a in args], constants))
+    _set_value(kernel, fake_mode, lambda: _KERNEL(site.op, [_value(a) for a in args], constants, site.decisions))
     for i, node in enumerate(results):
         if kernel.meta.get("example_value") is not None:
             node.meta["example_value"] = kernel.meta["example_value"][i]

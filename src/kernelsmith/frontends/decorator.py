@@ -41,17 +41,17 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import torch
 
-from kernelsmith import dispatch, servecheck
-from kernelsmith.db import DatabaseError, open_database, warn_unusable_database
+from kernelsmith import dispatch, servecheck, settings
+from kernelsmith.db import DatabaseError, DecisionRecord, open_database, warn_unusable_database
 from kernelsmith.evaluate.errors import check_close
+from kernelsmith.frontends import compiled
 from kernelsmith.frontends.recognize import Match, MatchDoesNotApply, recognize
 from kernelsmith.ops import OpFamily, UnsupportedWorkload, get_op
 from kernelsmith.spec import OpSpec
@@ -64,12 +64,13 @@ Entry = Callable[[tuple[Any, ...], dict[str, Any]], Any]
 
 
 def _call_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """What makes two calls the same workload: tensor metadata and the other arguments' values.
+    """What makes two calls the same workload: grad and autocast state, tensor metadata and the
+    other arguments' values.
 
     Raises TypeError for unhashable non-tensor arguments (such calls are never cached). This
-    runs on every call, so it is a plain loop (no helper calls, no generators).
+    runs on every call, so it is a plain loop (no generators; one helper, for autocast).
     """
-    key: list[Any] = [torch.is_grad_enabled()]
+    key: list[Any] = [torch.is_grad_enabled(), compiled.autocast_state()]
     for value in args:
         if isinstance(value, torch.Tensor):
             key.append((value.shape, value.dtype, value.stride(), value.device, value.requires_grad))
@@ -98,6 +99,9 @@ class Optimized:
     db: Any = None
     check: bool | float | None = None  # serve checks: None reads KERNELSMITH_CHECK(_RATE); see servecheck
     devices: Sequence[int] | str | None = None  # the GPUs tuning runs on (None: every visible one)
+    config: dict[str, Any] | None = None  # a config pinned in code ("variant" plus the variant's parameters)
+    force_retune: bool | None = None  # None: KERNELSMITH_FORCE_RETUNE (kernelsmith.settings)
+    require_tuned: bool | None = None  # None: KERNELSMITH_REQUIRE_TUNED
     table: dict[tuple[Any, ...], Entry] = field(default_factory=dict)
     stats: dict[str, int] = field(
         default_factory=lambda: {
@@ -108,9 +112,17 @@ class Optimized:
     background: threading.Thread | None = None  # the tuning thread of background mode, if any
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _logged: set[str] = field(default_factory=set)
+    # A pinned config's decision per workload once validated, or why it was refused.
+    _pinned: dict[str, DecisionRecord | str] = field(default_factory=dict)
+    serial: str = ""  # how a traced call finds this state (kernelsmith.frontends.compiled)
+
+    def __post_init__(self) -> None:
+        self.serial = compiled.register(self)
 
     # ---- the call -------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():  # Dynamo or export: no call key, no table, no tuning
+            return compiled.traced_call(self, args, kwargs)
         self.stats["calls"] += 1
         try:
             key = _call_key(args, kwargs)
@@ -137,16 +149,26 @@ class Optimized:
 
     @property
     def effective_mode(self) -> str:
-        mode = self.mode or os.environ.get("KERNELSMITH_MODE", "tune")
+        """``mode``, else ``KERNELSMITH_MODE``; "db" whenever tuning is off (``require_tuned``,
+        ``KERNELSMITH_DATABASE_ONLY``)."""
+        if self.requires_tuned or settings.get("KERNELSMITH_DATABASE_ONLY"):
+            return "db"
+        mode = self.mode or settings.get("KERNELSMITH_MODE")
         if mode not in MODES:
             raise ValueError(f"kernelsmith mode {mode!r} is not one of {MODES}")
-        return mode
+        return str(mode)
+
+    @property
+    def requires_tuned(self) -> bool:
+        return bool(settings.get("KERNELSMITH_REQUIRE_TUNED") if self.require_tuned is None else self.require_tuned)
+
+    @property
+    def forces_retune(self) -> bool:
+        return bool(settings.get("KERNELSMITH_FORCE_RETUNE") if self.force_retune is None else self.force_retune)
 
     # ---- the slow path, once per key ------------------------------------------------------------
     def _first_call(self, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
-        if torch.compiler.is_compiling():
-            return self.fn(*args, **kwargs)  # never tune while being traced
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         device_mode = dispatch.mode_for(tensors) if tensors else None
         if device_mode is None:
@@ -165,15 +187,18 @@ class Optimized:
         except (UnsupportedWorkload, ValueError) as exc:  # ValueError: a pattern for an unregistered family
             self._use_original(key, f"{match.op} recognized but not supported: {exc}")
             return recognition.output
-        problem = _differs_from_op(family, spec, inputs, recognition.output)
+        problem = _differs_from_op(family, spec, inputs, recognition.output, match.returns)
         if problem:
             self._use_original(key, f"looks like {match.op} but computes something else: {problem}")
+            return recognition.output
+        if needs_grad and match.returns is not None:
+            self._use_original(key, f"inputs require grad; {match.op} returning a tuple is served without gradients")
             return recognition.output
         if needs_grad and family.backward is None:
             self._use_original(key, f"inputs require grad and {match.op} has no backward kernel")
             return recognition.output
         detached = tuple(t.detach() for t in inputs)
-        forward = self._runner(key, family, spec, device_mode, detached)
+        forward = self._runner(key, family, spec, device_mode, detached, pin=True)
         if forward is None:
             return recognition.output
         if not needs_grad:
@@ -190,31 +215,35 @@ class Optimized:
         return recognition.output
 
     def _runner(
-        self, key: tuple[Any, ...], family: OpFamily, spec: OpSpec, device_mode: str, inputs: tuple[torch.Tensor, ...]
+        self,
+        key: tuple[Any, ...],
+        family: OpFamily,
+        spec: OpSpec,
+        device_mode: str,
+        inputs: tuple[torch.Tensor, ...],
+        pin: bool = False,
     ) -> dispatch.KernelRunner | None:
-        """The checked runner of the stored (or, by mode, freshly tuned) winner for ``spec``.
+        """The checked runner of the pinned (``pin`` and a ``config``), stored or (by mode)
+        freshly tuned winner for ``spec``.
 
         None when the original function must run for this key; the reason is recorded and the
         key's table entry set accordingly.
         """
         bucket = family.bucket(spec)
-        try:
-            with open_database(self.db) as db:
-                decision = dispatch.stored_decision(db, device_mode, bucket)
+        if pin and self.config is not None:
+            decision = self.pinned_decision(family, spec, device_mode)
             if decision is None:
-                mode = self.effective_mode
-                if mode == "db":
-                    self._use_original(key, f"{family.name} {bucket.describe()} is not tuned (database-only mode)")
-                    return None
-                if mode == "background":
-                    self._tune_in_background(key, bucket, device_mode)
-                    self.table[key] = self._fallback
-                    return None
-                decision = self._tune(bucket, device_mode)
-        except DatabaseError as exc:  # a broken cache is not a broken program: one warning, the user's code
-            warn_unusable_database(exc)
-            self._use_original(key, f"the database cannot be used: {exc}")
-            return None
+                self._use_original(key, str(self._pinned[bucket.workload_hash]))
+                return None
+        else:
+            try:
+                decision = self._stored_or_tuned(key, family, spec, device_mode)
+            except DatabaseError as exc:  # a broken cache is not a broken program: one warning, the user's code
+                warn_unusable_database(exc)
+                self._use_original(key, f"the database cannot be used: {exc}")
+                return None
+            if decision is None and key in self.table:  # not tuned (database-only or background mode)
+                return None
         if decision is None or decision.winner != "kernel":
             self._use_original(key, f"the baseline wins for {bucket.describe()}")
             return None
@@ -232,6 +261,70 @@ class Optimized:
             self._use_original(key, f"stored kernel for {bucket.describe()} not used: {problem}")
             return None
         return runner
+
+    def _stored_or_tuned(
+        self, key: tuple[Any, ...], family: OpFamily, spec: OpSpec, device_mode: str
+    ) -> DecisionRecord | None:
+        """The stored decision for ``spec`` (its exact workload, as ``kernelsmith.tune`` stores
+        it, else its bucket), or by mode: tuned now, or None with the key's entry set."""
+        bucket = family.bucket(spec)
+        mode = self.effective_mode
+        with open_database(self.db) as db:
+            forced = self.forces_retune and mode != "db"
+            decision = None if forced else dispatch.lookup_decision(db, device_mode, family, spec)
+        if decision is not None:
+            return decision
+        if mode == "db":  # never tune; a near fingerprint's record is re-validated (kernelsmith.tuner)
+            from kernelsmith.tuner import tune_spec
+
+            tune_spec(bucket, db=self.db, mode=device_mode, devices=self.devices, database_only=True,
+                      require_tuned=self.requires_tuned)  # NotTunedError reaches the caller
+            with open_database(self.db) as db:
+                decision = dispatch.stored_decision(db, device_mode, bucket)
+            if decision is None:
+                self._use_original(key, f"{family.name} {bucket.describe()} is not tuned (database-only mode)")
+            return decision
+        if mode == "background":
+            self._tune_in_background(key, bucket, device_mode)
+            self.table[key] = self._fallback
+            return None
+        return self._tune(bucket, device_mode)
+
+    # ---- a config pinned in code ----------------------------------------------------------------
+    def pinned_decision(self, family: OpFamily, spec: OpSpec, device_mode: str) -> DecisionRecord | None:
+        """The pinned config as a decision for ``spec``'s bucket, once it passed the harness's
+        validation there (every tail shape and value distribution a tuned candidate passes);
+        None, with the reason in ``_pinned`` and one warning, when it does not."""
+        bucket = family.bucket(spec)
+        known = self._pinned.get(bucket.workload_hash)
+        if known is None:
+            known = _validate_pinned(family, bucket, dict(self.config or {}), device_mode)
+            self._pinned[bucket.workload_hash] = known
+            if isinstance(known, str):
+                log.warning("%s: %s", getattr(self.fn, "__qualname__", self.fn), known)
+        return known if isinstance(known, DecisionRecord) else None
+
+    def carried_decisions(
+        self, family: OpFamily, spec: OpSpec, device_mode: str, grad_inputs: tuple[torch.Tensor, ...] | None
+    ) -> list[DecisionRecord]:
+        """The decisions a compiled or exported graph of this function carries for calls like
+        ``spec`` at any shape (:mod:`kernelsmith.frontends.compiled`): the pinned config (as a
+        decision for every shape), or every stored winner of the op with ``spec``'s constants and
+        dtypes; with ``grad_inputs``, its backward family's stored winners too."""
+        records: list[DecisionRecord] = []
+        with open_database(self.db) as db:
+            if self.config is not None:
+                pinned = self.pinned_decision(family, spec, device_mode)
+                if pinned is None:
+                    return []
+                records.append(replace(pinned, workload=dispatch.pinned_workload(family.name)))
+            else:
+                records.extend(dispatch.carried_winners(db, family, spec, device_mode))
+            if grad_inputs is not None and family.backward is not None:
+                records.extend(
+                    dispatch.carried_winners(db, get_op(family.backward), spec, device_mode, compare_dtypes=False)
+                )
+        return records
 
     def _kernel_entry(
         self,
@@ -269,6 +362,7 @@ class Optimized:
         signature = match.signature
         reads_changed = signature.reads_mismatch if signature is not None and signature.reads and not check else None
         serve, backward_served = self._serve_checks(key, family, device_mode, constants, backward)
+        returns = match.returns  # None: the function returns the op's first output itself
 
         def entry(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             if reads_changed is not None:
@@ -283,8 +377,7 @@ class Optimized:
                 self.table.pop(key, None)  # recognize again, as on a first call
                 return self._first_call(key, args, kwargs)
             if backward_served is not None:
-                # Under torch.compile the countdown is never touched: Dynamo would guard on it.
-                if serve is not None and not torch.compiler.is_compiling():
+                if serve is not None:
                     serve.countdown -= 1
                     if serve.countdown <= 0 and serve.due():
                         return self._checked_call(
@@ -293,15 +386,14 @@ class Optimized:
                         )
                 stats["kernel_calls"] += 1
                 return dispatch.KernelFunction.apply(family, runner, backward_served, *inputs)
-            if torch.compiler.is_compiling():  # the op checks itself when the compiled code runs
-                return torch.ops.kernelsmith.kernel(op, list(inputs), constants)[0]
             if serve is not None:
                 serve.countdown -= 1
                 if serve.countdown <= 0 and serve.due():
                     return self._checked_call(serve, family, spec, runner, inputs, args, kwargs,
-                                              lambda: runner(inputs)[0])
+                                              lambda: _served(runner(inputs), returns), returns)
             stats["kernel_calls"] += 1
-            return runner(inputs)[0]
+            outputs = runner(inputs)
+            return outputs[0] if returns is None else _pack(outputs, returns)
 
         return entry
 
@@ -340,15 +432,26 @@ class Optimized:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         kernel: Callable[[], Any],
+        returns: tuple[int | None, ...] | None = None,
     ) -> Any:
         """One served call compared with the user's own function on the same inputs; returns the
-        kernel's result when it passes, else the function's (and the key falls back)."""
+        kernel's result when it passes, else the function's (and the key falls back). ``returns``
+        is the match's: how the function's tuple holds the op's outputs (None: it returns one)."""
         served: list[Any] = []
 
         def run_kernel() -> list[torch.Tensor]:
             served.append(kernel())
             out = served[0]
+            if returns is not None:
+                return _unpack(out, returns) or []
             return [out] if isinstance(out, torch.Tensor) else list(out)
+
+        original: list[Any] = []  # the function's own return value, returned when the check fails
+
+        def trusted() -> list[Any]:
+            original.append(self.fn(*args, **kwargs))
+            out = original[0]
+            return [out] if returns is None else (_unpack(out, returns) or [out])
 
         def reference64(clones: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
             with torch.no_grad():
@@ -356,21 +459,26 @@ class Optimized:
 
         self.stats["checks"] += 1
         results, kernels = serve.run(
-            family, spec, runner, inputs, lambda: [self.fn(*args, **kwargs)], reference64, run_kernel
+            family, spec, runner, inputs, trusted, reference64, run_kernel
         )
         if kernels:
             self.stats["kernel_calls"] += 1
             return served[0]
         self.stats["fallback_calls"] += 1
-        return results[0]
+        return original[0] if original else results[0]
 
     def _tune(self, bucket: OpSpec, device_mode: str) -> Any:
         from kernelsmith.tuner import tune_spec
 
         self.stats["tunes"] += 1
+        name = getattr(self.fn, "__qualname__", self.fn)
+        log.info("%s: tuning %s (budget %d); this call waits for the search, later ones do not",
+                 name, bucket.describe(), self.budget)
         result = tune_spec(
-            bucket, budget=self.budget, strategy=self.strategy, db=self.db, mode=device_mode, devices=self.devices
+            bucket, budget=self.budget, strategy=self.strategy, db=self.db, mode=device_mode, devices=self.devices,
+            progress=_terminal_progress(f"kernelsmith: tuning {bucket.describe()}"), force=self.forces_retune,
         )
+        log.info("%s: tuned %s: %s after %d evaluations", name, bucket.describe(), result.winner, result.evaluations)
         self.stats["evaluations"] += result.evaluations
         with open_database(self.db) as db:
             return dispatch.stored_decision(db, device_mode, bucket)
@@ -393,17 +501,113 @@ class Optimized:
         thread.start()
 
 
-def _differs_from_op(family: OpFamily, spec: OpSpec, inputs: tuple[torch.Tensor, ...], output: Any) -> str | None:
-    """None when ``output`` computes the op on ``inputs`` as well as PyTorch's own formulation."""
-    if not isinstance(output, torch.Tensor):
-        return f"the function returned {type(output).__name__}, not a tensor"
-    expected = family.output_specs(spec)[0]
-    if tuple(output.shape) != expected.shape or output.dtype != expected.torch_dtype:
-        return f"output {tuple(output.shape)} {output.dtype} differs from {expected}"
+def _validate_pinned(family: OpFamily, bucket: OpSpec, config: dict[str, Any], mode: str) -> DecisionRecord | str:
+    """A pinned config as a decision for ``bucket`` once it passed validation, else why not.
+
+    The config names its variant (``"variant"``; default: the first whose space holds it), must
+    be in that variant's space for the bucket, and passes :func:`kernelsmith.evaluate.validate.
+    validate` (the tail shapes and value distributions every tuned candidate passes), here, in
+    this process: the variant is the package's own code, not an untrusted candidate.
+    """
+    from kernelsmith.evaluate.validate import Rejected, validate
+    from kernelsmith.space import Config
+
+    values = dict(config)
+    name = values.pop("variant", None)
+    chosen = Config(values)
+    variants = [family.variant(str(name))] if name is not None else list(family.variants)
+    for variant in variants:
+        problems = variant.space(bucket).violations(chosen)
+        if not problems:
+            break
+    else:
+        where = f"variant {name}" if name is not None else f"any {family.name} variant"
+        return f"the pinned config {config} is not valid for {where} at {bucket.describe()}: {'; '.join(problems)}"
+    device = "cuda" if mode == "gpu" else "cpu"
+    synchronize = torch.cuda.synchronize if mode == "gpu" else (lambda: None)
+    try:
+        validate(family, bucket, variant.build, chosen, device, synchronize)
+    except Rejected as exc:
+        return f"the pinned config {config} failed validation at {bucket.describe()} ({exc.kind}): {exc}"
+    except Exception as exc:  # a config that does not even build or launch is refused, not raised
+        return f"the pinned config {config} failed at {bucket.describe()}: {type(exc).__name__}: {exc}"
+    return DecisionRecord(
+        "pinned", bucket.workload_hash, family.name, bucket.to_dict(), "kernel", variant.name, variant.source_hash,
+        chosen.to_dict(), {"note": "pinned in code"}, origin="pinned",
+    )
+
+
+def _terminal_progress(title: str) -> Callable[[int, int, Any], None] | None:
+    """A progress line on standard error while a first call tunes, when it is a terminal."""
+    import sys
+
+    stream = sys.stderr
+    if not getattr(stream, "isatty", lambda: False)():
+        return None
+
+    def show(done: int, total: int, result: Any) -> None:
+        end = "\n" if done >= total else ""
+        stream.write(f"\r{title}: {done}/{total} candidates{end}")
+        stream.flush()
+
+    return show
+
+
+def _differs_from_op(
+    family: OpFamily,
+    spec: OpSpec,
+    inputs: tuple[torch.Tensor, ...],
+    output: Any,
+    returns: tuple[int | None, ...] | None = None,
+) -> str | None:
+    """None when ``output`` computes the op on ``inputs`` as well as PyTorch's own formulation:
+    the op's first output, or with ``returns`` (a match's) the tuple of its outputs it describes."""
+    outputs = _unpack(output, returns)
+    if outputs is None:
+        shape = "a tensor" if returns is None else f"a tuple of the op's outputs {returns}"
+        return f"the function returned {type(output).__name__}, not {shape}"
+    expected = family.output_specs(spec)
+    if len(outputs) > len(expected):
+        return f"the function returns {len(outputs)} of the op's outputs, which has {len(expected)}"
     with torch.no_grad():
-        ref64 = family.reference_fp64(spec, inputs)[0]
-        lowp = family.reference(spec, inputs)[0]
-        return check_close(output.detach(), ref64, lowp, family.tolerance)
+        refs64 = family.reference_fp64(spec, inputs)
+        lowps = family.reference(spec, inputs)
+        for out, want, ref64, lowp in zip(outputs, expected, refs64, lowps, strict=False):
+            if tuple(out.shape) != want.shape or out.dtype != want.torch_dtype:
+                return f"output {tuple(out.shape)} {out.dtype} differs from {want}"
+            problem = check_close(out.detach(), ref64, lowp, family.tolerance)
+            if problem:
+                return problem
+    return None
+
+
+def _served(outputs: Sequence[Any], returns: tuple[int | None, ...] | None) -> Any:
+    """What the function returns, from the op's outputs: the first, or the tuple ``returns`` says."""
+    return outputs[0] if returns is None else _pack(outputs, returns)
+
+
+def _pack(outputs: Sequence[Any], returns: tuple[int | None, ...]) -> tuple[Any, ...]:
+    """The function's tuple from the op's outputs, as the match's ``returns`` describes it."""
+    return tuple(None if i is None else outputs[i] for i in returns)
+
+
+def _unpack(value: Any, returns: tuple[int | None, ...] | None) -> list[torch.Tensor] | None:
+    """The op's outputs (in the op's order) in a function's return value, or None when the value
+    is not of the shape ``returns`` describes (None: a single tensor, the op's first output)."""
+    if returns is None:
+        return [value] if isinstance(value, torch.Tensor) else None
+    if not isinstance(value, tuple) or len(value) != len(returns):
+        return None
+    found: dict[int, torch.Tensor] = {}
+    for index, element in zip(returns, value, strict=True):
+        if index is None and element is None:
+            continue
+        if index is None or not isinstance(element, torch.Tensor):
+            return None
+        found[index] = element
+    if sorted(found) != list(range(len(found))):
+        return None
+    return [found[i] for i in range(len(found))]
 
 
 def optimize(
@@ -415,6 +619,9 @@ def optimize(
     db: Any = None,
     check: bool | float | None = None,
     devices: Sequence[int] | str | None = None,
+    config: Mapping[str, Any] | None = None,
+    force_retune: bool | None = None,
+    require_tuned: bool | None = None,
 ) -> Any:
     """Decorate a function so that calls run a tuned kernel when one beats it.
 
@@ -425,14 +632,30 @@ def optimize(
     this function): None follows ``KERNELSMITH_CHECK`` and ``KERNELSMITH_CHECK_RATE`` (default:
     on, 1 call in 1000 after the first 3), False turns them off, True on, a number in [0, 1] is
     the sampled fraction. ``devices`` are the GPUs its tuning runs on (such as ``[0, 1]``;
-    default: every visible one).
+    default: every visible one). ``config`` pins a config in code instead of tuning (as Helion's
+    ``config=``): ``{"variant": "multi_row", "ROWS": 4, "num_warps": 4, "num_stages": 1}``; it is
+    validated like any candidate before first use, and a config that fails is refused with a
+    warning (the original function runs), never served. ``force_retune=True`` tunes each workload
+    again on its first call in this process even where a decision is stored; ``require_tuned=True``
+    never tunes and raises :class:`kernelsmith.NotTunedError` naming the workload where none is
+    stored (for CI and deployment; ``mode="db"`` is the quiet form: the original function runs).
+    None reads ``KERNELSMITH_FORCE_RETUNE`` / ``KERNELSMITH_REQUIRE_TUNED``;
+    ``KERNELSMITH_DATABASE_ONLY=1`` makes every decorated function ``mode="db"``.
     """
+    if config is not None and not isinstance(config, Mapping):
+        raise TypeError(f"config must be a mapping of parameter names to values, not {type(config).__name__}")
     if mode is not None and mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    if force_retune and (require_tuned or mode == "db"):
+        raise ValueError("force_retune contradicts require_tuned / mode='db', which never tune")
     servecheck.CheckPolicy.resolve(check)  # a bad rate is an error here, not on a later call
 
     def decorate(function: F) -> F:
-        state = Optimized(function, budget=budget, strategy=strategy, mode=mode, db=db, check=check, devices=devices)
+        state = Optimized(
+            function, budget=budget, strategy=strategy, mode=mode, db=db, check=check, devices=devices,
+            config=dict(config) if config is not None else None, force_retune=force_retune,
+            require_tuned=require_tuned,
+        )
 
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
