@@ -19,6 +19,11 @@
 #   decode      benchmarks/decode.py --budget $DECODE_BUDGET $DECODE_ARGS (DECODE_TIMEOUT, default 900 s):
 #               every projection of Llama-3.2-1B and Llama-3-8B at M = 1 and 8 (20 rows, ~45 s a row at
 #               budget 24); decode-1b and decode-8b: one model each (10 rows), to run the two on two lanes
+#   decode-step benchmarks/decode_step.py --budget $DECODE_STEP_BUDGET $DECODE_STEP_ARGS (DECODE_STEP_TIMEOUT,
+#               default 1500 s): whole decode steps (16 Llama-3.2-1B-shaped layers at batch 1 and 8, 8
+#               Llama-3-8B-shaped layers; 1024-token cache) for eager, CUDA graphs, torch.compile and
+#               kernelsmith, and Hugging Face generate() of 256 tokens after 512; decode-step-1b,
+#               decode-step-8b, decode-step-hf: one part each (--only 1b-b1,1b-b8 / 8b-l8 / hf-1b)
 #   lce         benchmarks/linear_cross_entropy.py --budget $LCE_BUDGET $LCE_ARGS (LCE_TIMEOUT, default 900 s):
 #               fused linear + cross-entropy forward+backward, 16384 tokens, hidden 2048 and 4096, vocabulary
 #               128256, against torch.compile and Liger: time and peak memory
@@ -67,6 +72,12 @@ step() {  # step NAME: one step, its log in $RESULTS/NAME.log, then a marker $RE
             timeout "${DECODE_TIMEOUT:-900}" python3 benchmarks/decode.py --out "$RESULTS/$name.json" \
               --db "/tmp/ks-$name.db" --budget "${DECODE_BUDGET:-24}" \
               $([ "$name" = decode ] || echo "--models ${name#decode-}") ${DECODE_ARGS:-} ;;
+    decode-step|decode-step-1b|decode-step-8b|decode-step-hf)
+            only=$(case $name in decode-step-1b) echo 1b-b1,1b-b8;; decode-step-8b) echo 8b-l8;;
+                                 decode-step-hf) echo hf-1b;; esac)
+            timeout "${DECODE_STEP_TIMEOUT:-1500}" python3 benchmarks/decode_step.py --out "$RESULTS/$name.json" \
+              --db "/tmp/ks-$name.db" --budget "${DECODE_STEP_BUDGET:-16}" ${only:+--only $only} \
+              ${DECODE_STEP_ARGS:-} ;;
     lce) timeout "${LCE_TIMEOUT:-900}" python3 benchmarks/linear_cross_entropy.py --out "$RESULTS/lce.json" \
            --db "/tmp/ks-lce.db" --budget "${LCE_BUDGET:-30}" ${LCE_ARGS:-} ;;
     train|train-2x2048|train-4x4096)

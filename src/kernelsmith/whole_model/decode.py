@@ -181,6 +181,32 @@ def time_replayed(
     return [sorted(s)[len(s) // 2] for s in samples]
 
 
+def time_calls(fn: Callable[[], Any], device: torch.device, rounds: int = 10, calls: int = 5) -> dict[str, float]:
+    """Milliseconds per call of ``fn`` (a step, or a graph's replay): the median, 10th and 90th
+    percentile over ``rounds`` rounds of ``calls`` calls, after two warm-up calls; CUDA events on
+    a GPU, the host clock elsewhere."""
+    for _ in range(2):
+        fn()
+    samples = []
+    for _ in range(rounds):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / calls)
+        else:
+            begin = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples.append((time.perf_counter() - begin) * 1000.0 / calls)
+    samples.sort()
+    pick = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))]
+    return {"median_ms": pick(0.5), "p10_ms": pick(0.1), "p90_ms": pick(0.9)}
+
+
 # =================================================================================================
 # kernelsmith.cuda_graph
 # =================================================================================================
