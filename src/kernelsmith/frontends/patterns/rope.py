@@ -14,8 +14,11 @@ The caches are bound as the function receives them, ``(B, S, D)`` or ``(S, D)``;
 ``spec_for`` says which shapes and strides its kernels take. The match's ``returns`` is
 ``(0, 1)`` (or ``(1, 0)``): the function's tuple is the op's ``(q_out, k_out)``.
 
-Refused, with a reason: one tensor rotated alone (the op rotates q and k together), ``sin`` and
-``cos`` swapped, a rotation that is not ``rotate_half`` (the interleaved ``rotate_every_two`` of
+The caches are bound by the role they play, not by their names (``x * sin + rotate_half(x) *
+cos`` binds the argument named ``sin`` as the op's ``cos``).
+
+Refused, with a reason: one tensor rotated alone (the op rotates q and k together), a rotation
+that is not ``rotate_half`` (the interleaved ``rotate_every_two`` of
 GPT-J is not recognized in this form yet), halves that are not the last dim's two halves, a
 cache that does not broadcast over the heads alone (an unsqueeze on another dim), q and k rotated
 by different caches, casts (``q.float()``: the family computes in float32 and rounds once,
