@@ -194,3 +194,29 @@ def _opcheck_args(name: str) -> tuple[str, list[torch.Tensor], str]:
 @pytest.mark.parametrize("name", op_names())
 def test_opcheck_passes_on_every_family(db, name):
     torch.library.opcheck(torch.ops.kernelsmith.kernel.default, _opcheck_args(name))  # every default util
+
+
+def test_a_first_call_that_tunes_says_so_and_shows_progress_in_a_terminal(db, monkeypatch, caplog):
+    import io
+    import types
+
+    from kernelsmith import tuner
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    monkeypatch.setattr(sys, "stderr", screen)
+
+    def tune_spec(spec, *, progress=None, **options):
+        for done in (1, 2):
+            progress(done, 2, None)
+        return types.SimpleNamespace(winner="baseline", evaluations=2)
+
+    monkeypatch.setattr(tuner, "tune_spec", tune_spec)
+    fn = kernelsmith.optimize(last_dim_softmax, mode="tune", db=db, budget=2)
+    with caplog.at_level(logging.INFO, logger="kernelsmith"):
+        fn(torch.randn(5, WIDTH))
+    assert any("tuning softmax" in r.getMessage() and "waits" in r.getMessage() for r in caplog.records)
+    assert screen.getvalue().endswith("2/2 candidates\n") and "1/2 candidates" in screen.getvalue()
