@@ -428,7 +428,7 @@ RESHAPES = frozenset({"torch.Tensor.view", "torch.Tensor.reshape", "torch.reshap
                       "torch.flatten"})  # fmt: skip
 
 
-def through_reshapes(graph: Graph, value: Value | None, used: list[Node]) -> Value | None:
+def through_reshapes(graph: Graph, value: Value, used: list[Node]) -> Value:
     """The value reshaped to ``value`` (``logits.view(-1, V)`` gives ``logits``), following any
     chain of :data:`RESHAPES`, each of whose nodes is appended to ``used``; ``value`` itself when
     it is not a reshape. A dtype view (``t.view(torch.int32)``) is not a reshape: it stops there.
