@@ -15,13 +15,13 @@ import textwrap
 import pytest
 import torch
 import torch._dynamo.testing
-from gpu.test_stress_data_gpu import SHAPES
-from test_decorator import _store_forward_and_backward, hf_rmsnorm, last_dim_softmax, store_decision
-from test_pt2_dynamic import WIDTH, Norm, served_rows
 
 import kernelsmith
+from gpu.test_stress_data_gpu import SHAPES
 from kernelsmith import dispatch
 from kernelsmith.ops import get_op, op_names
+from test_decorator import _store_forward_and_backward, hf_rmsnorm, last_dim_softmax, store_decision
+from test_pt2_dynamic import WIDTH, Norm, served_rows
 
 
 @pytest.fixture
