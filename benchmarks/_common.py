@@ -63,8 +63,8 @@ def tune(spec: OpSpec, budget: int, db: str, strategy: str = "random") -> tuple[
         "failures": result.failures,
         "failure_examples": result.failure_examples,
         "winner": result.winner,
-        "variant": result.variant,
-        "config": result.best_config,
+        "variant": result.candidate_variant,
+        "config": result.candidate_config,
         "engine_speedup": result.speedup_vs_baseline,
         "engine_ci": result.speedup_ci,
         "engine_pct": result.pct_of_copy_bandwidth,
@@ -75,9 +75,9 @@ def tune(spec: OpSpec, budget: int, db: str, strategy: str = "random") -> tuple[
 
 def runner_of(family: OpFamily, spec: OpSpec, result: TuneResult) -> dispatch.KernelRunner:
     """The tuned kernel (or the best candidate of a "baseline" decision) as the decorator runs it."""
-    config = Config(result.best_config)
-    launcher = family.variant(str(result.variant)).build(spec, config)
-    return dispatch.KernelRunner.build(family, spec, launcher, str(result.variant), config)
+    config = Config(result.candidate_config)
+    launcher = family.variant(str(result.candidate_variant)).build(spec, config)
+    return dispatch.KernelRunner.build(family, spec, launcher, str(result.candidate_variant), config)
 
 
 def as_tuple(out: Any) -> tuple[torch.Tensor, ...]:

@@ -147,7 +147,7 @@ def run_workload(
     impls: dict[str, Fn] = {"cublas": eager}
     if "max-autotune" not in skip:  # compiled (and autotuned) at its first call, below
         impls["max-autotune"] = torch.compile(eager, mode="max-autotune-no-cudagraphs", dynamic=False)
-    if result.variant:
+    if result.candidate_variant:
         name = "kernelsmith" if result.winner == "kernel" else "best candidate"
         try:
             runner = runner_of(family, spec, result)

@@ -114,7 +114,7 @@ def run_row(tokens: int, hidden: int, vocab: int, budget: int, db: str, strategy
         else:
             row["skipped"] = ["liger (not importable)"]
     result, row["tune"] = tune(spec, budget, db, strategy)
-    if result.variant:
+    if result.candidate_variant:
         name = "kernelsmith" if result.winner == "kernel" else "kernelsmith (best candidate)"
         runner = runner_of(family, spec, result)
         impls[name] = lambda *args: tuple(runner(args))

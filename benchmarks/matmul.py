@@ -163,12 +163,12 @@ def run_workload(
         impls["product only"] = PRODUCT_ONLY[w.epilogue]
     if w.epilogue == "bias+gelu_tanh":
         impls["cublaslt epilogue"] = cublaslt_gelu
-    if result.variant:  # the tuned kernel, or the best candidate of a "baseline" decision
+    if result.candidate_variant:  # the tuned kernel, or the best candidate of a "baseline" decision
         name = "kernelsmith" if result.winner == "kernel" else "best candidate"
         try:
-            config = Config(result.best_config)
-            launcher = family.variant(str(result.variant)).build(spec, config)
-            runner = dispatch.KernelRunner.build(family, spec, launcher, str(result.variant), config)
+            config = Config(result.candidate_config)
+            launcher = family.variant(str(result.candidate_variant)).build(spec, config)
+            runner = dispatch.KernelRunner.build(family, spec, launcher, str(result.candidate_variant), config)
             impls[name] = lambda *args: runner(args)[0]
         except Exception as exc:  # a variant that no longer builds is reported, not fatal
             row.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:500]

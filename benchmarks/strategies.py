@@ -56,7 +56,7 @@ def run_one(spec: Any, strategy: str, budget: int, seed: int, mode: str) -> dict
     return {
         "strategy": strategy,
         "best_us": best,
-        "best": f"{result.variant} {result.best_config}" if result.variant else "",
+        "best": f"{result.candidate_variant} {result.candidate_config}" if result.candidate_variant else "",
         "baseline_us": result.baseline_us,
         "winner": result.winner,
         "evaluations": result.evaluations,

@@ -90,6 +90,9 @@ def test_db_list_show_export_import(tuned, tmp_path):
         (("tune", "rmsnorm", "--db", "/etc/hostname/sub/x.db"), "x.db"),
         (("db", "show", "0000000000000000"), "no workload"),
         (("db", "import", "/nonexistent/file.jsonl"), "No such file"),
+        (("db", "list", "--op", "rmsnrom"), "no such op family"),  # a typo is an error, not an empty list
+        (("db", "export", "--op", "rmsnrom"), "no such op family"),
+        (("report", "--op", "rmsnrom", "--no-plots"), "no such op family"),
     ],
 )
 def test_user_errors_are_one_line_with_exit_2(args, message, tmp_path):
@@ -98,3 +101,72 @@ def test_user_errors_are_one_line_with_exit_2(args, message, tmp_path):
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
     assert len([line for line in result.output.strip().splitlines() if line.strip()]) <= 3
+
+
+# ---- what the tables say, and the global options -------------------------------------------------
+
+
+def _stored_decision(db: str, winner: str, metrics: dict) -> str:
+    """A decision stored directly (as a GPU run would have): its workload hash."""
+    from kernelsmith.db import DecisionRecord, current_fingerprint, open_database
+    from kernelsmith.ops import get_op
+
+    family = get_op("rmsnorm")
+    spec = family.spec((64, 1024) if winner == "kernel" else (32, 1024), "bf16")
+    fp = current_fingerprint("interpreter")
+    with open_database(db) as database:
+        database.put_fingerprint(fp)
+        database.put_decision(DecisionRecord(
+            fp.hash, spec.workload_hash, "rmsnorm", spec.to_dict(), winner, "a_long_variant_name_that_identifies_it",
+            "src", {"BLOCK": 1024}, metrics))  # fmt: skip
+    return spec.workload_hash
+
+
+def test_db_list_names_the_baseline_and_shows_no_speedup_where_nothing_is_replaced(tmp_path):
+    db = str(tmp_path / "s.db")
+    won = _stored_decision(db, "kernel", {"speedup": 11.7, "ci_low": 11.5, "ci_high": 11.9})
+    lost = _stored_decision(db, "baseline", {"speedup": 0.97, "ci_low": 0.95, "ci_high": 0.99})
+    result = runner.invoke(app, ["db", "list", "--db", db], env={"COLUMNS": "200"})  # every cell on one line
+    assert result.exit_code == 0, result.output
+    assert "11.70x vs eager" in result.output and "torch.compile not measured" in result.output
+    assert "0.97" not in result.output  # the baseline's row: nothing replaced, no speedup
+    assert "a_long_variant_name_that_identifies_it" in result.output
+    # In an 80-column terminal the columns that tell rows apart give way last and are never cut:
+    # hashes stay whole, long names fold onto the next lines.
+    narrow = runner.invoke(app, ["db", "list", "--db", db], env={"COLUMNS": "80"})
+    assert won in narrow.output and lost in narrow.output
+    variant_column = "".join(line.split("│")[5].strip() for line in narrow.output.splitlines() if line.count("│") > 5)
+    assert "a_long_variant_name_that_identifies_it" in variant_column
+    shown = runner.invoke(app, ["db", "show", lost, "--db", db], env={"COLUMNS": "200"})
+    assert "none: the baseline (eager PyTorch) is kept" in shown.output and "0.970x" not in shown.output
+
+
+def test_tune_table_names_eager_as_the_baseline(tuned):
+    db, data = tuned
+    result = run("tune", "softmax", "--shape", "6x48", "--dtype", "fp32", "--db", db)
+    assert "speedup" in result.output
+    if data["winner"] == "kernel":
+        assert "vs eager" in result.output and "torch.compile not measured" in result.output
+    else:
+        assert "none: the baseline (eager PyTorch) is kept" in result.output and data["best_config"] is None
+    as_json = json.loads(run("tune", "softmax", "--shape", "6x48", "--dtype", "fp32", "--db", db, "--json").stdout)
+    assert as_json["baseline"] == "eager" and as_json["speedup_text"]
+
+
+def test_version_verbose_and_quiet(tuned):
+    import logging
+
+    from kernelsmith import __version__
+
+    assert run("--version").stdout.strip() == f"kernelsmith {__version__}"
+    db, _ = tuned
+    package = logging.getLogger("kernelsmith")
+    before = (list(package.handlers), package.level, package.propagate)
+    loud = run("-v", "tune", "softmax", "--shape", "6x48", "--dtype", "fp32", "--db", db)
+    assert loud.exit_code == 0 and "tuning softmax" in loud.output
+    quiet = run("-q", "tune", "softmax", "--shape", "6x48", "--dtype", "fp32", "--db", db)
+    assert quiet.exit_code == 0 and "winner" in quiet.output  # the result still prints
+    assert "tuning softmax" not in quiet.output and "No CUDA GPU" not in quiet.output  # the notes do not
+    assert (list(package.handlers), package.level, package.propagate) == before  # logging as it was
+    assert "error" in run("-q", "tune", "nosuchop").output  # -q never hides an error
+    assert run("-v", "-q", "db", "list").exit_code == 2

@@ -175,7 +175,8 @@ def test_report_md_covers_every_workload(filled_db, tmp_path):
     for spec in (RMSNORM, SOFTMAX, GELU, SMALL_SOFTMAX):
         assert spec.workload_hash in text and f"### {spec.op}" in text
     assert "kernel rows BLOCK=4096,num_warps=8" in text  # the winner
-    assert "10.000x (9.800-10.200)" in text  # speedup with its interval
+    assert "10.000x vs eager (95% CI 9.800-10.200); torch.compile not measured" in text  # speedup, interval, baseline
+    assert "none: the baseline (eager PyTorch) is kept" in text and "0.930x" not in text  # softmax: nothing replaced
     assert "35.7" in text and "4,275 GB/s" in text  # % of ceiling, and the ceiling itself
     assert "7 evaluations, 7.5 GPU-s, 12.0 s wall" in text  # the cost stored with the decision
     assert "2 evaluations, 2.0 GPU-s" in text  # an unfinished search: cost from its trials

@@ -145,6 +145,13 @@ def test_default_optimized_model_uses_the_kernelsmith_backend_or_says_it_falls_b
         return backend
 
     monkeypatch.setattr(torch, "compile", backend_of)
+    from kernelsmith.frontends.backend import KernelsmithBackend
+
+    # One backend instance, so that what it replaced can be read afterwards; options reach it.
+    instance, name, note = v.optimized_model(llama, None, {"db": "x.db"})
+    assert isinstance(instance, KernelsmithBackend) and (name, note) == ("kernelsmith", "")
+    assert instance.resolver.db == "x.db"
+    monkeypatch.setattr(v, "_backend_instance", lambda options: None)  # no backend module: by name
     monkeypatch.setattr(torch._dynamo, "list_backends", lambda exclude_tags=(): ["inductor", "kernelsmith"])
     assert v.optimized_model(llama) == ("kernelsmith", "kernelsmith", "")  # registered by its entry point
     monkeypatch.setattr(torch._dynamo, "list_backends", lambda exclude_tags=(): ["inductor", "eager"])
@@ -248,6 +255,38 @@ def test_time_models_runs_every_variant_in_one_run_and_says_no_gpu():
     assert result.comparisons["eager"]["speedup"] > 2.0 and result.comparisons["eager"]["significant"]
 
 
+def test_a_stalled_round_does_not_make_an_interval():
+    """The bug behind "kernelsmith vs eager 2.221x (CI 1.77-236.5)": over the 5 rounds a CPU run
+    took, the bootstrap of the median returns about the smallest and largest ratio, so one stalled
+    round became the upper bound. Five rounds cannot carry a 95% interval of a median at all."""
+    from kernelsmith.decide import compare
+
+    optimized = [10.0, 10.0, 10.0, 10.0, 10.0]
+    eager = [22.0, 22.5, 17.7, 22.2, 2365.0]  # one round of eager stalled
+    assert compare(optimized, eager).ci_high > 200  # what verify used to print
+    five = v.paired_speedup(optimized, eager)
+    assert five["ci_low"] is None and not five["resolved"] and not five["significant"] and five["rounds"] == 5
+    # Twelve rounds (the CPU default now) with the same stall: the interval ignores it.
+    twelve = v.paired_speedup([10.0] * 12, [22.0, 22.5, 17.7, 22.2, 21.9, 22.4, 22.1, 21.8, 22.3, 22.0, 21.7, 2365.0])
+    assert twelve["resolved"] and twelve["significant"] and 1.77 <= twelve["ci_low"] < twelve["ci_high"] < 2.3
+
+
+def test_median_interval_is_exact_order_statistics():
+    assert v.median_interval([3.0, 1.0, 2.0, 5.0, 4.0]) is None  # too few for 95%
+    assert v.median_interval([float(i) for i in range(6)]) == (0.0, 5.0)  # 6: the range (96.9% coverage)
+    assert v.median_interval([float(i) for i in range(12)]) == (2.0, 9.0)  # P(B(12, .5) <= 2) = 1.9%
+    # Coverage on random data is at least the confidence (distribution-free).
+    import random
+
+    rng = random.Random(0)
+    trials = 2000
+    covered = sum(
+        (lambda i: i is not None and i[0] <= 0.0 <= i[1])(v.median_interval([rng.gauss(0, 1) for _ in range(10)]))
+        for _ in range(trials)
+    )
+    assert covered / trials >= 0.95
+
+
 def test_forward_runner_trains_when_asked(llama):
     model = copy.deepcopy(llama)
     ids = example_inputs(model, 1, 8)
@@ -280,6 +319,51 @@ def test_cli_verify_passes_and_times_in_one_run(monkeypatch):
     assert data["backend"] == "aot_eager" and data["batch"] == 2 and data["seq"] == 16
     assert [r["name"] for r in data["timing"]["rows"]] == ["eager", "inductor", "aot_eager"]
     assert data["timing"]["note"] == v.NO_GPU_NOTE and data["timing"]["train"] is True
+
+
+def test_cli_verify_prints_no_speedup_when_the_backend_replaced_nothing(monkeypatch):
+    """With an empty database the kernelsmith backend replaces nothing: its model is torch.compile
+    alone, and verify says so instead of printing a kernelsmith speedup over eager."""
+    from kernelsmith.frontends.backend import KernelsmithBackend
+
+    real_compile = torch.compile
+
+    def quick_compile(model, backend=None, mode=None, **kwargs):  # Inductor is slow to build on a CPU
+        return real_compile(model, backend="aot_eager" if backend in (None, "inductor") else backend)
+
+    monkeypatch.setattr(torch, "compile", quick_compile)
+    monkeypatch.setattr(KernelsmithBackend, "_inductor", lambda self, gm, inputs: gm.forward)
+    torch._dynamo.reset()
+    args = ["verify", "llama-160m", "--tiny", "--seq", "8", "--seed", "3", "--seeds", "1", "--rounds", "6",
+            "--warmup", "1"]  # fmt: skip
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["backend"] == "kernelsmith" and data["replaced"] == []
+    table = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert table.exit_code == 0, table.output
+    assert "no kernelsmith speedup: the backend replaced nothing" in table.output
+    assert "kernelsmith vs" not in table.output and "CI" not in table.output
+    torch._dynamo.reset()
+
+
+def test_cli_timing_lines_name_torch_compile_first_and_refuse_a_wide_interval():
+    from kernelsmith.cli.verify import _print_timing
+
+    rows = [{"name": n, "median_ms": 1.0, "p10_ms": 0.9, "p90_ms": 1.1} for n in ("eager", "inductor", "kernelsmith")]
+    comparisons = {
+        "eager": {"speedup": 2.2, "ci_low": 1.77, "ci_high": 236.5, "resolved": False, "rounds": 12},
+        "inductor": {"speedup": 1.1, "ci_low": 1.05, "ci_high": 1.15, "resolved": True, "rounds": 12},
+    }
+    timing = {"rows": rows, "timer": "cuda-events", "rounds": 12, "train": False, "comparisons": comparisons,
+              "note": ""}  # fmt: skip
+    from kernelsmith.cli import common
+
+    with common.out.capture() as captured:
+        _print_timing({"backend": "kernelsmith", "replaced": ["rmsnorm"]}, timing)
+    text = captured.get()
+    assert text.index("vs torch.compile (Inductor): 1.100x (95% CI 1.050-1.150") < text.index("vs eager: unresolved")
+    assert "2.2" not in text.split("vs eager:")[1].split("(")[0]  # no number for an interval that wide
 
 
 def test_cli_verify_fails_with_status_1_on_a_miscompiled_model(tmp_path):
@@ -316,6 +400,7 @@ def test_backend_hooks_drive_the_real_backend(llama, monkeypatch):
 def test_cli_diagnose_needs_the_backend_hooks(llama, monkeypatch):
     monkeypatch.setattr(v, "kernelsmith_backend_available", lambda: False)
     monkeypatch.setattr(v, "_backend_function", lambda: None)  # no kernelsmith backend at all: Inductor
+    monkeypatch.setattr(v, "_backend_instance", lambda options: None)
     result = runner.invoke(app, ["verify", "gpt2", "--tiny", "--seq", "8", "--diagnose", "--no-time"])
     assert result.exit_code == 2 and "--diagnose" in result.output
 

@@ -120,8 +120,10 @@ def tuning_done(result: Any) -> bool:
     """Send the ``done`` event for a :class:`~kernelsmith.tuner.TuneResult`; never raises."""
     try:
         if result.winner == "kernel":
-            speedup = f"{result.speedup_vs_baseline:.3f}x" if result.speedup_vs_baseline else "?"
-            outcome = f"kernel {result.variant} wins, {speedup} over the baseline"
+            from kernelsmith.versus import speedup_text  # the speedup with its baseline named
+
+            speedup = speedup_text("kernel", {"speedup": result.speedup_vs_baseline}, digits=3, ci=False)
+            outcome = f"kernel {result.variant} wins: {speedup}"
         else:
             outcome = "the baseline stays (no candidate beat it with confidence)"
         cost = result.cost.describe() if getattr(result, "cost", None) else f"{result.evaluations} evaluations"

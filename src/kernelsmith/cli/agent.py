@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from kernelsmith.cli.common import run_or_exit
+from kernelsmith.cli.common import err, run_or_exit
 
 agent_app = typer.Typer(
     no_args_is_help=True,
@@ -91,7 +91,8 @@ def bench(
     from kernelsmith.agent import bench_workspace
 
     typer.echo(f"evaluating {directory / 'kernel.py'} (the harness runs it in a worker process)...", err=True)
-    report = run_or_exit(lambda: bench_workspace(directory, db=db))
+    with err.status("validating and timing kernel.py beside the baseline and the incumbent..."):
+        report = run_or_exit(lambda: bench_workspace(directory, db=db))
     if as_json:
         print(json.dumps(report.to_dict(), default=str))
         return

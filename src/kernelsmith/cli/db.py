@@ -37,13 +37,16 @@ WorkersOption = Annotated[int | None, typer.Option("--workers", help="Worker pro
 
 @db_app.command("list")
 def db_list(
-    db: DbOption = None, op: Annotated[str | None, typer.Option("--op")] = None, as_json: JsonOption = False
+    db: DbOption = None, op: Annotated[str | None, typer.Option("--op", help="Only this op family.")] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Tuned workloads and their decisions (state: local, or a claim's validation state)."""
-    from kernelsmith.cli.common import fmt, out, run_or_exit
+    from kernelsmith.cli.common import add_column, check_op_filter, fmt, out, run_or_exit
     from kernelsmith.db import open_database
+    from kernelsmith.versus import caption, versus
 
     def load() -> tuple[list[Any], dict[str, Any]]:
+        check_op_filter(op)
         with open_database(db) as database:
             return database.decisions(op=op), {f.hash: f for f in database.fingerprints()}
 
@@ -52,22 +55,27 @@ def db_list(
         print(json.dumps([d.to_dict() for d in decisions], default=str))
         return
     table = Table(title="decisions")
-    for column in ("workload", "op", "inputs", "winner", "variant", "speedup", "GB/s", "machine", "state"):
-        table.add_column(column)
+    kinds = {"workload": "id", "op": "id", "inputs": "key", "winner": "key", "variant": "key", "speedup": "key",
+             "GB/s": "number", "machine": "text", "state": "text"}  # fmt: skip
+    for column, kind in kinds.items():
+        add_column(table, column, kind)
+    speedups = []
     for d in decisions:
         inputs = " ".join("x".join(map(str, t["shape"])) + ":" + t["dtype"] for t in d.spec.get("inputs", []))
         fp = fingerprints.get(d.fingerprint)
+        speedups.append(versus(d.winner, d.metrics))
         table.add_row(
             d.workload,
             d.op,
             inputs,
             d.winner,
-            d.variant or "-",
-            fmt(d.metrics.get("speedup"), 2, "x"),
+            d.variant if d.winner == "kernel" and d.variant else "-",
+            speedups[-1].cell(),
             fmt(d.metrics.get("gbps")),
             fp.gpu_name if fp else d.fingerprint,
             d.claim_state,
         )
+    table.caption = caption(speedups)
     out.print(table)
 
 
@@ -82,9 +90,10 @@ def db_show(
     as_json: JsonOption = False,
 ) -> None:
     """One workload: its decisions, every trial (failures included), and speed against search cost."""
-    from kernelsmith.cli.common import UserError, fmt, out, run_or_exit
+    from kernelsmith.cli.common import UserError, add_column, fmt, out, run_or_exit
     from kernelsmith.cost import summarize_trials
     from kernelsmith.db import open_database
+    from kernelsmith.versus import speedup_text
 
     def load() -> tuple[list[Any], list[Any], list[dict[str, Any]]]:
         with open_database(db) as database:
@@ -113,14 +122,17 @@ def db_show(
         state = "" if d.claim_state == "local" else f" ({d.claim_state} claim)"
         if d.validation_error:
             state = f" ({d.claim_state} claim: {d.validation_error[:120]})"
+        kernel = f" {d.variant} {d.config}" if d.winner == "kernel" else ""
         out.print(
-            f"[bold]{d.op}[/bold] {d.workload} on {d.fingerprint}: winner {d.winner} "
-            f"{d.variant} {d.config} speedup {fmt(d.metrics.get('speedup'), 3, 'x')}{state}",
+            f"[bold]{d.op}[/bold] {d.workload} on {d.fingerprint}: winner {d.winner}{kernel}, "
+            f"speedup {speedup_text(d.winner, d.metrics, 3)}{state}",
             highlight=False,
         )
     table = Table(title=f"{len(trials)} trials")
-    for column in ("variant", "config", "status", "time (us)", "GB/s", "origin", "error"):
-        table.add_column(column)
+    kinds = {"variant": "key", "config": "key", "status": "text", "time (us)": "number", "GB/s": "number",
+             "origin": "text", "error": "text"}  # fmt: skip
+    for column, kind in kinds.items():
+        add_column(table, column, kind)
     for t in trials:
         table.add_row(
             t.variant,
@@ -138,7 +150,7 @@ def db_show(
 
 def _print_cost(c: dict[str, Any]) -> None:
     """The search cost of one fingerprint's trials and the Pareto frontier of speed against it."""
-    from kernelsmith.cli.common import fmt, out
+    from kernelsmith.cli.common import add_column, fmt, out
 
     seconds = c.get("gpu_s", c.get("interpreter_s", 0.0))
     line = (
@@ -152,8 +164,10 @@ def _print_cost(c: dict[str, Any]) -> None:
 
         out.print(f"last tuning run: {SearchCost.from_dict(c['stored_cost']).describe()}", highlight=False)
     table = Table(title=f"speed vs cost ({c['axis']}): Pareto frontier, lambda={c['lambda']:g}")
-    for column in ("#", "variant", "config", "speedup", "evaluations", c["seconds_name"], "score", ""):
-        table.add_column(column)
+    kinds = {"#": "number", "variant": "key", "config": "key", "vs eager": "number", "evaluations": "number",
+             c["seconds_name"]: "number", "score": "number", "": "text"}  # fmt: skip
+    for column, kind in kinds.items():
+        add_column(table, column, kind)
     for p in c["frontier"]:
         table.add_row(
             str(p["index"]),
@@ -174,14 +188,15 @@ def _print_cost(c: dict[str, Any]) -> None:
 def db_export(
     db: DbOption = None,
     out_file: Annotated[Path | None, typer.Option("--out", help="File (default: standard output).")] = None,
-    op: Annotated[str | None, typer.Option("--op")] = None,
+    op: Annotated[str | None, typer.Option("--op", help="Only this op family.")] = None,
 ) -> None:
     """Write the database as JSON lines."""
-    from kernelsmith.cli.common import run_or_exit
+    from kernelsmith.cli.common import check_op_filter, run_or_exit
     from kernelsmith.db import open_database
     from kernelsmith.db.jsonl import export_jsonl
 
     def run() -> int:
+        check_op_filter(op)
         with open_database(db) as database:
             if out_file is None:
                 return export_jsonl(database, sys.stdout, op=op)

@@ -1,21 +1,21 @@
 """The ``kernelsmith`` command: thin typer commands over the library API.
 
 Errors a user can cause (unknown op, bad shape or dtype, unwritable database) print one line to
-standard error and exit with status 2; no traceback.
+standard error and exit with status 2; no traceback. ``--version`` prints the version; ``-v``
+shows the package's info logs (``-vv`` debug), ``-q`` only errors (no progress bars or notes);
+without either, ``KERNELSMITH_LOG`` sets the level (default: warnings).
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import os
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from kernelsmith.cli.agent import agent_app
-from kernelsmith.cli.common import out
+from kernelsmith.cli.common import add_column, err, out
 from kernelsmith.cli.db import JsonOption, db_app
 from kernelsmith.cli.env import env as env_command
 from kernelsmith.cli.optimize import optimize as optimize_command
@@ -27,6 +27,50 @@ from kernelsmith.cli.verify import verify as verify_command
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Search, verify and serve faster Triton kernels for PyTorch ops."
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from kernelsmith import __version__
+
+        out.print(f"kernelsmith {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    context: typer.Context,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+    verbose: Annotated[
+        int, typer.Option("--verbose", "-v", count=True, help="Show the package's info logs (-vv: debug).")
+    ] = 0,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Only errors: no logs below error, no progress bars or notes.")
+    ] = False,
+) -> None:
+    """Search, verify and serve faster Triton kernels for PyTorch ops."""
+    from kernelsmith import logs, settings
+
+    if verbose and quiet:
+        raise typer.BadParameter("-v and -q ask for opposite things: give one")
+    context.call_on_close(logs.saved_state())  # a command run inside Python leaves its logging as it was
+    quiet_before = err.quiet
+    context.call_on_close(lambda: setattr(err, "quiet", quiet_before))
+    err.quiet = quiet  # the notes and progress bars; errors go through their own console
+    if quiet:
+        logs.configure("error")
+    elif verbose:
+        logs.configure("debug" if verbose > 1 else "info")
+    else:
+        try:
+            logs.configure(settings.get("KERNELSMITH_LOG"))
+        except settings.SettingError as exc:
+            logs.configure("warning")
+            err.print(f"[yellow]{exc}; showing warnings[/yellow]", highlight=False)
+
+
 app.add_typer(db_app, name="db")
 app.add_typer(agent_app, name="agent")
 app.command("profile")(profile_command)
@@ -58,18 +102,14 @@ def ops(as_json: JsonOption = False) -> None:
         print(json.dumps(rows))
         return
     table = Table(title="op families")
-    for column in ("name", "summary", "--shape", "variants"):
-        table.add_column(column)
+    for column, kind in {"name": "id", "summary": "text", "--shape": "text", "variants": "key"}.items():
+        add_column(table, column, kind)
     for row in rows:
         table.add_row(row["name"], row["summary"], row["shape"], ", ".join(row["variants"]))
     out.print(table)
 
 
 def main() -> None:
-    # KERNELSMITH_LOG=info shows what the package logs (sites replaced or not and why, in-context
-    # timings, fallbacks); the default shows warnings only.
-    level = os.environ.get("KERNELSMITH_LOG", "warning").upper()
-    logging.basicConfig(level=getattr(logging, level, logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
     app()
 
 

@@ -204,14 +204,19 @@ class _Bars:
 def _print_report(report: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
+    from kernelsmith.cli.common import add_column
+    from kernelsmith.versus import COMPILE_NOT_MEASURED
+
     table = Table(title=f"{report['model']}: workloads by share of the profiled time ({report['mode']})")
-    for column in ("#", "workload", "share", "gain at 2x", "status", "evals", "winner"):
-        table.add_column(column, justify="left" if column in ("workload", "status", "winner") else "right")
+    kinds = {"#": "number", "workload": "key", "share": "number", "gain at 2x": "number", "status": "text",
+             "evals": "number", "winner": "key", "speedup": "text"}  # fmt: skip
+    for column, kind in kinds.items():
+        add_column(table, column, kind)
     for i, w in enumerate(report["workloads"], 1):
-        winner = w["winner"] + (f" {w['speedup']:.2f}x" if w["speedup"] else "")
+        versus = w.get("versus") or "-"
         table.add_row(
             str(i), w["spec"], f"{100 * w['share']:.1f}%", f"{w['gain_2x']:.3f}", w["status"], str(w["evaluations"]),
-            winner,
+            w["winner"] or "-", versus,
         )
     console.print(table)
     counts: dict[str, int] = {}
@@ -219,9 +224,17 @@ def _print_report(report: dict[str, Any], console: Any) -> None:
         counts[site["status"]] = counts.get(site["status"], 0) + 1
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     console.print(f"sites in the compiled model: {summary or 'none found'}", highlight=False)
+    spent = f"{report['evaluations']} evaluations in {report['wall_s']:.1f} s" + (
+        f"; stopped: {report['stopped']}" if report["stopped"] else ""
+    )
+    if not report["replaced"]:  # nothing of kernelsmith's runs: there is no speedup to show
+        console.print(
+            f"{spent}; nothing replaced: the compiled model is torch.compile (Inductor) alone", highlight=False
+        )
+        return
     console.print(
-        f"{report['evaluations']} evaluations in {report['wall_s']:.1f} s"
-        + (f"; stopped: {report['stopped']}" if report["stopped"] else "")
-        + f"; expected forward speedup {report['expected_gain']:.3f}x (stored speedups vs eager, profiled shares)",
+        f"{spent}; expected forward speedup {report['expected_gain']:.3f}x vs eager PyTorch (the stored per-op "
+        f"speedups and the profiled shares; {COMPILE_NOT_MEASURED} per op: `kernelsmith verify` measures the "
+        "model against torch.compile)",
         highlight=False,
     )

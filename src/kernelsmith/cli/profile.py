@@ -81,19 +81,13 @@ def profile(
             f"batch {run_batch}, seq {run_seq}, {name}{', torch.compile' if compile else ''}",
             highlight=False,
         )
-        plan = profile_model(
-            module,
-            inputs,
-            name=loaded.name,
-            warmup=warmup if warmup is not None else defaults["warmup"],
-            iterations=iters if iters is not None else defaults["iterations"],
-            compile=compile,
-            kwargs=keywords,
-            batch=run_batch,
-            seq=run_seq,
-            dtype=name,
-            source=loaded.source,
-        )
+        warmups = warmup if warmup is not None else defaults["warmup"]
+        iterations = iters if iters is not None else defaults["iterations"]
+        with err.status(f"profiling: {warmups} warm-up and {iterations} measured forwards..."):
+            plan = profile_model(
+                module, inputs, name=loaded.name, warmup=warmups, iterations=iterations, compile=compile,
+                kwargs=keywords, batch=run_batch, seq=run_seq, dtype=name, source=loaded.source,
+            )  # fmt: skip
         plan.write(out_file)
         return plan
 
@@ -110,15 +104,18 @@ def profile(
 def _print_plan(plan: Any, top: int, console: Any) -> None:
     from rich.table import Table
 
+    from kernelsmith.cli.common import add_column
+
     unit = "kernel" if plan.mode == "gpu" else "CPU op"
     table = Table(title=f"{plan.model}: {unit} time by op family and shape ({plan.mode}, {plan.dtype})")
     for column in ("#", "family", "shapes", "us/iter", "share", "gain at 1.5x 2x 3x", "tunable", "via"):
-        table.add_column(column, justify="left" if column in ("family", "shapes", "via") else "right")
+        kind = {"family": "id", "shapes": "key", "via": "text"}.get(column, "number")
+        add_column(table, column, kind)
     for row in plan.rows[:top]:
         table.add_row(
             str(row.rank),
             row.family,
-            row.shape if len(row.shape) <= 60 else row.shape[:57] + "...",
+            row.shape,
             f"{row.time_us:,.1f}",
             f"{100 * row.share:.1f}%",
             " ".join(f"{row.gain[k]:.3f}" for k in ("1.5x", "2x", "3x")),

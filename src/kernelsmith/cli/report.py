@@ -27,10 +27,12 @@ def report(
     as_json: Annotated[bool, typer.Option("--json", help="Print the written files and notes as JSON.")] = False,
 ) -> None:
     """Write results.tsv, progress.png, roofline.png and report.md for the tuning results in a database."""
-    from kernelsmith.cli.common import err, fmt, out, run_or_exit
+    from kernelsmith.cli.common import add_column, check_op_filter, err, fmt, out, run_or_exit
 
     def run() -> Any:
         from kernelsmith.whole_model.report import write_report
+
+        check_op_filter(op)
 
         return write_report(db, out_dir, fingerprint=fingerprint, op=op, plots=plots)
 
@@ -51,10 +53,15 @@ def report(
         return
     from rich.table import Table
 
+    from kernelsmith.versus import versus
+    from kernelsmith.whole_model.report import baseline_caption
+
     if data.workloads:
         table = Table(title=f"{len(data.workloads)} workloads, {len(data.rows)} evaluated candidates")
-        for column in ("op", "inputs", "mode", "winner", "speedup", "GB/s", "trials", "failures"):
-            table.add_column(column)
+        kinds = {"op": "id", "inputs": "key", "mode": "text", "winner": "key", "speedup": "key", "GB/s": "number",
+                 "trials": "number", "failures": "number"}  # fmt: skip
+        for column, kind in kinds.items():
+            add_column(table, column, kind)
         for w in data.workloads:
             d = w.decision
             table.add_row(
@@ -62,11 +69,12 @@ def report(
                 w.inputs or w.workload,
                 w.mode,
                 "-" if d is None else (f"{d.winner} {d.variant}" if d.winner == "kernel" else d.winner),
-                fmt(w.figure("speedup"), 3, "x"),
+                "-" if d is None else versus(d.winner, d.metrics).cell(3),
                 fmt(w.figure("gbps")),
                 str(len(w.rows)),
                 str(sum(w.failures.values())),
             )
+        table.caption = baseline_caption(data)
         out.print(table)
     else:
         err.print("[yellow]no trials or decisions in this database (or none matching the filters)[/yellow]")

@@ -9,7 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kernelsmith.cli.common import INTERPRETER_MAX_BUDGET, UserError, err, fmt, out, run_or_exit
+from kernelsmith.cli.common import INTERPRETER_MAX_BUDGET, UserError, add_column, err, fmt, out, run_or_exit
 from kernelsmith.cli.db import DbOption, JsonOption
 from kernelsmith.cli.executor_options import DevicesOption, ExecutorOption, RayAddressOption, check_where
 
@@ -131,16 +131,28 @@ def tune(
     if as_json:
         data = result.to_dict()
         data["best_config"] = result.best_config if result.winner == "kernel" else None
+        data["speedup_text"] = _versus(result).text(3)  # the speedup with its baseline named
         print(json.dumps(data, default=str))
         return
     _print_result(result)
 
 
+def _versus(result: Any) -> Any:
+    """The result's speedups with their baselines named (:mod:`kernelsmith.versus`)."""
+    from kernelsmith.versus import versus
+
+    ci = result.speedup_ci
+    metrics = {"speedup": result.speedup_vs_baseline, "ci_low": ci[0] if ci else None, "ci_high": ci[1] if ci else None}
+    return versus(result.winner, metrics)
+
+
 def _print_result(result: Any) -> None:
     if result.top:
-        table = Table(title=f"best candidates ({result.mode})")
-        for column in ("variant", "config", "time (us)", "baseline (us)", "speedup", "GB/s"):
-            table.add_column(column, justify="right" if column not in ("variant", "config") else "left")
+        # Each candidate is timed beside the op's PyTorch reference run eagerly in the same worker.
+        table = Table(title=f"best candidates ({result.mode}), timed beside eager PyTorch")
+        for column, kind in {"variant": "key", "config": "key", "time (us)": "number", "eager (us)": "number",
+                             "vs eager": "number", "GB/s": "number"}.items():  # fmt: skip
+            add_column(table, column, kind)
         for row in result.top:
             config = ",".join(f"{k}={v}" for k, v in row["config"].items())
             table.add_row(
@@ -153,17 +165,21 @@ def _print_result(result: Any) -> None:
             )
         out.print(table)
     summary = Table(title="decision", show_header=False)
-    summary.add_column("field")
-    summary.add_column("value")
+    add_column(summary, "field", "id")
+    add_column(summary, "value", "key")
     source = "database (no evaluation)" if result.from_database else f"{result.evaluations} evaluations"
     summary.add_row("winner", result.winner + (f" ({result.variant})" if result.winner == "kernel" else ""))
     if result.winner == "kernel":
         summary.add_row("config", ",".join(f"{k}={v}" for k, v in result.best_config.items()))
-    summary.add_row("time", f"{fmt(result.median_us)} us vs baseline {fmt(result.baseline_us)} us")
-    ci = result.speedup_ci
-    summary.add_row(
-        "speedup", f"{fmt(result.speedup_vs_baseline, 3, 'x')}" + (f" (95% CI {ci[0]:.3f}-{ci[1]:.3f})" if ci else "")
-    )
+    if result.winner == "kernel":
+        summary.add_row("time", f"{fmt(result.median_us)} us vs eager {fmt(result.baseline_us)} us")
+    elif result.candidate_variant:  # for the record: what the best candidate did, not a speedup
+        summary.add_row(
+            "best candidate",
+            f"{result.candidate_variant}: {fmt(result.median_us)} us vs eager {fmt(result.baseline_us)} us, not "
+            "faster with confidence",
+        )
+    summary.add_row("speedup", _versus(result).text(3))
     if result.mode == "gpu":
         summary.add_row(
             "bandwidth",

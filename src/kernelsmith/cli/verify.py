@@ -5,6 +5,11 @@ and how). The model is loaded as ``kernelsmith profile`` loads it; the optimized
 ``torch.compile(model, backend="kernelsmith")`` when that backend is registered, else Inductor
 (the command says so), or the backend named by ``--backend``.
 
+The time is reported against the best existing path, torch.compile (Inductor), and against
+eager, each with a 95% interval (:func:`kernelsmith.whole_model.verify.paired_speedup`); where the
+kernelsmith backend replaced nothing, the optimized model is torch.compile and no speedup is
+printed. Progress (checks, diagnosis, timing) goes to standard error.
+
 Exit status: 0 when every check passed, 1 when the optimized model differs, 2 for a usage error.
 """
 
@@ -32,7 +37,8 @@ from kernelsmith.cli.model_options import (
 
 # Sizes when --batch / --seq are not given: a realistic GPU run; on a CPU, small enough for seconds.
 GPU_DEFAULTS = {"batch": 8, "seq": 1024, "warmup": 3, "rounds": 20}
-CPU_DEFAULTS = {"batch": 2, "seq": 64, "warmup": 2, "rounds": 5}
+# 12 rounds on a CPU: a 95% interval of a median needs at least 6 (kernelsmith.whole_model.verify.median_interval).
+CPU_DEFAULTS = {"batch": 2, "seq": 64, "warmup": 2, "rounds": 12}
 
 
 def verify(
@@ -99,9 +105,9 @@ def verify(
     def run() -> dict[str, Any]:
         import torch
 
-        from kernelsmith.whole_model import verify as v
         from kernelsmith.models import example_inputs, load_model, max_positions, parameter_count
         from kernelsmith.spec import DTYPES, dtype_name
+        from kernelsmith.whole_model import verify as v
 
         target = parse_device(device, torch)
         on_gpu = target.type == "cuda"
@@ -145,7 +151,8 @@ def verify(
         hooks = _diagnose_hooks(backend_name, db, train, UserError) if diagnose else None
         if note:
             err.print(f"[yellow]{note}[/yellow]", highlight=False)
-        result = v.verify_model(module, optimized, inputs_fn, seeds=seed_list, train=train, truth=truth)
+        with _status(f"comparing outputs{' and gradients' if train else ''} on {len(seed_list)} seeds"):
+            result = v.verify_model(module, optimized, inputs_fn, seeds=seed_list, train=train, truth=truth)
         report: dict[str, Any] = {
             "model": loaded.name,
             "source": loaded.source,
@@ -159,15 +166,18 @@ def verify(
         }
         if hooks is not None:
             list_replacements, build = hooks
-            names = list(list_replacements(module, inputs_fn(seed_list[0])))
-            diagnosis = v.diagnose(module, build, names, inputs_fn, seeds=seed_list, train=train, truth=truth)
+            with _status("diagnosing: the replacements one at a time"):
+                names = list(list_replacements(module, inputs_fn(seed_list[0])))
+                diagnosis = v.diagnose(module, build, names, inputs_fn, seeds=seed_list, train=train, truth=truth)
             report["diagnosis"] = diagnosis.to_dict()
         if timing:
-            report["timing"] = _time(
-                module, optimized, backend_name, inputs_fn(seed_list[0]), target, train, max_autotune,
-                warmup if warmup is not None else defaults["warmup"],
-                rounds if rounds is not None else defaults["rounds"],
-            ).to_dict()  # fmt: skip
+            run_rounds = rounds if rounds is not None else defaults["rounds"]
+            with _status(f"timing eager, torch.compile and {backend_name}: {run_rounds} interleaved rounds"):
+                report["timing"] = _time(
+                    module, optimized, backend_name, inputs_fn(seed_list[0]), target, train, max_autotune,
+                    warmup if warmup is not None else defaults["warmup"], run_rounds,
+                ).to_dict()  # fmt: skip
+        report["replaced"] = v.replaced_families(optimized)  # None: not known (another backend)
         if train and timing:
             err.print("timing training steps: eager, torch.compile, the optimized model, Liger-Kernel", highlight=False)
             report["train_steps"] = _train_steps(
@@ -188,6 +198,13 @@ def verify(
         _print_train_steps(report)
     if not report["verify"]["ok"]:
         raise typer.Exit(1)
+
+
+def _status(text: str) -> Any:
+    """A spinner with ``text`` on standard error while a long step runs (silent with -q)."""
+    from kernelsmith.cli.common import err
+
+    return err.status(text + "...")
 
 
 def _train_steps(
@@ -360,28 +377,61 @@ def _print(report: dict[str, Any]) -> None:
         out.print(f"diagnosis: {diagnosis['verdict']}", highlight=False)
     timing = report.get("timing")
     if timing is not None:
-        mode = "forward + backward" if timing["train"] else "forward"
-        table = Table(title=f"end-to-end {mode} time ({timing['timer']}, {timing['rounds']} interleaved rounds)")
-        for column in ("variant", "median ms", "p10-p90 ms", "vs eager"):
-            table.add_column(column, justify="left" if column == "variant" else "right")
-        for row in timing["rows"]:
-            table.add_row(
-                row["name"],
-                f"{row['median_ms']:,.3f}",
-                f"{row['p10_ms']:,.3f}-{row['p90_ms']:,.3f}",
-                fmt(row["speedup_vs_eager"], 3, "x"),
-            )
-        out.print(table)
-        for other, c in timing["comparisons"].items():
-            if c.get("speedup") is not None:
-                out.print(
-                    f"{report['backend']} vs {other}: {c['speedup']:.3f}x "
-                    f"(95% CI {c['ci_low']:.3f}-{c['ci_high']:.3f})",
-                    highlight=False,
-                )
-        if timing["note"]:
-            err.print(f"[yellow]{timing['note']}[/yellow]", highlight=False)
+        _print_timing(report, timing)
     if result["note"] and result["note"] != report["note"]:
         err.print(f"[yellow]{result['note']}[/yellow]", highlight=False)
     seeds = result["seeds"]
     err.print(f"seeds {seeds[0]}..{seeds[-1]}: re-run with --seed {seeds[0]} --seeds {len(seeds)}", highlight=False)
+
+
+def _print_timing(report: dict[str, Any], timing: dict[str, Any]) -> None:
+    """The time table, then the optimized model's speedup over torch.compile (the path the user
+    would otherwise run) and over eager, or why there is none."""
+    from rich.table import Table
+
+    from kernelsmith.cli.common import add_column, err, out
+
+    backend = report["backend"]
+    replaced = report.get("replaced")
+    nothing = replaced is not None and not replaced  # the kernelsmith backend replaced nothing
+    names = {"inductor": "torch.compile (Inductor)", "eager": "eager"}
+    mode = "forward + backward" if timing["train"] else "forward"
+    table = Table(title=f"end-to-end {mode} time ({timing['timer']}, {timing['rounds']} interleaved rounds)")
+    for column in ("variant", "median ms", "p10-p90 ms"):
+        add_column(table, column, "key" if column == "variant" else "number")
+    for row in timing["rows"]:
+        label = names.get(row["name"], row["name"])
+        if row["name"] == backend and nothing:
+            label += " (nothing replaced: torch.compile alone)"
+        table.add_row(label, f"{row['median_ms']:,.3f}", f"{row['p10_ms']:,.3f}-{row['p90_ms']:,.3f}")
+    out.print(table)
+    if nothing:
+        out.print(
+            f"no {backend} speedup: the backend replaced nothing (no tuned kernel for this model's ops here; "
+            "`kernelsmith optimize` tunes them), so the optimized model is torch.compile alone",
+            highlight=False,
+        )
+    else:
+        # torch.compile first: the best existing path the user would otherwise run.
+        for other in sorted(timing["comparisons"], key=lambda name: name != "inductor"):
+            out.print(f"{backend} vs {names.get(other, other)}: {_speedup(timing['comparisons'][other])}",
+                      highlight=False)  # fmt: skip
+    if timing["note"]:
+        err.print(f"[yellow]{timing['note']}[/yellow]", highlight=False)
+
+
+def _speedup(c: dict[str, Any]) -> str:
+    """One comparison of :func:`kernelsmith.whole_model.verify.paired_speedup`, in words."""
+    from kernelsmith.whole_model.verify import RESOLVED_SPREAD
+
+    if c.get("speedup") is None:
+        return "not measured"
+    if c.get("ci_low") is None:
+        return f"unresolved ({c['rounds']} rounds are too few for a 95% interval: use --rounds 12 or more)"
+    interval = f"95% CI {c['ci_low']:.3f}-{c['ci_high']:.3f} over {c['rounds']} rounds"
+    if not c.get("resolved"):
+        return (
+            f"unresolved ({interval} spans more than {RESOLVED_SPREAD}x: the rounds disagree; "
+            "re-run on an idle machine or with more --rounds)"
+        )
+    return f"{c['speedup']:.3f}x ({interval})"

@@ -81,6 +81,7 @@ import functools
 import logging
 import operator
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -772,6 +773,38 @@ def time_graphs(candidates: Sequence[Callable[..., Any]], inputs: Sequence[Any],
 # ---------------------------------------------------------------------------------------------
 
 
+_warned_nothing_replaced = False  # the warning below is given once per process
+
+
+def _warn_nothing_replaced(sites: Sequence[Site]) -> None:
+    """Say once, as a warning, that a graph with sites kernelsmith recognizes runs on Inductor
+    alone, and why: most often nothing is tuned for these shapes on this machine yet, and a user
+    who wrote ``backend="kernelsmith"`` would otherwise never learn that it did nothing. (A graph
+    with no recognized site is only logged, at info: graph breaks make many such small graphs.)"""
+    global _warned_nothing_replaced
+    if not sites:
+        log.info("no op kernelsmith recognizes in this graph: Inductor compiles it alone")
+        return
+    if _warned_nothing_replaced:
+        return
+    _warned_nothing_replaced = True
+    statuses = Counter(site.status for site in sites)
+    found = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
+    families = ", ".join(dict.fromkeys(site.op for site in sites))
+    reasons = {site.status: site.reason for site in reversed(sites) if site.reason}  # the first of each
+    why = "; ".join(f"{status}: {reason}" for status, reason in sorted(reasons.items()) if status != "not tuned")
+    if statuses.get("not tuned"):
+        why = "; ".join(filter(None, [
+            "nothing is tuned for these shapes on this machine: run `kernelsmith optimize` (or "
+            "kernelsmith.optimize_model) first, or pass options={'tune': True} to tune while compiling", why,
+        ]))  # fmt: skip
+    log.warning(
+        "the kernelsmith backend replaced nothing in this graph, which runs on Inductor alone: %d %s (%s) found, "
+        "%s%s (KERNELSMITH_LOG=info shows each site's reason)",
+        len(sites), "site" if len(sites) == 1 else "sites", families, found, f"; {why}" if why else "",
+    )
+
+
 class KernelsmithBackend:
     """A ``torch.compile`` backend; ``torch.compile(model, backend=KernelsmithBackend(...))``.
 
@@ -845,6 +878,7 @@ class KernelsmithBackend:
             why = f" ({site.reason})" if site.reason else ""
             log.info("%s %s: %s%s", site.op, site.spec.describe(), site.status, why)
         if not replaced:
+            _warn_nothing_replaced(graph_sites)
             return self._inductor(gm, example_inputs)
         for site in replaced:
             device = _value(site.output).device

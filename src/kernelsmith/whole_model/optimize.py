@@ -92,8 +92,18 @@ class Workload:
     reason: str = ""
     evaluations: int = 0
     winner: str = ""
-    speedup: float | None = None
+    speedup: float | None = None  # the decision's, over eager PyTorch (None where the baseline was kept)
     seconds: float = 0.0
+    versus: str = ""  # the speedup with its baseline named, or why there is none (kernelsmith.versus)
+
+    def decided(self, winner: str, metrics: dict[str, Any]) -> None:
+        """Take a decision's outcome: no speedup where the baseline was kept, else the stored one
+        (over eager), and the text that names its baseline."""
+        from kernelsmith.versus import speedup_text
+
+        self.winner = winner
+        self.speedup = metrics.get("speedup") if winner == "kernel" else None
+        self.versus = speedup_text(winner, metrics, ci=False)
 
     @property
     def gain(self) -> float:
@@ -412,7 +422,7 @@ def _tune_all(
         stored = None if where.get("force") else _stored(db, mode, w.spec)
         if stored is not None:
             w.status, w.reason = "stored", "decided in the database already"
-            w.winner, w.speedup = stored.winner, stored.metrics.get("speedup")
+            w.decided(stored.winner, stored.metrics)
             continue
         if not stopped and amdahl_gain(min(w.share, 1.0), GAIN_SPEEDUPS[1]) < min_gain:
             stopped = f"returns diminish: the remaining workloads could gain under {100 * (min_gain - 1):.1f}% at 3x"
@@ -462,12 +472,12 @@ def _tune_one(
         stop=lambda: allowance.out_of_time() or watch.exhausted(), **where,
     )
     allowance.spent += result.evaluations
-    w.status, w.evaluations, w.winner = "tuned", result.evaluations, result.winner
-    w.speedup, w.seconds = result.speedup_vs_baseline, time.monotonic() - began
+    w.status, w.evaluations, w.seconds = "tuned", result.evaluations, time.monotonic() - began
+    ci = result.speedup_ci or (None, None)
+    w.decided(result.winner, {"speedup": result.speedup_vs_baseline, "ci_low": ci[0], "ci_high": ci[1]})
     if watch.exhausted():
         w.reason = f"stopped after {patience} evaluations without a 1% better time"
-    speedup = f" {result.speedup_vs_baseline:.2f}x" if result.speedup_vs_baseline else ""
-    tell("tuned", f"{w.spec.describe()}: {result.winner}{speedup}",
+    tell("tuned", f"{w.spec.describe()}: {result.winner}, {w.versus}",
          workload=index, workloads=count, done=result.evaluations, budget=op_budget)
 
 

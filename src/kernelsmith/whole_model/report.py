@@ -23,7 +23,7 @@ be made at any time, on any machine, from a database or an import of one. Four f
     GB/s, % of ceiling, search cost from :mod:`kernelsmith.cost`, failures), then per workload
     its best candidates and its failures by status with the first error of each.
 
-Plots need matplotlib (``pip install 'kernelsmith[report]'``), imported only when plotting;
+Plots need matplotlib (``pip install -e '.[report]'``), imported only when plotting;
 without it the TSV and the Markdown are still written and the report says what to install.
 Both plots show one machine (the ``fingerprint`` asked for, else the GPU fingerprint with the
 most trials): ceilings and throughputs of different machines do not share an axis. Interpreter
@@ -48,11 +48,13 @@ from typing import Any
 
 from kernelsmith.cost import SearchCost, summarize_trials
 from kernelsmith.db import DecisionRecord, Fingerprint, TrialRecord, open_database
+from kernelsmith.extras import install_hint
 from kernelsmith.spec import OpSpec
+from kernelsmith.versus import caption, speedup_text, versus
 
 logger = logging.getLogger(__name__)
 
-REPORT_EXTRA_HINT = "pip install 'kernelsmith[report]'"
+REPORT_EXTRA_HINT = install_hint("report")
 INTERPRETER_NOTE = "interpreter: host-clock timings of the Triton interpreter, not GPU performance"
 TSV_COLUMNS = (
     "order", "eval_index", "op", "workload", "inputs", "variant", "config", "status", "outcome", "winner",
@@ -445,7 +447,8 @@ def plot_progress(data: ReportData, path: Path) -> Path:
         )  # fmt: skip
         baselines = sorted(r.baseline_gbps for r in w.rows if r.baseline_gbps)
         if baselines:
-            ax.axhline(baselines[len(baselines) // 2], color="tab:blue", linestyle="--", linewidth=1, label="baseline")
+            ax.axhline(baselines[len(baselines) // 2], color="tab:blue", linestyle="--", linewidth=1,
+                       label="baseline (eager)")  # fmt: skip
         if w.copy_gbps:
             ax.axhline(w.copy_gbps, color="black", linestyle=":", linewidth=1, label="copy ceiling")
         ax.set_ylim(bottom=0)
@@ -476,7 +479,7 @@ def plot_roofline(data: ReportData, path: Path) -> Path:
     left.barh([y + 0.2 for y in ys], [w.figure("gbps") or 0.0 for w in tuned], height=0.4, color="tab:green",
               label="kernelsmith (winner or best candidate)")  # fmt: skip
     left.barh([y - 0.2 for y in ys], [w.figure("baseline_gbps") or 0.0 for w in tuned], height=0.4,
-              color="tab:blue", label="baseline")  # fmt: skip
+              color="tab:blue", label="baseline (eager PyTorch)")  # fmt: skip
     if copy:
         left.axvline(copy, color="black", linestyle=":", label=f"measured copy bandwidth {copy:,.0f} GB/s")
     left.set_yticks(ys, labels, fontsize=7)
@@ -509,7 +512,7 @@ def plot_roofline(data: ReportData, path: Path) -> Path:
         right.text(0.5, 0.5, "no tuned op with a FLOP count", ha="center", va="center", transform=right.transAxes)
     right.set_xlabel("arithmetic intensity (FLOP/byte)")
     right.set_ylabel("achieved FLOP/s")
-    right.set_title("roofline (green: kernelsmith, blue: baseline)", fontsize=10)
+    right.set_title("roofline (green: kernelsmith, blue: eager PyTorch)", fontsize=10)
     mode = next((w.mode for w in tuned), "")
     suffix = f" ({INTERPRETER_NOTE})" if mode == "interpreter" else ("" if copy else " (no measured ceiling)")
     fig.suptitle(_short(f"tuned ops on {_machine(data, fp)}{suffix}", 160), fontsize=10)
@@ -546,12 +549,16 @@ def _winner_text(w: WorkloadSummary) -> str:
 
 
 def _speedup_text(w: WorkloadSummary) -> str:
-    speedup = w.figure("speedup")
-    if speedup is None:
+    """The decision's speedup with its baseline named, or "none" where the baseline was kept
+    (:mod:`kernelsmith.versus`)."""
+    if w.decision is None:
         return "-"
-    low, high = w.figure("ci_low"), w.figure("ci_high")
-    ci = f" ({low:.3f}-{high:.3f})" if low is not None and high is not None else ""
-    return f"{speedup:.3f}x{ci}"
+    return speedup_text(w.decision.winner, w.decision.metrics, 3)
+
+
+def baseline_caption(data: ReportData) -> str:
+    """Which baselines the report's speedups are against (:func:`kernelsmith.versus.caption`)."""
+    return caption([versus(w.decision.winner, w.decision.metrics) for w in data.workloads if w.decision])
 
 
 def render_markdown(data: ReportData, files: dict[str, Path], notes: Sequence[str] = ()) -> str:
@@ -580,10 +587,14 @@ def render_markdown(data: ReportData, files: dict[str, Path], notes: Sequence[st
         "",
         "## Workloads",
         "",
-        "Speedup: the final paired re-timing against the baseline, median of the round-by-round ratios with its "
-        "95% bootstrap interval. % of ceiling: achieved GB/s over the machine's measured copy bandwidth.",
+        "Speedup: the final paired re-timing against the baseline named beside it, median of the round-by-round "
+        "ratios with its 95% bootstrap interval; none where the baseline was kept (nothing replaces it). The "
+        "tuner times each candidate beside the op's PyTorch reference run eagerly; where a workload has no "
+        "torch.compile time, its speedup says so. % of ceiling: achieved GB/s over the machine's measured copy "
+        "bandwidth.",
         "",
-        "| op | inputs | machine | winner | speedup (95% CI) | time vs baseline (us) | GB/s | % of ceiling "
+        *([f"> {baseline_caption(data)}.", ""] if baseline_caption(data) else []),
+        "| op | inputs | machine | winner | speedup (95% CI) | time vs eager (us) | GB/s | % of ceiling "
         "| TFLOP/s | trials | failures | search cost |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -600,7 +611,7 @@ def render_markdown(data: ReportData, files: dict[str, Path], notes: Sequence[st
         lines += [
             "",
             f"- winner: {_winner_text(w)}",
-            f"- speedup over the baseline: {_speedup_text(w)}",
+            f"- speedup: {_speedup_text(w)}",
             f"- achieved: {_fmt(w.figure('gbps'))} GB/s"
             + (
                 f", {_fmt(w.figure('pct_of_copy_bandwidth'))}% of the measured copy bandwidth"
@@ -615,7 +626,7 @@ def render_markdown(data: ReportData, files: dict[str, Path], notes: Sequence[st
             lines.append(f"- note: {note}")
         ok = sorted((r for r in w.rows if r.time_us is not None), key=lambda r: r.time_us or 0.0)[:TOP_CANDIDATES]
         if ok:
-            lines += ["", "| # | variant | config | time (us) | baseline (us) | speedup | GB/s | outcome |",
+            lines += ["", "| # | variant | config | time (us) | eager (us) | vs eager | GB/s | outcome |",
                       "|---|---|---|---|---|---|---|---|"]  # fmt: skip
             for r in ok:
                 lines.append(

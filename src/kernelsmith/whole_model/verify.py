@@ -42,13 +42,18 @@ Three questions, one module:
 3. **Is it faster?** :func:`time_models` times several callables on the same inputs in one run,
    in interleaved rounds (every variant once per round, in rotating order, so clock and thermal
    drift fall on all alike): CUDA events around each forward (or forward and backward) on a GPU,
-   the host clock on a CPU, where the result carries :data:`NO_GPU_NOTE`. The speedups of the
-   optimized model over eager and over Inductor come with the paired confidence interval of
-   :func:`kernelsmith.decide.compare`.
+   the host clock on a CPU, where the result carries :data:`NO_GPU_NOTE`. The optimized model's
+   speedup is reported over the best existing path the user would otherwise run, torch.compile
+   (Inductor), and over eager, each the median of the round-by-round ratios with a 95% interval
+   that means what it says (:func:`paired_speedup`: distribution-free, from order statistics, none
+   with too few rounds, and "unresolved" when it spans more than :data:`RESOLVED_SPREAD`). Where
+   the kernelsmith backend replaced nothing (:func:`replaced_families`), the optimized model *is*
+   torch.compile, and there is no kernelsmith speedup to report.
 
-The optimized model under test is, by default, ``torch.compile(model, backend="kernelsmith")``
-when that backend is registered (:func:`kernelsmith_backend_available`: the package's
-``torch_dynamo_backends`` entry point), else the backend function imported from this checkout,
+The optimized model under test is, by default, ``torch.compile(model, backend=KernelsmithBackend())``
+(what ``backend="kernelsmith"`` runs, as one instance whose sites can be read afterwards), else the
+backend registered as ``"kernelsmith"`` (:func:`kernelsmith_backend_available`: the package's
+``torch_dynamo_backends`` entry point) or the backend function imported from this checkout,
 else ``torch.compile(model)`` (Inductor) with a note saying so (:func:`optimized_model`). Any
 callable can be passed instead, which is how the tests plant wrong models.
 
@@ -67,7 +72,9 @@ import copy
 import logging
 import math
 import os
+import statistics
 import time
+import weakref
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -142,6 +149,12 @@ def optimized_model(
     to Inductor, saying so. ``options`` go to the kernelsmith backend (``{"db": "runs.db"}``).
     """
     note = ""
+    if backend in (None, BACKEND_NAME):
+        instance = _backend_instance(options)
+        if instance is not None:
+            compiled = torch.compile(model, backend=instance)
+            _BACKENDS[compiled] = instance
+            return compiled, BACKEND_NAME, note
     chosen: str | Callable[..., Any] = backend or BACKEND_NAME
     if backend is None and not kernelsmith_backend_available():
         function = _backend_function()
@@ -158,6 +171,36 @@ def optimized_model(
     if name == BACKEND_NAME and options:
         return torch.compile(model, backend=chosen, options=options), name, note
     return torch.compile(model, backend=chosen), name, note
+
+
+# The backend instance each optimized model of :func:`optimized_model` was compiled with, so that
+# :func:`replaced_families` can say what it replaced (weak: a model's lifetime is the caller's).
+_BACKENDS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _backend_instance(options: dict[str, Any] | None) -> Any:
+    """``kernelsmith.frontends.backend.backend(**options)``, or None where that module is missing."""
+    import importlib
+
+    try:
+        make = getattr(importlib.import_module(BACKEND_MODULE), "backend", None)
+    except ImportError:
+        return None
+    return None if make is None else make(**(options or {}))
+
+
+def replaced_families(optimized: Callable[..., Any]) -> list[str] | None:
+    """The op families the kernelsmith backend replaced in ``optimized`` (a model of
+    :func:`optimized_model`, after it ran), in graph order; None when that is not known (another
+    backend, or a callable from elsewhere). An empty list means the backend replaced nothing:
+    the optimized model is Inductor alone."""
+    try:
+        backend = _BACKENDS.get(optimized)
+    except TypeError:  # not weakly referenceable: not one of ours
+        return None
+    if backend is None:
+        return None
+    return list(dict.fromkeys(site.op for site in backend.sites if site.status == "replaced"))
 
 
 ListFn = Callable[[nn.Module, Sequence[Any]], Sequence[str]]
@@ -301,9 +344,9 @@ class TimingRow:
 
 @dataclass
 class TimingResult:
-    """:func:`time_models`'s rows, the optimized model's paired speedups with their 95% interval
-    (``{"eager": {...}, "inductor": {...}}``, the fields of :class:`kernelsmith.decide.Comparison`),
-    the timer used and, on a CPU, :data:`NO_GPU_NOTE`."""
+    """:func:`time_models`'s rows, the optimized model's paired speedups (``{"eager": {...},
+    "inductor": {...}}``, each :func:`paired_speedup`'s fields), the timer used and, on a CPU,
+    :data:`NO_GPU_NOTE`."""
 
     rows: list[TimingRow]
     timer: str
@@ -769,7 +812,6 @@ def time_models(
     variant whose paired speedups over ``eager`` and ``inductor`` (when present) are reported.
     ``warmup`` calls of each come first (compilation happens there).
     """
-    from kernelsmith.decide import compare
     from kernelsmith.evaluate.timing import summarize
 
     if rounds < 1 or warmup < 0:
@@ -815,9 +857,7 @@ def time_models(
         mine = samples[names.index(optimized)]
         for other in (names[0], "inductor"):
             if other in names and other != optimized:
-                comparisons[other] = compare(mine, samples[names.index(other)]).to_dict()
-    for key, value in comparisons.items():  # NaN (too few rounds) is not JSON
-        comparisons[key] = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in value.items()}
+                comparisons[other] = paired_speedup(mine, samples[names.index(other)])
     return TimingResult(
         rows,
         timer="cuda-events" if on_gpu else "host-clock",
@@ -826,6 +866,61 @@ def time_models(
         comparisons=comparisons,
         note="" if on_gpu else NO_GPU_NOTE,
     )
+
+
+# A speedup whose 95% interval spans more than this factor (high / low) is not stated: the rounds
+# disagree too much for one number to mean anything (a loaded machine, a stall in one round).
+RESOLVED_SPREAD = 1.5
+CONFIDENCE = 0.95
+
+
+def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """A distribution-free ``confidence`` interval for the median of ``values``: the order
+    statistics ``(x_(k), x_(n+1-k))`` with the largest ``k`` whose coverage, from the binomial
+    distribution of how many values fall below the median, is at least ``confidence``. None when
+    there are too few values for any such interval (fewer than 6 at 95%).
+
+    Why not the bootstrap of :func:`kernelsmith.decide.compare`: over the 5-20 rounds a whole
+    model is timed for, the bootstrap of a median returns about the smallest and largest ratio
+    whatever the confidence asked, which is how one stalled round once printed an interval of
+    1.77-236.5; this interval's coverage is exact for any distribution, and it says when the
+    rounds cannot support one.
+
+    >>> median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) is None
+    True
+    >>> median_interval([float(i) for i in range(1, 21)])
+    (6.0, 15.0)
+    """
+    n = len(values)
+    ordered = sorted(values)
+    tail = (1.0 - confidence) / 2.0
+    k, below = 0, 0.0  # below: P(Binomial(n, 1/2) <= k - 1), the chance x_(k) is above the median
+    while k < n // 2:
+        step = below + math.comb(n, k) / 2.0**n
+        if step > tail:
+            break
+        below, k = step, k + 1
+    if k == 0:
+        return None
+    return ordered[k - 1], ordered[n - k]
+
+
+def paired_speedup(candidate: Sequence[float], reference: Sequence[float]) -> dict[str, Any]:
+    """The candidate's speedup over the reference from paired rounds (``reference[i] /
+    candidate[i]``): the median ratio, its 95% :func:`median_interval` (None with too few rounds),
+    ``significant`` (the interval is above 1), ``resolved`` (an interval exists and spans at most
+    :data:`RESOLVED_SPREAD`) and the rounds used."""
+    ratios = [r / c for c, r in zip(candidate, reference, strict=False) if c > 0 and r > 0]
+    interval = median_interval(ratios)
+    low, high = interval if interval is not None else (None, None)
+    return {
+        "speedup": statistics.median(ratios) if ratios else None,
+        "ci_low": low,
+        "ci_high": high,
+        "significant": low is not None and low > 1.0,
+        "resolved": low is not None and high is not None and high <= RESOLVED_SPREAD * low,
+        "rounds": len(ratios),
+    }
 
 
 def forward_runner(fn: Callable[..., Any], inputs: Sequence[Any], *, train: bool = False) -> Callable[[], Any]:
