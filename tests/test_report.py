@@ -240,3 +240,24 @@ def test_report_of_a_real_interpreter_tune(tmp_path):
     assert len(rows) == result.evaluations == 2
     assert {r["op"] for r in rows} == {"softmax"} and all(r["mode"] == "interpreter" for r in rows)
     assert SMALL_SOFTMAX.workload_hash in report.files["report.md"].read_text()
+
+
+def test_speedups_name_their_baseline(filled_db, tmp_path):
+    """Every decision measured vs eager says torch.compile was not measured; a record that holds a
+    torch.compile time is shown against torch.compile first; a kept baseline shows no speedup."""
+    path, _ = filled_db
+    text = write_report(path, tmp_path / "eager", plots=False).files["report.md"].read_text()
+    assert "> speedups are against eager PyTorch; torch.compile not measured for these workloads." in text
+    assert "- speedup: none: the baseline (eager PyTorch) is kept" in text  # softmax: nothing replaced
+    with open_database(path) as db:
+        rms = next(d for d in db.decisions() if d.op == "rmsnorm")
+        db.put_decision(DecisionRecord(
+            rms.fingerprint, rms.workload, rms.op, rms.spec, rms.winner, rms.variant, rms.source_hash, rms.config,
+            metrics={**rms.metrics, "compile_median_us": 46.2},  # Inductor's kernel, nearly as fast
+        ))  # fmt: skip
+    measured = write_report(path, tmp_path / "compile", plots=False).files["report.md"].read_text()
+    assert "1.050x vs torch.compile; 10.000x vs eager" in measured
+    assert "torch.compile where it was measured" not in measured  # only one kernel decision, and it was
+    table = CliRunner().invoke(app, ["report", "--db", path, "--out", str(tmp_path / "cli"), "--no-plots"],
+                               env={"COLUMNS": "200"})  # fmt: skip
+    assert "1.050x vs torch.compile" in table.output and "speedups are against torch.compile" in table.output

@@ -340,7 +340,7 @@ def _time(
 def _print(report: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from kernelsmith.cli.common import err, fmt, out
+    from kernelsmith.cli.common import add_column, err, fmt, out
 
     result = report["verify"]
     checks = result["checks"]
@@ -354,8 +354,10 @@ def _print(report: dict[str, Any]) -> None:
     )
     if failed:
         table = Table(title=f"{len(failed)} failed checks")
-        for column in ("seed", "kind", "tensor", "rel L2", "original's", "reason"):
-            table.add_column(column)
+        kinds = {"seed": "number", "kind": "id", "tensor": "key", "rel L2": "number", "original's": "number",
+                 "reason": "text"}  # fmt: skip
+        for column, kind in kinds.items():
+            add_column(table, column, kind)
         for c in failed[:20]:
             table.add_row(
                 str(c["seed"]),
@@ -369,8 +371,8 @@ def _print(report: dict[str, Any]) -> None:
     diagnosis = report.get("diagnosis")
     if diagnosis is not None:
         table = Table(title="diagnosis: replacements enabled one at a time")
-        for column in ("enabled", "result", "detail"):
-            table.add_column(column)
+        for column, kind in {"enabled": "key", "result": "id", "detail": "text"}.items():
+            add_column(table, column, kind)
         for step in diagnosis["steps"]:
             table.add_row(", ".join(step["enabled"]) or "(none)", "ok" if step["ok"] else "FAIL", step["detail"][:100])
         out.print(table)
