@@ -263,6 +263,28 @@ def test_weight_cast_look_alikes_are_refused(fn, reason):
     _refused(fn, (_x(dtype=torch.bfloat16), (1.0 + _w()).to(torch.bfloat16)), reason=reason)
 
 
+def test_weight_upcasting_norms_are_served_through_the_decorator(db, monkeypatch):
+    pytest.importorskip("transformers")
+    from transformers.models.cohere.modeling_cohere import CohereLayerNorm
+
+    monkeypatch.setenv("KERNELSMITH_INTERPRET", "1")
+    x, w = _x(dtype=torch.bfloat16), (1.0 + _w()).to(torch.bfloat16)
+    cohere = CohereLayerNorm(N).to(torch.bfloat16)
+    with torch.no_grad():
+        cohere.weight.copy_(w)
+    store_decision(db, get_op("rmsnorm").spec_for(x, w, eps=EPS))
+    layernorm = get_op("layernorm")
+    store_decision(db, layernorm.spec_for(x, w, eps=1e-5, affine="weight"), variant=layernorm.variants[0].name)
+    for fn, args in [(rms_weight_upcast, (x, w)), (cohere, (x,))]:
+        optimized = kernelsmith.optimize(fn, mode="db", db=db)
+        with torch.no_grad():
+            optimized(*args)
+            served = optimized(*args)
+            expected = fn(*args)
+        assert optimized.kernelsmith.stats["kernel_calls"] == 1, optimized.kernelsmith.reasons
+        torch.testing.assert_close(served, expected, rtol=1e-2, atol=1e-2)
+
+
 def test_the_backend_finds_weight_upcasting_norms():
     pytest.importorskip("transformers")
     from transformers.models.cohere.modeling_cohere import CohereLayerNorm
@@ -340,6 +362,15 @@ def test_cross_entropy_of_viewed_logits_is_served_through_the_decorator(db, monk
         served = fn(logits, labels)
     assert fn.kernelsmith.stats["kernel_calls"] == 1, fn.kernelsmith.reasons
     torch.testing.assert_close(served, ce_viewed(logits, labels), rtol=1e-5, atol=1e-5)
+
+
+def test_the_backend_finds_cross_entropy_of_viewed_logits():
+    torch._dynamo.reset()
+    logits = _x((2, 8, V), torch.bfloat16)
+    labels = torch.randint(0, V, (2, 8), generator=torch.Generator().manual_seed(3))
+    (site,) = discover(ce_viewed, logits, labels)
+    assert site.op == "cross_entropy" and [i.reshape for i in site.inputs] == [(16, V), (16,)]
+    assert site.spec.describe().startswith("cross_entropy(16x50:bfloat16, 16:int64")
 
 
 # ---------------------------------------------------------------------------------------------
