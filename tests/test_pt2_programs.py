@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 
 import pytest
 import torch
@@ -220,3 +221,20 @@ def test_a_first_call_that_tunes_says_so_and_shows_progress_in_a_terminal(db, mo
         fn(torch.randn(5, WIDTH))
     assert any("tuning softmax" in r.getMessage() and "waits" in r.getMessage() for r in caplog.records)
     assert screen.getvalue().endswith("2/2 candidates\n") and "1/2 candidates" in screen.getvalue()
+
+
+def test_carried_decisions_are_read_field_by_field():
+    family = get_op("softmax")
+    spec = family.spec_for(torch.randn(8, WIDTH))
+    variant = family.variants[0]
+    record = dispatch.DecisionRecord("fp", spec.workload_hash, "softmax", spec.to_dict(), "kernel", variant.name,
+                                     variant.source_hash, {"num_warps": 4})
+    text = dispatch.encode_decisions([record], "gpu")
+    (carried,) = dispatch.parse_decisions(text).values()
+    assert (carried.variant, carried.config, carried.source_hash) == (variant.name, {"num_warps": 4},
+                                                                      variant.source_hash)
+    assert dispatch.encode_decisions([replace(record, winner="baseline")], "gpu") == ""
+    forged = text.replace('"num_warps":4', '"num_warps":{"__reduce__":"os.system"}')
+    assert dispatch.parse_decisions(forged) == {}  # a config value that is not a plain number or name
+    assert dispatch.parse_decisions("not json") == {}
+    assert dispatch.parse_decisions('{"kernelsmith_decisions": 99, "entries": []}') == {}

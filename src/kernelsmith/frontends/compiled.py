@@ -73,11 +73,16 @@ def register(state: Optimized) -> str:
     return serial
 
 
+# torch's one-call test for "any autocast region is on" (every supported torch has it; a torch
+# without it is asked per device).
+_ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
 def autocast_state() -> tuple[tuple[str, torch.dtype], ...]:
     """The autocast regions this thread is in, with their dtypes (empty when none): part of a
-    call's key, since autocast changes what the user's function computes."""
-    any_enabled = getattr(torch._C, "_is_any_autocast_enabled", None)
-    if any_enabled is not None and not any_enabled():
+    call's key, since autocast changes what the user's function computes. The common case, no
+    autocast, is one C call (this runs on every decorated call)."""
+    if not _ANY_AUTOCAST():
         return ()
     return tuple(
         (device, torch.get_autocast_dtype(device)) for device in ("cuda", "cpu") if torch.is_autocast_enabled(device)
