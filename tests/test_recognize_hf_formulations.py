@@ -615,6 +615,35 @@ def test_softmax_with_a_temperature_is_refused_by_name(fn):
     assert "temperature" in rec.reason
 
 
+@pytest.mark.parametrize(
+    ("fn", "scale"),
+    [
+        (lambda x: torch.softmax(x / 0.5, dim=-1), 2.0),
+        (lambda x: F.softmax(0.25 * x, dim=-1), 0.25),
+        (lambda x: F.softmax(x.float() / 0.5, dim=-1).to(x.dtype), 2.0),
+    ],
+    ids=["div", "mul", "upcast"],
+)
+def test_softmax_with_a_temperature_matches_with_a_scale(fn, scale, monkeypatch):
+    """The pattern's side, with the softmax family as if it took ``scale``."""
+    from kernelsmith.frontends.patterns import softmax as softmax_pattern
+
+    monkeypatch.setattr(softmax_pattern, "_scale_unsupported", lambda: None)
+    match = _matched(fn, (_x(dtype=torch.bfloat16),))
+    assert (match.op, match.constants) == ("softmax", {"dim": -1, "scale": scale})
+    _refused(lambda x: torch.softmax(x * 0.0, dim=-1), (_x(),), reason="not a finite non-zero")
+    _refused(lambda x: torch.softmax(x / 0.5, dim=0), (_x(),), reason="not the last dim")
+    _refused(lambda x: torch.softmax(x / 0.5, dim=-1) * 2.0, (_x(),), reason="after the softmax")
+
+
+def test_a_temperature_inside_the_explicit_softmax_is_refused():
+    def f(x):
+        e = torch.exp(x / 0.5 - (x / 0.5).amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True)
+
+    _refused(f, (_x(),), reason="explicit softmax of x scaled")
+
+
 def test_softmax_of_a_tensor_scale_is_no_temperature():
     # A scale from a tensor is a computed input like any other, not a constant the family could take.
     _refused(lambda x, t: torch.softmax(x / t, dim=-1), (_x(), torch.tensor(0.7)), reason="not an input tensor")

@@ -21,14 +21,18 @@ keepdim, ``log_softmax``, an output dtype other than ``x``'s (``softmax(x, -1,
 dtype=torch.float32)`` of a bfloat16 ``x`` returns float32: a different function), a
 computation in a lower precision than ``x`` then cast back, the max's indices, and anything
 computed besides the op (``softmax(x) * 2``), and a temperature (``softmax(x / t, -1)``,
-``softmax(x * s, -1)`` for a constant ``t`` or ``s``): the family has no scale constant yet, and
-the refusal says so. (Under ``torch.compile`` the backend still serves the softmax behind such a
-scaling: Inductor computes ``x / t`` and the region that is only the softmax matches.)
+``softmax(x * s, -1)`` for a Python number ``t`` or ``s``, also on ``x.float()``) until the
+softmax family takes a ``scale`` constant: the pattern recognizes it and says so; once the family
+takes it, the match carries ``scale`` (``1 / t``) and the kernels scale in float32. (Under
+``torch.compile`` the backend already serves the softmax behind such a scaling: Inductor computes
+``x / t`` and the region that is only the softmax matches.) A temperature inside the explicit
+form, ``exp(x / t - max(x / t))``, is refused.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 
@@ -64,8 +68,14 @@ def match(graph: Graph) -> Match | None:
         node = inner
     if node.kind is Kind.LOG_SOFTMAX:
         raise NoMatch("log_softmax is not softmax")
+    scale: float | None = None
     if node.kind is Kind.SOFTMAX:
-        x, casts = _source(graph, node.inputs[0])
+        value = node.inputs[0]
+        temperature = _temperature(graph, graph.producer(value))
+        if temperature is not None:  # softmax(x / t): the scale 1 / t, a constant of the family
+            scale, scale_node, value = temperature
+            used.append(scale_node)
+        x, casts = _source(graph, value)
         if node.params["dim"] != x.ndim - 1:
             raise NoMatch(f"softmax over dim {node.params['dim']} of a {x.ndim}-D tensor, not the last dim")
         used += [node, *casts]
@@ -83,7 +93,26 @@ def match(graph: Graph) -> Match | None:
         raise NoMatch(f"the output has shape {out.shape}, but x has {x.shape}")
     x_ref = input_ref(x, "input x")
     require_only(graph, used, OP)
-    return Match(OP, (x_ref,), {"dim": -1})
+    if scale is None:
+        return Match(OP, (x_ref,), {"dim": -1})
+    missing = _scale_unsupported()
+    if missing:
+        raise NoMatch(
+            f"softmax of x scaled by a constant ({scale:g}, a temperature): the softmax family has no scale "
+            f"constant to fold it into the kernel yet ({missing})"
+        )
+    return Match(OP, (x_ref,), {"dim": -1, "scale": scale})
+
+
+def _scale_unsupported() -> str | None:
+    """None when the softmax family takes a ``scale`` constant, else its refusal."""
+    from kernelsmith.ops import UnsupportedWorkload, get_op
+
+    try:
+        get_op(OP).spec((1, 8), "float32", dim=-1, scale=0.5)
+    except (UnsupportedWorkload, TypeError) as exc:
+        return str(exc)
+    return None
 
 
 def _source(graph: Graph, value: Value) -> tuple[TensorValue, list[Node]]:
@@ -95,29 +124,34 @@ def _source(graph: Graph, value: Value) -> tuple[TensorValue, list[Node]]:
         value = cast.inputs[0]
     if not isinstance(value, TensorValue) or graph.producer(value) is not None:
         node = graph.producer(value)
-        _refuse_temperature(graph, node)
+        if _temperature(graph, node) is not None:  # inside exp(x / t - max(x / t)): not followed
+            raise NoMatch("the explicit softmax of x scaled by a constant (a temperature) is not recognized")
         what = node.name if node is not None else repr(getattr(value, "value", value))
         raise NoMatch(f"the softmax input is computed by {what}, not an input tensor")
     return value, [cast] if cast is not None else []
 
 
-def _refuse_temperature(graph: Graph, node: Node | None) -> None:
-    """NoMatch naming the missing constant for ``softmax(x / t)`` or ``softmax(x * s)`` with a
-    constant ``t`` or ``s`` (a temperature): the softmax family has no scale constant yet, and
-    scaling ``x`` into a new tensor before the kernel would allocate and read it on every call."""
+def _temperature(graph: Graph, node: Node | None) -> tuple[float, Node, Value] | None:
+    """``(scale, node, x)`` for ``x / t`` (scale ``1 / t``) or ``x * s`` with a finite non-zero
+    constant ``t`` or ``s`` (a temperature); None for anything else. The family's kernels would
+    multiply by the scale in float32; scaling ``x`` into a new tensor before them would allocate
+    and read it on every call."""
     if node is None or node.kind not in (Kind.DIV, Kind.MUL):
-        return
+        return None
     numbers = [constant_number(graph, v) for v in node.inputs]
     if node.kind is Kind.DIV and numbers[1] is not None and numbers[0] is None:
-        scale = f"1/{numbers[1][0]:g}"
+        divisor, scaled = numbers[1][0], node.inputs[0]
+        scale = 1.0 / divisor if divisor != 0.0 else math.inf
     elif node.kind is Kind.MUL and (numbers[0] is None) != (numbers[1] is None):
-        scale = f"{next(n for n in numbers if n is not None)[0]:g}"
+        scale = next(n for n in numbers if n is not None)[0]
+        scaled = node.inputs[0] if numbers[0] is None else node.inputs[1]
     else:
-        return
-    raise NoMatch(
-        f"softmax of x scaled by a constant ({scale}, a temperature): the softmax family has no scale "
-        f"constant to fold it into the kernel yet"
-    )
+        return None
+    if any(n is not None and n[1] is not None for n in numbers):
+        return None  # torch.tensor(t) made in the function: a computation the op would not cover
+    if not math.isfinite(scale) or scale == 0.0:
+        raise NoMatch(f"softmax of x scaled by {scale:g}: not a finite non-zero temperature")
+    return scale, node, scaled
 
 
 def _explicit(graph: Graph, div: Node) -> tuple[TensorValue, list[Node]]:
