@@ -15,10 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernelsmith.db import DecisionRecord, current_fingerprint, open_database
 from kernelsmith.frontends import backend as ks_backend
 from kernelsmith.models import get_model
-from kernelsmith.ops import get_op
+from kernelsmith.testing.decisions import store_kernel_decisions
 from kernelsmith.whole_model import decode
 from test_backend import kernel_ops, record_inductor, spy_runners
 
@@ -26,18 +25,7 @@ BATCH, PROMPT, NEW = 2, 6, 4
 
 
 def store_winners(db: str, sites) -> None:
-    """A "kernel" decision for each site's bucket: the first variant with a config there (the
-    interpreter never wins on time, so winners are stored as a GPU run would have)."""
-    fp = current_fingerprint("interpreter")
-    with open_database(db) as database:
-        database.put_fingerprint(fp)
-        for site in sites:
-            family = get_op(site.op)
-            bucket = family.bucket(site.spec)
-            variant, configs = next((v, c) for v in family.variants if (c := v.space(bucket).configs()))
-            database.put_decision(DecisionRecord(
-                fp.hash, bucket.workload_hash, site.op, bucket.to_dict(), "kernel", variant.name, variant.source_hash,
-                configs[0].to_dict(), {"speedup": 1.5}))  # fmt: skip
+    store_kernel_decisions(db, [s.spec for s in sites])
 
 
 def decode_sites(fn, *inputs) -> list[ks_backend.Site]:
@@ -140,7 +128,7 @@ def test_a_served_decode_step_generates_eager_tokens_on_a_ragged_batch(llama, se
     assert [r.name for r in report.rows] == ["eager", "kernelsmith"]
     assert report.rows[1].same_tokens and report.rows[1].tokens_per_s > 0
     assert kernel_ops(seen[0]).count("decode_matmul") == 7
-    assert {s.status for s in backend.sites} == {"replaced"}
+    assert {s.status for s in backend.sites} == {"replaced"}, [(s.op, s.status, s.reason) for s in backend.sites]
     assert calls  # the kernels ran (in the interpreter) in every decode step
     assert CPU_NOTE_IN(report)
 

@@ -48,6 +48,7 @@ layout, a non-contiguous input, more than 64 rows) stays the original code. Timi
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -163,7 +164,7 @@ def time_replayed(
     try:
         with torch.no_grad():
             for fn in candidates:
-                graphs.append(_capture(lambda fn=fn: _call(fn, inputs), device)[0])
+                graphs.append(_capture(functools.partial(_call, fn, inputs), device)[0])
     except Exception as exc:  # a graph that cannot be captured is timed as it is called
         log.warning("in context: a candidate cannot be captured as a CUDA graph (%s: %s); timing calls",
                     type(exc).__name__, exc)  # fmt: skip
@@ -288,7 +289,7 @@ class KVCacheLlama(nn.Module):
 
     def __init__(self, model: nn.Module, batch: int, cache_len: int) -> None:
         super().__init__()
-        config = model.config
+        config: Any = model.config
         self.model = model
         self.cache_len = cache_len
         self.head_dim = config.hidden // config.n_heads
@@ -307,7 +308,7 @@ class KVCacheLlama(nn.Module):
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         from kernelsmith.models.llama import apply_rotary_pos_emb, repeat_kv
 
-        model = self.model
+        model: Any = self.model
         b, s = ids.shape
         x = model.embed_tokens(ids)
         cos, sin = model.rotary_emb(x, positions[None, :].expand(b, s))
@@ -656,7 +657,7 @@ def _hf_compile_config(name: str, backend: Any, device: torch.device) -> Any:
     else:
         config = CompileConfig(fullgraph=True, backend=backend, mode="reduce-overhead")
     if device.type != "cuda":
-        config._compile_all_devices = True  # transformers' own switch for compiling off CUDA (tests)
+        config._compile_all_devices = True  # type: ignore[assignment]  # transformers' own switch for compiling off CUDA (tests)
     return config
 
 
@@ -749,7 +750,7 @@ def verify_decode(
     if "eager" not in variants:
         variants.insert(0, "eager")
     variants.sort(key=lambda v: v != "eager")
-    config = model.config  # type: ignore[union-attr]
+    config: Any = model.config
     hf_cache = hf_static_cache_bytes(config, batch, prompt_len + new_tokens, parameter.dtype) if hf else 0
     report = DecodeReport(name, "hf" if hf else "builtin", str(device), str(parameter.dtype).removeprefix("torch."),
                           batch, prompt_len, new_tokens, cache_len, weight_bytes(model), hf_cache,
