@@ -785,8 +785,8 @@ def _warn_nothing_replaced(sites: Sequence[Site]) -> None:
     if not sites:
         log.info("no op kernelsmith recognizes in this graph: Inductor compiles it alone")
         return
-    if _warned_nothing_replaced:
-        return
+    if _warned_nothing_replaced or all(site.status == "no database" for site in sites):
+        return  # a broken database has had its own warning (kernelsmith.db.warn_unusable_database)
     _warned_nothing_replaced = True
     statuses = Counter(site.status for site in sites)
     found = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
