@@ -170,3 +170,29 @@ def test_version_verbose_and_quiet(tuned):
     assert (list(package.handlers), package.level, package.propagate) == before  # logging as it was
     assert "error" in run("-q", "tune", "nosuchop").output  # -q never hides an error
     assert run("-v", "-q", "db", "list").exit_code == 2
+
+
+def test_optimize_report_names_eager_and_prints_no_speedup_when_nothing_was_replaced():
+    from rich.console import Console
+
+    from kernelsmith.cli.optimize import _print_report
+    from kernelsmith.ops import get_op
+    from kernelsmith.whole_model.optimize import Workload
+
+    kept = Workload("rmsnorm", get_op("rmsnorm").spec((64, 1024), "bf16"), (64, 1024))
+    kept.decided("baseline", {"speedup": 0.97})
+    won = Workload("softmax", get_op("softmax").spec((64, 1024), "bf16"), (64, 1024))
+    won.decided("kernel", {"speedup": 1.4, "ci_low": 1.3, "ci_high": 1.5})
+    assert kept.speedup is None and won.speedup == 1.4
+    report = {"model": "m", "mode": "gpu", "workloads": [kept.to_dict(), won.to_dict()], "sites": [],
+              "evaluations": 0, "wall_s": 1.0, "stopped": "", "replaced": 0, "expected_gain": 1.0}  # fmt: skip
+    console = Console(width=200, record=True)
+    _print_report(report, console)
+    text = console.export_text()
+    assert "none: the baseline (eager PyTorch) is kept" in text and "0.97" not in text
+    assert "1.40x vs eager; torch.compile not measured" in text
+    assert "nothing replaced: the compiled model is torch.compile (Inductor) alone" in text
+    assert "expected forward speedup" not in text
+    console = Console(width=200, record=True)
+    _print_report({**report, "replaced": 1, "expected_gain": 1.1}, console)
+    assert "expected forward speedup 1.100x vs eager PyTorch" in console.export_text()
