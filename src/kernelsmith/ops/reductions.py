@@ -68,16 +68,16 @@ configs in all for a 1k-4k wide row, fewer for very narrow or very wide rows, an
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
 import triton
 import triton.language as tl
 
-from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator, rows_and_width
-from kernelsmith.ops._launch import direct_launch
-from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
+from kernelsmith.ops import _rowwise as skeleton
+from kernelsmith.ops._base import OpFamily, UnsupportedWorkload, Variant, generator, rows_and_width
+from kernelsmith.space import Space
 from kernelsmith.spec import OpSpec, TensorSpec
 
 # The reduction kinds, the KIND constexpr of every kernel.
@@ -212,192 +212,45 @@ def _reduce_multi_row_kernel(
 
 
 # =================================================================================================
-# Config spaces and builders
+# Spaces (the launchers are the skeleton's: kernelsmith.ops._rowwise)
 #
-# A build precomputes everything (grid, constexprs, launch options) so that the launcher only
-# takes views, reads a stride and launches. Launchers never allocate: they write into the
-# caller's output. The spaces do not depend on the reduction kind.
+# The spaces do not depend on the reduction kind. At most 64 values a thread (the reductions'
+# register rule): it also bounds the sequential part of a GPU reduction (each thread adds its
+# own values one by one), which is where a float32 sum loses accuracy.
 # =================================================================================================
 
-_WARPS = (1, 2, 4, 8, 16, 32)
-_STAGES = (1, 2, 3)
-_EVICTION = ("", "evict_first")
-_WHOLE_ROW_MAX_BLOCK = 65536  # widest row kept in registers (64 fp32 values a thread at 32 warps)
-_MULTI_ROW_MAX_ELEMENTS = 16384  # register budget of one multi-row block, ROWS * BLOCK_N
-_MULTI_ROWS = (2, 4, 8, 16, 32, 64)
-_LOOPED_BLOCKS = powers_of_two(64, 8192)
-# More fp32 values a thread than this and the compiler starts spilling; it also bounds the
-# sequential part of a GPU reduction (each thread adds its own values one by one), which is
-# where a float32 sum loses accuracy.
-_MAX_PER_THREAD = 64
-
-
-def _warp_constraints(elements: Callable[[Config], int]) -> list[Constraint]:
-    """Warp counts that fit a block of ``elements(config)`` values.
-
-    Warps beyond one value a thread would idle (one warp is always allowed, so tiny rows keep a
-    config); fewer warps than ``elements / (32 * _MAX_PER_THREAD)`` would spill registers and
-    lengthen the sequential part of the reduction.
-    """
-    return [
-        Constraint(
-            "every thread holds at least one value (extra warps would idle)",
-            lambda c: c["num_warps"] == 1 or 32 * c["num_warps"] <= elements(c),
-        ),
-        Constraint(
-            f"at most {_MAX_PER_THREAD} values a thread (more would spill registers)",
-            lambda c: elements(c) <= _MAX_PER_THREAD * 32 * c["num_warps"],
-        ),
-    ]
-
-
-def _checked(space: Space, config: Config) -> None:
-    problems = space.violations(config)
-    if problems:
-        raise ValueError(f"config {config.key} is not in the space: {'; '.join(problems)}")
-
-
-# ---- whole_row -----------------------------------------------------------------------------------
+_MULTI_ROWS = (*skeleton.ROWS_PER_PROGRAM, 64)
 
 
 def _whole_row_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(rows_and_width(spec)[1])
-    # No num_stages: the kernel has no loop, so the pipelining depth could change nothing.
-    return Space(
-        [Param("num_warps", _WARPS), Param("EVICT_X", _EVICTION)],
-        [
-            Constraint(
-                f"the padded row fits in registers (BLOCK_N <= {_WHOLE_ROW_MAX_BLOCK})",
-                lambda c: block_n <= _WHOLE_ROW_MAX_BLOCK,
-            ),
-            *_warp_constraints(lambda c: block_n),
-        ],
-    )
-
-
-def _whole_row_build(kind: int) -> Callable[[OpSpec, Config], Launcher]:
-    def build(spec: OpSpec, config: Config) -> Launcher:
-        _checked(_whole_row_space(spec), config)
-        rows, n = rows_and_width(spec)
-        grid = (rows,)
-        block_n = next_power_of_two(n)
-        num_warps = int(config["num_warps"])
-        evict_x = str(config["EVICT_X"])
-        width = float(n)
-
-        kernel = direct_launch(_reduce_whole_row_kernel, grid)
-
-        def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-            kernel(
-                inputs[0], outputs[0], n, n, width,
-                KIND=kind, BLOCK_N=block_n, EVICT_X=evict_x, num_warps=num_warps,
-            )  # fmt: skip
-
-        return launch
-
-    return build
-
-
-# ---- looped --------------------------------------------------------------------------------------
+    return skeleton.whole_row_space(spec, skeleton.REDUCTION_WARPS)
 
 
 def _looped_space(spec: OpSpec) -> Space:
-    padded = next_power_of_two(rows_and_width(spec)[1])
-    return Space(
-        [Param("BLOCK_N", _LOOPED_BLOCKS), Param("num_warps", _WARPS), Param("num_stages", _STAGES)],
-        [
-            # A block as wide as the padded row is whole_row with a loop around it; the smallest
-            # block is always allowed, so that even a 1-column row has a config.
-            Constraint(
-                "BLOCK_N is narrower than the padded row (or the smallest block)",
-                lambda c: c["BLOCK_N"] < padded or c["BLOCK_N"] == _LOOPED_BLOCKS[0],
-            ),
-            *_warp_constraints(lambda c: c["BLOCK_N"]),
-        ],
-    )
-
-
-def _looped_build(kind: int) -> Callable[[OpSpec, Config], Launcher]:
-    def build(spec: OpSpec, config: Config) -> Launcher:
-        _checked(_looped_space(spec), config)
-        rows, n = rows_and_width(spec)
-        grid = (rows,)
-        block_n, num_warps, num_stages = int(config["BLOCK_N"]), int(config["num_warps"]), int(config["num_stages"])
-        width = float(n)
-
-        kernel = direct_launch(_reduce_looped_kernel, grid)
-
-        def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-            kernel(
-                inputs[0], outputs[0], n, n, width,
-                KIND=kind, BLOCK_N=block_n, NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages,
-            )  # fmt: skip
-
-        return launch
-
-    return build
-
-
-# ---- multi_row -----------------------------------------------------------------------------------
+    return skeleton.looped_space(spec, skeleton.REDUCTION_WARPS)
 
 
 def _multi_row_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(rows_and_width(spec)[1])
-    # No num_stages: no loop to pipeline (see whole_row).
-    return Space(
-        [Param("ROWS", _MULTI_ROWS), Param("num_warps", _WARPS)],
-        [
-            Constraint(
-                f"the [ROWS, BLOCK_N] block fits the register budget ({_MULTI_ROW_MAX_ELEMENTS})",
-                lambda c: c["ROWS"] * block_n <= _MULTI_ROW_MAX_ELEMENTS,
-            ),
-            *_warp_constraints(lambda c: c["ROWS"] * block_n),
-        ],
-    )
+    return skeleton.multi_row_space(spec, skeleton.REDUCTION_WARPS, rows=_MULTI_ROWS)
 
 
-def _multi_row_build(kind: int) -> Callable[[OpSpec, Config], Launcher]:
-    def build(spec: OpSpec, config: Config) -> Launcher:
-        _checked(_multi_row_space(spec), config)
-        rows, n = rows_and_width(spec)
-        block_rows, num_warps = int(config["ROWS"]), int(config["num_warps"])
-        grid = (triton.cdiv(rows, block_rows),)
-        block_n = next_power_of_two(n)
-        width = float(n)
-
-        kernel = direct_launch(_reduce_multi_row_kernel, grid)
-
-        def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-            kernel(
-                inputs[0], outputs[0], n, rows, n, width,
-                KIND=kind, ROWS=block_rows, BLOCK_N=block_n, num_warps=num_warps,
-            )  # fmt: skip
-
-        return launch
-
-    return build
+def _width(spec: OpSpec) -> tuple[float]:
+    """The kernels' scalar after N: N as a float, the divisor of the mean."""
+    return (float(rows_and_width(spec)[1]),)
 
 
 def _variants(kind: int) -> tuple[Variant, ...]:
+    # x is the one row-strided tensor (the output is a vector of the rows' results).
     return (
-        Variant(
-            "whole_row",
-            "one program per row, the whole row in registers",
-            _whole_row_space,
-            _whole_row_build(kind),
-        ),
-        Variant(
-            "looped",
-            "one program per row, walked in BLOCK_N-column blocks with a per-lane running accumulator (any width)",
-            _looped_space,
-            _looped_build(kind),
-        ),
-        Variant(
-            "multi_row",
-            "ROWS rows per program as one [ROWS, BLOCK_N] block (narrow rows)",
-            _multi_row_space,
-            _multi_row_build(kind),
-        ),
+        skeleton.variant(__name__, "whole_row", "one program per row, the whole row in registers",
+                         _whole_row_space, _reduce_whole_row_kernel, strides=1, scalars=_width, KIND=kind),
+        skeleton.variant(__name__, "looped",
+                         "one program per row, walked in BLOCK_N-column blocks with a per-lane running "
+                         "accumulator (any width)",
+                         _looped_space, _reduce_looped_kernel, strides=1, scalars=_width, pipelined=True,
+                         KIND=kind),
+        skeleton.variant(__name__, "multi_row", "ROWS rows per program as one [ROWS, BLOCK_N] block (narrow rows)",
+                         _multi_row_space, _reduce_multi_row_kernel, strides=1, scalars=_width, KIND=kind),
     )
 
 

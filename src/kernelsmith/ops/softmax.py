@@ -52,12 +52,12 @@ Each variant has a small config space (about 150 configs in all for a 1k-8k wide
 narrower or wider rows): warp counts, block shapes and, for the two kernels with a loop, the
 software-pipelining depth ``num_stages``. Loop-free kernels (``whole_row``, ``multi_row``) have no
 ``num_stages``: the compiler pipelines loops only, and their code is identical for every value.
-Constraints keep only configs that compile and waste no whole warps (see ``_warp_constraints``).
+Constraints keep only configs that compile and waste no whole warps (the row-wise skeleton's,
+:mod:`kernelsmith.ops._rowwise`, which also launches every kernel here).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -65,9 +65,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator, rows_and_width
-from kernelsmith.ops._launch import direct_launch
-from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
+from kernelsmith.ops import _rowwise as skeleton
+from kernelsmith.ops._base import OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.space import Space
 from kernelsmith.spec import OpSpec, TensorSpec
 
 # =================================================================================================
@@ -220,229 +220,34 @@ def _softmax_persistent_kernel(
 
 
 # =================================================================================================
-# Config spaces and builders
+# Spaces (the launchers are the skeleton's: kernelsmith.ops._rowwise)
 #
-# A build precomputes everything (grid, constexprs, launch options) so that the launcher only
-# reshapes, reads two strides and launches. Launchers never allocate: they write into the
-# caller's output.
+# The reductions' register rule (at most 64 values a thread); one row in flight. Loop-free
+# kernels (whole_row, multi_row) have no num_stages: the compiler pipelines loops only.
 # =================================================================================================
-
-_WARPS = (1, 2, 4, 8, 16, 32)
-_STAGES = (1, 2, 3)
-_WHOLE_ROW_MAX_BLOCK = 65536  # widest row kept in registers (64 fp32 values a thread at 32 warps)
-_MULTI_ROW_MAX_ELEMENTS = 16384  # register budget of one multi-row block, ROWS * BLOCK_N
-_MAX_PER_THREAD = 64  # more fp32 values a thread than this and the compiler starts spilling
-_MAX_WARPS_PER_SM = 64  # resident warps a multiprocessor holds (Hopper, Ampere)
-# Shared memory for software-pipelined loads, per multiprocessor: Hopper has 227 KiB a block;
-# the rest is left for the compiler's reduction scratch.
-_PIPELINE_SHARED_BYTES = 192 * 1024
-
-
-def _warp_constraints(elements: Callable[[Config], int]) -> list[Constraint]:
-    """Warp counts that fit a block of ``elements(config)`` values.
-
-    Warps beyond one value a thread would idle (one warp is always allowed, so tiny rows keep a
-    config); fewer warps than ``elements / (32 * _MAX_PER_THREAD)`` would spill registers.
-    """
-    return [
-        Constraint(
-            "every thread holds at least one value (extra warps would idle)",
-            lambda c: c["num_warps"] == 1 or 32 * c["num_warps"] <= elements(c),
-        ),
-        Constraint(
-            f"at most {_MAX_PER_THREAD} values a thread (more would spill registers)",
-            lambda c: elements(c) <= _MAX_PER_THREAD * 32 * c["num_warps"],
-        ),
-    ]
-
-
-def _checked(space: Space, config: Config) -> None:
-    problems = space.violations(config)
-    if problems:
-        raise ValueError(f"config {config.key} is not in the space: {'; '.join(problems)}")
-
-
-# ---- whole_row -----------------------------------------------------------------------------------
 
 
 def _whole_row_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(rows_and_width(spec)[1])
-    # No num_stages: the kernel has no loop, so the pipelining depth could change nothing.
-    # EVICT_X: the cache hint for the read-once input ("" is the default policy).
-    return Space(
-        [Param("num_warps", _WARPS), Param("EVICT_X", ("", "evict_first"))],
-        [
-            Constraint(
-                f"the padded row fits in registers (BLOCK_N <= {_WHOLE_ROW_MAX_BLOCK})",
-                lambda c: block_n <= _WHOLE_ROW_MAX_BLOCK,
-            ),
-            *_warp_constraints(lambda c: block_n),
-        ],
-    )
-
-
-def _whole_row_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_whole_row_space(spec), config)
-    rows, n = rows_and_width(spec)
-    grid = (rows,)
-    block_n = next_power_of_two(n)
-    num_warps = config["num_warps"]
-    evict_x = str(config["EVICT_X"])
-
-    # Inputs are contiguous (the family refuses others), so row r starts at element r * n of x
-    # and y: the tensors go to the kernel as they are, with row strides n, and no view per call.
-    kernel = direct_launch(_softmax_whole_row_kernel, grid)
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        kernel(inputs[0], outputs[0], n, n, n, BLOCK_N=block_n, EVICT_X=evict_x, num_warps=num_warps)
-
-    return launch
-
-
-# ---- online --------------------------------------------------------------------------------------
-
-_ONLINE_BLOCKS = powers_of_two(64, 8192)
+    return skeleton.whole_row_space(spec, skeleton.REDUCTION_WARPS)
 
 
 def _online_space(spec: OpSpec) -> Space:
-    # Blocks wider than the padded row only add masked lanes; the smallest block is always
-    # allowed so that even a 1-column row has a config.
-    widest = max(_ONLINE_BLOCKS[0], next_power_of_two(rows_and_width(spec)[1]))
-    return Space(
-        [
-            Param("BLOCK_N", _ONLINE_BLOCKS),
-            Param("num_warps", _WARPS),
-            Param("num_stages", _STAGES),
-        ],
-        [
-            Constraint("BLOCK_N is no wider than the padded row", lambda c: c["BLOCK_N"] <= widest),
-            *_warp_constraints(lambda c: c["BLOCK_N"]),
-        ],
-    )
-
-
-def _online_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_online_space(spec), config)
-    rows, n = rows_and_width(spec)
-    grid = (rows,)
-    block_n, num_warps, num_stages = config["BLOCK_N"], config["num_warps"], config["num_stages"]
-
-    kernel = direct_launch(_softmax_online_kernel, grid)
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        kernel(
-            inputs[0], outputs[0], n, n, n,
-            BLOCK_N=block_n, NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages,
-        )  # fmt: skip
-
-    return launch
-
-
-# ---- multi_row -----------------------------------------------------------------------------------
+    # Blocks may be as wide as the padded row: the online loop over one block is still not the
+    # whole_row kernel's math.
+    return skeleton.looped_space(spec, skeleton.REDUCTION_WARPS, whole_row_block=True)
 
 
 def _multi_row_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(rows_and_width(spec)[1])
-    # No num_stages: no loop to pipeline (see whole_row).
-    return Space(
-        [Param("ROWS", (2, 4, 8, 16, 32)), Param("num_warps", _WARPS)],
-        [
-            Constraint(
-                f"the [ROWS, BLOCK_N] block fits the register budget ({_MULTI_ROW_MAX_ELEMENTS})",
-                lambda c: c["ROWS"] * block_n <= _MULTI_ROW_MAX_ELEMENTS,
-            ),
-            *_warp_constraints(lambda c: c["ROWS"] * block_n),
-        ],
-    )
-
-
-def _multi_row_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_multi_row_space(spec), config)
-    rows, n = rows_and_width(spec)
-    block_rows, num_warps = config["ROWS"], config["num_warps"]
-    grid = (triton.cdiv(rows, block_rows),)
-    block_n = next_power_of_two(n)
-
-    kernel = direct_launch(_softmax_multi_row_kernel, grid)
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        kernel(
-            inputs[0], outputs[0], n, n, rows, n,
-            ROWS=block_rows, BLOCK_N=block_n, num_warps=num_warps,
-        )  # fmt: skip
-
-    return launch
-
-
-# ---- persistent ----------------------------------------------------------------------------------
-
-# Without a GPU (the Triton interpreter) any program count is correct; a small one keeps the
-# grid-stride loop exercised by tests with a few dozen rows.
-_INTERPRETER_MULTIPROCESSORS = 4
-
-
-@functools.cache
-def _multiprocessor_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _programs(per_multiprocessor: int) -> int:
-    if torch.cuda.is_available():
-        count = _multiprocessor_count(torch.cuda.current_device())
-    else:
-        count = _INTERPRETER_MULTIPROCESSORS
-    return per_multiprocessor * count
+    return skeleton.multi_row_space(spec, skeleton.REDUCTION_WARPS)
 
 
 def _persistent_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(rows_and_width(spec)[1])
-    row_bytes = block_n * spec.inputs[0].torch_dtype.itemsize
-
-    def pipeline_bytes(c: Config) -> int:
-        # With num_stages = s the compiler keeps s - 1 rows in flight in shared memory, for each
-        # of the PROGRAMS_PER_SM programs sharing a multiprocessor.
-        return c["PROGRAMS_PER_SM"] * (c["num_stages"] - 1) * row_bytes
-
-    return Space(
-        [
-            Param("PROGRAMS_PER_SM", (1, 2, 4, 8)),
-            Param("num_warps", _WARPS),
-            Param("num_stages", _STAGES),
-        ],
-        [
-            Constraint(
-                f"the padded row fits in registers (BLOCK_N <= {_WHOLE_ROW_MAX_BLOCK})",
-                lambda c: block_n <= _WHOLE_ROW_MAX_BLOCK,
-            ),
-            Constraint(
-                f"the programs of a multiprocessor are all resident ({_MAX_WARPS_PER_SM} warps)",
-                lambda c: c["PROGRAMS_PER_SM"] * c["num_warps"] <= _MAX_WARPS_PER_SM,
-            ),
-            Constraint(
-                f"the rows in flight fit in shared memory ({_PIPELINE_SHARED_BYTES} bytes an SM)",
-                lambda c: pipeline_bytes(c) <= _PIPELINE_SHARED_BYTES,
-            ),
-            *_warp_constraints(lambda c: block_n),
-        ],
-    )
+    return skeleton.persistent_space(spec, skeleton.REDUCTION_WARPS, in_registers=1, pipelined=1)
 
 
-def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_persistent_space(spec), config)
-    rows, n = rows_and_width(spec)
-    grid = (min(rows, _programs(config["PROGRAMS_PER_SM"])),)
-    block_n = next_power_of_two(n)
-    num_warps, num_stages = config["num_warps"], config["num_stages"]
-
-    kernel = direct_launch(_softmax_persistent_kernel, grid)
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        kernel(
-            inputs[0], outputs[0], n, n, rows, n,
-            BLOCK_N=block_n, NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages,
-        )  # fmt: skip
-
-    return launch
+def _variant(name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any, pipelined: bool = False
+             ) -> Variant:
+    return skeleton.variant(__name__, name, summary, space, kernel, strides=2, pipelined=pipelined)
 
 
 # =================================================================================================
@@ -463,31 +268,14 @@ class Softmax(OpFamily):
     row_block = 32  # multi_row's largest ROWS
     distributions = ("normal", "uniform", "large", "outliers")
     variants = (
-        Variant(
-            "whole_row",
-            "one program per row, the whole row in registers",
-            _whole_row_space,
-            _whole_row_build,
-        ),
-        Variant(
-            "online",
-            "one program per row, walked in BLOCK_N-column blocks with a running max and sum "
-            "(any width)",
-            _online_space,
-            _online_build,
-        ),
-        Variant(
-            "multi_row",
-            "ROWS rows per program as one [ROWS, BLOCK_N] block (narrow rows)",
-            _multi_row_space,
-            _multi_row_build,
-        ),
-        Variant(
-            "persistent",
-            "whole rows in registers, a fixed grid of programs striding over the rows",
-            _persistent_space,
-            _persistent_build,
-        ),
+        _variant("whole_row", "one program per row, the whole row in registers",
+                 _whole_row_space, _softmax_whole_row_kernel),
+        _variant("online", "one program per row, walked in BLOCK_N-column blocks with a running max and sum "
+                 "(any width)", _online_space, _softmax_online_kernel, pipelined=True),
+        _variant("multi_row", "ROWS rows per program as one [ROWS, BLOCK_N] block (narrow rows)",
+                 _multi_row_space, _softmax_multi_row_kernel),
+        _variant("persistent", "whole rows in registers, a fixed grid of programs striding over the rows",
+                 _persistent_space, _softmax_persistent_kernel, pipelined=True),
     )
 
     # ---- specs -----------------------------------------------------------------------------------
