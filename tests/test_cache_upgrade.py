@@ -16,7 +16,9 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+import torch
 
+import kernelsmith
 from kernelsmith import tuner
 from kernelsmith.db import DecisionRecord, Fingerprint, TrialRecord, current_fingerprint, open_database
 from kernelsmith.evaluate.protocol import Candidate
@@ -230,3 +232,110 @@ def test_force_retune_measures_afresh(executors: _Made, db_path: str, monkeypatc
         decision = db.get_decision(here.hash, SPEC.workload_hash)
     assert len(trials) == 4 and all(t.created_at > 1.0 for t in trials[2:])
     assert decision is not None and decision.created_at > 1.0 and decision.evaluations == 2
+
+
+# ---- the decorator's switches -------------------------------------------------------------------
+def last_dim_softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, dim=-1)
+
+
+X = torch.randn(5, 40)
+BUCKET = FAMILY.bucket(FAMILY.spec_for(X))
+
+
+def _plant_bucket(db_path: str, fp: Fingerprint) -> None:
+    """A kernel decision for the decorator's bucket of X, measured under ``fp``."""
+    config = VARIANT.space(BUCKET).configs()[0]
+    with open_database(db_path) as db:
+        db.put_fingerprint(fp)
+        db.put_decision(DecisionRecord(fp.hash, BUCKET.workload_hash, BUCKET.op, BUCKET.to_dict(), "kernel",
+                                       VARIANT.name, VARIANT.source_hash, config.to_dict(), strategy="grid"))
+
+
+def test_database_only_decorator_serves_a_revalidated_record_of_an_older_driver(
+    executors: _Made, db_path: str
+) -> None:
+    _plant_bucket(db_path, Fingerprint(**{**_here().to_dict(), "driver": "535.104.05 / CUDA 12.2"}))
+    fn = kernelsmith.optimize(last_dim_softmax, mode="db", db=db_path)
+    fn(X)  # the first call re-validates the record here (no search), then adopts it
+    assert fn(X).shape == X.shape
+    assert executors[0].submitted and fn.kernelsmith.stats["kernel_calls"] == 1
+    with open_database(db_path) as db:
+        assert db.get_decision(_here().hash, BUCKET.workload_hash).strategy == tuner.REVALIDATED
+
+
+def test_require_tuned_decorator_raises_on_the_first_call(db_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    fn = kernelsmith.optimize(last_dim_softmax, db=db_path, require_tuned=True)
+    with pytest.raises(kernelsmith.NotTunedError, match=BUCKET.workload_hash):
+        fn(X)
+    assert fn.kernelsmith.stats["tunes"] == 0
+    monkeypatch.setenv("KERNELSMITH_DATABASE_ONLY", "1")  # the quiet form: the original runs
+    quiet = kernelsmith.optimize(last_dim_softmax, db=db_path)
+    assert torch.equal(quiet(X), torch.softmax(X, -1))
+    assert quiet.kernelsmith.stats["tunes"] == 0
+    assert "database-only" in next(iter(quiet.kernelsmith.reasons.values()))
+    with pytest.raises(ValueError, match="contradicts"):
+        kernelsmith.optimize(last_dim_softmax, force_retune=True, require_tuned=True)
+
+
+def test_force_retune_decorator_tunes_a_stored_workload_again(db_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with open_database(db_path) as db:  # tuned before: the baseline won
+        db.put_fingerprint(_here())
+        db.put_decision(DecisionRecord(_here().hash, BUCKET.workload_hash, BUCKET.op, BUCKET.to_dict(), "baseline"))
+    asked: list[dict[str, Any]] = []
+
+    def tune_spec_spy(spec: Any, **kwargs: Any) -> Any:
+        asked.append({"spec": spec, **kwargs})
+        return tuner.TuneResult(op=spec.op, workload=spec.workload_hash, spec=spec.to_dict(), mode="interpreter",
+                                winner="baseline")
+
+    monkeypatch.setattr(tuner, "tune_spec", tune_spec_spy)
+    plain = kernelsmith.optimize(last_dim_softmax, db=db_path)
+    plain(X)
+    assert asked == []  # served from the database
+    forced = kernelsmith.optimize(last_dim_softmax, db=db_path, force_retune=True)
+    forced(X)
+    assert len(asked) == 1 and asked[0]["spec"] == BUCKET and asked[0]["force"] is True
+    monkeypatch.setenv("KERNELSMITH_FORCE_RETUNE", "true")
+    kernelsmith.optimize(last_dim_softmax, db=db_path)(X)
+    assert len(asked) == 2 and asked[1]["force"] is True
+
+
+# ---- warm start across fingerprints of the GPU model --------------------------------------------
+def test_warm_start_seeds_from_every_fingerprint_of_the_gpu_model(db_path: str) -> None:
+    """After a Triton upgrade (not near: never served) the old winner is still the first seed;
+    another GPU's winner is never one."""
+    from kernelsmith.strategies import nearest_winners
+
+    candidates = [Candidate(v.name, c) for v in FAMILY.variants for c in v.space(SPEC).configs()]
+    old_triton = Fingerprint(**{**_here().to_dict(), "triton": "2.0.0"})
+    other_gpu = Fingerprint(**{**_here().to_dict(), "gpu_name": "another chip"})
+    planted = {fp.hash: c for fp, c in [(old_triton, candidates[1]), (other_gpu, candidates[2])]}
+    with open_database(db_path) as db:
+        db.put_fingerprint(_here())
+        for fp in (old_triton, other_gpu):
+            c = planted[fp.hash]
+            db.put_fingerprint(fp)
+            db.put_decision(DecisionRecord(fp.hash, SPEC.workload_hash, SPEC.op, SPEC.to_dict(), "kernel",
+                                           c.variant, FAMILY.variant(c.variant).source_hash, c.config.to_dict()))
+        assert nearest_winners(db, SPEC, candidates, fingerprint=_here().hash) == [candidates[1]]
+        assert set(nearest_winners(db, SPEC, candidates)) == {candidates[1], candidates[2]}  # no fingerprint: all
+
+
+def test_the_tune_command_forces_with_force(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from kernelsmith.cli.main import app
+
+    asked: list[Any] = []
+
+    def tune_spec_spy(spec: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs.get("force"))
+        return tuner.TuneResult(op=spec.op, workload=spec.workload_hash, spec=spec.to_dict(), mode="interpreter",
+                                winner="baseline")
+
+    monkeypatch.setattr(tuner, "tune_spec", tune_spec_spy)
+    for flags in (["--force"], []):
+        result = CliRunner().invoke(app, ["tune", "softmax", "--shape", "5x40", "--dtype", "fp32", "--json", *flags])
+        assert result.exit_code == 0, result.output
+    assert asked == [True, None]  # without the flag, KERNELSMITH_FORCE_RETUNE decides

@@ -506,7 +506,7 @@ class _Search:
         self._drive(seeds, len(candidates), None)
         decision = self.decide(REVALIDATED, copy_gbps)
         if decision.winner != "kernel":
-            log.info("%s: the near fingerprint's winner did not win here (%s): tuning afresh",
+            log.info("%s: the near fingerprint's winner did not win here (%s): not served",
                      self.spec.describe(), decision.metrics.get("note", "baseline wins"))
             return None
         origins = sorted({d.fingerprint for d in near if d.variant == decision.variant and d.config == decision.config})
