@@ -550,12 +550,44 @@ def _wrong_sign(q, k, cos, sin):
     return q * cos + rot(q) * sin, k * cos + rot(k) * sin
 
 
-def _partial(q, k, cos, sin):
-    def rot(x):
-        return torch.cat((-x[..., 4:8], x[..., :4]), dim=-1)
+def rope_partial(q, k, cos, sin, passed_from=None):
+    """GPT-NeoX's partial rotary: the first R channels rotate, the rest pass through."""
+    rotary = cos.shape[-1]
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    q_rot, q_pass = q[..., :rotary], (q if passed_from is None else passed_from)[..., rotary:]
+    k_rot, k_pass = k[..., :rotary], k[..., rotary:]
+    q_embed = q_rot * cos + rotate_half(q_rot) * sin
+    k_embed = k_rot * cos + rotate_half(k_rot) * sin
+    return torch.cat([q_embed, q_pass], dim=-1), torch.cat([k_embed, k_pass], dim=-1)
 
+
+def _wrong_pass_through(q, k, cos, sin):
+    return rope_partial(q, k, cos[..., :8], sin[..., :8], passed_from=k.repeat(1, 2, 1, 1))
+
+
+def _halves_of_the_whole_head(q, k, cos, sin):
     cos, sin = cos[..., :8].unsqueeze(1), sin[..., :8].unsqueeze(1)
-    return q[..., :8] * cos + rot(q) * sin, k[..., :8] * cos + rot(k) * sin
+    return q[..., :8] * cos + rotate_half(q)[..., :8] * sin, k[..., :8] * cos + rotate_half(k)[..., :8] * sin
+
+
+@pytest.mark.parametrize("rotary", [8, 16])
+def test_partial_rotary_matches(rotary):
+    q, k, cos, sin = _rope_inputs()
+    args = (q, k, cos[..., :rotary].contiguous(), sin[..., :rotary].contiguous())
+    functions = [rope_partial]
+    try:
+        from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb as neox
+
+        functions.append(neox)
+    except ImportError:
+        pass
+    for fn in functions:
+        match = _matched(fn, args)
+        assert match.op == "rope" and [ref.index for ref in match.inputs] == [0, 1, 2, 3], fn
+        family = get_op("rope")
+        inputs = match.bind(args, {})
+        spec = family.spec_for(*inputs, **match.constants)
+        torch.testing.assert_close(family.reference(spec, inputs), fn(*args))
 
 
 @pytest.mark.parametrize(
@@ -567,9 +599,11 @@ def _partial(q, k, cos, sin):
         (lambda q, k, cos, sin: rope_plain(q.float(), k.float(), cos, sin), "not x times the cos"),
         (lambda q, k, cos, sin: tuple(t * 2 for t in rope_plain(q, k, cos, sin)), "not from x * cos"),
         (_wrong_sign, "not negated"),
-        (_partial, "partial rotary"),
+        (_wrong_pass_through, "comes from torch.cat"),
+        (_halves_of_the_whole_head, "exactly one rotate_half"),
     ],
-    ids=["one-tensor", "input-returned", "three-values", "upcast", "scaled", "wrong-sign", "partial"],
+    ids=["one-tensor", "input-returned", "three-values", "upcast", "scaled", "wrong-sign", "wrong-pass",
+         "whole-head-halves"],
 )
 def test_rope_look_alikes_are_refused(fn, reason):
     _refused(fn, tuple(t.to(torch.bfloat16) for t in _rope_inputs()), reason=reason)

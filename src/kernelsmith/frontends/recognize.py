@@ -450,3 +450,44 @@ def through_reshapes(graph: Graph, value: Value, used: list[Node]) -> Value:
 def reduction_dims_text(node: Node) -> str:
     """``dims (0,) with keepdim=True``, for messages about a reduction node."""
     return f"dims {node.params.get('dims')} with keepdim={node.params.get('keepdim')}"
+
+
+def bound_arguments(node: Node, names: Sequence[str]) -> dict[str, Value] | None:
+    """A recorded call's arguments by parameter name; None when they do not fit ``names``."""
+    args: Sequence[Value] = node.params.get("args", ())
+    kwargs: Mapping[str, Value] = node.params.get("kwargs", {})
+    if len(args) > len(names) or "args" not in node.params:
+        return None
+    bound = dict(zip(names, args, strict=False))
+    for name, value in kwargs.items():
+        if name in bound or name not in names:
+            return None
+        bound[name] = value
+    return bound
+
+
+def whole_of(node: Node) -> TensorValue | None:
+    """``x`` for a node ``x[index]`` whose index keeps every element, else None."""
+    arguments = bound_arguments(node, ("input", "index")) or {}
+    source, index = arguments.get("input"), arguments.get("index")
+    if isinstance(source, TensorValue) and isinstance(index, Const) and keeps_everything(index.value, source.shape):
+        return source
+    return None
+
+
+def keeps_everything(index: Any, shape: tuple[int, ...]) -> bool:
+    """Whether ``x[index]`` is all of ``x``: slices and an ellipsis that cut nothing."""
+    items = index if isinstance(index, tuple) else (index,)
+    if sum(1 for i in items if i is Ellipsis) > 1 or not all(i is Ellipsis or isinstance(i, slice) for i in items):
+        return False
+    slices = [i for i in items if isinstance(i, slice)]
+    if len(slices) > len(shape):
+        return False
+    at = next((k for k, i in enumerate(items) if i is Ellipsis), len(items))
+    before = [i for i in items[:at] if isinstance(i, slice)]
+    after = [i for i in items[at + 1 :] if isinstance(i, slice)]
+    dims = list(zip(before, shape, strict=False)) + list(zip(after, shape[len(shape) - len(after) :], strict=True))
+    try:
+        return all(s.indices(n) == (0, n, 1) for s, n in dims)
+    except (TypeError, ValueError):  # slices of tensors, or of something else that is not an int
+        return False

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -54,12 +53,14 @@ from kernelsmith.frontends.capture import Const, Graph, Kind, Node, TensorValue,
 from kernelsmith.frontends.recognize import (
     Match,
     NoMatch,
+    bound_arguments,
     describe,
     input_ref,
     require_only,
     single_tensor_output,
     through_reshapes,
     tuple_output,
+    whole_of,
 )
 
 logger = logging.getLogger(__name__)
@@ -158,7 +159,7 @@ def _through_same_shape(graph: Graph, value: Value, used: list[Node]) -> Value:
 
 def _query_transposed(graph: Graph, node: Node) -> bool:
     """Whether the SDPA call's query is ``x.transpose(1, 2)`` (flash-attn's layout)."""
-    arguments = _bound(node, _SDPA_ARGS)
+    arguments = bound_arguments(node, _SDPA_ARGS)
     query = arguments.get("query") if arguments else None
     producer = graph.producer(query)
     return producer is not None and _transposed_dims(graph, producer) == (1, 2)
@@ -169,7 +170,7 @@ def _query_transposed(graph: Graph, node: Node) -> bool:
 
 def _sdpa(graph: Graph, node: Node, layout: str) -> tuple[list[TensorValue], dict[str, Any], list[Node]]:
     """``(q, k, v[, mask])``, the constants and the nodes of one SDPA call."""
-    arguments = _bound(node, _SDPA_ARGS)
+    arguments = bound_arguments(node, _SDPA_ARGS)
     if arguments is None or not {"query", "key", "value"} <= set(arguments):
         raise NoMatch("scaled_dot_product_attention is called with arguments the pattern cannot read")
     used = [node]
@@ -278,7 +279,7 @@ def _explicit(graph: Graph, out_product: Node) -> tuple[list[TensorValue], dict[
 
 def _operands(product: Node) -> tuple[Value, Value]:
     """The two factors of a matmul node, from its recorded arguments."""
-    arguments = _bound(product, ("input", "other"))
+    arguments = bound_arguments(product, ("input", "other"))
     if arguments is None or set(arguments) != {"input", "other"}:
         raise NoMatch(f"{product.name} is called with arguments the pattern cannot read")
     return arguments["input"], arguments["other"]
@@ -339,7 +340,7 @@ def _transposed_dims(graph: Graph, node: Node) -> tuple[int, ...] | None:
         return None
     ndim = node.out.ndim
     if node.name in _TRANSPOSE:
-        arguments = _bound(node, ("input", "dim0", "dim1"))
+        arguments = bound_arguments(node, ("input", "dim0", "dim1"))
         if arguments is None or set(arguments) != {"input", "dim0", "dim1"}:
             return None
         dims = (_constant(arguments["dim0"]), _constant(arguments["dim1"]))
@@ -379,51 +380,10 @@ def _mask(graph: Graph, value: Value) -> tuple[TensorValue, list[Node]]:
     """The mask, an input tensor, perhaps sliced to all of itself (``mask[:, :, :, :Sk]``)."""
     node = graph.producer(value)
     if node is not None and node.kind is Kind.OTHER and node.name == _GETITEM:
-        whole = _whole_of(node)
+        whole = whole_of(node)
         if whole is not None:
             return _tensor(graph, whole, "mask"), [node]
     return _tensor(graph, value, "mask"), []
-
-
-def _whole_of(node: Node) -> TensorValue | None:
-    """``x`` for a node ``x[index]`` whose index keeps every element, else None."""
-    arguments = _bound(node, ("input", "index")) or {}
-    source, index = arguments.get("input"), arguments.get("index")
-    if isinstance(source, TensorValue) and isinstance(index, Const) and _keeps_everything(index.value, source.shape):
-        return source
-    return None
-
-
-def _keeps_everything(index: Any, shape: tuple[int, ...]) -> bool:
-    """Whether ``x[index]`` is all of ``x``: slices and an ellipsis that cut nothing."""
-    items = index if isinstance(index, tuple) else (index,)
-    if sum(1 for i in items if i is Ellipsis) > 1 or not all(i is Ellipsis or isinstance(i, slice) for i in items):
-        return False
-    slices = [i for i in items if isinstance(i, slice)]
-    if len(slices) > len(shape):
-        return False
-    at = next((k for k, i in enumerate(items) if i is Ellipsis), len(items))
-    before = [i for i in items[:at] if isinstance(i, slice)]
-    after = [i for i in items[at + 1 :] if isinstance(i, slice)]
-    dims = list(zip(before, shape, strict=False)) + list(zip(after, shape[len(shape) - len(after) :], strict=True))
-    try:
-        return all(s.indices(n) == (0, n, 1) for s, n in dims)
-    except (TypeError, ValueError):  # slices of tensors, or of something else that is not an int
-        return False
-
-
-def _bound(node: Node, names: Sequence[str]) -> dict[str, Value] | None:
-    """A recorded call's arguments by parameter name; None when they do not fit ``names``."""
-    args: Sequence[Value] = node.params.get("args", ())
-    kwargs: Mapping[str, Value] = node.params.get("kwargs", {})
-    if len(args) > len(names) or "args" not in node.params:
-        return None
-    bound = dict(zip(names, args, strict=False))
-    for name, value in kwargs.items():
-        if name in bound or name not in names:
-            return None
-        bound[name] = value
-    return bound
 
 
 def _constant(value: Value) -> Any:

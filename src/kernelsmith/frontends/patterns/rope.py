@@ -18,12 +18,16 @@ The caches are bound by the role they play, not by their names (``x * sin + rota
 cos`` binds the argument named ``sin`` as the op's ``cos``).
 
 Refused, with a reason: one tensor rotated alone (the op rotates q and k together), a rotation
-that is not ``rotate_half`` (the interleaved ``rotate_every_two`` of
-GPT-J is not recognized in this form yet), halves that are not the last dim's two halves, a
-cache that does not broadcast over the heads alone (an unsqueeze on another dim), q and k rotated
-by different caches, casts (``q.float()``: the family computes in float32 and rounds once,
-another rounding than the user's), partial rotary written with slices and a ``cat`` of the
-pass-through channels (not recognized yet), and anything computed besides the op.
+that is not ``rotate_half`` (the interleaved ``rotate_every_two`` of GPT-J is not recognized in
+this form yet), halves that are not the two halves of the rotated channels, a cache that does
+not broadcast over the heads alone (an unsqueeze on another dim), q and k rotated by different
+caches, casts (``q.float()``: the family computes in float32 and rounds once,
+another rounding than the user's), and anything computed besides the op.
+
+Partial rotary as GPT-NeoX, Phi and GLM write it is recognized too: ``x_rot, x_pass =
+x[..., :R], x[..., R:]``, the rotation of ``x_rot`` by ``(.., R)`` caches, then
+``torch.cat([x_embed, x_pass], dim=-1)`` (the family's ``R < D``, which reads ``R`` from the
+caches; with ``R = D`` the pass-through slice is empty and it is plain rope).
 """
 
 from __future__ import annotations
@@ -32,7 +36,15 @@ import logging
 from dataclasses import dataclass
 
 from kernelsmith.frontends.capture import Const, Graph, Kind, Node, TensorValue, Value
-from kernelsmith.frontends.recognize import Match, NoMatch, describe, input_ref, require_only, tuple_output
+from kernelsmith.frontends.recognize import (
+    Match,
+    NoMatch,
+    describe,
+    input_ref,
+    require_only,
+    tuple_output,
+    whole_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +53,7 @@ OP = "rope"
 _UNSQUEEZE = {"torch.Tensor.unsqueeze", "torch.unsqueeze"}
 _NEG = {"torch.Tensor.neg", "torch.neg", "torch.Tensor.negative", "torch.negative"}
 _CAT = {"torch.cat", "torch.concat", "torch.concatenate"}
+_GETITEM = "torch.Tensor.__getitem__"
 
 
 @dataclass(frozen=True)
@@ -87,7 +100,58 @@ def match(graph: Graph) -> Match | None:
 
 
 def _rotation(graph: Graph, value: Value) -> _Rotation:
-    """The parts of ``value = x * cos + rotate_half(x) * sin``, or NoMatch saying what differs."""
+    """The parts of ``value = x * cos + rotate_half(x) * sin``, or of its partial form
+    ``cat([rotated(x[..., :R]), x[..., R:]], -1)``; NoMatch saying what differs."""
+    partial = _partial(graph, value)
+    if partial is None:
+        return _full_rotation(graph, value, None)
+    rotated, x, nodes = partial
+    inner = _full_rotation(graph, rotated, nodes[1])  # nodes[1]: the slice x[..., :R]
+    return _Rotation(x, inner.cos, inner.sin, inner.layout, (*inner.nodes, *nodes))
+
+
+def _partial(graph: Graph, value: Value) -> tuple[Value, TensorValue, tuple[Node, ...]] | None:
+    """``(rotated, x, (cat, rot slice, pass slice))`` for GPT-NeoX's partial rotary ending,
+    ``torch.cat([rotated, x[..., R:]], dim=-1)`` with ``rotated`` computed from ``x[..., :R]``
+    (``R`` may be the whole head dim: the pass-through slice is then empty); None otherwise."""
+    cat = graph.producer(value)
+    if cat is None or cat.kind is not Kind.OTHER or cat.name not in _CAT or len(cat.inputs) != 2:
+        return None
+    rotated, passed = cat.inputs
+    assert isinstance(value, TensorValue)
+    if _cat_dim(cat, value) != value.ndim - 1:
+        return None
+    tail = graph.produced_by(passed, Kind.SLICE)
+    x = tail.inputs[0] if tail is not None else None
+    if tail is None or not isinstance(x, TensorValue) or graph.producer(x) is not None:
+        return None
+    rotary = tail.params["start"]
+    head = next((n for n in graph.nodes if n is not tail and n.inputs and n.inputs[0] is x
+                 and _first_channels(n, x, rotary)), None)  # fmt: skip
+    if tail.params["dim"] % x.ndim != x.ndim - 1 or tail.params["stop"] < x.shape[-1] or head is None:
+        raise NoMatch("the channels passed through are not x[..., R:] after a rotation of x[..., :R]")
+    return rotated, x, (cat, head, tail)
+
+
+def _first_channels(node: Node, x: TensorValue, rotary: int) -> bool:
+    """Whether ``node`` is ``x[..., :rotary]``: a slice of the last dim, or with ``rotary`` the
+    whole dim an index that keeps every element (which the capture leaves unnormalized)."""
+    if node.kind is Kind.SLICE:
+        return (node.params["dim"] % x.ndim, node.params["start"], node.params["stop"]) == (x.ndim - 1, 0, rotary)
+    return rotary == x.shape[-1] and node.kind is Kind.OTHER and node.name == _GETITEM and whole_of(node) is x
+
+
+def _cat_dim(cat: Node, value: TensorValue) -> int | None:
+    """The dim a cat node concatenates on, made non-negative; None when it cannot be read."""
+    args, kwargs = cat.params.get("args", ()), cat.params.get("kwargs", {})
+    dim = kwargs.get("dim", args[1] if len(args) > 1 else Const(0))
+    number = dim.value if isinstance(dim, Const) else None
+    return number % value.ndim if isinstance(number, int) else None
+
+
+def _full_rotation(graph: Graph, value: Value, sliced: Node | None) -> _Rotation:
+    """The parts of ``value = x * cos + rotate_half(x) * sin``; ``x`` is an input tensor, or,
+    in the partial form, the output of the slice node ``sliced``."""
     add = graph.produced_by(value, Kind.ADD)
     if add is None:
         raise NoMatch(f"an output comes from {describe(graph, value)}, not from x * cos + rotate_half(x) * sin")
@@ -103,7 +167,8 @@ def _rotation(graph: Graph, value: Value) -> _Rotation:
     half = next(r for v in rot_term.inputs if (r := _rotate_half(graph, v)) is not None)
     x_rot, rot_nodes = half
     sin_side = next(v for v in rot_term.inputs if graph.producer(v) is not rot_nodes[0])
-    x_side = [v for v in plain_term.inputs if isinstance(v, TensorValue) and graph.producer(v) is None]
+    x_side = [v for v in plain_term.inputs if isinstance(v, TensorValue)
+              and (graph.producer(v) is None if sliced is None else graph.producer(v) is sliced)]  # fmt: skip
     if len(x_side) != 1:
         raise NoMatch(f"multiplies {[describe(graph, v) for v in plain_term.inputs]}: not x times the cos cache")
     x = x_side[0]
@@ -129,11 +194,8 @@ def _rotate_half(graph: Graph, value: Value) -> tuple[TensorValue, tuple[Node, .
     if cat is None or cat.kind is not Kind.OTHER or cat.name not in _CAT:
         return None
     assert isinstance(value, TensorValue)
-    args, kwargs = cat.params.get("args", ()), cat.params.get("kwargs", {})
-    dim = kwargs.get("dim", args[1] if len(args) > 1 else Const(0))
-    number = dim.value if isinstance(dim, Const) else None
-    if not isinstance(number, int) or number % value.ndim != value.ndim - 1:
-        raise NoMatch(f"concatenates on dim {number!r}; rotate_half concatenates the halves on the last dim")
+    if _cat_dim(cat, value) != value.ndim - 1:
+        raise NoMatch("the halves are not concatenated on the last dim, as rotate_half does")
     if len(cat.inputs) != 2:
         raise NoMatch(f"concatenates {len(cat.inputs)} tensors; rotate_half concatenates two halves")
     negated, first = cat.inputs
