@@ -112,3 +112,13 @@ def test_env_command_names_a_bad_value_and_fails(monkeypatch: pytest.MonkeyPatch
     assert result.exit_code == 2
     (row,) = [r for r in json.loads(result.stdout)["settings"] if r["name"] == "KERNELSMITH_CHECK"]
     assert row["value"] == "maybe" and "KERNELSMITH_CHECK='maybe'" in row["error"]
+
+
+def test_env_command_never_shows_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KERNELSMITH_WEBHOOK_URL", "https://discord.com/api/webhooks/123/s3cret-token")
+    monkeypatch.setenv("KERNELSMITH_DB", "postgresql://me:hunter2@db.example:5432/kernelsmith")
+    result = CliRunner().invoke(app, ["env", "--json"])
+    assert result.exit_code == 0 and "s3cret" not in result.stdout and "hunter2" not in result.stdout
+    rows = {row["name"]: row for row in json.loads(result.stdout)["settings"]}
+    assert rows["KERNELSMITH_WEBHOOK_URL"]["value"] == "https://discord.com/…"
+    assert rows["KERNELSMITH_DB"]["value"] == "postgresql://db.example:5432/…"

@@ -29,6 +29,7 @@ kernelsmith.settings.SettingError: KERNELSMITH_CHECK='flase' is not true or fals
 from __future__ import annotations
 
 import os
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -50,13 +51,15 @@ class Setting:
     """One environment variable: ``type`` is one of :data:`TYPES`; ``choices`` lists the values a
     ``"choice"`` accepts (compared in lower case); ``doc`` is one line for the README and
     ``kernelsmith env``. A ``str`` setting's default ``""`` means "not set" (the doc says what
-    happens then)."""
+    happens then). A ``secret`` one may hold a URL with a token or password in it, so
+    ``kernelsmith env`` shows only its scheme and host (:func:`redact`)."""
 
     name: str
     type: str
     default: Any
     doc: str
     choices: tuple[str, ...] = ()
+    secret: bool = False
 
     def parse(self, text: str) -> Any:
         """The value ``text`` (as read from the environment) means; empty text is the default."""
@@ -101,7 +104,7 @@ def _settings(*items: Setting) -> dict[str, Setting]:
 SETTINGS: dict[str, Setting] = _settings(
     Setting("KERNELSMITH_DB", "str", "",
             "The database: a path, `sqlite:///path` or `postgresql://` URL. Unset: "
-            "`$XDG_CACHE_HOME/kernelsmith/kernelsmith.db` (`~/.cache/kernelsmith/kernelsmith.db`)."),
+            "`$XDG_CACHE_HOME/kernelsmith/kernelsmith.db` (`~/.cache/kernelsmith/kernelsmith.db`).", secret=True),
     Setting("KERNELSMITH_MODE", "choice", "tune",
             "What a decorated function does with a workload not in the database: `tune` it on the first call, "
             "`db` (serve what is stored, else run the original) or tune in the `background`.",
@@ -142,7 +145,7 @@ SETTINGS: dict[str, Setting] = _settings(
             "The LLM's model name (no default model)."),
     Setting("KERNELSMITH_WEBHOOK_URL", "str", "",
             "An `http(s)` URL (such as a Discord webhook) that is sent a message when tuning ends or fails. "
-            "Unset: no notifications."),
+            "Unset: no notifications.", secret=True),
     Setting("KERNELSMITH_WEBHOOK_EVENTS", "str", "",
             "A comma-separated subset of `done,error` to notify about. Unset: all."),
 )
@@ -208,8 +211,27 @@ def show(environ: Mapping[str, str] | None = None) -> list[Shown]:
             value, error = get(s.name, env), ""
         except SettingError as exc:
             value, error = env.get(s.name, ""), str(exc)
+        if s.secret:
+            value = redact(str(value))
         rows.append(Shown(s.name, s.type, value, source(s.name, env), s.default, s.doc, error))
     return rows
+
+
+def redact(text: str) -> str:
+    """A URL as ``scheme://host:port/…`` (no user, password, path or query, where tokens live);
+    anything else (a file path) as it is.
+
+    >>> redact("postgresql://me:secret@db.example:5432/kernelsmith"), redact("/tmp/k.db")
+    ('postgresql://db.example:5432/…', '/tmp/k.db')
+    """
+    if "://" not in text:
+        return text
+    try:
+        parts = urllib.parse.urlsplit(text)
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "<unparseable URL>"
+    return f"{parts.scheme}://{parts.hostname or ''}{port}/…"
 
 
 def unknown(environ: Mapping[str, str] | None = None) -> list[str]:
