@@ -18,12 +18,20 @@ one is set.
 
 Set ``KERNELSMITH_DIRECT_LAUNCH=0`` to always go through Triton (for example to compare, or with
 a Triton whose internals moved). Under the Triton interpreter every call goes through Triton.
+
+Launchers built for tracing. ``kernelsmith::triton_kernel`` (:mod:`kernelsmith.frontends.
+triton_ops`) builds a family's launcher inside :func:`launches_through`, which makes
+:func:`direct_launch` return what it is given instead (``wrap_triton(kernel)[grid]``, which
+Inductor traces) for launchers built in that block, on that thread. The switch is read when a
+launcher is built, never when it launches: the eager hot path is unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -45,13 +53,32 @@ def direct_launch(kernel: Any, grid: Sequence[int]) -> Callable[..., Any]:
     """``kernel[grid]``, launching directly once the compiled kernel is known (module docstring).
 
     Falls back to plain ``kernel[grid]`` for a grid given as a function, for the interpreter
-    (which has no compiled kernel) and when ``KERNELSMITH_DIRECT_LAUNCH=0``.
+    (which has no compiled kernel) and when ``KERNELSMITH_DIRECT_LAUNCH=0``; inside
+    :func:`launches_through`, whatever that was given makes of ``kernel`` and ``grid``.
     """
+    make = getattr(_BUILDING, "make", None)
+    if make is not None:
+        return make(kernel, grid)
     from triton.runtime.jit import JITFunction
 
     if callable(grid) or not isinstance(kernel, JITFunction) or not direct_launch_enabled():
         return kernel[grid]  # type: ignore[no-any-return]
     return DirectLaunch(kernel, grid)
+
+
+_BUILDING = threading.local()  # .make: the launch maker of the innermost launches_through, this thread
+
+
+@contextlib.contextmanager
+def launches_through(make: Callable[[Any, Any], Callable[..., Any]]) -> Iterator[None]:
+    """Launchers built in this block (on this thread) launch through ``make(kernel, grid)``
+    instead of :func:`direct_launch`'s own (module docstring)."""
+    previous = getattr(_BUILDING, "make", None)
+    _BUILDING.make = make
+    try:
+        yield
+    finally:
+        _BUILDING.make = previous
 
 
 class DirectLaunch:
@@ -199,4 +226,5 @@ def _current_stream(device: int) -> int:
     return int(torch.cuda.current_stream(device).cuda_stream)
 
 
-__all__ = ["DirectLaunch", "direct_launch", "direct_launch_enabled", "tensor_descriptor_class", "tma_available"]
+__all__ = ["DirectLaunch", "direct_launch", "direct_launch_enabled", "launches_through", "tensor_descriptor_class",
+           "tma_available"]

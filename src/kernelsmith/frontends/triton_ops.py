@@ -1,0 +1,299 @@
+"""``kernelsmith::triton_kernel``: a tuned kernel Inductor can see, fuse around and package.
+
+``kernelsmith::kernel`` (:mod:`kernelsmith.frontends.torch_op`) is a ``torch.library.custom_op``:
+opaque to Inductor, which calls back into Python for it, and to AOTInductor, which cannot put
+it in a package. ``torch.library.triton_op`` is the PyTorch 2 way to expose Triton kernels
+instead: its body is traced (under AOTAutograd's functionalization) down to the
+``wrap_triton(kernel)[grid](...)`` launches it makes, so Inductor compiles the very kernel as a
+user-defined Triton kernel in its own generated code, and AOTInductor compiles it into the
+package (no Python, no database, no kernelsmith needed where the package runs).
+
+The op (one for every family: the family, its variant and its config are arguments)::
+
+    kernelsmith::triton_kernel(str op, Tensor[] inputs, str constants, str decision) -> Tensor[]
+
+``decision`` is one carried winner in :func:`kernelsmith.dispatch.encode_decisions`' JSON (the
+variant, its source hash and its config, never code). The body builds the variant's launcher for
+the inputs' concrete shape with every launch going through ``wrap_triton`` (:func:`_traceable`,
+installed in :func:`kernelsmith.ops._launch.direct_launch` for the build only), allocates the
+outputs with ``torch.empty`` and launches. A body whose decision does not fit its inputs (another
+workload, a variant changed since) runs the family's PyTorch reference, which traces too.
+
+Building the launcher needs concrete sizes, so the op is only for static graphs; the compile
+backend (:mod:`kernelsmith.frontends.backend`) knows a graph is static from its example inputs'
+sizes (plain ints, no guard needed) and asks :func:`site_decision` for each kept site. It gets
+the op exactly when :func:`choose` says so: torch has ``triton_op``, the shape is static, the
+site has a kernel winner, the graph is not a training graph (the op has no autograd formula;
+training keeps ``kernelsmith::kernel``, whose formula runs the tuned backward), and every kernel
+the launcher launches is a compiled Triton kernel (a ``JITFunction``; the Triton interpreter's
+``InterpretedFunction`` cannot be traced). Then one trace of the body on fake inputs
+(:func:`_probe`) must record at least one Triton launch and nothing Inductor cannot take (a raw
+``kernel[grid]`` launch, a host read of a tensor's data): a family whose launcher needs such host
+logic keeps ``kernelsmith::kernel``. Each reason for keeping it is logged once per family.
+
+What the op gives up: calls run inside Inductor's code, so the per-call serve checks of
+``kernelsmith::kernel`` (:mod:`kernelsmith.servecheck`) do not run; the backend's check of the
+stored kernel on fresh inputs against the float64 reference, before the site is kept, does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kernelsmith.ops._launch import launches_through
+
+log = logging.getLogger(__name__)
+
+OP_NAME = "kernelsmith::triton_kernel"
+
+
+class NotTraceable(RuntimeError):
+    """A launcher that cannot be built for tracing (a kernel that is not a ``JITFunction``)."""
+
+
+# ---- whether this torch can have the op ----------------------------------------------------------
+def unsupported_reason() -> str | None:
+    """Why this torch (or Triton) cannot register the op, or None when it can."""
+    library = torch.library
+    if not hasattr(library, "triton_op") or not hasattr(library, "wrap_triton"):
+        return f"torch {torch.__version__} has no torch.library.triton_op / wrap_triton"
+    try:
+        from triton.runtime.jit import JITFunction  # noqa: F401
+    except ImportError:
+        return "Triton is not installed"
+    return None
+
+
+def is_compiled_kernel(kernel: Any) -> bool:
+    """Whether ``kernel`` is a Triton ``JITFunction`` (what ``wrap_triton`` traces), not the
+    interpreter's ``InterpretedFunction`` nor anything else."""
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return False
+    return isinstance(kernel, JITFunction)
+
+
+# ---- the choice ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Choice:
+    """Whether a site's call is ``kernelsmith::triton_kernel`` (else ``kernelsmith::kernel``), and why not."""
+
+    triton_op: bool
+    reason: str = ""
+
+
+def choose(
+    *, supported: str | None, static: bool, winner: bool, training: bool, kernels: Sequence[Any]
+) -> Choice:
+    """The op for one site, from what is known about it (module docstring).
+
+    ``supported``: :func:`unsupported_reason`'s answer; ``static``: every input size and stride is
+    a plain int; ``winner``: a stored (or carried) kernel decision serves the site; ``training``:
+    the graph needs the site's gradient; ``kernels``: the kernels its launcher launches.
+    """
+    if supported is not None:
+        return Choice(False, supported)
+    if not static:
+        return Choice(False, "the graph has symbolic sizes (the launcher is built for one shape)")
+    if not winner:
+        return Choice(False, "no kernel winner serves the site")
+    if training:
+        return Choice(False, "a training graph (the Triton op has no autograd formula; kernelsmith::kernel's runs "
+                             "the tuned backward)")
+    if not kernels:
+        return Choice(False, "its launcher launches no kernel through kernelsmith's launcher")
+    foreign = [k for k in kernels if not is_compiled_kernel(k)]
+    if foreign:
+        kinds = ", ".join(sorted({type(k).__name__ for k in foreign}))
+        return Choice(False, f"its kernels are not compiled Triton kernels ({kinds}: the Triton interpreter?), "
+                             "which Inductor cannot trace")
+    return Choice(True)
+
+
+_logged: set[tuple[str, str]] = set()
+_logged_lock = threading.Lock()
+
+
+def _log_once(op: str, reason: str) -> None:
+    with _logged_lock:
+        if (op, reason) in _logged:
+            return
+        _logged.add((op, reason))
+    log.info("%s is called through kernelsmith::kernel, not %s: %s", op, OP_NAME, reason)
+
+
+def site_decision(
+    op: str, inputs: Sequence[torch.Tensor], constants: str, record: Any, mode: str, device: torch.device, *,
+    static: bool, training: bool,
+) -> str:
+    """The ``decision`` argument of ``kernelsmith::triton_kernel`` for a site on ``device`` whose
+    inputs look like ``inputs`` (meta tensors are enough), served by the kernel decision
+    ``record`` (None: no winner) measured in ``mode``; "" where the site keeps
+    ``kernelsmith::kernel`` (the reason is logged once). Never raises: the op is an optimization."""
+    from kernelsmith import dispatch
+
+    try:
+        supported = unsupported_reason()
+        winner = record is not None and getattr(record, "winner", None) == "kernel"
+        decision = dispatch.encode_decisions([record], mode) if winner else ""
+        kernels: list[Any] = []
+        problem = None
+        if supported is None and static and winner and not training:
+            try:
+                kernels = launched_kernels(op, inputs, constants, decision, mode)
+            except Exception as exc:  # a build that fails here fails in the body too
+                problem = f"its launcher cannot be built: {type(exc).__name__}: {exc}"
+        choice = choose(supported=supported, static=static, winner=winner, training=training, kernels=kernels)
+        if choice.triton_op and problem is None:
+            problem = _probe(op, inputs, constants, decision, device)
+    except Exception as exc:
+        choice, problem = Choice(False), f"{type(exc).__name__}: {exc}"
+    if not choice.triton_op or problem:
+        _log_once(op, problem or choice.reason)
+        return ""
+    return decision
+
+
+def launched_kernels(
+    op: str, inputs: Sequence[torch.Tensor], constants: str, decision: str, mode: str
+) -> list[Any]:
+    """The kernels the launcher of ``decision`` (measured in ``mode``) for ``inputs`` launches
+    through :func:`~kernelsmith.ops._launch.direct_launch` (collected while it is built; nothing
+    runs, so meta tensors are enough). LookupError when the decision does not serve ``inputs``."""
+    kernels: list[Any] = []
+
+    def collect(kernel: Any, grid: Any) -> Callable[..., Any]:
+        kernels.append(kernel)
+        return _never_launched
+
+    with launches_through(collect):
+        if _build(op, inputs, constants, decision, mode) is None:
+            raise LookupError("the decision does not serve these inputs")
+    return kernels
+
+
+def _never_launched(*args: Any, **kwargs: Any) -> None:
+    raise AssertionError("a launcher built to list its kernels was launched")
+
+
+def _probe(
+    op: str, inputs: Sequence[torch.Tensor], constants: str, decision: str, device: torch.device
+) -> str | None:
+    """Trace the op's body once on fake inputs, as AOTAutograd will: None when it records at
+    least one Triton launch and nothing else fails, else why not."""
+    from torch._higher_order_ops.triton_kernel_wrap import triton_kernel_wrapper_mutation
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def body(*tensors: torch.Tensor) -> list[torch.Tensor]:
+        return _body(op, list(tensors), constants, decision)
+
+    examples = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device) for t in inputs]
+    try:
+        graph = make_fx(body, tracing_mode="fake")(*examples)
+    except Exception as exc:
+        return f"its launcher cannot be traced: {type(exc).__name__}: {str(exc)[:300]}"
+    if not any(node.target is triton_kernel_wrapper_mutation for node in graph.graph.nodes):
+        return "tracing its launcher recorded no Triton launch"
+    return None
+
+
+# ---- the op's body --------------------------------------------------------------------------------
+def _traceable(kernel: Any, grid: Any) -> Callable[..., Any]:
+    """``wrap_triton(kernel)[grid]``, made traceable whatever the current setting of torch's
+    wrap-triton switch (the body's eager calls turn it off: then the wrapper launches plainly)."""
+    if not is_compiled_kernel(kernel):
+        raise NotTraceable(f"{type(kernel).__name__} is not a compiled Triton kernel (JITFunction)")
+    with _wrap_triton_enabled():
+        return torch.library.wrap_triton(kernel)[grid]  # type: ignore[no-any-return]
+
+
+def _wrap_triton_enabled() -> contextlib.AbstractContextManager[Any]:
+    from torch._library import triton as library_triton
+
+    switch = getattr(library_triton, "set_wrap_triton_enabled", None)
+    return switch(True) if switch is not None else contextlib.nullcontext()
+
+
+_RUNNERS: dict[tuple[Any, ...], Any] = {}  # built launchers by call; under tracing, inputs are fakes
+_RUNNERS_LOCK = threading.Lock()
+
+
+def _build(op: str, inputs: Sequence[torch.Tensor], constants: str, decision: str, mode: str | None = None) -> Any:
+    """The runner of ``decision`` for ``inputs`` (its workload's or bucket's entry, measured in
+    ``mode``: by default the inputs' own), or None when the decision does not serve them (the
+    reference runs)."""
+    from kernelsmith import dispatch
+    from kernelsmith.ops import get_op
+
+    family = get_op(op)
+    spec = family.spec_for(*inputs, **json.loads(constants))
+    mode = mode or dispatch.mode_for(inputs)
+    carried = dispatch.parse_decisions(decision)
+    entry = carried.get((str(mode), spec.workload_hash)) or carried.get((str(mode), family.bucket(spec).workload_hash))
+    if entry is None:
+        log.info("%s(%s): the carried decision does not serve %s; the PyTorch reference runs", OP_NAME, op,
+                 spec.describe())
+        return None
+    return dispatch.build_runner(family, spec, entry)
+
+
+def _runner(op: str, inputs: Sequence[torch.Tensor], constants: str, decision: str) -> Any:
+    key = (op, constants, decision, *((tuple(t.shape), t.stride(), t.dtype, t.device) for t in inputs))
+    with _RUNNERS_LOCK:
+        if key in _RUNNERS:
+            return _RUNNERS[key]
+    with launches_through(_traceable):
+        try:
+            runner = _build(op, inputs, constants, decision)
+        except (LookupError, NotTraceable) as exc:  # a variant changed since the graph was made; the interpreter
+            log.info("%s(%s): the carried decision is not used (%s); the PyTorch reference runs", OP_NAME, op, exc)
+            runner = None
+    with _RUNNERS_LOCK:
+        _RUNNERS[key] = runner
+    return runner
+
+
+def _body(op: str, inputs: list[torch.Tensor], constants: str, decision: str) -> list[torch.Tensor]:
+    """Launch the carried kernel (every launch through ``wrap_triton``), or run the reference."""
+    runner = _runner(op, inputs, constants, decision)
+    if runner is not None:
+        return list(runner(inputs))
+    from kernelsmith.ops import get_op
+
+    family = get_op(op)
+    return list(family.reference(family.spec_for(*inputs, **json.loads(constants)), inputs))
+
+
+def _register() -> Any:
+    """Register the op (once per process); its overload, or None where torch cannot."""
+    if unsupported_reason() is not None:
+        return None
+    try:
+        return torch.ops.kernelsmith.triton_kernel.default  # registered already (a reloaded module)
+    except AttributeError:
+        pass
+
+    def triton_kernel(op: str, inputs: list[torch.Tensor], constants: str, decision: str) -> list[torch.Tensor]:
+        """The carried kernel on ``inputs`` (module docstring)."""
+        return _body(op, inputs, constants, decision)
+
+    try:
+        torch.library.triton_op(OP_NAME, triton_kernel, mutates_args=())
+    except Exception:  # a torch whose triton_op differs: the backend keeps kernelsmith::kernel
+        log.warning("kernelsmith could not register %s; compiled graphs call kernelsmith::kernel", OP_NAME,
+                    exc_info=True)
+        return None
+    return torch.ops.kernelsmith.triton_kernel.default
+
+
+OP: Any = _register()
+"""``torch.ops.kernelsmith.triton_kernel.default``, or None where this torch has no ``triton_op``."""

@@ -1,0 +1,166 @@
+"""``kernelsmith::triton_kernel`` on the CPU: when the backend picks it, and what it does when it can't.
+
+The op pays only with compiled Triton kernels (Inductor traces ``wrap_triton`` launches of
+``JITFunction``s), so on the CPU (the Triton interpreter, ``InterpretedFunction``) the backend
+must keep ``kernelsmith::kernel`` and say why, once. :func:`triton_ops.choose` is tested on real
+``JITFunction`` and ``InterpretedFunction`` objects (built here from a Python function, never
+launched); the GPU side (Inductor's code holding the kernel, AOTInductor packages) is
+tests/gpu/test_triton_ops_gpu.py.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
+
+from kernelsmith import dispatch
+from kernelsmith.db import DecisionRecord, open_database
+from kernelsmith.frontends import backend as ks_backend
+from kernelsmith.frontends import triton_ops
+from kernelsmith.ops import _launch, get_op
+from kernelsmith.testing.decisions import store_kernel_decisions
+
+EPS = 1e-6
+
+
+def _device_code(x_ptr, n):  # only ever wrapped, never compiled or launched
+    pass
+
+
+COMPILED = JITFunction(_device_code)
+INTERPRETED = InterpretedFunction(_device_code)
+EVERYTHING = {"supported": None, "static": True, "winner": True, "training": False, "kernels": [COMPILED]}
+
+
+def test_choose_takes_the_triton_op_when_every_condition_holds():
+    assert triton_ops.choose(**EVERYTHING) == triton_ops.Choice(True)
+
+
+@pytest.mark.parametrize(
+    ("fact", "value", "reason"),
+    [
+        ("supported", "torch 2.3 has no torch.library.triton_op / wrap_triton", "no torch.library.triton_op"),
+        ("static", False, "symbolic sizes"),
+        ("winner", False, "no kernel winner"),
+        ("training", True, "training graph"),
+        ("kernels", [], "launches no kernel"),
+        ("kernels", [INTERPRETED], "InterpretedFunction"),
+        ("kernels", [COMPILED, INTERPRETED], "InterpretedFunction"),
+        ("kernels", [object()], "not compiled Triton kernels (object"),
+    ],
+)
+def test_choose_keeps_kernelsmith_kernel_when_one_condition_fails(fact, value, reason):
+    choice = triton_ops.choose(**{**EVERYTHING, fact: value})
+    assert not choice.triton_op
+    assert reason in choice.reason
+
+
+def test_a_torch_without_triton_op_is_unsupported(monkeypatch):
+    assert triton_ops.unsupported_reason() is None  # torch 2.11+ has it
+    monkeypatch.delattr(torch.library, "triton_op")
+    assert "no torch.library.triton_op" in triton_ops.unsupported_reason()
+
+
+# ---- a real site: RMSNorm with a stored winner ---------------------------------------------------------
+class RMSNorm(nn.Module):
+    """Llama's RMSNorm, as the backend recognizes it."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(variance + EPS))
+
+
+def _winner(shape=(4, 64)) -> tuple[list[torch.Tensor], str, DecisionRecord]:
+    """Meta inputs of an RMSNorm workload, its constants and a stored kernel winner for its bucket."""
+    family = get_op("rmsnorm")
+    inputs = [torch.empty(shape, device="meta"), torch.empty(shape[-1:], device="meta")]
+    spec = family.spec_for(*inputs, eps=EPS)
+    store_kernel_decisions(None, [spec])
+    with open_database() as db:
+        record = dispatch.lookup_decision(db, "interpreter", family, spec)
+    assert record is not None and record.winner == "kernel"
+    return inputs, dispatch.constants_json({"eps": EPS}), record
+
+
+def test_launched_kernels_lists_the_variants_kernel_without_launching_it():
+    inputs, constants, record = _winner()
+    decision = dispatch.encode_decisions([record], "interpreter")
+    kernels = triton_ops.launched_kernels("rmsnorm", inputs, constants, decision, "interpreter")
+    module = __import__(get_op("rmsnorm").__module__, fromlist=["_"])
+    assert kernels == [getattr(module, f"_rmsnorm_{record.variant}_kernel")]
+    assert isinstance(kernels[0], InterpretedFunction)  # so the choice below is kernelsmith::kernel
+    # the switch was for that build only: an eager launcher is Triton's own again
+    assert _launch.direct_launch(kernels[0], (1,)) is not triton_ops._never_launched
+
+
+def test_site_decision_under_the_interpreter_is_kernelsmith_kernel_and_says_why_once(caplog):
+    inputs, constants, record = _winner()
+    triton_ops._logged.clear()
+    with caplog.at_level(logging.INFO, logger=triton_ops.__name__):
+        for _ in range(2):
+            decision = triton_ops.site_decision("rmsnorm", inputs, constants, record, "interpreter",
+                                                torch.device("cpu"), static=True, training=False)
+            assert decision == ""
+    messages = [r.getMessage() for r in caplog.records if "is called through kernelsmith::kernel" in r.getMessage()]
+    assert len(messages) == 1 and "InterpretedFunction" in messages[0]
+
+
+def test_site_decision_without_a_winner_or_with_symbolic_sizes_is_kernelsmith_kernel():
+    inputs, constants, record = _winner()
+    for static, given in ((True, None), (False, record)):
+        assert triton_ops.site_decision("rmsnorm", inputs, constants, given, "interpreter", torch.device("cpu"),
+                                        static=static, training=False) == ""
+
+
+def test_the_backend_calls_kernelsmith_kernel_under_the_interpreter(monkeypatch):
+    import torch._inductor.compile_fx as inductor
+
+    seen: list[torch.fx.GraphModule] = []
+
+    def compile_fx(gm, example_inputs, **kwargs):  # Inductor on the CPU takes seconds: run the graph
+        seen.append(gm)
+        return gm.forward
+
+    monkeypatch.setattr(inductor, "compile_fx", compile_fx)
+    _winner((4, 64))
+    torch.manual_seed(0)
+    module, x = RMSNorm(64), torch.randn(4, 64)
+    torch._dynamo.reset()
+    backend = ks_backend.KernelsmithBackend()
+    with torch.no_grad():
+        out = torch.compile(module, backend=backend)(x)
+        expected = module(x)
+    (graph,) = seen
+    targets = [n.target for n in graph.graph.nodes if n.op == "call_function"]
+    assert torch.ops.kernelsmith.kernel.default in targets
+    assert triton_ops.OP not in targets
+    (site,) = backend.sites
+    assert site.status == "replaced" and site.triton_decision == ""
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_op_called_eagerly_on_interpreter_kernels_runs_the_reference():
+    """Not the backend's choice on the CPU, but a program may call the op anywhere: with kernels it
+    cannot trace, or a decision for another workload, it computes the family's reference."""
+    inputs, constants, record = _winner()
+    decision = dispatch.encode_decisions([record], "interpreter")
+    torch.manual_seed(1)
+    x, weight = torch.randn(4, 64), torch.randn(64)
+    family = get_op("rmsnorm")
+    (expected,) = family.reference(family.spec_for(x, weight, eps=EPS), [x, weight])
+    for given in (x, torch.randn(4, 4096)):  # the decision's workload; one it does not serve
+        w = weight if given.shape[-1] == 64 else torch.randn(4096)
+        (out,) = triton_ops.OP("rmsnorm", [given, w], constants, decision)
+        if given is x:
+            torch.testing.assert_close(out, expected)
+        (reference,) = family.reference(family.spec_for(given, w, eps=EPS), [given, w])
+        torch.testing.assert_close(out, reference)
