@@ -97,17 +97,20 @@ def lce_tile(
     a_ptrs = a_ptr + rows[:, None] * stride_am + ks[None, :].to(tl.int64) * stride_ak
     b_ptrs = b_ptr + ks[:, None].to(tl.int64) * stride_bk + cols[None, :] * stride_bn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    row_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+    # The row sums accumulate elementwise across the K loop and reduce once after it: a tl.sum
+    # inside the loop trips an assertion in Triton 3.6's OptimizeThreadLocality pass
+    # ("loopResult.hasOneUse()") on the H200 when the sum feeds more than one use.
+    row_part = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_mask = ks < K - k0
         a = tl.load(a_ptrs, mask=k_mask[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=k_mask[:, None], other=0.0)
         if ROW_SUM:
-            row_sum += tl.sum(a.to(tl.float32), axis=1)
+            row_part += a.to(tl.float32)
         acc = _dot(a.to(b_ptr.dtype.element_ty), b, acc, IEEE, UPCAST)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
-    return acc, row_sum
+    return acc, tl.sum(row_part, axis=1)
 
 
 @triton.jit
