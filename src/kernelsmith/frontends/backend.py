@@ -16,7 +16,9 @@ Dynamo hands the backend each captured FX graph (torch-level calls: ``x.pow(2)``
 3. **rewrites** a copy of the graph: each kept site becomes one ``torch.ops.kernelsmith.kernel``
    call (:mod:`kernelsmith.dispatch`), whose launcher is installed for the exact call, so the
    compiled graph never queries the database; a graph with nothing to replace is the very
-   graph Dynamo gave;
+   graph Dynamo gave. In a static inference graph with compiled Triton kernels (a GPU) the call
+   is ``kernelsmith::triton_kernel`` instead, a ``torch.library.triton_op`` carrying its winner,
+   whose kernel Inductor compiles into its own code (:mod:`kernelsmith.frontends.triton_ops`);
 4. hands the graph to **Inductor** (``compile_fx``), which fuses and compiles everything else as
    usual; ``mode="max-autotune"`` and Inductor options in ``options`` pass through.
 
@@ -92,7 +94,7 @@ from torch import fx
 from kernelsmith import dispatch
 from kernelsmith.db import DatabaseError, DecisionRecord, open_database, warn_unusable_database
 from kernelsmith.evaluate.errors import check_close
-from kernelsmith.frontends import torch_op
+from kernelsmith.frontends import torch_op, triton_ops
 from kernelsmith.ops import OpFamily, UnsupportedWorkload, get_op
 from kernelsmith.spec import OpSpec
 
@@ -163,6 +165,8 @@ class Site:
     backward_speedup: float | None = None
     runners: list[tuple[str, list[torch.Tensor], dispatch.KernelRunner]] = field(default_factory=list, repr=False)
     decisions: str = ""  # a dynamic graph's site: the winners its op call carries, one chosen per call
+    # a static site called through kernelsmith::triton_kernel (Inductor sees its kernel): its one decision
+    triton_decision: str = ""
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready line for reports."""
@@ -547,6 +551,9 @@ class _Resolver:
             site.backward_speedup = backward[1].metrics.get("speedup")
             runners.append((backward_family.name, list(backward_inputs), backward[0]))
         site.status, site.runners = "replaced", runners
+        site.triton_decision = triton_ops.site_decision(
+            site.op, runners[0][1], dispatch.constants_json(site.constants), forward[1], mode, device,
+            static=True, training=site.needs_grad)
 
     def _resolve_dynamic(self, site: Site, family: OpFamily, mode: str, device: torch.device) -> None:
         """A site of a graph with symbolic sizes: its op call carries every stored winner of its
@@ -699,13 +706,15 @@ def _rewrite_site(graph: fx.Graph, site: Site, val_map: dict[fx.Node, fx.Node], 
                 node = graph.call_method("reshape", (node, shape))
                 _set_value(node, fake_mode, functools.partial(torch.reshape, source, shape))
             args.append(node)
-        kernel = graph.call_function(_KERNEL, (site.op, args, constants, site.decisions))
+        # Inductor compiles kernelsmith::triton_kernel's kernel itself; kernelsmith::kernel stays a call.
+        target, decisions = (triton_ops.OP, site.triton_decision) if site.triton_decision else (_KERNEL, site.decisions)
+        kernel = graph.call_function(target, (site.op, args, constants, decisions))
         results = [graph.call_function(operator.getitem, (kernel, i)) for i in range(2 if add is not None else 1)]
     for node in (kernel, *results):
         for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
             if key in out.meta:
                 node.meta[key] = out.meta[key]
-    _set_value(kernel, fake_mode, lambda: _KERNEL(site.op, [_value(a) for a in args], constants, site.decisions))
+    _set_value(kernel, fake_mode, lambda: target(site.op, [_value(a) for a in args], constants, decisions))
     for i, node in enumerate(results):
         if kernel.meta.get("example_value") is not None:
             node.meta["example_value"] = kernel.meta["example_value"][i]
