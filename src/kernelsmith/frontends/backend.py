@@ -52,7 +52,10 @@ baseline, not against what Inductor would have fused around the op; a replacemen
 fusion (the kernel reads a tensor Inductor would have kept in registers) and adds a custom op
 call's host time. So the backend checks in context (``compare``, on by default for CUDA graphs):
 the graph is compiled with every replacement and without any, and both are timed on the example
-inputs; the rewritten graph is kept only when faster. When it is not and several op families
+inputs the way the step will run (``timing``: as replayed CUDA graphs when it is compiled for
+``kernelsmith.cuda_graph``, where the custom op's host time vanishes and only the GPU's counts; see
+:func:`kernelsmith.whole_model.decode.in_context_timer`); the rewritten graph is kept only when
+faster. When it is not and several op families
 were replaced, each family's replacements alone get the same test, and the fastest graph that
 beats Inductor alone is kept (else Inductor alone). Per-site selection (2^sites graphs) is not
 attempted. Training graphs are not timed (their replacements are kept); in interpreter mode
