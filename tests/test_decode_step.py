@@ -310,3 +310,12 @@ def test_verify_decode_reports_every_variant_in_json(monkeypatch):
     report = json.loads(result.output.strip().splitlines()[-1])
     assert report["ok"] and report["prompt"] == 5 and report["new_tokens"] == 3 and report["kind"] == "builtin"
     assert [r["name"] for r in report["rows"]] == ["eager"] and report["rows"][0]["tokens_per_s"] > 0
+
+
+def test_a_deep_copy_of_the_backend_is_the_backend():
+    """transformers' CompileConfig deep-copies its backend: the sites must land on the user's."""
+    import copy
+
+    backend = decode.kernelsmith_backend()
+    assert copy.deepcopy(backend) is backend
+    assert copy.deepcopy({"backend": backend})["backend"] is backend
