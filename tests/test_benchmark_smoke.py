@@ -40,6 +40,7 @@ def run_smoke(script: str, only: str, tmp_path: Path, *extra: str) -> dict[str, 
         ("attention", "decode", "sdpa", {"sdpa"}),
         ("matmul", "fused:bias+gelu_tanh", "eager", {"eager", "product only", "cublaslt epilogue"}),
         ("decode", "swiglu", "cublas", {"cublas"}),  # one model and M below: one row
+        ("decode", "attention", "sdpa", {"sdpa"}),  # (decode_attention over a static cache)
     ],
 )
 def test_smoke_runs_a_row_and_compares_the_kernel_with_pytorch(
@@ -105,11 +106,15 @@ def test_decode_rows_cover_every_projection_of_both_models() -> None:
     assert shapes[("1b", "qkv")] == (3072, 2048) and shapes[("8b", "qkv")] == (6144, 4096)
     assert shapes[("1b", "down")] == (2048, 8192) and shapes[("8b", "gate/up")] == (14336, 4096)
     assert shapes[("8b", "lm_head")] == (128256, 4096)
-    fused = decode.workloads(["1b"], [1], fused=True)
-    assert {w.epilogue for w in fused} == {"none", "swiglu", "residual"}
+    fused = decode.workloads(["1b"], [1], fused=True, attention=True, cache_lengths=[1024, 4096])
+    assert {w.epilogue for w in fused} == {"none", "swiglu", "residual", "rope"}
+    assert {w.prologue for w in fused} == {"none", "rmsnorm"}
+    assert [(w.m, w.heads, w.kv_heads, w.n, w.k) for w in fused if w.row == "attention"] == [
+        (1, 32, 8, 1024, 64), (1, 32, 8, 4096, 64)]  # fmt: skip
     for w in fused:
         tiny = w.tiny()
         assert (tiny.m, tiny.epilogue) == (w.m, w.epilogue) and max(tiny.n, tiny.k) <= 72
+        assert tiny.spec().op == w.spec().op  # both sizes are specs the family takes
     assert decode.main(["--models", "70b"]) == 2 and decode.main(["--only", "qkv,nonsense"]) == 2
 
 
