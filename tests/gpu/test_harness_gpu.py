@@ -206,6 +206,7 @@ BUILTIN_SHAPES: dict[str, list[tuple[int, ...]]] = {
     "attention": [(2, 8, 512, 128), (1, 3, 17, 64)],  # B x H x S x D
     "matmul": [(1024, 1024, 512), (17, 1000, 129)],  # M x N x K
     "decode_matmul": [(1, 4096, 4096), (5, 1000, 129)],  # M x N x K, M <= 64
+    "decode_attention": [(1, 32, 1024, 64), (3, 8, 17, 16)],  # B x H x L x D
     # tokens x hidden x vocabulary
     "linear_cross_entropy": [(256, 512, 8192), (17, 80, 1001)],
     "linear_cross_entropy_backward": [(256, 512, 8192), (17, 80, 1001)],

@@ -22,6 +22,7 @@ SHAPES = {
     "rope": (1, 2, 9, 16),
     "matmul": (13, 24, 40),  # M x N x K
     "decode_matmul": (3, 24, 40),
+    "decode_attention": (2, 4, 19, 16),  # B x H x L x D
     "linear_cross_entropy": (13, 40, 100),  # tokens x hidden x vocabulary
     "linear_cross_entropy_backward": (13, 40, 100),
     "linear_cross_entropy_fused": (13, 40, 100),
