@@ -11,6 +11,10 @@ tests/gpu/test_triton_ops_gpu.py.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -148,19 +152,96 @@ def test_the_backend_calls_kernelsmith_kernel_under_the_interpreter(monkeypatch)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_the_op_called_eagerly_on_interpreter_kernels_runs_the_reference():
-    """Not the backend's choice on the CPU, but a program may call the op anywhere: with kernels it
-    cannot trace, or a decision for another workload, it computes the family's reference."""
-    inputs, constants, record = _winner()
+def test_the_op_called_eagerly_runs_the_carried_kernel_or_else_the_reference():
+    """Not the backend's choice on the CPU, but a program may call the op anywhere: eagerly it
+    launches the carried kernel (the interpreter's, here) where the decision serves the call's
+    workload, and computes the family's reference where it does not."""
+    _, constants, record = _winner()
     decision = dispatch.encode_decisions([record], "interpreter")
-    torch.manual_seed(1)
-    x, weight = torch.randn(4, 64), torch.randn(64)
     family = get_op("rmsnorm")
-    (expected,) = family.reference(family.spec_for(x, weight, eps=EPS), [x, weight])
-    for given in (x, torch.randn(4, 4096)):  # the decision's workload; one it does not serve
-        w = weight if given.shape[-1] == 64 else torch.randn(4096)
-        (out,) = triton_ops.OP("rmsnorm", [given, w], constants, decision)
-        if given is x:
-            torch.testing.assert_close(out, expected)
-        (reference,) = family.reference(family.spec_for(given, w, eps=EPS), [given, w])
-        torch.testing.assert_close(out, reference)
+    torch.manual_seed(1)
+    triton_ops._RUNNERS.clear()
+    for rows, width, served in ((4, 64, True), (4, 4096, False)):  # the decision's workload; another one
+        x, weight = torch.randn(rows, width), torch.randn(width)
+        (out,) = triton_ops.OP("rmsnorm", [x, weight], constants, decision)
+        (expected,) = family.reference(family.spec_for(x, weight, eps=EPS), [x, weight])
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+        runners = [r for key, r in triton_ops._RUNNERS.items() if key[3][0] == (rows, width)]
+        assert len(runners) == 1 and (runners[0] is not None) == served
+        if served:
+            assert runners[0].variant == record.variant
+
+
+# ---- compiled kernels, traced on the CPU (a process without the interpreter) -----------------------------
+COMPILED_KERNELS = textwrap.dedent("""
+    import os, sys
+    os.environ.pop("TRITON_INTERPRET", None)
+    os.environ.pop("KERNELSMITH_INTERPRET", None)
+    import torch
+    from kernelsmith import dispatch
+    from kernelsmith.db import DecisionRecord
+    from kernelsmith.frontends import triton_ops
+    from kernelsmith.ops import get_op
+
+    family = get_op("rmsnorm")
+    inputs = [torch.empty(64, 1024, device="meta"), torch.empty(1024, device="meta")]
+    spec = family.spec_for(*inputs, eps=1e-6)
+    bucket = family.bucket(spec)
+    variant = family.variants[0]
+    config = variant.space(bucket).configs()[0]
+    record = DecisionRecord("fp", bucket.workload_hash, "rmsnorm", bucket.to_dict(), "kernel", variant.name,
+                            variant.source_hash, config.to_dict(), {})
+    constants = dispatch.constants_json({"eps": 1e-6})
+    cuda = torch.device("cuda")  # fake CUDA tensors: nothing is allocated or launched
+    decision = triton_ops.site_decision("rmsnorm", inputs, constants, record, "gpu", cuda, static=True,
+                                        training=False)
+    assert decision == dispatch.encode_decisions([record], "gpu"), decision
+    for training, static in ((True, True), (False, False)):
+        assert triton_ops.site_decision("rmsnorm", inputs, constants, record, "gpu", cuda, static=static,
+                                        training=training) == ""
+    graph = triton_ops.trace_body("rmsnorm", inputs, constants, decision, cuda)
+    (launch,) = [n for n in graph.graph.nodes if n.target is triton_ops._kernel_call()]
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+    kernel = kernel_side_table.get_kernel(launch.kwargs["kernel_idx"])
+    # torch moves num_warps / num_stages into a one-config autotuner around the kernel
+    (launch_config,) = kernel.configs
+    assert launch_config.num_warps == int(config["num_warps"]), launch_config
+    module = sys.modules[family.__module__]
+    assert kernel.fn is getattr(module, f"_rmsnorm_{variant.name}_kernel"), kernel.fn
+    assert launch.kwargs["grid"] == [(64, 1, 1)], launch.kwargs["grid"]
+    assert launch.kwargs["kwargs"]["BLOCK_N"] == int(config.to_dict().get("BLOCK_N", 1024))
+
+    # AOTAutograd (what Inductor runs first) decomposes the op into Triton's functional kernel call
+    from functorch.compile import aot_function, make_boxed_func
+    from torch._higher_order_ops.triton_kernel_wrap import triton_kernel_wrapper_functional
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    graphs = []
+
+    def forward_compiler(gm, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    with FakeTensorMode():
+        x, w = torch.empty(64, 1024, device="cuda"), torch.empty(1024, device="cuda")
+    compiled = aot_function(lambda a, b: triton_ops.OP("rmsnorm", [a, b], constants, decision)[0],
+                            fw_compiler=forward_compiler)
+    try:
+        compiled(x, w)  # fake CUDA inputs: the compiled graph cannot run here, only be made
+    except RuntimeError:
+        pass
+    (forward,) = graphs
+    targets = [n.target for n in forward.graph.nodes]
+    assert triton_kernel_wrapper_functional in targets and triton_ops.OP not in targets, forward.code
+    print("traced", variant.name)
+""")
+
+
+def test_with_compiled_kernels_the_choice_is_the_triton_op_and_its_body_traces_to_the_kernel(tmp_path):
+    """In a process where ``@triton.jit`` makes real ``JITFunction``s (no interpreter), a static
+    inference site with a winner gets the op, and its body traces (fake CUDA tensors, no GPU
+    needed) to exactly one launch of the variant's kernel at its grid and config."""
+    done = subprocess.run([sys.executable, "-c", COMPILED_KERNELS], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KERNELSMITH_DB": str(tmp_path / "empty.db")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("traced"), done.stdout

@@ -14,10 +14,13 @@ The op (one for every family: the family, its variant and its config are argumen
 
 ``decision`` is one carried winner in :func:`kernelsmith.dispatch.encode_decisions`' JSON (the
 variant, its source hash and its config, never code). The body builds the variant's launcher for
-the inputs' concrete shape with every launch going through ``wrap_triton`` (:func:`_traceable`,
-installed in :func:`kernelsmith.ops._launch.direct_launch` for the build only), allocates the
-outputs with ``torch.empty`` and launches. A body whose decision does not fit its inputs (another
-workload, a variant changed since) runs the family's PyTorch reference, which traces too.
+the inputs' concrete shape, allocates the outputs with ``torch.empty`` and launches. Under a
+tracer (Inductor's, export's, a fake-tensor run) every launch goes through ``wrap_triton``
+(:func:`_traceable`, installed in :func:`kernelsmith.ops._launch.direct_launch` for that build
+only) and the launcher is built afresh for each trace; an eager call (an exported program run
+without compiling it) uses kernelsmith's direct launch, cached per call. A body whose decision
+does not fit its inputs (another workload, a variant changed since) runs the family's PyTorch
+reference, which traces too.
 
 Building the launcher needs concrete sizes, so the op is only for static graphs; the compile
 backend (:mod:`kernelsmith.frontends.backend`) knows a graph is static from its example inputs'
@@ -38,7 +41,6 @@ stored kernel on fresh inputs against the float64 reference, before the site is 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
@@ -188,42 +190,66 @@ def _never_launched(*args: Any, **kwargs: Any) -> None:
 def _probe(
     op: str, inputs: Sequence[torch.Tensor], constants: str, decision: str, device: torch.device
 ) -> str | None:
-    """Trace the op's body once on fake inputs, as AOTAutograd will: None when it records at
-    least one Triton launch and nothing else fails, else why not."""
-    from torch._higher_order_ops.triton_kernel_wrap import triton_kernel_wrapper_mutation
+    """Trace the op's body once on fake inputs on ``device`` (nothing is allocated or launched),
+    as AOTAutograd will: None when it records at least one Triton launch and nothing else fails,
+    else why not."""
+    graph = trace_body(op, inputs, constants, decision, device)
+    if isinstance(graph, str):
+        return graph
+    if not any(node.target is _kernel_call() for node in graph.graph.nodes):
+        return "tracing its launcher recorded no Triton launch"
+    return None
+
+
+def trace_body(
+    op: str, inputs: Sequence[torch.Tensor], constants: str, decision: str, device: torch.device
+) -> torch.fx.GraphModule | str:
+    """The op's body traced (``make_fx``) on fake tensors like ``inputs`` on ``device``, or why it
+    cannot be."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
     def body(*tensors: torch.Tensor) -> list[torch.Tensor]:
         return _body(op, list(tensors), constants, decision)
 
-    examples = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device) for t in inputs]
     try:
-        graph = make_fx(body, tracing_mode="fake")(*examples)
+        with FakeTensorMode():
+            examples = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device) for t in inputs]
+        return make_fx(body, tracing_mode="real")(*examples)  # type: ignore[no-any-return]
     except Exception as exc:
         return f"its launcher cannot be traced: {type(exc).__name__}: {str(exc)[:300]}"
-    if not any(node.target is triton_kernel_wrapper_mutation for node in graph.graph.nodes):
-        return "tracing its launcher recorded no Triton launch"
-    return None
+
+
+def _kernel_call() -> Any:
+    from torch._higher_order_ops.triton_kernel_wrap import triton_kernel_wrapper_mutation
+
+    return triton_kernel_wrapper_mutation
 
 
 # ---- the op's body --------------------------------------------------------------------------------
 def _traceable(kernel: Any, grid: Any) -> Callable[..., Any]:
-    """``wrap_triton(kernel)[grid]``, made traceable whatever the current setting of torch's
-    wrap-triton switch (the body's eager calls turn it off: then the wrapper launches plainly)."""
+    """``wrap_triton(kernel)[grid]``: a launch the tracers record as Triton's kernel-call operator."""
     if not is_compiled_kernel(kernel):
         raise NotTraceable(f"{type(kernel).__name__} is not a compiled Triton kernel (JITFunction)")
-    with _wrap_triton_enabled():
-        return torch.library.wrap_triton(kernel)[grid]  # type: ignore[no-any-return]
+    return torch.library.wrap_triton(kernel)[grid]  # type: ignore[no-any-return]
 
 
-def _wrap_triton_enabled() -> contextlib.AbstractContextManager[Any]:
+def _tracing() -> bool:
+    """Whether the body runs under a tracer (fake or functional tensors), not on real tensors.
+
+    torch's own switch: ``triton_op`` turns ``wrap_triton`` off around an eager call of the body
+    with plain tensors, and leaves it on for every trace (a torch without the switch: always on).
+    """
     from torch._library import triton as library_triton
 
-    switch = getattr(library_triton, "set_wrap_triton_enabled", None)
-    return switch(True) if switch is not None else contextlib.nullcontext()
+    enabled = getattr(library_triton, "is_wrap_triton_enabled", None)
+    return True if enabled is None else bool(enabled())
 
 
-_RUNNERS: dict[tuple[Any, ...], Any] = {}  # built launchers by call; under tracing, inputs are fakes
+# Eager calls' launchers (kernelsmith's direct launch), by call. Launchers built for a trace are
+# never kept: a wrap_triton wrapper holds an index into torch's kernel side table, which
+# torch._dynamo.reset() clears.
+_RUNNERS: dict[tuple[Any, ...], Any] = {}
 _RUNNERS_LOCK = threading.Lock()
 
 
@@ -247,23 +273,31 @@ def _build(op: str, inputs: Sequence[torch.Tensor], constants: str, decision: st
 
 
 def _runner(op: str, inputs: Sequence[torch.Tensor], constants: str, decision: str) -> Any:
+    """The runner for this call: built for the trace (every launch through ``wrap_triton``) under
+    a tracer, else the cached eager one; None where the reference must run."""
+    if _tracing():
+        with launches_through(_traceable):
+            return _built(op, inputs, constants, decision)
     key = (op, constants, decision, *((tuple(t.shape), t.stride(), t.dtype, t.device) for t in inputs))
     with _RUNNERS_LOCK:
         if key in _RUNNERS:
             return _RUNNERS[key]
-    with launches_through(_traceable):
-        try:
-            runner = _build(op, inputs, constants, decision)
-        except (LookupError, NotTraceable) as exc:  # a variant changed since the graph was made; the interpreter
-            log.info("%s(%s): the carried decision is not used (%s); the PyTorch reference runs", OP_NAME, op, exc)
-            runner = None
+    runner = _built(op, inputs, constants, decision)
     with _RUNNERS_LOCK:
         _RUNNERS[key] = runner
     return runner
 
 
+def _built(op: str, inputs: Sequence[torch.Tensor], constants: str, decision: str) -> Any:
+    try:
+        return _build(op, inputs, constants, decision)
+    except (LookupError, NotTraceable) as exc:  # a variant changed since the graph was made; the interpreter
+        log.info("%s(%s): the carried decision is not used (%s); the PyTorch reference runs", OP_NAME, op, exc)
+        return None
+
+
 def _body(op: str, inputs: list[torch.Tensor], constants: str, decision: str) -> list[torch.Tensor]:
-    """Launch the carried kernel (every launch through ``wrap_triton``), or run the reference."""
+    """Launch the carried kernel (through ``wrap_triton`` under a tracer), or run the reference."""
     runner = _runner(op, inputs, constants, decision)
     if runner is not None:
         return list(runner(inputs))
