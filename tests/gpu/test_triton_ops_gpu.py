@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from kernelsmith import dispatch
+from kernelsmith.db import DecisionRecord
 from kernelsmith.frontends import backend as ks_backend
 from kernelsmith.frontends import triton_ops
 from kernelsmith.ops import get_op
@@ -143,3 +144,25 @@ def test_aot_inductor_packages_the_kernel_and_runs_without_kernelsmith(db, tmp_p
     assert done.returncode == 0, done.stderr
     out = torch.load(tmp_path / "out.pt")
     torch.testing.assert_close(out, expected.cpu(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_launcher_with_host_state_keeps_kernelsmith_kernel_and_says_why(caplog):
+    """decode_matmul's ``REDUCE = last_program`` launcher zeroes its arrival counters once, with a
+    raw ``kernel[grid]`` launch, and keeps them between calls: nothing a trace can record, so the
+    probe fails and the site keeps ``kernelsmith::kernel``."""
+    import logging
+
+    family = get_op("decode_matmul")
+    spec = family.spec((2, 768, 512), "bf16")
+    bucket = family.bucket(spec)
+    variant, config = next((v, c) for v in family.variants for c in v.space(bucket).configs()
+                           if c.to_dict().get("REDUCE") == "last_program")
+    record = DecisionRecord("fp", bucket.workload_hash, spec.op, bucket.to_dict(), "kernel", variant.name,
+                            variant.source_hash, config.to_dict(), {})
+    inputs = [torch.empty(t.shape, dtype=t.torch_dtype, device="meta") for t in spec.inputs]
+    triton_ops._logged.clear()
+    with caplog.at_level(logging.INFO, logger=triton_ops.__name__):
+        decision = triton_ops.site_decision(spec.op, inputs, dispatch.constants_json(dict(spec.constants)), record,
+                                            "gpu", torch.device("cuda"), static=True, training=False)
+    assert decision == ""
+    assert any("cannot be traced" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
