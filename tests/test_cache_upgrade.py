@@ -202,6 +202,9 @@ def test_database_only_never_tunes(executors: _Made, db_path: str, monkeypatch: 
         assert db.decisions() == [] and db.trials() == []
     with pytest.raises(ValueError, match="contradicts"):
         tune_spec(SPEC, budget=5, db=db_path, mode="interpreter", force=True)
+    monkeypatch.setenv("KERNELSMITH_FORCE_RETUNE", "1")  # the setting yields: a deployment never tunes
+    assert tune_spec(SPEC, budget=5, db=db_path, mode="interpreter").evaluations == 0
+    assert executors == []
 
 
 def test_force_retune_measures_afresh(executors: _Made, db_path: str, monkeypatch: pytest.MonkeyPatch) -> None:

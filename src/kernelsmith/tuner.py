@@ -609,12 +609,13 @@ def tune_spec(
     """
     if budget < 1:
         raise ValueError("budget must be at least 1")
-    force = setting("KERNELSMITH_FORCE_RETUNE") if force is None else force
     require_tuned = setting("KERNELSMITH_REQUIRE_TUNED") if require_tuned is None else require_tuned
     database_only = setting("KERNELSMITH_DATABASE_ONLY") if database_only is None else database_only
     searching = not (database_only or require_tuned)
     if force and not searching:
         raise ValueError("force (retune) contradicts database_only / require_tuned, which never tune")
+    # KERNELSMITH_FORCE_RETUNE yields to a run that never tunes (a deployment's database-only code).
+    force = bool(setting("KERNELSMITH_FORCE_RETUNE")) and searching if force is None else force
     if strategy == "llm" and client is None:
         from kernelsmith.llm import make_client
 
