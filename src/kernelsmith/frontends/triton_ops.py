@@ -157,6 +157,8 @@ def site_decision(
         choice = choose(supported=supported, static=static, winner=winner, training=training, kernels=kernels)
         if choice.triton_op and problem is None:
             problem = _probe(op, inputs, constants, decision, device)
+        if choice.triton_op and problem is None and register() is None:
+            problem = f"{OP_NAME} could not be registered (logged above)"
     except Exception as exc:
         choice, problem = Choice(False), f"{type(exc).__name__}: {exc}"
     if not choice.triton_op or problem:
@@ -307,8 +309,23 @@ def _body(op: str, inputs: list[torch.Tensor], constants: str, decision: str) ->
     return list(family.reference(family.spec_for(*inputs, **json.loads(constants)), inputs))
 
 
+_REGISTERED: list[Any] = []  # the op's overload once registered (None: this torch cannot)
+_REGISTER_LOCK = threading.Lock()
+
+
+def register() -> Any:
+    """Register the op (once per process) and return its overload, or None where torch cannot.
+
+    Not done on import: ``torch.library.triton_op`` imports Inductor (seconds). The backend calls
+    it when a graph is to hold the op; a process loading a program that holds it with
+    ``torch.export.load`` calls it first."""
+    with _REGISTER_LOCK:
+        if not _REGISTERED:
+            _REGISTERED.append(_register())
+        return _REGISTERED[0]
+
+
 def _register() -> Any:
-    """Register the op (once per process); its overload, or None where torch cannot."""
     if unsupported_reason() is not None:
         return None
     try:
@@ -329,5 +346,9 @@ def _register() -> Any:
     return torch.ops.kernelsmith.triton_kernel.default
 
 
-OP: Any = _register()
-"""``torch.ops.kernelsmith.triton_kernel.default``, or None where this torch has no ``triton_op``."""
+def __getattr__(name: str) -> Any:
+    """``OP``: ``torch.ops.kernelsmith.triton_kernel.default``, registered on first use (None where
+    this torch has no ``triton_op``)."""
+    if name == "OP":
+        return register()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
