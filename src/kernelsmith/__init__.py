@@ -70,6 +70,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     from kernelsmith.tuner import NotTunedError as NotTunedError
     from kernelsmith.tuner import TuneResult as TuneResult
     from kernelsmith.tuner import tune as tune
+    from kernelsmith.whole_model.decode import cuda_graph as cuda_graph
     from kernelsmith.whole_model.optimize import optimize_model as optimize_model
 
 # Public name -> "module:attribute", imported on first use (module __getattr__, PEP 562) so that
@@ -82,6 +83,7 @@ _LAZY: dict[str, str] = {
     "optimize": "kernelsmith.frontends.decorator:optimize",
     "optimize_model": "kernelsmith.whole_model.optimize:optimize_model",
     "backend": "kernelsmith.frontends.backend:KernelsmithBackend",
+    "cuda_graph": "kernelsmith.whole_model.decode:cuda_graph",
     "TuneResult": "kernelsmith.tuner:TuneResult",
     "NotTunedError": "kernelsmith.tuner:NotTunedError",
     "UnsupportedWorkload": "kernelsmith.ops:UnsupportedWorkload",
@@ -119,5 +121,5 @@ __all__ = [
     "BrokenDatabaseError", "DatabaseError", "ExecutorUnavailable", "KernelFileError", "KernelsmithError",
     "LLMError", "NotTunedError", "SettingError", "TuneResult", "UnknownOpError", "UnsupportedWorkload",
     "WorkspaceError",
-    "__version__", "backend", "op_families", "optimize", "optimize_model", "tune",
+    "__version__", "backend", "cuda_graph", "op_families", "optimize", "optimize_model", "tune",
 ]  # fmt: skip
