@@ -86,7 +86,7 @@ def test_the_readme_documents_every_variable() -> None:
     start, end = "<!-- settings table: kernelsmith.settings.markdown_table() -->", "<!-- end settings table -->"
     assert start in readme and end in readme, "the README lost its environment table's markers"
     table = readme.split(start, 1)[1].split(end, 1)[0].strip()
-    assert table == settings.markdown_table()
+    assert table == settings.markdown_table(), "regenerate the README's table: kernelsmith env --markdown"
 
 
 def test_env_command_shows_values_and_sources(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,12 +2,15 @@
 
 A value that does not parse (``KERNELSMITH_CHECK=flase``) is shown with its error, and the
 command exits with status 2 after printing the whole table, so every bad variable is seen at
-once; ``KERNELSMITH_*`` variables that no setting reads (typos) are listed too.
+once; ``KERNELSMITH_*`` variables that no setting reads (typos) are listed too. ``--markdown``
+prints the README's table of environment variables instead (paste it between the README's
+markers after adding a setting; tests/test_settings.py checks the two agree).
 """
 
 from __future__ import annotations
 
 import json
+from typing import Annotated
 
 import typer
 from rich.markup import escape
@@ -24,8 +27,16 @@ def _text(value: object) -> str:
     return str(value) if value != "" else "(unset)"
 
 
-def env(as_json: JsonOption = False) -> None:
+def env(
+    as_json: JsonOption = False,
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="Print the README's table of the variables (their defaults).")
+    ] = False,
+) -> None:
     """Show every KERNELSMITH_* setting: its value, whether it came from the environment or the default."""
+    if markdown:
+        print(settings.markdown_table())
+        return
     rows = settings.show()
     unknown = settings.unknown()
     if as_json:
