@@ -122,3 +122,8 @@ def test_env_command_never_shows_a_token(monkeypatch: pytest.MonkeyPatch) -> Non
     rows = {row["name"]: row for row in json.loads(result.stdout)["settings"]}
     assert rows["KERNELSMITH_WEBHOOK_URL"]["value"] == "https://discord.com/…"
     assert rows["KERNELSMITH_DB"]["value"] == "postgresql://db.example:5432/…"
+
+
+def test_env_command_prints_the_readme_table() -> None:
+    result = CliRunner().invoke(app, ["env", "--markdown"])
+    assert result.exit_code == 0 and result.stdout.strip() == settings.markdown_table()
