@@ -109,6 +109,7 @@ def test_launched_kernels_lists_the_variants_kernel_without_launching_it():
 def test_site_decision_under_the_interpreter_is_kernelsmith_kernel_and_says_why_once(caplog):
     inputs, constants, record = _winner()
     triton_ops._logged.clear()
+    triton_ops._decided.clear()
     with caplog.at_level(logging.INFO, logger=triton_ops.__name__):
         for _ in range(2):
             decision = triton_ops.site_decision("rmsnorm", inputs, constants, record, "interpreter",

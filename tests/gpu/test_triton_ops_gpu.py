@@ -54,6 +54,7 @@ def db(tmp_path, monkeypatch) -> str:
     torch._dynamo.reset()
     dispatch._RUNNERS.clear()
     triton_ops._RUNNERS.clear()
+    triton_ops._decided.clear()
     return path
 
 
@@ -154,6 +155,7 @@ def test_a_launcher_with_host_state_keeps_kernelsmith_kernel_and_says_why(caplog
                             variant.source_hash, config.to_dict(), {})
     inputs = [torch.empty(t.shape, dtype=t.torch_dtype, device="meta") for t in spec.inputs]
     triton_ops._logged.clear()
+    triton_ops._decided.clear()
     with caplog.at_level(logging.INFO, logger=triton_ops.__name__):
         decision = triton_ops.site_decision(spec.op, inputs, dispatch.constants_json(dict(spec.constants)), record,
                                             "gpu", torch.device("cuda"), static=True, training=False)

@@ -140,7 +140,29 @@ def site_decision(
     """The ``decision`` argument of ``kernelsmith::triton_kernel`` for a site on ``device`` whose
     inputs look like ``inputs`` (meta tensors are enough), served by the kernel decision
     ``record`` (None: no winner) measured in ``mode``; "" where the site keeps
-    ``kernelsmith::kernel`` (the reason is logged once). Never raises: the op is an optimization."""
+    ``kernelsmith::kernel`` (the reason is logged once). Never raises: the op is an optimization.
+    Answers are kept per site shape and decision: a model's layers repeat their workloads."""
+    from kernelsmith import dispatch
+
+    layout = tuple((tuple(t.shape), t.stride(), t.dtype) for t in inputs)
+    carried = dispatch.encode_decisions([record], mode) if record is not None else ""
+    key = (op, layout, constants, carried, str(device), static, training)
+    with _logged_lock:
+        if key in _decided:
+            return _decided[key]
+    decision = _site_decision(op, inputs, constants, record, mode, device, static=static, training=training)
+    with _logged_lock:
+        _decided[key] = decision
+    return decision
+
+
+_decided: dict[tuple[Any, ...], str] = {}
+
+
+def _site_decision(
+    op: str, inputs: Sequence[torch.Tensor], constants: str, record: Any, mode: str, device: torch.device, *,
+    static: bool, training: bool,
+) -> str:
     from kernelsmith import dispatch
 
     try:
