@@ -118,6 +118,10 @@ SETTINGS: dict[str, Setting] = _settings(
     Setting("KERNELSMITH_REQUIRE_TUNED", "bool", False,
             "Never tune, and raise `NotTunedError` naming the workload where the database holds no decision "
             "for it (for CI and deployment). `require_tuned=`."),
+    Setting("KERNELSMITH_COMPILE_BASELINE", "choice", "auto",
+            "Also time the op's PyTorch reference compiled by `torch.compile` when deciding, and keep a kernel "
+            "only if it beats that too: `auto` (on a GPU only), `on` (the interpreter too: slow, for tests), `off`.",
+            ("auto", "on", "off")),
     Setting("KERNELSMITH_INTERPRET", "bool", False,
             "Run kernels on CPU tensors in the Triton interpreter (sets `TRITON_INTERPRET=1`): "
             "correctness only, timings are not performance."),
@@ -180,6 +184,14 @@ def interpreter_requested(environ: Mapping[str, str] | None = None) -> bool:
         return True
     triton = env.get("TRITON_INTERPRET", "").strip().lower()
     return triton in TRUE_WORDS
+
+
+def compile_baseline_wanted(mode: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether a decision in ``mode`` ("gpu" or "interpreter") times the torch.compile baseline
+    (``KERNELSMITH_COMPILE_BASELINE``). ``auto`` means on a GPU only: in the interpreter, compiling
+    the reference makes every decision slow and host-clock timings say nothing about speed."""
+    choice = get("KERNELSMITH_COMPILE_BASELINE", environ)
+    return choice == "on" or (choice == "auto" and mode == "gpu")
 
 
 @dataclass(frozen=True)

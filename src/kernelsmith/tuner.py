@@ -16,7 +16,11 @@
    (failed configs are never measured again; imported trials never stand in), evaluates the
    rest in parallel workers, and stores every result immediately (an interrupted search loses nothing);
 5. re-times the best few candidates interleaved with the baseline in one worker and adopts the
-   best only if it beats both the incumbent and the baseline with statistical confidence; a
+   best only if it beats both the incumbent and the baseline with statistical confidence. The
+   baseline is the op's PyTorch reference run eagerly and, on a GPU
+   (``KERNELSMITH_COMPILE_BASELINE``), the same reference compiled by torch.compile: a kernel
+   must then beat both, so in particular the faster (a compile failure is recorded in the
+   decision's note, which then says it was decided against eager only); a
    winner from outside the package (a strategy's own kernel source) is kept only if a decisive
    run in brand-new worker processes agrees (:mod:`kernelsmith.evaluate.confirm`).
 
@@ -55,6 +59,7 @@ from kernelsmith.evaluate.protocol import Candidate, EvalResult, TimingSettings
 from kernelsmith.exceptions import KernelsmithError
 from kernelsmith.llm._base import LLMClient, Metered
 from kernelsmith.ops import OpFamily, get_op
+from kernelsmith.settings import compile_baseline_wanted
 from kernelsmith.settings import get as setting
 from kernelsmith.spec import OpSpec
 from kernelsmith.strategies import Strategy, make_strategy
@@ -91,8 +96,9 @@ class TuneResult:
     baseline wins; the best candidate measured (kept for the record, a baseline decision
     included) is ``candidate_variant`` / ``candidate_config``. ``speedup_vs_baseline`` (and
     ``speedup_ci``) are against ``baseline``: the op's PyTorch reference run eagerly in the same
-    worker; torch.compile is not timed here (:mod:`kernelsmith.versus` says so wherever a speedup
-    is shown).
+    worker. ``compile_us`` / ``compile_speedup`` / ``compile_ci`` are against that reference
+    compiled by torch.compile, None where it was not timed (the interpreter, by default) or did not
+    compile (:mod:`kernelsmith.versus` says so wherever a speedup is shown).
     """
 
     op: str
@@ -109,6 +115,9 @@ class TuneResult:
     baseline_us: float | None = None
     speedup_vs_baseline: float | None = None
     speedup_ci: tuple[float, float] | None = None
+    compile_us: float | None = None
+    compile_speedup: float | None = None
+    compile_ci: tuple[float, float] | None = None
     gbps: float | None = None
     pct_of_copy_bandwidth: float | None = None
     copy_gbps: float | None = None
@@ -126,6 +135,7 @@ class TuneResult:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["speedup_ci"] = list(self.speedup_ci) if self.speedup_ci else None
+        data["compile_ci"] = list(self.compile_ci) if self.compile_ci else None
         return data
 
 
@@ -155,6 +165,21 @@ def _speedup(result: EvalResult) -> float:
     return float(m["baseline_median_us"]) / float(m["median_us"])
 
 
+def _verdicts(result: EvalResult) -> tuple[Comparison, Comparison | None]:
+    """A re-timed candidate's paired comparison with the eager baseline, and with the
+    torch.compile baseline where the worker timed one in the same rounds (else None)."""
+    m = result.metrics
+    eager = compare(m["samples_us"], m["baseline_samples_us"])
+    compiled = compare(m["samples_us"], m["compile_samples_us"]) if m.get("compile_samples_us") else None
+    return eager, compiled
+
+
+def _wins(eager: Comparison, compiled: Comparison | None) -> bool:
+    """A kernel is kept only if it beats every baseline measured with confidence: eager, and
+    torch.compile where it was timed (so in particular the faster of the two)."""
+    return eager.significant and (compiled is None or compiled.significant)
+
+
 def _rank(results: Sequence[EvalResult]) -> list[EvalResult]:
     """Successful results, fastest first. Timing is serialized on the device, so medians from
     one search compare directly; ratios to the baseline would add the baseline's noise."""
@@ -175,6 +200,7 @@ def _result_from_decision(
 ) -> TuneResult:
     m = decision.metrics
     ci = (m["ci_low"], m["ci_high"]) if "ci_low" in m else None
+    compile_ci = (m["compile_ci_low"], m["compile_ci_high"]) if "compile_ci_low" in m else None
     return TuneResult(
         op=decision.op,
         workload=decision.workload,
@@ -189,6 +215,9 @@ def _result_from_decision(
         baseline_us=m.get("baseline_median_us"),
         speedup_vs_baseline=m.get("speedup"),
         speedup_ci=ci,
+        compile_us=m.get("compile_median_us"),
+        compile_speedup=m.get("compile_speedup"),
+        compile_ci=compile_ci,
         gbps=m.get("gbps"),
         pct_of_copy_bandwidth=m.get("pct_of_copy_bandwidth"),
         copy_gbps=m.get("copy_gbps"),
@@ -428,10 +457,12 @@ class _Search:
         }
         if not finalists:
             return DecisionRecord(winner="baseline", metrics={"note": "no candidate passed validation"}, **base)
+        with_compiled = compile_baseline_wanted(self.fp.mode)
         if self.fp.mode == "gpu":
-            settings = TimingSettings(rounds=100)
+            settings = TimingSettings(rounds=100, compile_baseline=with_compiled)
         else:
-            settings = TimingSettings(warmup_ms=0.0, rounds=6, input_sets=2, flush_l2=False)
+            settings = TimingSettings(warmup_ms=0.0, rounds=6, input_sets=2, flush_l2=False,
+                                      compile_baseline=with_compiled)  # fmt: skip
         rechecked = self.evaluator.evaluate_together(self.spec, finalists, settings)
         self.recheck_s = max((r.seconds for r in rechecked), default=0.0)  # one request: the longest spans it
         final = [r for r in rechecked if r.ok]
@@ -442,13 +473,13 @@ class _Search:
             for challenger in final[1:]:
                 if compare(challenger.metrics["samples_us"], incumbent.metrics["samples_us"]).significant:
                     incumbent = challenger
-            verdict: Comparison = compare(incumbent.metrics["samples_us"], incumbent.metrics["baseline_samples_us"])
-            if not (verdict.significant and incumbent.candidate.source):
+            verdict, versus_compiled = _verdicts(incumbent)
+            if not (_wins(verdict, versus_compiled) and incumbent.candidate.source):
                 break
             confirmed, reason = self._confirm(incumbent, settings, copy_gbps)
             if confirmed is not None:
                 incumbent = confirmed
-                verdict = compare(incumbent.metrics["samples_us"], incumbent.metrics["baseline_samples_us"])
+                verdict, versus_compiled = _verdicts(incumbent)
                 break
             unconfirmed.append(f"{incumbent.candidate.key} not confirmed in a fresh worker: {reason}"[:500])
             final = [r for r in final if r.candidate != incumbent.candidate]  # the built-ins may still win
@@ -471,17 +502,28 @@ class _Search:
             "ci_high": verdict.ci_high,
             "rounds": verdict.rounds,
         }
+        won = _wins(verdict, versus_compiled)
+        notes = list(unconfirmed)
         if self.fp.mode == "interpreter":
-            metrics["note"] = "interpreter mode: host-clock timings of the Triton interpreter, not GPU performance"
-        if not verdict.significant:
-            metrics.setdefault("note", "no candidate beat the baseline with confidence")
-        if unconfirmed:
-            metrics["note"] = "; ".join([*unconfirmed, *filter(None, [metrics.get("note")])])
-        if verdict.significant:
+            notes.append("interpreter mode: host-clock timings of the Triton interpreter, not GPU performance")
+        if versus_compiled is not None:
+            metrics.update({"compile_median_us": m["compile_median_us"], "compile_speedup": versus_compiled.speedup,
+                            "compile_ci_low": versus_compiled.ci_low, "compile_ci_high": versus_compiled.ci_high})
+            if verdict.significant and not versus_compiled.significant:
+                notes.append(f"the best candidate beat eager PyTorch ({verdict.speedup:.2f}x) but not torch.compile "
+                             f"with confidence ({versus_compiled.speedup:.2f}x, 95% CI {versus_compiled.ci_low:.2f}-"
+                             f"{versus_compiled.ci_high:.2f})")  # fmt: skip
+        elif m.get("compile_baseline_error"):
+            notes.append(f"{m['compile_baseline_error']}; decided against eager PyTorch only")
+        if not verdict.significant and self.fp.mode != "interpreter":  # there, the note above says why
+            notes.append("no candidate beat the baseline with confidence")
+        if notes:
+            metrics["note"] = "; ".join(notes)
+        if won:
             self.winner_source = incumbent.candidate.source
         # A baseline decision keeps the best candidate's identity and figures, for the record.
         return DecisionRecord(
-            winner="kernel" if verdict.significant else "baseline",
+            winner="kernel" if won else "baseline",
             variant=incumbent.candidate.variant,
             source_hash=incumbent.source_hash,
             config=incumbent.candidate.config.to_dict(),

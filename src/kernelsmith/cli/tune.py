@@ -141,8 +141,11 @@ def _versus(result: Any) -> Any:
     """The result's speedups with their baselines named (:mod:`kernelsmith.versus`)."""
     from kernelsmith.versus import versus
 
-    ci = result.speedup_ci
-    metrics = {"speedup": result.speedup_vs_baseline, "ci_low": ci[0] if ci else None, "ci_high": ci[1] if ci else None}
+    ci, compile_ci = result.speedup_ci, result.compile_ci
+    metrics = {"speedup": result.speedup_vs_baseline, "ci_low": ci[0] if ci else None, "ci_high": ci[1] if ci else None,
+               "median_us": result.median_us, "compile_median_us": result.compile_us,
+               "compile_speedup": result.compile_speedup, "compile_ci_low": compile_ci[0] if compile_ci else None,
+               "compile_ci_high": compile_ci[1] if compile_ci else None}  # fmt: skip
     return versus(result.winner, metrics)
 
 
@@ -171,13 +174,15 @@ def _print_result(result: Any) -> None:
     summary.add_row("winner", result.winner + (f" ({result.variant})" if result.winner == "kernel" else ""))
     if result.winner == "kernel":
         summary.add_row("config", ",".join(f"{k}={v}" for k, v in result.best_config.items()))
+    baselines = f"eager {fmt(result.baseline_us)} us"
+    if result.compile_us:
+        baselines += f", torch.compile {fmt(result.compile_us)} us"
     if result.winner == "kernel":
-        summary.add_row("time", f"{fmt(result.median_us)} us vs eager {fmt(result.baseline_us)} us")
+        summary.add_row("time", f"{fmt(result.median_us)} us vs {baselines}")
     elif result.candidate_variant:  # for the record: what the best candidate did, not a speedup
         summary.add_row(
             "best candidate",
-            f"{result.candidate_variant}: {fmt(result.median_us)} us vs eager {fmt(result.baseline_us)} us, not "
-            "faster with confidence",
+            f"{result.candidate_variant}: {fmt(result.median_us)} us vs {baselines}, not faster with confidence",
         )
     summary.add_row("speedup", _versus(result).text(3))
     if result.mode == "gpu":

@@ -167,6 +167,9 @@ def _recomputed(op: OpFamily, spec: OpSpec, result: EvalResult) -> EvalResult:
     metrics.update({f"baseline_{k}": v for k, v in base.items() if k != "n"})
     metrics["gbps"] = nbytes / (stats["median_us"] * 1e-6) / 1e9
     metrics["baseline_gbps"] = nbytes / (base["median_us"] * 1e-6) / 1e9
+    compiled = result.metrics.get("compile_samples_us")
+    if compiled and min(compiled) > 0:  # the torch.compile baseline, where this run timed one
+        metrics["compile_median_us"] = timing.summarize(compiled)["median_us"]
     return replace(result, metrics=metrics)
 
 

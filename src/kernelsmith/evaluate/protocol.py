@@ -39,7 +39,9 @@ MAX_REPLY_BYTES = 16 << 20
 STATUSES = frozenset({"ok", "build", "validate", "runtime", "timeout", "crash", "cheat", "skipped"})
 
 _SHORT_TEXT = 200  # a metric's string value (the timer's name)
-TEXT_METRICS = frozenset({"timer"})  # the only metrics that are text; lists: the "*samples_us"
+# The only metrics that are text (lists: the "*samples_us"): the timer's name, and why the
+# torch.compile baseline could not be timed (the worker's ``_compiled_reference``).
+TEXT_METRICS = frozenset({"timer", "compile_baseline_error"})
 _LONG_TEXT = 20_000  # an error message
 _MAX_METRICS = 256
 _MAX_SAMPLES = 1_000_000
@@ -87,12 +89,16 @@ class Candidate:
 
 @dataclass(frozen=True)
 class TimingSettings:
-    """How hard to time: warm-up by time, interleaved rounds, rotating input sets."""
+    """How hard to time: warm-up by time, interleaved rounds, rotating input sets; and whether
+    to time the op's reference compiled by torch.compile beside the eager one (``compile_baseline``:
+    the final decision does, where :func:`kernelsmith.settings.compile_baseline_wanted` says so).
+    It travels here, with the timing, so every executor passes it on unchanged."""
 
     warmup_ms: float = 25.0
     rounds: int = 40
     input_sets: int = 4
     flush_l2: bool = True
+    compile_baseline: bool = False
 
     @classmethod
     def interpreter(cls) -> TimingSettings:
@@ -102,23 +108,26 @@ class TimingSettings:
 
     def to_json(self) -> dict[str, Any]:
         return {"warmup_ms": self.warmup_ms, "rounds": self.rounds, "input_sets": self.input_sets,
-                "flush_l2": self.flush_l2}  # fmt: skip
+                "flush_l2": self.flush_l2, "compile_baseline": self.compile_baseline}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: object, where: str = "timing") -> TimingSettings:
-        d = _fields(data, where, required={"warmup_ms", "rounds", "input_sets", "flush_l2"})
+        d = _fields(data, where, required={"warmup_ms", "rounds", "input_sets", "flush_l2"},
+                    optional={"compile_baseline"})  # fmt: skip
         return cls(
             _number(d["warmup_ms"], f"{where}.warmup_ms"),
             _int(d["rounds"], f"{where}.rounds", 1, 100_000),
             _int(d["input_sets"], f"{where}.input_sets", 1, 64),
             _bool(d["flush_l2"], f"{where}.flush_l2"),
+            _bool(d.get("compile_baseline", False), f"{where}.compile_baseline"),
         )
 
 
 @dataclass(frozen=True)
 class EvalRequest:
     """Evaluate candidates on one workload: build, validate, then time them interleaved with
-    the baseline (the op's eager PyTorch reference) in the same process.
+    the baseline (the op's eager PyTorch reference) in the same process, and with the reference
+    compiled by torch.compile where ``timing.compile_baseline`` is set.
 
     With no candidates and ``measure`` set, the worker times the baseline alone: the clean
     measurement a confirmation compares with (:mod:`kernelsmith.evaluate.confirm`).

@@ -173,6 +173,36 @@ def _compile(
         run_checked(launcher, inputs, allocate_outputs(op, vspec, device), synchronize)
 
 
+COMPILE_UNAVAILABLE = "torch.compile baseline unavailable"
+
+
+def _compiled_reference(
+    op: OpFamily, spec: OpSpec, inputs: list[torch.Tensor], synchronize: Callable[[], None]
+) -> tuple[Callable[[list[torch.Tensor]], object] | None, str]:
+    """The op's PyTorch reference compiled by ``torch.compile`` (default mode), compiled by one call
+    on ``inputs``: the path a user of torch.compile would otherwise run. ``(runner, "")``, or
+    ``(None, "torch.compile baseline unavailable: <why>")``: a failure to compile is data.
+
+    Dynamo's caches are cleared first: this worker compiles the same wrapper for workload after
+    workload, and past Dynamo's recompile limit it would silently run the function eagerly.
+    Inductor compiles in this process (``compile_threads = 1``): the worker ends every process a
+    request leaves behind, which would break a pool of compile workers kept for the next request.
+    """
+    try:
+        import torch._dynamo
+        import torch._inductor.config as inductor_config
+
+        torch._dynamo.reset()
+        inductor_config.compile_threads = 1
+        compiled = torch.compile(lambda *tensors: op.reference(spec, tensors))
+        compiled(*inputs)  # compiles here, before any timing
+        synchronize()
+    except Exception as exc:
+        log.warning("%s: %s", COMPILE_UNAVAILABLE, exc)
+        return None, f"{COMPILE_UNAVAILABLE}: {type(exc).__name__}: {exc}"[:200]
+    return lambda tensors: compiled(*tensors), ""
+
+
 def _time(
     op: OpFamily,
     spec: OpSpec,
@@ -184,6 +214,10 @@ def _time(
     """Time the baseline and every loaded candidate, interleaved, on rotating input sets; returns
     the candidates' results and the baseline's own timing (its summary and ``samples_us``).
 
+    With ``timing.compile_baseline``, the reference compiled by torch.compile is timed too, in the
+    same rounds on the same input sets: each result then carries ``compile_median_us`` and
+    ``compile_samples_us`` (paired with its own ``samples_us``), or ``compile_baseline_error``.
+
     With no candidates loaded this times the baseline alone (a confirmation's clean baseline).
 
     Rule 5: halfway through, every input set is refilled *in place* with new values and every
@@ -193,6 +227,7 @@ def _time(
     """
     settings = request.timing
     gpu = request.mode == "gpu"
+    synchronize: Callable[[], None] = torch.cuda.synchronize if gpu else (lambda: None)
     n_sets = settings.input_sets
     rounds = max(settings.rounds, 2 * n_sets)
     distribution = op.distributions[0]
@@ -204,13 +239,22 @@ def _time(
         launcher = loaded[i].launcher
         return lambda s: launcher(sets[s], outs[i][s])
 
-    runners = [baseline] + [runner(i) for i in range(len(loaded))]
     sync_minima: list[float] = []
     stale: dict[int, str] = {}  # candidate index -> what its outputs written while timing got wrong
+    compile_error = ""
     timing_started = time.perf_counter()
     with _gpu_lock(request.lock_path):
         sets = [list(op.make_inputs(spec, secrets.randbits(62), distribution, device)) for _ in range(n_sets)]
         outs = [[allocate_outputs(op, spec, device) for _ in range(n_sets)] for _ in loaded]
+        # The baselines come first: the eager reference, then (if asked for and it compiles) the
+        # compiled one, compiled here, once per request, on the full-size inputs it is timed on.
+        runners: list[Callable[[int], object]] = [baseline]
+        if settings.compile_baseline:
+            compiled, compile_error = _compiled_reference(op, spec, sets[0], synchronize)
+            if compiled is not None:
+                runners.append(lambda s, run=compiled: run(sets[s]))
+        first_candidate = len(runners)
+        runners += [runner(i) for i in range(len(loaded))]
         if gpu:
             first = timing.interleaved_gpu(runners, n_sets, rounds // 2, settings.warmup_ms, flusher)
         else:
@@ -242,24 +286,29 @@ def _time(
     timed_s = time.perf_counter() - timing_started
     samples = [a + b for a, b in zip(first, second, strict=True)]
     base = timing.summarize(samples[0])
+    compiled_figures: dict[str, Any] = {"compile_baseline_error": compile_error} if compile_error else {}
+    if first_candidate == 2:
+        compiled_figures["compile_median_us"] = timing.summarize(samples[1])["median_us"]
+        compiled_figures["compile_samples_us"] = [round(x, 3) for x in samples[1]]
     nbytes = op.bytes_moved(spec)
     results: dict[int, EvalResult] = {}
     for i, item in enumerate(loaded):
         problem = None
         if i in stale:
             problem = f"outputs written while timing are wrong (cached or stale results?): {stale[i]}"
-        stats = timing.summarize(samples[i + 1])
+        stats = timing.summarize(samples[first_candidate + i])
         if gpu and problem is None:
             # Rule 6: work hidden on another stream or thread escapes the events but not a
             # device-wide synchronize. Host overhead is about the same for every implementation,
             # so a candidate's extra over the baseline's shows the hidden work. Minima, not
             # medians: hidden work is there on every call, while a stray delay (another worker
             # compiling on the same device) is not, and must not be mistaken for it.
-            overhead = sync_minima[i + 1] - stats["min_us"]
+            sync_us = sync_minima[first_candidate + i]
+            overhead = sync_us - stats["min_us"]
             base_overhead = sync_minima[0] - base["min_us"]
-            if overhead > base_overhead + max(20.0, 0.5 * sync_minima[i + 1]):
+            if overhead > base_overhead + max(20.0, 0.5 * sync_us):
                 problem = (
-                    f"work continued after the timed region ({sync_minima[i + 1]:.1f} us with a device "
+                    f"work continued after the timed region ({sync_us:.1f} us with a device "
                     f"synchronize vs {stats['min_us']:.1f} us by stream events, at best): side stream or thread"
                 )
         if problem:
@@ -273,8 +322,9 @@ def _time(
             continue
         metrics: dict[str, Any] = dict(stats)
         metrics.update({f"baseline_{k}": v for k, v in base.items() if k != "n"})
-        metrics["samples_us"] = [round(x, 3) for x in samples[i + 1]]
+        metrics["samples_us"] = [round(x, 3) for x in samples[first_candidate + i]]
         metrics["baseline_samples_us"] = [round(x, 3) for x in samples[0]]
+        metrics.update(compiled_figures)
         metrics["gbps"] = nbytes / (stats["median_us"] * 1e-6) / 1e9
         metrics["baseline_gbps"] = nbytes / (base["median_us"] * 1e-6) / 1e9
         metrics["timer"] = "cuda-events" if gpu else "host-clock-interpreter"
@@ -287,7 +337,7 @@ def _time(
             source_hash=item.source_hash,
             seconds=time.perf_counter() - item.started,
         )
-    return results, {**base, "samples_us": [round(x, 3) for x in samples[0]]}
+    return results, {**base, "samples_us": [round(x, 3) for x in samples[0]], **compiled_figures}
 
 
 # ---- request handling --------------------------------------------------------------------------
