@@ -10,8 +10,9 @@ its baseline, and where the record holds no torch.compile time for the workload,
 
 A decision's metrics may carry a torch.compile measurement under :data:`COMPILE_KEYS`
 (``compile_median_us``, and a paired ``compile_speedup`` with ``compile_ci_low``/``compile_ci_high``
-where one was timed interleaved); the tuner does not measure one today, so every stored decision
-reads "vs eager; torch.compile not measured". Where nothing replaces the user's code (the
+where one was timed interleaved): the tuner measures one on a GPU (``KERNELSMITH_COMPILE_BASELINE``),
+so decisions made in the interpreter, or stored before it did, read "vs eager; torch.compile not
+measured". Where nothing replaces the user's code (the
 baseline won, nothing was tuned), there is no speedup to show, and none is shown.
 
 >>> speedup_text("kernel", {"speedup": 11.7, "ci_low": 11.5, "ci_high": 11.9})
