@@ -30,7 +30,8 @@ fused row is the family's reference, Hugging Face's modules in order (``"cublas"
 cuBLAS and PyTorch's elementwise kernels). ``--attention`` adds the ``attention`` rows: M sequences
 of one new token against a static KV cache of ``--cache-len`` positions (every sequence full: the
 bytes model is the whole cache), 32 query heads over 8 KV heads, against SDPA with the mask the
-lengths imply and ``enable_gqa`` (``"sdpa"``).
+lengths imply and ``enable_gqa`` (``"sdpa"``) and against Hugging Face's own masked path, the KV
+heads repeated first (``"sdpa repeat_kv"``; both count as peers).
 
 Every implementation is timed by ``_common.bench`` (``triton.testing.do_bench``: CUDA events, L2
 flushed before each call, median): so a weight is read from memory, not L2, as in a real step. GB/s
@@ -194,6 +195,8 @@ def run_workload(
 
     torch._dynamo.reset()  # fresh caches and static shapes: the strongest compiled baseline per shape
     impls: dict[str, Fn] = {w.baseline: eager}
+    if w.family == "decode_attention":
+        impls["sdpa repeat_kv"] = _sdpa_repeat_kv(spec)
     if "max-autotune" not in skip:  # compiled (and autotuned) at its first call, below
         impls["max-autotune"] = torch.compile(eager, mode="max-autotune-no-cudagraphs", dynamic=False)
     if result.candidate_variant:  # (variant is empty when the baseline won: the best candidate is timed anyway)
@@ -222,7 +225,7 @@ def run_workload(
     if copy_gbps:
         row["pct_of_copy"] = {name: 100.0 * v / copy_gbps for name, v in row["gbps"].items()}
     ours = times.get("kernelsmith", times.get("best candidate"))
-    peers = [t for name, t in times.items() if name in (w.baseline, "max-autotune")]
+    peers = [t for name, t in times.items() if name in (w.baseline, "max-autotune", "sdpa repeat_kv")]
     if ours and peers:
         row["speedup_vs_best_peer"] = min(peers) / ours
         if w.baseline in times:
@@ -237,7 +240,23 @@ def run_workload(
     return row
 
 
-COLUMNS = ("eager", "max-autotune", "kernelsmith", "best candidate")
+def _sdpa_repeat_kv(spec: OpSpec) -> Fn:
+    """Hugging Face's own SDPA path with a mask: the KV heads repeated (``repeat_kv``) and no
+    ``enable_gqa`` (which CUDA's memory-efficient backend lacks, so that torch may fall back to the
+    math backend): the other way users run this attention, timed beside the family's reference."""
+    group = spec.inputs[0].shape[1] // spec.inputs[1].shape[1]
+    scale = float(spec.const("scale"))
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        keys = torch.arange(k.shape[2], device=k.device)
+        mask = (keys[None, :] < lengths[:, None])[:, None, None, :]  # one new token: every valid key
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+    return run
+
+
+COLUMNS = ("eager", "sdpa repeat_kv", "max-autotune", "kernelsmith", "best candidate")
 
 
 def print_table(report: dict[str, Any]) -> None:

@@ -40,7 +40,7 @@ def run_smoke(script: str, only: str, tmp_path: Path, *extra: str) -> dict[str, 
         ("attention", "decode", "sdpa", {"sdpa"}),
         ("matmul", "fused:bias+gelu_tanh", "eager", {"eager", "product only", "cublaslt epilogue"}),
         ("decode", "swiglu", "cublas", {"cublas"}),  # one model and M below: one row
-        ("decode", "attention", "sdpa", {"sdpa"}),  # (decode_attention over a static cache)
+        ("decode", "attention", "sdpa", {"sdpa", "sdpa repeat_kv"}),  # (decode_attention, a static cache)
     ],
 )
 def test_smoke_runs_a_row_and_compares_the_kernel_with_pytorch(
