@@ -252,7 +252,8 @@ def _time(
         if settings.compile_baseline:
             compiled, compile_error = _compiled_reference(op, spec, sets[0], synchronize)
             if compiled is not None:
-                runners.append(lambda s, run=compiled: run(sets[s]))
+                run_compiled = compiled
+                runners.append(lambda s: run_compiled(sets[s]))
         first_candidate = len(runners)
         runners += [runner(i) for i in range(len(loaded))]
         if gpu:
