@@ -13,8 +13,8 @@ import torch
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import validate
 from kernelsmith.ops import UnsupportedWorkload, get_op
+from kernelsmith.ops._rowwise import BACKWARD_MAX_ROW as MAX_WHOLE_ROW
 from kernelsmith.ops.add_rmsnorm_backward import OP, AddRMSNormBackward
-from kernelsmith.ops.rmsnorm_backward import MAX_WHOLE_ROW
 from kernelsmith.ops.rmsnorm_backward import OP as RMSNORM_BACKWARD
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec

@@ -12,7 +12,8 @@ import torch
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import validate
 from kernelsmith.ops import UnsupportedWorkload
-from kernelsmith.ops.rmsnorm_backward import MAX_WHOLE_ROW, OP, RMSNormBackward
+from kernelsmith.ops._rowwise import BACKWARD_MAX_ROW as MAX_WHOLE_ROW
+from kernelsmith.ops.rmsnorm_backward import OP, RMSNormBackward
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
 from kernelsmith.testing.kernels import assert_guarded_outputs, covering_configs, launch_guarded

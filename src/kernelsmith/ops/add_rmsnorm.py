@@ -348,11 +348,7 @@ class AddRMSNorm(OpFamily):
 
     # ---- specs -------------------------------------------------------------------------------
     def spec(self, shape: tuple[int, ...], dtype: str, eps: float = DEFAULT_EPS, **constants: Any) -> OpSpec:
-        if constants:
-            raise UnsupportedWorkload(f"add_rmsnorm: unknown constants {sorted(constants)}")
-        shape = tuple(int(s) for s in shape)
-        if not shape or any(s <= 0 for s in shape):
-            raise UnsupportedWorkload(f"add_rmsnorm: x must have a positive shape, not {shape}")
+        shape = skeleton.command_line_shape(self.name, shape, constants)
         name = dtype_name(dtype)
         x = TensorSpec(shape, name)
         spec = OpSpec(self.name, (x, x, TensorSpec((shape[-1],), name)), {"eps": check_eps(self.name, eps)})
@@ -386,14 +382,7 @@ class AddRMSNorm(OpFamily):
         return spec
 
     def check_supported(self, spec: OpSpec) -> None:
-        if len(spec.inputs) != 3:
-            raise UnsupportedWorkload(f"add_rmsnorm takes (x, residual, weight), not {len(spec.inputs)} inputs")
-        super().check_supported(spec)
-        x, residual, weight = spec.inputs
-        if residual.shape != x.shape or weight.shape != x.shape[-1:]:
-            raise UnsupportedWorkload(f"add_rmsnorm: inconsistent shapes {spec.describe()}")
-        if not x.dtype == residual.dtype == weight.dtype:
-            raise UnsupportedWorkload(f"add_rmsnorm: mixed dtypes {spec.describe()}")
+        skeleton.check_rows_and_weight(self, spec, ('x', 'residual', 'weight'))
 
     def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
         """(y, h): both shaped like x, in x's dtype."""

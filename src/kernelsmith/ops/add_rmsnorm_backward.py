@@ -74,6 +74,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelsmith.ops import _rowwise as skeleton
 from kernelsmith.ops._base import (
     FINITE_STRESS_DISTRIBUTIONS,
     Launcher,
@@ -90,17 +91,7 @@ from kernelsmith.ops._launch import direct_launch
 from kernelsmith.ops.add_rmsnorm import _to_storage
 from kernelsmith.ops.rmsnorm import DEFAULT_EPS
 from kernelsmith.ops.rmsnorm import OP as _RMSNORM
-from kernelsmith.ops.rmsnorm_backward import (
-    LOOPED_REDUCE_ROWS,
-    REDUCE_WARPS,
-    _groups,
-    _launch_kwargs,
-    _looped_space,
-    _looped_stats_kernel,
-    _reduce_block_c,
-    _sum_partials_kernel,
-    two_stage_space,
-)
+from kernelsmith.ops.rmsnorm_backward import _looped_space, _looped_stats_kernel
 from kernelsmith.space import Config, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
@@ -109,7 +100,7 @@ from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 #
 # dy, dh, h and dsum are (rows, N) matrices with unit column stride and explicit row strides;
 # row offsets are 64-bit. All arithmetic is float32; dsum is rounded once, on the store.
-# The looped variant's statistics kernel and both variants' dw reduction are rmsnorm_backward's.
+# The looped variant's statistics kernel is rmsnorm_backward's; the dw reduction is the skeleton's.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -201,13 +192,8 @@ def _rows_and_width(spec: OpSpec) -> tuple[int, int]:
     return rows_and_width(spec, input_index=2)  # h, after dy and dh
 
 
-def _views(n: int, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]
-           ) -> tuple[torch.Tensor, ...]:
-    """dy, dh, h, weight, dsum, dw with the activations viewed as (rows, N)."""
-    dy, dh, h, w = inputs
-    dsum, dw = outputs
-    return dy.view(-1, n), dh.view(-1, n), h.view(-1, n), w, dsum.view(-1, n), dw
-
+# Inputs are contiguous (the family refuses others), so every activation's row stride is N: the
+# tensors go to the kernels as they are. The scratch shares are allocated with new_empty on dw.
 
 # ---- two_stage ------------------------------------------------------------------------------
 
@@ -215,27 +201,25 @@ def _views(n: int, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tenso
 def _two_stage_space(spec: OpSpec) -> Space:
     """rmsnorm_backward's two_stage space, with three rows (dy, dh, h) in flight instead of two."""
     block_n = next_power_of_two(_rows_and_width(spec)[1])
-    return two_stage_space(block_n, spec.inputs[2].torch_dtype.itemsize, rows_in_flight=3)
+    return skeleton.two_stage_space(block_n, spec.inputs[2].torch_dtype.itemsize, 4 * block_n,
+                                    "four row vectors (4 * BLOCK_N elements)", rows_in_flight=3)
 
 
 def _two_stage_build(spec: OpSpec, config: Config) -> Launcher:
     rows, n = _rows_and_width(spec)
-    programs = _groups(int(config["GROUPS"]), rows)
-    block_n = next_power_of_two(n)
-    block_r = int(config["BLOCK_R"])
-    block_c = _reduce_block_c(block_r, n)
+    programs = skeleton.groups(int(config["GROUPS"]), rows)
     eps = float(spec.const("eps"))
-    kwargs = _launch_kwargs(config)
-    num_stages = int(config["num_stages"])
+    meta = {"BLOCK_N": next_power_of_two(n), "NUM_STAGES": int(config["num_stages"]),
+            **skeleton.launch_options(config)}
     rows_kernel = direct_launch(_two_stage_rows_kernel, (programs,))
-    sum_kernel = direct_launch(_sum_partials_kernel, (triton.cdiv(n, block_c),))
+    reduce = skeleton.reducer(n, int(config["BLOCK_R"]))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        dy, dh, h, w, dsum, dw = _views(n, inputs, outputs)
+        dy, dh, h, w = inputs
+        dsum, dw = outputs
         partial = dw.new_empty((programs, n), dtype=torch.float32)
-        rows_kernel(dy, dh, h, w, dsum, partial, dy.stride(0), dh.stride(0), h.stride(0), dsum.stride(0),
-                    rows, n, eps, BLOCK_N=block_n, NUM_STAGES=num_stages, **kwargs)
-        sum_kernel(partial, dw, programs, n, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=REDUCE_WARPS)
+        rows_kernel(dy, dh, h, w, dsum, partial, n, n, n, n, rows, n, eps, **meta)
+        reduce(partial, dw, programs)
 
     return launch
 
@@ -248,27 +232,23 @@ def _two_stage_build(spec: OpSpec, config: Config) -> Launcher:
 
 def _looped_build(spec: OpSpec, config: Config) -> Launcher:
     rows, n = _rows_and_width(spec)
-    groups = _groups(int(config["GROUPS"]), rows)
+    groups = skeleton.groups(int(config["GROUPS"]), rows)
     block_n = int(config["BLOCK_N"])
-    block_c = _reduce_block_c(LOOPED_REDUCE_ROWS, n)
     eps = float(spec.const("eps"))
-    kwargs = _launch_kwargs(config)
-    num_stages = int(config["num_stages"])
+    meta = {"BLOCK_N": block_n, "NUM_STAGES": int(config["num_stages"]), **skeleton.launch_options(config)}
     stats_kernel = direct_launch(_looped_stats_kernel, (rows,))
     rows_kernel = direct_launch(_looped_rows_kernel, (triton.cdiv(n, block_n), groups))
-    sum_kernel = direct_launch(_sum_partials_kernel, (triton.cdiv(n, block_c),))
+    reduce = skeleton.reducer(n, skeleton.LOOPED_REDUCE_ROWS)
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        dy, dh, h, w, dsum, dw = _views(n, inputs, outputs)
+        dy, dh, h, w = inputs
+        dsum, dw = outputs
         stats = dw.new_empty((rows, 2), dtype=torch.float32)
         partial = dw.new_empty((groups, n), dtype=torch.float32)
         # RMSNorm's statistics of h: dh plays no part in them.
-        stats_kernel(dy, h, w, stats, dy.stride(0), h.stride(0), n, eps,
-                     BLOCK_N=block_n, NUM_STAGES=num_stages, **kwargs)
-        rows_kernel(dy, dh, h, w, stats, dsum, partial, dy.stride(0), dh.stride(0), h.stride(0),
-                    dsum.stride(0), rows, n, BLOCK_N=block_n, NUM_STAGES=num_stages, **kwargs)
-        sum_kernel(partial, dw, groups, n, BLOCK_R=LOOPED_REDUCE_ROWS, BLOCK_C=block_c,
-                   num_warps=REDUCE_WARPS)
+        stats_kernel(dy, h, w, stats, n, n, n, eps, **meta)
+        rows_kernel(dy, dh, h, w, stats, dsum, partial, n, n, n, n, rows, n, **meta)
+        reduce(partial, dw, groups)
 
     return launch
 
@@ -276,6 +256,11 @@ def _looped_build(spec: OpSpec, config: Config) -> Launcher:
 # ---------------------------------------------------------------------------------------------
 # The op family
 # ---------------------------------------------------------------------------------------------
+
+
+# The variants also run rmsnorm_backward's looped statistics kernel and space, and the skeleton's
+# spaces and share sum: their source hashes cover those modules too.
+_MODULES = ("kernelsmith.ops.rmsnorm_backward", "kernelsmith.ops._rowwise")
 
 
 class AddRMSNormBackward(OpFamily):
@@ -293,18 +278,14 @@ class AddRMSNormBackward(OpFamily):
     tolerance = Tolerance()
     variants = (
         Variant("two_stage", "GROUPS programs per SM walk whole rows in registers, dw shares summed by "
-                "a second kernel", _two_stage_space, _two_stage_build),
+                "a second kernel", _two_stage_space, _two_stage_build, _MODULES),
         Variant("looped", "row statistics, then (column block, group) programs, then the dw sum; "
-                "for wide rows", _looped_space, _looped_build),
+                "for wide rows", _looped_space, _looped_build, _MODULES),
     )
 
     # ---- specs -------------------------------------------------------------------------------
     def spec(self, shape: tuple[int, ...], dtype: str, eps: float = DEFAULT_EPS, **constants: Any) -> OpSpec:
-        if constants:
-            raise UnsupportedWorkload(f"add_rmsnorm_backward: unknown constants {sorted(constants)}")
-        shape = tuple(int(s) for s in shape)
-        if not shape or any(s <= 0 for s in shape):
-            raise UnsupportedWorkload(f"add_rmsnorm_backward: h must have a positive shape, not {shape}")
+        shape = skeleton.command_line_shape(self.name, shape, constants, what="h")
         name = dtype_name(dtype)
         act = TensorSpec(shape, name)
         spec = OpSpec(self.name, (act, act, act, TensorSpec((shape[-1],), name)),
@@ -329,15 +310,7 @@ class AddRMSNormBackward(OpFamily):
         return spec
 
     def check_supported(self, spec: OpSpec) -> None:
-        if len(spec.inputs) != 4:
-            raise UnsupportedWorkload(
-                f"add_rmsnorm_backward takes (dy, dh, h, weight), not {len(spec.inputs)} inputs")
-        super().check_supported(spec)
-        dy, dh, h, weight = spec.inputs
-        if not dy.shape == dh.shape == h.shape or weight.shape != h.shape[-1:]:
-            raise UnsupportedWorkload(f"add_rmsnorm_backward: inconsistent shapes {spec.describe()}")
-        if not dy.dtype == dh.dtype == h.dtype == weight.dtype:
-            raise UnsupportedWorkload(f"add_rmsnorm_backward: mixed dtypes {spec.describe()}")
+        skeleton.check_rows_and_weight(self, spec, ('dy', 'dh', 'h', 'weight'))
 
     def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
         """(dsum, dw): dsum like h, dw (N,) in float32."""

@@ -101,7 +101,6 @@ training-mode forward family and the backward kernels will use.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -111,6 +110,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernelsmith.ops import _rowwise as skeleton
 from kernelsmith.ops._base import (
     Launcher,
     OpFamily,
@@ -121,8 +121,7 @@ from kernelsmith.ops._base import (
     generator,
     rows_and_width,
 )
-from kernelsmith.ops._launch import direct_launch
-from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
+from kernelsmith.space import Config, Constraint, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
 DEFAULT_EPS = 1e-5  # torch.nn.LayerNorm's default
@@ -368,34 +367,15 @@ def _layernorm_persistent_kernel(
 
 
 # =================================================================================================
-# Config spaces and builders
+# Spaces and launchers (the row-wise skeleton's: kernelsmith.ops._rowwise)
 #
-# A build checks the config, precomputes everything (grid, constexprs, launch options) and
-# returns a launcher that only views tensors, reads two strides and launches. Launchers never
-# allocate: they write into the caller's outputs, (y,) or, with save_stats, (y, mean, rstd).
+# LayerNorm's register rule is skeleton.LAYERNORM_WARPS: at most 64 values a thread, within each
+# thread's share of the multiprocessor's registers (64 a thread up to 8 warps, 32 at 16, 16 at
+# 32), so a row stays in registers up to 16384 wide. Launchers write into the caller's outputs,
+# (y,) or, with save_stats, (y, mean, rstd).
 # =================================================================================================
 
-_WARPS = (1, 2, 4, 8, 16, 32)
-_STAGES = (1, 2, 3)  # for the kernels with a loop
-_EVICTION = ("", "evict_first")  # cache hint for the read-once x of two_pass
-_ROWS = (2, 4, 8, 16, 32)  # multi_row's rows per program
-_PROGRAMS_PER_SM = (1, 2, 4, 8)
-_WELFORD_BLOCKS = powers_of_two(64, 8192)
-# Register budget. A multiprocessor has 65536 32-bit registers, so a thread of a program of
-# 32 * num_warps threads gets at most 65536 / (32 * num_warps) of them (and never more than 255);
-# compiled for sm_90, these kernels take about 2.5 registers per float32 value they hold plus some
-# fixed overhead. A quarter of the thread's share, at most 64, is the most values a thread may
-# hold: 64 at up to 8 warps, 32 at 16 warps, 16 at 32 warps. (Measured with triton.compile for
-# sm_90: a 65536-wide row at 32 warps, 64 values a thread, spills 536 bytes a thread; 32768 at 16
-# warps spills 472; 16384 at 32 warps, 16 values, takes 51 registers and does not spill.)
-_MAX_PER_THREAD = 64
-_REGISTERS_PER_SM = 65536
 _WHOLE_ROW_MAX_BLOCK = 16384  # widest row kept in registers (16 values a thread at 32 warps)
-_MULTI_ROW_MAX_ELEMENTS = 16384  # register budget of one multi_row block, ROWS * BLOCK_N
-_MAX_WARPS_PER_SM = 64  # resident warps a multiprocessor holds (Hopper, Ampere)
-# Shared memory for software-pipelined row loads, per multiprocessor (Hopper: 227 KiB a block;
-# the rest is left for the compiler's reduction scratch).
-_PIPELINE_SHARED_BYTES = 192 * 1024
 
 
 def _has_weight_and_bias(spec: OpSpec) -> tuple[bool, bool]:
@@ -403,102 +383,11 @@ def _has_weight_and_bias(spec: OpSpec) -> tuple[bool, bool]:
     return affine != "none", affine == "weight_bias"
 
 
-def _values_per_thread(num_warps: int) -> int:
-    """The most float32 values a thread may hold in registers at ``num_warps`` warps (see the
-    register budget above): 64 up to 8 warps, 32 at 16, 16 at 32."""
-    share = min(256, _REGISTERS_PER_SM // (32 * num_warps))
-    return min(_MAX_PER_THREAD, share // 4)
-
-
-def _warp_constraints(lanes: Callable[[Config], int], values: Callable[[Config], int]) -> list[Constraint]:
-    """Warp counts that suit a block of ``lanes(config)`` columns holding ``values(config)``
-    float32 values in registers.
-
-    Warps beyond one lane a thread would idle (one warp is always allowed, so tiny rows keep a
-    config); too few warps, or so many that each thread's register share shrinks below what its
-    values need, would spill registers.
-    """
-    return [
-        Constraint(
-            "every thread holds at least one lane (extra warps would idle)",
-            lambda c: c["num_warps"] == 1 or 32 * c["num_warps"] <= lanes(c),
-        ),
-        Constraint(
-            "the values fit each thread's register share (64 a thread up to 8 warps, 32 at 16, 16 at 32)",
-            lambda c: values(c) <= _values_per_thread(c["num_warps"]) * 32 * c["num_warps"],
-        ),
-    ]
-
-
-def _checked(space: Space, config: Config) -> None:
-    problems = space.violations(config)
-    if problems:
-        raise ValueError(f"config {config.key} is not in the space: {'; '.join(problems)}")
-
-
-def _operands(
-    inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], n: int, has_bias: bool, save_stats: bool
-) -> tuple[torch.Tensor, ...]:
-    """(x, weight, bias, y, mean, rstd) as the kernels take them: x and y viewed as (rows, N),
-    placeholders (x, y) where the op has no such operand. Views only."""
-    x = inputs[0].view(-1, n)
-    y = outputs[0].view(-1, n)
-    w = inputs[1] if len(inputs) > 1 else x
-    b = inputs[2] if has_bias else x
-    mean, rstd = (outputs[1], outputs[2]) if save_stats else (y, y)
-    return x, w, b, y, mean, rstd
-
-
-# ---- two_pass ------------------------------------------------------------------------------------
-
-
 def _two_pass_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(rows_and_width(spec)[1])
-    # No num_stages: the kernel has no loop to pipeline.
-    return Space(
-        [Param("num_warps", _WARPS), Param("EVICT_X", _EVICTION)],
-        [
-            Constraint(
-                f"the padded row fits in registers (BLOCK_N <= {_WHOLE_ROW_MAX_BLOCK})",
-                lambda c: block_n <= _WHOLE_ROW_MAX_BLOCK,
-            ),
-            *_warp_constraints(lambda c: block_n, lambda c: block_n),
-        ],
-    )
-
-
-def _two_pass_launcher(spec: OpSpec, config: Config, save_stats: bool) -> Launcher:
-    _checked(_two_pass_space(spec), config)
-    rows, n = rows_and_width(spec)
-    has_weight, has_bias = _has_weight_and_bias(spec)
-    eps = float(spec.const("eps"))
-    constexprs = {
-        "BLOCK_N": next_power_of_two(n),
-        "EVICT_X": str(config["EVICT_X"]),
-        "HAS_WEIGHT": has_weight,
-        "HAS_BIAS": has_bias,
-        "STORE_STATS": save_stats,
-        "num_warps": int(config["num_warps"]),
-    }
-    kernel = direct_launch(_layernorm_two_pass_kernel, (rows,))
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x, w, b, y, mean, rstd = _operands(inputs, outputs, n, has_bias, save_stats)
-        kernel(x, w, b, y, mean, rstd, x.stride(0), y.stride(0), n, eps, **constexprs)
-
-    return launch
-
-
-def _two_pass_build(spec: OpSpec, config: Config) -> Launcher:
-    return _two_pass_launcher(spec, config, save_stats=False)
-
-
-# ---- welford -------------------------------------------------------------------------------------
+    return skeleton.whole_row_space(spec, skeleton.LAYERNORM_WARPS, max_row=_WHOLE_ROW_MAX_BLOCK)
 
 
 def _welford_space(spec: OpSpec) -> Space:
-    full = next_power_of_two(rows_and_width(spec)[1])
-    smallest = _WELFORD_BLOCKS[0]
     itemsize = spec.inputs[0].torch_dtype.itemsize
 
     def held(c: Config) -> int:
@@ -507,189 +396,64 @@ def _welford_space(spec: OpSpec) -> Space:
         # (measured for sm_90: only float32 at 3 stages spills without that third value a lane).
         return int(c["BLOCK_N"] * (2 + (c["num_stages"] - 1) * itemsize // 8))
 
-    return Space(
-        [Param("BLOCK_N", _WELFORD_BLOCKS), Param("num_warps", _WARPS), Param("num_stages", _STAGES)],
-        [
-            # A block as wide as the padded row is two_pass with extra work; the smallest block
-            # is always allowed so that the space is never empty for narrow rows.
-            Constraint(
-                "BLOCK_N is narrower than the padded row (or the smallest block)",
-                lambda c: c["BLOCK_N"] < full or c["BLOCK_N"] == smallest,
-            ),
-            *_warp_constraints(lambda c: c["BLOCK_N"], held),
-        ],
-    )
-
-
-def _welford_launcher(spec: OpSpec, config: Config, save_stats: bool) -> Launcher:
-    _checked(_welford_space(spec), config)
-    rows, n = rows_and_width(spec)
-    has_weight, has_bias = _has_weight_and_bias(spec)
-    eps = float(spec.const("eps"))
-    num_stages = int(config["num_stages"])
-    constexprs = {
-        "BLOCK_N": int(config["BLOCK_N"]),
-        "NUM_STAGES": num_stages,
-        "HAS_WEIGHT": has_weight,
-        "HAS_BIAS": has_bias,
-        "STORE_STATS": save_stats,
-        "num_warps": int(config["num_warps"]),
-        "num_stages": num_stages,
-    }
-    kernel = direct_launch(_layernorm_welford_kernel, (rows,))
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x, w, b, y, mean, rstd = _operands(inputs, outputs, n, has_bias, save_stats)
-        kernel(x, w, b, y, mean, rstd, x.stride(0), y.stride(0), n, eps, **constexprs)
-
-    return launch
-
-
-def _welford_build(spec: OpSpec, config: Config) -> Launcher:
-    return _welford_launcher(spec, config, save_stats=False)
-
-
-# ---- multi_row -----------------------------------------------------------------------------------
+    return skeleton.looped_space(spec, skeleton.LAYERNORM_WARPS, held=held)
 
 
 def _multi_row_space(spec: OpSpec) -> Space:
     block_n = next_power_of_two(rows_and_width(spec)[1])
-    # No num_stages: no loop to pipeline.
-    return Space(
-        [Param("ROWS", _ROWS), Param("num_warps", _WARPS)],
-        [
-            Constraint(
-                f"the [ROWS, BLOCK_N] block fits the register budget ({_MULTI_ROW_MAX_ELEMENTS})",
-                lambda c: c["ROWS"] * block_n <= _MULTI_ROW_MAX_ELEMENTS,
-            ),
-            # Threads also keep per-row values (shift, mean, rstd, row offset) for the rows they
-            # cover, many of them in a 32-row block: measured for sm_90, [32, 512] blocks spill at
-            # 16 and 32 warps where [16, 1024] and [2, 8192] do not.
-            Constraint(
-                f"a 32-row block holds at most {_MULTI_ROW_MAX_ELEMENTS // 2} elements",
-                lambda c: c["ROWS"] < 32 or c["ROWS"] * block_n <= _MULTI_ROW_MAX_ELEMENTS // 2,
-            ),
-            *_warp_constraints(lambda c: c["ROWS"] * block_n, lambda c: c["ROWS"] * block_n),
-        ],
-    )
-
-
-def _multi_row_launcher(spec: OpSpec, config: Config, save_stats: bool) -> Launcher:
-    _checked(_multi_row_space(spec), config)
-    rows, n = rows_and_width(spec)
-    has_weight, has_bias = _has_weight_and_bias(spec)
-    eps = float(spec.const("eps"))
-    rows_per_program = int(config["ROWS"])
-    constexprs = {
-        "ROWS": rows_per_program,
-        "BLOCK_N": next_power_of_two(n),
-        "HAS_WEIGHT": has_weight,
-        "HAS_BIAS": has_bias,
-        "STORE_STATS": save_stats,
-        "num_warps": int(config["num_warps"]),
-    }
-    kernel = direct_launch(_layernorm_multi_row_kernel, (triton.cdiv(rows, rows_per_program),))
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x, w, b, y, mean, rstd = _operands(inputs, outputs, n, has_bias, save_stats)
-        kernel(x, w, b, y, mean, rstd, x.stride(0), y.stride(0), rows, n, eps, **constexprs)
-
-    return launch
-
-
-def _multi_row_build(spec: OpSpec, config: Config) -> Launcher:
-    return _multi_row_launcher(spec, config, save_stats=False)
-
-
-# ---- persistent ----------------------------------------------------------------------------------
-
-# Without a GPU (the Triton interpreter) any program count is correct; a small one keeps the
-# grid-stride loop exercised by tests with a few dozen rows.
-_INTERPRETER_MULTIPROCESSORS = 4
-
-
-@functools.cache
-def _multiprocessor_count(device_index: int) -> int:
-    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
-
-
-def _programs(per_multiprocessor: int) -> int:
-    if torch.cuda.is_available():
-        count = _multiprocessor_count(torch.cuda.current_device())
-    else:
-        count = _INTERPRETER_MULTIPROCESSORS
-    return per_multiprocessor * count
+    half = skeleton.MAX_MULTI_ROW_BLOCK // 2
+    # Threads also keep per-row values (shift, mean, rstd, row offset) for the rows they cover,
+    # many of them in a 32-row block: measured for sm_90, [32, 512] blocks spill at 16 and 32
+    # warps where [16, 1024] and [2, 8192] do not.
+    tall = Constraint(f"a 32-row block holds at most {half} elements",
+                      lambda c: c["ROWS"] < 32 or c["ROWS"] * block_n <= half)
+    return skeleton.multi_row_space(spec, skeleton.LAYERNORM_WARPS, extra=[tall])
 
 
 def _persistent_space(spec: OpSpec) -> Space:
     block_n = next_power_of_two(rows_and_width(spec)[1])
-    row_bytes = block_n * spec.inputs[0].torch_dtype.itemsize
     # Registers: the row, plus the weight and the bias, which stay loaded for the whole program.
     # Those cost about half a register an element (measured for sm_90: BLOCK_N = 8192 with both,
     # float32, takes 56 registers at 32 warps and 94 at 16; the compiler rematerialises them).
     held = block_n + block_n * sum(_has_weight_and_bias(spec)) // 2
-
-    def pipeline_bytes(c: Config) -> int:
-        # With num_stages = s the compiler keeps s - 1 rows in flight in shared memory, for each
-        # of the PROGRAMS_PER_SM programs sharing a multiprocessor.
-        return int(c["PROGRAMS_PER_SM"] * (c["num_stages"] - 1) * row_bytes)
-
-    return Space(
-        [Param("PROGRAMS_PER_SM", _PROGRAMS_PER_SM), Param("num_warps", _WARPS), Param("num_stages", _STAGES)],
-        [
-            Constraint(
-                f"the padded row fits in registers (BLOCK_N <= {_WHOLE_ROW_MAX_BLOCK})",
-                lambda c: block_n <= _WHOLE_ROW_MAX_BLOCK,
-            ),
-            Constraint(
-                f"the programs of a multiprocessor are all resident ({_MAX_WARPS_PER_SM} warps)",
-                lambda c: c["PROGRAMS_PER_SM"] * c["num_warps"] <= _MAX_WARPS_PER_SM,
-            ),
-            Constraint(
-                f"the rows in flight fit in shared memory ({_PIPELINE_SHARED_BYTES} bytes an SM)",
-                lambda c: pipeline_bytes(c) <= _PIPELINE_SHARED_BYTES,
-            ),
-            *_warp_constraints(lambda c: block_n, lambda c: held),
-        ],
-    )
+    return skeleton.persistent_space(spec, skeleton.LAYERNORM_WARPS, in_registers=1, pipelined=1,
+                                     max_row=_WHOLE_ROW_MAX_BLOCK, held=held)
 
 
-def _persistent_launcher(spec: OpSpec, config: Config, save_stats: bool) -> Launcher:
-    _checked(_persistent_space(spec), config)
-    rows, n = rows_and_width(spec)
+# variant -> its kernel, its space, and whether the kernel takes NUM_STAGES (it has a loop).
+_KERNELS: dict[str, tuple[Any, Callable[[OpSpec], Space], bool]] = {
+    "two_pass": (_layernorm_two_pass_kernel, _two_pass_space, False),
+    "welford": (_layernorm_welford_kernel, _welford_space, True),
+    "multi_row": (_layernorm_multi_row_kernel, _multi_row_space, False),
+    "persistent": (_layernorm_persistent_kernel, _persistent_space, True),
+}
+
+
+def _launcher(variant: str, spec: OpSpec, config: Config, save_stats: bool) -> Launcher:
+    kernel, space, pipelined = _KERNELS[variant]
+    skeleton.checked("layernorm", space(spec), config)
     has_weight, has_bias = _has_weight_and_bias(spec)
-    eps = float(spec.const("eps"))
-    num_stages = int(config["num_stages"])
-    constexprs = {
-        "BLOCK_N": next_power_of_two(n),
-        "NUM_STAGES": num_stages,
-        "HAS_WEIGHT": has_weight,
-        "HAS_BIAS": has_bias,
-        "STORE_STATS": save_stats,
-        "num_warps": int(config["num_warps"]),
-        "num_stages": num_stages,
-    }
-    kernel = direct_launch(_layernorm_persistent_kernel, (min(rows, _programs(int(config["PROGRAMS_PER_SM"]))),))
 
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x, w, b, y, mean, rstd = _operands(inputs, outputs, n, has_bias, save_stats)
-        kernel(x, w, b, y, mean, rstd, x.stride(0), y.stride(0), rows, n, eps, **constexprs)
+    def operands(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        # (x, weight, bias, y, mean, rstd), with placeholders (x, y) for what the op lacks.
+        x, y = inputs[0], outputs[0]
+        w = inputs[1] if len(inputs) > 1 else x
+        b = inputs[2] if has_bias else x
+        mean, rstd = (outputs[1], outputs[2]) if save_stats else (y, y)
+        return x, w, b, y, mean, rstd
 
-    return launch
+    return skeleton.launcher(kernel, spec, config, strides=2, scalars=skeleton.eps_of(spec), pipelined=pipelined,
+                             operands=operands, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, STORE_STATS=save_stats)
 
 
-def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
-    return _persistent_launcher(spec, config, save_stats=False)
+def _variant(name: str, summary: str) -> Variant:
+    def build(spec: OpSpec, config: Config) -> Launcher:
+        return _launcher(name, spec, config, save_stats=False)
+
+    return Variant(name, summary, _KERNELS[name][1], build, modules=(skeleton.__name__,))
 
 
 # ---- with statistics (for a training forward and the backward) -----------------------------------
-
-_LAUNCHERS: dict[str, Callable[[OpSpec, Config, bool], Launcher]] = {
-    "two_pass": _two_pass_launcher,
-    "welford": _welford_launcher,
-    "multi_row": _multi_row_launcher,
-    "persistent": _persistent_launcher,
-}
 
 
 def stats_output_specs(spec: OpSpec) -> tuple[TensorSpec, ...]:
@@ -702,9 +466,9 @@ def stats_output_specs(spec: OpSpec) -> tuple[TensorSpec, ...]:
 def build_with_stats(variant: str, spec: OpSpec, config: Config) -> Launcher:
     """The launcher of ``variant`` that also writes each row's mean and rstd: it takes the
     outputs ``(y, mean, rstd)`` of :func:`stats_output_specs` (contiguous)."""
-    if variant not in _LAUNCHERS:
-        raise KeyError(f"layernorm has no variant {variant!r} (known: {sorted(_LAUNCHERS)})")
-    return _LAUNCHERS[variant](spec, config, True)
+    if variant not in _KERNELS:
+        raise KeyError(f"layernorm has no variant {variant!r} (known: {sorted(_KERNELS)})")
+    return _launcher(variant, spec, config, save_stats=True)
 
 
 # =================================================================================================
@@ -722,36 +486,17 @@ class LayerNorm(OpFamily):
         "bias have the last size, (4096,); more leading sizes are allowed (2x1024x4096)"
     )
     rowwise = True  # configs depend on the row width only: calls are bucketed by row count
-    row_block = max(_ROWS)
+    row_block = max(skeleton.ROWS_PER_PROGRAM)
     distributions = ("normal", "uniform", "offset", "small")
     tolerance = Tolerance()
     backward = "layernorm_backward"  # (dy, x[, weight[, bias]]) -> (dx[, dw[, db]])
     variants = (
-        Variant(
-            "two_pass",
-            "one program per row, the whole row in registers: mean, then variance of the centred row",
-            _two_pass_space,
-            _two_pass_build,
-        ),
-        Variant(
-            "welford",
-            "one program per row, a Welford pass over column blocks for the statistics, then a "
-            "normalising pass (wide rows)",
-            _welford_space,
-            _welford_build,
-        ),
-        Variant(
-            "multi_row",
-            "ROWS rows per program as one [ROWS, BLOCK_N] block (narrow rows)",
-            _multi_row_space,
-            _multi_row_build,
-        ),
-        Variant(
-            "persistent",
-            "whole rows in registers, a fixed grid of programs striding over the rows, parameters loaded once",
-            _persistent_space,
-            _persistent_build,
-        ),
+        _variant("two_pass", "one program per row, the whole row in registers: mean, then variance of the centred row"),
+        _variant("welford", "one program per row, a Welford pass over column blocks for the statistics, then a "
+                 "normalising pass (wide rows)"),
+        _variant("multi_row", "ROWS rows per program as one [ROWS, BLOCK_N] block (narrow rows)"),
+        _variant("persistent",
+                 "whole rows in registers, a fixed grid of programs striding over the rows, parameters loaded once"),
     )
 
     # ---- specs -----------------------------------------------------------------------------------
@@ -763,11 +508,7 @@ class LayerNorm(OpFamily):
         affine: str = "weight_bias",
         **constants: Any,
     ) -> OpSpec:
-        if constants:
-            raise UnsupportedWorkload(f"layernorm: unknown constants {sorted(constants)}")
-        shape = tuple(int(s) for s in shape)
-        if not shape or any(s <= 0 for s in shape):
-            raise UnsupportedWorkload(f"layernorm: x must have a positive shape, not {shape}")
+        shape = skeleton.command_line_shape(self.name, shape, constants)
         affine = _check_affine(affine)
         name = dtype_name(dtype)
         params = (TensorSpec((shape[-1],), name),) * AFFINE_PARAMS[affine]

@@ -75,7 +75,7 @@ dereference: the constexprs ``HAS_WEIGHT`` and ``HAS_BIAS`` compile their code a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -83,6 +83,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernelsmith.ops import _rowwise as skeleton
 from kernelsmith.ops._base import (
     FINITE_STRESS_DISTRIBUTIONS,
     Launcher,
@@ -96,25 +97,9 @@ from kernelsmith.ops._base import (
     tensor_specs,
 )
 from kernelsmith.ops._launch import direct_launch
-from kernelsmith.ops._rowwise import NORM_WARPS, STAGES, WARPS
 from kernelsmith.ops.layernorm import AFFINE, AFFINE_PARAMS, DEFAULT_EPS, _check_affine, _has_weight_and_bias
 from kernelsmith.ops.layernorm import OP as _LAYERNORM
-from kernelsmith.ops.rmsnorm_backward import (
-    GROUPS,
-    LOOPED_BLOCKS,
-    LOOPED_GROUPS,
-    LOOPED_REDUCE_ROWS,
-    MAX_WARPS_PER_SM,
-    MAX_WHOLE_ROW,
-    PIPELINE_SHARED_BYTES,
-    REDUCE_ROWS,
-    REDUCE_WARPS,
-    _groups,
-    _launch_kwargs,
-    _reduce_block_c,
-    _sum_partials_kernel,
-)
-from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
+from kernelsmith.space import Config, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
 # The looped statistics pass holds six float32 values a column: four running sums (Welford's
@@ -335,59 +320,31 @@ def _partials(dx: torch.Tensor, programs: int, n: int, has_weight: bool, has_bia
     return scratch[0], scratch[count - 1]
 
 
-def _reducer(n: int, block_r: int) -> Callable[[torch.Tensor, torch.Tensor, int], None]:
-    """A launcher of rmsnorm_backward's fixed-order sum: (partial, out, programs) -> None."""
-    block_c = _reduce_block_c(block_r, n)
-    kernel = direct_launch(_sum_partials_kernel, (triton.cdiv(n, block_c),))
-
-    def reduce(partial: torch.Tensor, out: torch.Tensor, programs: int) -> None:
-        kernel(partial, out, programs, n, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=REDUCE_WARPS)
-
-    return reduce
-
-
 # ---- two_stage ------------------------------------------------------------------------------
 
 
 def _two_stage_space(spec: OpSpec) -> Space:
     block_n = next_power_of_two(_rows_and_width(spec)[1])
     has_weight, has_bias = _has_weight_and_bias(spec)
-    row_bytes = block_n * spec.inputs[1].torch_dtype.itemsize
     # Row-sized float32 vectors held per program: x and dy, and with a weight the weight and the
-    # dw share, with a bias the db share.
+    # dw share, with a bias the db share. Without a weight nothing is reduced: BLOCK_R would
+    # change nothing.
     held = (2 + 2 * has_weight + has_bias) * block_n
-
-    def pipeline_bytes(c: Config) -> int:
-        # num_stages = s keeps s - 1 rows of x and of dy in flight in shared memory, for each of
-        # the GROUPS programs sharing a multiprocessor.
-        return int(c["GROUPS"] * (c["num_stages"] - 1) * 2 * row_bytes)
-
-    return Space(
-        # Without a weight nothing is reduced: BLOCK_R would change nothing.
-        [Param("GROUPS", GROUPS), Param("BLOCK_R", REDUCE_ROWS if has_weight else REDUCE_ROWS[:1]),
-         Param("num_warps", WARPS), Param("num_stages", STAGES)],
-        [
-            Constraint(f"the programs of a multiprocessor are all resident ({MAX_WARPS_PER_SM} warps)",
-                       lambda c: c["GROUPS"] * c["num_warps"] <= MAX_WARPS_PER_SM),
-            Constraint(f"the rows in flight fit in shared memory ({PIPELINE_SHARED_BYTES} bytes an SM)",
-                       lambda c: pipeline_bytes(c) <= PIPELINE_SHARED_BYTES),
-            Constraint(f"the whole row must fit: BLOCK_N <= {MAX_WHOLE_ROW}",
-                       lambda c: block_n <= MAX_WHOLE_ROW),
-            Constraint("num_warps must suit x, dy and the parameters' rows (weight, dw and db shares)",
-                       lambda c: NORM_WARPS.fit(held, c["num_warps"])),
-        ],
-    )
+    return skeleton.two_stage_space(
+        block_n, spec.inputs[1].torch_dtype.itemsize, held,
+        "x, dy and the parameters' rows (weight, dw and db shares)",
+        reduce_rows=skeleton.REDUCE_ROWS if has_weight else skeleton.REDUCE_ROWS[:1])
 
 
 def _two_stage_build(spec: OpSpec, config: Config) -> Launcher:
     rows, n = _rows_and_width(spec)
     has_weight, has_bias = _has_weight_and_bias(spec)
-    programs = _groups(int(config["GROUPS"]), rows)
+    programs = skeleton.groups(int(config["GROUPS"]), rows)
     eps = float(spec.const("eps"))
     constexprs = {"BLOCK_N": next_power_of_two(n), "NUM_STAGES": int(config["num_stages"]),
-                  "HAS_WEIGHT": has_weight, "HAS_BIAS": has_bias, **_launch_kwargs(config)}
+                  "HAS_WEIGHT": has_weight, "HAS_BIAS": has_bias, **skeleton.launch_options(config)}
     rows_kernel = direct_launch(_two_stage_rows_kernel, (programs,))
-    reduce = _reducer(n, int(config["BLOCK_R"]))
+    reduce = skeleton.reducer(n, int(config["BLOCK_R"]))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         dy, x, w, dx, dw, db = _operands(n, inputs, outputs)
@@ -406,35 +363,21 @@ def _two_stage_build(spec: OpSpec, config: Config) -> Launcher:
 
 
 def _looped_space(spec: OpSpec) -> Space:
-    full = next_power_of_two(_rows_and_width(spec)[1])
-    return Space(
-        [Param("BLOCK_N", LOOPED_BLOCKS), Param("GROUPS", LOOPED_GROUPS), Param("num_warps", WARPS),
-         Param("num_stages", STAGES)],
-        [
-            # A block as wide as the row is two_stage with extra work; the smallest block is
-            # always allowed so that the space is never empty for narrow rows.
-            Constraint("BLOCK_N must be narrower than the row (or the smallest block)",
-                       lambda c: c["BLOCK_N"] < full or c["BLOCK_N"] == LOOPED_BLOCKS[0]),
-            # 16 to 128 float32 values a thread: fewer leave warps idle, more spill.
-            Constraint(f"num_warps must suit the statistics pass: 16 to 128 of its "
-                       f"{LOOPED_VALUES_PER_COLUMN} * BLOCK_N values a thread",
-                       lambda c: 16 * 32 * c["num_warps"] <= LOOPED_VALUES_PER_COLUMN * c["BLOCK_N"]
-                       <= 128 * 32 * c["num_warps"]),
-        ],
-    )
+    return skeleton.looped_backward_space(next_power_of_two(_rows_and_width(spec)[1]), LOOPED_VALUES_PER_COLUMN,
+                                          "the statistics pass")
 
 
 def _looped_build(spec: OpSpec, config: Config) -> Launcher:
     rows, n = _rows_and_width(spec)
     has_weight, has_bias = _has_weight_and_bias(spec)
-    groups = _groups(int(config["GROUPS"]), rows)
+    groups = skeleton.groups(int(config["GROUPS"]), rows)
     block_n = int(config["BLOCK_N"])
     eps = float(spec.const("eps"))
     constexprs = {"BLOCK_N": block_n, "NUM_STAGES": int(config["num_stages"]), "HAS_WEIGHT": has_weight,
-                  **_launch_kwargs(config)}
+                  **skeleton.launch_options(config)}
     stats_kernel = direct_launch(_looped_stats_kernel, (rows,))
     rows_kernel = direct_launch(_looped_rows_kernel, (triton.cdiv(n, block_n), groups))
-    reduce = _reducer(n, LOOPED_REDUCE_ROWS)
+    reduce = skeleton.reducer(n, skeleton.LOOPED_REDUCE_ROWS)
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         dy, x, w, dx, dw, db = _operands(n, inputs, outputs)
@@ -468,9 +411,9 @@ class LayerNormBackward(OpFamily):
     tolerance = Tolerance()
     variants = (
         Variant("two_stage", "GROUPS programs per SM walk whole rows in registers, dw and db shares "
-                "summed by a second kernel", _two_stage_space, _two_stage_build),
+                "summed by a second kernel", _two_stage_space, _two_stage_build, (skeleton.__name__,)),
         Variant("looped", "row statistics in one Welford pass, then (column block, group) programs, "
-                "then the dw and db sums; for wide rows", _looped_space, _looped_build),
+                "then the dw and db sums; for wide rows", _looped_space, _looped_build, (skeleton.__name__,)),
     )
 
     # ---- specs -------------------------------------------------------------------------------
@@ -482,11 +425,7 @@ class LayerNormBackward(OpFamily):
         affine: str = "weight_bias",
         **constants: Any,
     ) -> OpSpec:
-        if constants:
-            raise UnsupportedWorkload(f"layernorm_backward: unknown constants {sorted(constants)}")
-        shape = tuple(int(s) for s in shape)
-        if not shape or any(s <= 0 for s in shape):
-            raise UnsupportedWorkload(f"layernorm_backward: x must have a positive shape, not {shape}")
+        shape = skeleton.command_line_shape(self.name, shape, constants)
         affine = _check_affine(affine)
         name = dtype_name(dtype)
         act = TensorSpec(shape, name)

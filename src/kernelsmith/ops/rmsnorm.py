@@ -257,11 +257,7 @@ class RMSNorm(OpFamily):
     # ---- specs -------------------------------------------------------------------------------
     def spec(self, shape: tuple[int, ...], dtype: str, eps: float = DEFAULT_EPS,
              **constants: Any) -> OpSpec:
-        if constants:
-            raise UnsupportedWorkload(f"rmsnorm: unknown constants {sorted(constants)}")
-        shape = tuple(int(s) for s in shape)
-        if not shape or any(s <= 0 for s in shape):
-            raise UnsupportedWorkload(f"rmsnorm: x must have a positive shape, not {shape}")
+        shape = skeleton.command_line_shape(self.name, shape, constants)
         name = dtype_name(dtype)
         spec = OpSpec(self.name, (TensorSpec(shape, name), TensorSpec((shape[-1],), name)),
                       {"eps": check_eps(self.name, eps)})

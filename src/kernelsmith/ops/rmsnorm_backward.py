@@ -53,7 +53,9 @@ Variants (deterministic: no atomics, every sum in a fixed order)
     reduction. ``x`` and ``dy`` are read twice (the first time to reduce).
 
 Scratch buffers are allocated by the launchers with ``new_empty`` on an output (the harness
-allows allocation, not computation); every element of them is written before it is read.
+allows allocation, not computation); every element of them is written before it is read. The two
+schedules' spaces, their constants and the fixed-order share sum are the row-wise skeleton's
+(:mod:`kernelsmith.ops._rowwise`), shared with add_rmsnorm_backward and layernorm_backward.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernelsmith.ops import _rowwise as skeleton
 from kernelsmith.ops._base import (
     FINITE_STRESS_DISTRIBUTIONS,
     Launcher,
@@ -78,26 +81,10 @@ from kernelsmith.ops._base import (
     tensor_specs,
 )
 from kernelsmith.ops._launch import direct_launch
-from kernelsmith.ops._rowwise import NORM_WARPS, STAGES, WARPS, programs
 from kernelsmith.ops.rmsnorm import DEFAULT_EPS
 from kernelsmith.ops.rmsnorm import OP as _RMSNORM
-from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
+from kernelsmith.space import Config, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
-
-# two_stage holds four row-sized float32 vectors per program (x, dy, weight, the dw partial):
-# 4 * BLOCK_N values, at most 32 warps * 32 threads * 128 values.
-MAX_WHOLE_ROW = 32768
-GROUPS = (1, 2, 4)  # programs per multiprocessor
-REDUCE_ROWS = (8, 32)  # BLOCK_R: scratch rows summed per step of the dw reduction
-REDUCE_TILE = 2048  # BLOCK_R * BLOCK_C elements per step of the reduction
-REDUCE_WARPS = 4
-MAX_WARPS_PER_SM = 64  # resident warps a multiprocessor holds (Hopper, Ampere)
-# Shared memory for software-pipelined loads, per multiprocessor (Hopper has 227 KiB a block).
-PIPELINE_SHARED_BYTES = 192 * 1024
-LOOPED_BLOCKS = powers_of_two(256, 4096)
-LOOPED_GROUPS = (1, 4)  # fewer choices than two_stage: the looped space has BLOCK_N too
-LOOPED_REDUCE_ROWS = 16
-
 
 # ---------------------------------------------------------------------------------------------
 # Kernels
@@ -138,27 +125,6 @@ def _two_stage_rows_kernel(
         tl.store(dx_ptr + row * dx_row_stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw += dy * x * rstd
     tl.store(partial_ptr + tl.cast(pid, tl.int64) * N + cols, dw, mask=mask)
-
-
-@triton.jit
-def _sum_partials_kernel(
-    partial_ptr,  # (programs, N) float32
-    dw_ptr,
-    programs,
-    N,
-    BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
-    """dw[cols] = sum of the partial rows, always in the same order (bitwise reproducible)."""
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_mask = cols < N
-    acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
-    for start in range(0, programs, BLOCK_R):
-        rows = start + tl.arange(0, BLOCK_R)
-        mask = (rows < programs)[:, None] & col_mask[None, :]
-        offsets = rows.to(tl.int64)[:, None] * N + cols[None, :]
-        acc += tl.load(partial_ptr + offsets, mask=mask, other=0.0)
-    tl.store(dw_ptr + cols, tl.sum(acc, axis=0), mask=col_mask)
 
 
 @triton.jit
@@ -237,87 +203,35 @@ def _rows_and_width(spec: OpSpec) -> tuple[int, int]:
     return rows_and_width(spec, input_index=1)  # x, after dy
 
 
-def _groups(per_multiprocessor: int, rows: int) -> int:
-    """Programs of a grid of ``per_multiprocessor`` per multiprocessor, at most one per row."""
-    return max(1, min(rows, per_multiprocessor * programs(1)))
-
-
-def _reduce_block_c(block_r: int, n: int) -> int:
-    """Columns per program of the dw reduction: a ``REDUCE_TILE`` tile, but narrow enough that
-    the columns spread over every multiprocessor. (With 256 columns, N = 4096 made 16 programs
-    for 132 multiprocessors: 14 us for a 4 MB sum on an H200, most of the GPU idle.)"""
-    tile_width = max(16, REDUCE_TILE // block_r)
-    spread = max(16, next_power_of_two(triton.cdiv(n, programs(1))))
-    return min(next_power_of_two(n), tile_width, spread)
-
-
-def _launch_kwargs(config: Config) -> dict[str, Any]:
-    return {"num_warps": int(config["num_warps"]), "num_stages": int(config["num_stages"])}
-
-
-def _views(n: int, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]
-           ) -> tuple[torch.Tensor, ...]:
-    """dy, x, weight, dx, dw with the activations viewed as (rows, N)."""
-    dy, x, w = inputs
-    dx, dw = outputs
-    return dy.view(-1, n), x.view(-1, n), w, dx.view(-1, n), dw
-
+# Inputs are contiguous (the family refuses others), so every activation's row stride is N: the
+# tensors go to the kernels as they are. The scratch shares are allocated with new_empty on dw.
 
 # ---- two_stage ------------------------------------------------------------------------------
 
 
-def two_stage_space(block_n: int, itemsize: int, rows_in_flight: int) -> Space:
-    """The two_stage space for rows of ``block_n`` (padded) elements of ``itemsize`` bytes, with
-    ``rows_in_flight`` activation rows loaded per row step (dy and x here; add_rmsnorm_backward
-    also loads dh)."""
-    row_bytes = block_n * itemsize
-
-    def pipeline_bytes(c: Config) -> int:
-        # num_stages = s keeps s - 1 row steps in flight in shared memory, for each of the
-        # GROUPS programs sharing a multiprocessor.
-        return c["GROUPS"] * (c["num_stages"] - 1) * rows_in_flight * row_bytes
-
-    return Space(
-        [Param("GROUPS", GROUPS), Param("BLOCK_R", REDUCE_ROWS), Param("num_warps", WARPS),
-         Param("num_stages", STAGES)],
-        [
-            Constraint(f"the programs of a multiprocessor are all resident ({MAX_WARPS_PER_SM} warps)",
-                       lambda c: c["GROUPS"] * c["num_warps"] <= MAX_WARPS_PER_SM),
-            Constraint(f"the rows in flight fit in shared memory ({PIPELINE_SHARED_BYTES} bytes an SM)",
-                       lambda c: pipeline_bytes(c) <= PIPELINE_SHARED_BYTES),
-            Constraint(f"the whole row must fit: BLOCK_N <= {MAX_WHOLE_ROW}",
-                       lambda c: block_n <= MAX_WHOLE_ROW),
-            # At most four row vectors are live at a time (the activation, dy, the weight, the
-            # dw share; add_rmsnorm_backward loads dh once the others are dead).
-            Constraint("num_warps must suit four row vectors (4 * BLOCK_N elements)",
-                       lambda c: NORM_WARPS.fit(4 * block_n, c["num_warps"])),
-        ],
-    )
-
-
 def _two_stage_space(spec: OpSpec) -> Space:
     block_n = next_power_of_two(_rows_and_width(spec)[1])
-    return two_stage_space(block_n, spec.inputs[1].torch_dtype.itemsize, rows_in_flight=2)
+    # At most four row vectors are live at a time (the activation, dy, the weight, the dw share;
+    # add_rmsnorm_backward loads dh once the others are dead).
+    return skeleton.two_stage_space(block_n, spec.inputs[1].torch_dtype.itemsize, 4 * block_n,
+                                    "four row vectors (4 * BLOCK_N elements)")
 
 
 def _two_stage_build(spec: OpSpec, config: Config) -> Launcher:
     rows, n = _rows_and_width(spec)
-    programs = _groups(int(config["GROUPS"]), rows)
-    block_n = next_power_of_two(n)
-    block_r = int(config["BLOCK_R"])
-    block_c = _reduce_block_c(block_r, n)
+    programs = skeleton.groups(int(config["GROUPS"]), rows)
     eps = float(spec.const("eps"))
-    kwargs = _launch_kwargs(config)
-    num_stages = int(config["num_stages"])
+    meta = {"BLOCK_N": next_power_of_two(n), "NUM_STAGES": int(config["num_stages"]),
+            **skeleton.launch_options(config)}
     rows_kernel = direct_launch(_two_stage_rows_kernel, (programs,))
-    sum_kernel = direct_launch(_sum_partials_kernel, (triton.cdiv(n, block_c),))
+    reduce = skeleton.reducer(n, int(config["BLOCK_R"]))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        dy, x, w, dx, dw = _views(n, inputs, outputs)
+        dy, x, w = inputs
+        dx, dw = outputs
         partial = dw.new_empty((programs, n), dtype=torch.float32)
-        rows_kernel(dy, x, w, dx, partial, dy.stride(0), x.stride(0), dx.stride(0), rows, n, eps,
-                    BLOCK_N=block_n, NUM_STAGES=num_stages, **kwargs)
-        sum_kernel(partial, dw, programs, n, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=REDUCE_WARPS)
+        rows_kernel(dy, x, w, dx, partial, n, n, n, rows, n, eps, **meta)
+        reduce(partial, dw, programs)
 
     return launch
 
@@ -326,45 +240,28 @@ def _two_stage_build(spec: OpSpec, config: Config) -> Launcher:
 
 
 def _looped_space(spec: OpSpec) -> Space:
-    full = next_power_of_two(_rows_and_width(spec)[1])
-    return Space(
-        [Param("BLOCK_N", LOOPED_BLOCKS), Param("GROUPS", LOOPED_GROUPS), Param("num_warps", WARPS),
-         Param("num_stages", STAGES)],
-        [
-            # A block as wide as the row is two_stage with extra work; the smallest block is
-            # always allowed so that the space is never empty for narrow rows.
-            Constraint("BLOCK_N must be narrower than the row (or the smallest block)",
-                       lambda c: c["BLOCK_N"] < full or c["BLOCK_N"] == LOOPED_BLOCKS[0]),
-            # 16 to 128 float32 values a thread: fewer leave warps idle, more spill.
-            Constraint("num_warps must suit x, dy, weight and the dw share: 16 to 128 of their "
-                       "4 * BLOCK_N values a thread",
-                       lambda c: 16 * 32 * c["num_warps"] <= 4 * c["BLOCK_N"] <= 128 * 32 * c["num_warps"]),
-        ],
-    )
+    return skeleton.looped_backward_space(next_power_of_two(_rows_and_width(spec)[1]), 4,
+                                          "x, dy, weight and the dw share")
 
 
 def _looped_build(spec: OpSpec, config: Config) -> Launcher:
     rows, n = _rows_and_width(spec)
-    groups = _groups(int(config["GROUPS"]), rows)
+    groups = skeleton.groups(int(config["GROUPS"]), rows)
     block_n = int(config["BLOCK_N"])
-    block_c = _reduce_block_c(LOOPED_REDUCE_ROWS, n)
     eps = float(spec.const("eps"))
-    kwargs = _launch_kwargs(config)
-    num_stages = int(config["num_stages"])
+    meta = {"BLOCK_N": block_n, "NUM_STAGES": int(config["num_stages"]), **skeleton.launch_options(config)}
     stats_kernel = direct_launch(_looped_stats_kernel, (rows,))
     rows_kernel = direct_launch(_looped_rows_kernel, (triton.cdiv(n, block_n), groups))
-    sum_kernel = direct_launch(_sum_partials_kernel, (triton.cdiv(n, block_c),))
+    reduce = skeleton.reducer(n, skeleton.LOOPED_REDUCE_ROWS)
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        dy, x, w, dx, dw = _views(n, inputs, outputs)
+        dy, x, w = inputs
+        dx, dw = outputs
         stats = dw.new_empty((rows, 2), dtype=torch.float32)
         partial = dw.new_empty((groups, n), dtype=torch.float32)
-        stats_kernel(dy, x, w, stats, dy.stride(0), x.stride(0), n, eps,
-                     BLOCK_N=block_n, NUM_STAGES=num_stages, **kwargs)
-        rows_kernel(dy, x, w, stats, dx, partial, dy.stride(0), x.stride(0), dx.stride(0), rows, n,
-                    BLOCK_N=block_n, NUM_STAGES=num_stages, **kwargs)
-        sum_kernel(partial, dw, groups, n, BLOCK_R=LOOPED_REDUCE_ROWS, BLOCK_C=block_c,
-                   num_warps=REDUCE_WARPS)
+        stats_kernel(dy, x, w, stats, n, n, n, eps, **meta)
+        rows_kernel(dy, x, w, stats, dx, partial, n, n, n, rows, n, **meta)
+        reduce(partial, dw, groups)
 
     return launch
 
@@ -387,18 +284,14 @@ class RMSNormBackward(OpFamily):
     tolerance = Tolerance()
     variants = (
         Variant("two_stage", "GROUPS programs per SM walk whole rows in registers, dw shares summed by "
-                "a second kernel", _two_stage_space, _two_stage_build),
+                "a second kernel", _two_stage_space, _two_stage_build, (skeleton.__name__,)),
         Variant("looped", "row statistics, then (column block, group) programs, then the dw sum; "
-                "for wide rows", _looped_space, _looped_build),
+                "for wide rows", _looped_space, _looped_build, (skeleton.__name__,)),
     )
 
     # ---- specs -------------------------------------------------------------------------------
     def spec(self, shape: tuple[int, ...], dtype: str, eps: float = DEFAULT_EPS, **constants: Any) -> OpSpec:
-        if constants:
-            raise UnsupportedWorkload(f"rmsnorm_backward: unknown constants {sorted(constants)}")
-        shape = tuple(int(s) for s in shape)
-        if not shape or any(s <= 0 for s in shape):
-            raise UnsupportedWorkload(f"rmsnorm_backward: x must have a positive shape, not {shape}")
+        shape = skeleton.command_line_shape(self.name, shape, constants)
         name = dtype_name(dtype)
         act = TensorSpec(shape, name)
         spec = OpSpec(self.name, (act, act, TensorSpec((shape[-1],), name)), {"eps": check_eps(self.name, eps)})
@@ -422,14 +315,7 @@ class RMSNormBackward(OpFamily):
         return spec
 
     def check_supported(self, spec: OpSpec) -> None:
-        if len(spec.inputs) != 3:
-            raise UnsupportedWorkload(f"rmsnorm_backward takes (dy, x, weight), not {len(spec.inputs)} inputs")
-        super().check_supported(spec)
-        dy, x, weight = spec.inputs
-        if dy.shape != x.shape or weight.shape != x.shape[-1:]:
-            raise UnsupportedWorkload(f"rmsnorm_backward: inconsistent shapes {spec.describe()}")
-        if not dy.dtype == x.dtype == weight.dtype:
-            raise UnsupportedWorkload(f"rmsnorm_backward: mixed dtypes {spec.describe()}")
+        skeleton.check_rows_and_weight(self, spec, ('dy', 'x', 'weight'))
 
     def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
         """(dx, dw): dx like x, dw (N,) in float32."""
