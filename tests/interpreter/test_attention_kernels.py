@@ -464,7 +464,7 @@ TMA_CASES = (
 
 @pytest.mark.parametrize("case", TMA_CASES, ids=lambda c: c.spec().describe())
 def test_tma_reads_k_and_v_through_descriptors(case: Case, monkeypatch: pytest.MonkeyPatch, device: str) -> None:
-    from kernelsmith.ops import attention
+    from kernelsmith.ops import _attention_launch as attention
 
     addressed: list[Any] = []  # what the launcher learned of k and v: None would mean pointer loads
     real = attention._descriptor_rows
@@ -496,7 +496,7 @@ def test_tma_falls_back_to_pointers_for_unaligned_storage(device: str) -> None:
     q, k, v = OP.make_inputs(spec, seed=4, device=device)
     shifted = torch.empty(k.numel() + 1, dtype=k.dtype, device=device)[1:].view(k.shape)  # 2 bytes off
     shifted.copy_(k)
-    from kernelsmith.ops.attention import _descriptor_rows
+    from kernelsmith.ops._attention_launch import _descriptor_rows
 
     assert _descriptor_rows(k, "bhsd") is not None and _descriptor_rows(shifted, "bhsd") is None
     config = OP.variant("tma").space(spec).configs()[0]

@@ -75,557 +75,46 @@ to powers of two (see :meth:`RoPE.bucket`).
 All offsets are computed in 64-bit integers (tensors past 2**31 elements address correctly);
 launchers pass every stride explicitly (inputs and outputs separately, since the outputs are
 always contiguous and the inputs need not be), and require unit stride along the head dimension.
+
+The code: this module holds the family (specs, inputs, the reference); the kernels are in
+:mod:`kernelsmith.ops._rope_kernels`, the shapes, spaces and launchers in
+:mod:`kernelsmith.ops._rope_launch`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-import triton
-import triton.language as tl
 
-from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator
-from kernelsmith.ops._launch import direct_launch
-from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
-from kernelsmith.spec import OpSpec, TensorSpec, contiguous_strides, dtype_name
+from kernelsmith.ops._base import OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._rope_launch import (
+    _blocked_seq_build,
+    _blocked_seq_space,
+    _choice,
+    _Dims,
+    _dims,
+    _head_tensor,
+    _make_spec,
+    _memory_of,
+    _other,
+    _per_head_build,
+    _per_head_space,
+    _per_token_build,
+    _per_token_space,
+    _positive_int,
+    _resized,
+)
+from kernelsmith.space import next_power_of_two
+from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
 LAYOUTS = ("bhsd", "bshd")
 STYLES = ("half", "interleaved")
 ROPE_BASE = 10000.0  # the frequency base of make_inputs' caches (Llama's; any base is supported)
 MAX_HEAD_DIM = 1024  # widest head the spaces are sized for (real models use 64 to 256)
 MAX_PROGRAMS = 2**31 - 1  # a CUDA grid's first dimension
-
-# =================================================================================================
-# Kernels
-#
-# Common conventions. A "row" is the D channels of one head at one position; the kernels address
-# a row by the int64 offset of its first element, with channels at unit stride. The rotated part
-# of a row is R = 2 * R_HALF channels; a row holds R_HALF rotation pairs (x1, x2), padded to
-# BLOCK_HALF (a power of two) with masked lanes. The D - R = PASS channels after them are copied
-# unchanged. Arithmetic is float32 whatever the storage dtype; the store rounds once.
-# =================================================================================================
-
-
-@triton.jit
-def _load_pairs(
-    ptr,
-    rows,  # int64 [ROWS]: offset of each row's first element
-    row_mask,  # [ROWS]: which rows exist
-    ROWS: tl.constexpr,
-    R_HALF: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
-    SPLIT_PAIRS: tl.constexpr,
-):
-    """The two members of every rotation pair of ROWS rows, as two [ROWS, BLOCK_HALF] float32
-    blocks: (x[j], x[j + R/2]) in the half style, (x[2i], x[2i + 1]) in the interleaved one."""
-    if SPLIT_PAIRS:  # interleaved only: one contiguous load, pairs split in registers
-        j = tl.arange(0, 2 * BLOCK_HALF)
-        mask = row_mask[:, None] & (j < 2 * R_HALF)[None, :]
-        x = tl.load(ptr + rows[:, None] + j[None, :], mask=mask, other=0.0).to(tl.float32)
-        first, second = tl.split(tl.reshape(x, [ROWS, BLOCK_HALF, 2]))
-    else:
-        i = tl.arange(0, BLOCK_HALF)
-        mask = row_mask[:, None] & (i < R_HALF)[None, :]
-        if INTERLEAVED:
-            offsets = rows[:, None] + 2 * i[None, :]
-            partner = 1
-        else:
-            offsets = rows[:, None] + i[None, :]
-            partner = R_HALF
-        first = tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        second = tl.load(ptr + offsets + partner, mask=mask, other=0.0).to(tl.float32)
-    return first, second
-
-
-@triton.jit
-def _store_pairs(
-    ptr,
-    rows,
-    row_mask,
-    first,
-    second,
-    ROWS: tl.constexpr,
-    R_HALF: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
-    SPLIT_PAIRS: tl.constexpr,
-):
-    """Store the pairs where _load_pairs found them, rounded to the output's dtype."""
-    if SPLIT_PAIRS:
-        j = tl.arange(0, 2 * BLOCK_HALF)
-        mask = row_mask[:, None] & (j < 2 * R_HALF)[None, :]
-        x = tl.reshape(tl.join(first, second), [ROWS, 2 * BLOCK_HALF])
-        tl.store(ptr + rows[:, None] + j[None, :], x.to(ptr.dtype.element_ty), mask=mask)
-    else:
-        i = tl.arange(0, BLOCK_HALF)
-        mask = row_mask[:, None] & (i < R_HALF)[None, :]
-        if INTERLEAVED:
-            offsets = rows[:, None] + 2 * i[None, :]
-            partner = 1
-        else:
-            offsets = rows[:, None] + i[None, :]
-            partner = R_HALF
-        tl.store(ptr + offsets, first.to(ptr.dtype.element_ty), mask=mask)
-        tl.store(ptr + offsets + partner, second.to(ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _rotate_rows(
-    x_ptr,
-    o_ptr,
-    x_rows,  # int64 [ROWS]: first element of each input row
-    o_rows,  # int64 [ROWS]: first element of each output row
-    row_mask,
-    cos1,  # float32, broadcastable to [ROWS, BLOCK_HALF]: the cache entries of each pair
-    cos2,
-    sin1,
-    sin2,
-    ROWS: tl.constexpr,
-    R_HALF: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    PASS: tl.constexpr,  # D - R channels copied unchanged (0: every channel rotates)
-    BLOCK_PASS: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
-    SPLIT_PAIRS: tl.constexpr,
-):
-    """Rotate ROWS rows: out = x * cos + rotate(x) * sin, channel by channel, in float32."""
-    x1, x2 = _load_pairs(x_ptr, x_rows, row_mask, ROWS, R_HALF, BLOCK_HALF, INTERLEAVED, SPLIT_PAIRS)
-    # rotate(x) is -x2 at x1's place and x1 at x2's place (rotate_half and rotate_every_two alike).
-    o1 = x1 * cos1 - x2 * sin1
-    o2 = x2 * cos2 + x1 * sin2
-    _store_pairs(o_ptr, o_rows, row_mask, o1, o2, ROWS, R_HALF, BLOCK_HALF, INTERLEAVED, SPLIT_PAIRS)
-    if PASS > 0:  # partial rotary: the channels past R are copied bit for bit
-        p = 2 * R_HALF + tl.arange(0, BLOCK_PASS)
-        mask = row_mask[:, None] & (p < 2 * R_HALF + PASS)[None, :]
-        v = tl.load(x_ptr + x_rows[:, None] + p[None, :], mask=mask)
-        tl.store(o_ptr + o_rows[:, None] + p[None, :], v, mask=mask)
-
-
-@triton.jit
-def _rope_per_head_kernel(
-    q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
-    S, HQ, HK,
-    q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,  # input strides (batch, head, position)
-    qo_sb, qo_sh, qo_ss, ko_sb, ko_sh, ko_ss,  # output strides
-    c_sb, c_ss,  # cos/sin strides (batch: 0 when shared by the batch, position)
-    Q_BLOCKS,  # cdiv(HQ, BLOCK_H): head blocks of q; those of k follow
-    HEAD_BLOCKS,  # Q_BLOCKS + cdiv(HK, BLOCK_H)
-    BLOCK_H: tl.constexpr,
-    R_HALF: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    PASS: tl.constexpr,
-    BLOCK_PASS: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
-    SPLIT_PAIRS: tl.constexpr,
-):  # fmt: skip
-    """One program rotates BLOCK_H heads of q (or of k) at one (batch, position)."""
-    pid = tl.program_id(0).to(tl.int64)  # 64-bit: every offset below is then 64-bit
-    token = pid // HEAD_BLOCKS
-    block = pid % HEAD_BLOCKS
-    b = token // S
-    s = token % S
-
-    # The cos/sin row of this position, as [1, BLOCK_HALF] blocks broadcast over the heads.
-    one = tl.arange(0, 1)
-    c_rows = b * c_sb + s * c_ss + one
-    cos1, cos2 = _load_pairs(cos_ptr, c_rows, one < 1, 1, R_HALF, BLOCK_HALF, INTERLEAVED, SPLIT_PAIRS)
-    sin1, sin2 = _load_pairs(sin_ptr, c_rows, one < 1, 1, R_HALF, BLOCK_HALF, INTERLEAVED, SPLIT_PAIRS)
-
-    heads = tl.arange(0, BLOCK_H)
-    if block < Q_BLOCKS:
-        h = block * BLOCK_H + heads
-        _rotate_rows(q_ptr, qo_ptr, b * q_sb + s * q_ss + h * q_sh, b * qo_sb + s * qo_ss + h * qo_sh, h < HQ,
-                     cos1, cos2, sin1, sin2, BLOCK_H, R_HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED,
-                     SPLIT_PAIRS)
-    else:
-        h = (block - Q_BLOCKS) * BLOCK_H + heads
-        _rotate_rows(k_ptr, ko_ptr, b * k_sb + s * k_ss + h * k_sh, b * ko_sb + s * ko_ss + h * ko_sh, h < HK,
-                     cos1, cos2, sin1, sin2, BLOCK_H, R_HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED,
-                     SPLIT_PAIRS)
-
-
-@triton.jit
-def _rope_per_token_kernel(
-    q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
-    S, HQ, HK,
-    q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
-    qo_sb, qo_sh, qo_ss, ko_sb, ko_sh, ko_ss,
-    c_sb, c_ss,
-    Q_BLOCKS,
-    K_BLOCKS,
-    BLOCK_H: tl.constexpr,
-    R_HALF: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    PASS: tl.constexpr,
-    BLOCK_PASS: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
-    SPLIT_PAIRS: tl.constexpr,
-    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the head loops (1: none)
-):  # fmt: skip
-    """One program rotates every head of q and k at one (batch, position), BLOCK_H at a time,
-    with the cos/sin row loaded once."""
-    token = tl.program_id(0).to(tl.int64)
-    b = token // S
-    s = token % S
-
-    one = tl.arange(0, 1)
-    c_rows = b * c_sb + s * c_ss + one
-    cos1, cos2 = _load_pairs(cos_ptr, c_rows, one < 1, 1, R_HALF, BLOCK_HALF, INTERLEAVED, SPLIT_PAIRS)
-    sin1, sin2 = _load_pairs(sin_ptr, c_rows, one < 1, 1, R_HALF, BLOCK_HALF, INTERLEAVED, SPLIT_PAIRS)
-
-    heads = tl.arange(0, BLOCK_H)
-    q_token = b * q_sb + s * q_ss
-    qo_token = b * qo_sb + s * qo_ss
-    # The depth is given on tl.range itself (as in softmax: Triton 3.6 leaves a loop without a
-    # matrix product unpipelined when num_stages is only a launch option). In the interpreter the
-    # loop variable is a Python int; `block * BLOCK_H + heads` is a tensor either way.
-    for block in tl.range(0, Q_BLOCKS, num_stages=NUM_STAGES):
-        h = (block * BLOCK_H + heads).to(tl.int64)
-        _rotate_rows(q_ptr, qo_ptr, q_token + h * q_sh, qo_token + h * qo_sh, h < HQ,
-                     cos1, cos2, sin1, sin2, BLOCK_H, R_HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED,
-                     SPLIT_PAIRS)
-    k_token = b * k_sb + s * k_ss
-    ko_token = b * ko_sb + s * ko_ss
-    for block in tl.range(0, K_BLOCKS, num_stages=NUM_STAGES):
-        h = (block * BLOCK_H + heads).to(tl.int64)
-        _rotate_rows(k_ptr, ko_ptr, k_token + h * k_sh, ko_token + h * ko_sh, h < HK,
-                     cos1, cos2, sin1, sin2, BLOCK_H, R_HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED,
-                     SPLIT_PAIRS)
-
-
-@triton.jit
-def _rope_blocked_seq_kernel(
-    q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr,
-    S, HQ, HK,
-    q_sb, q_sh, q_ss, k_sb, k_sh, k_ss,
-    qo_sb, qo_sh, qo_ss, ko_sb, ko_sh, ko_ss,
-    c_sb, c_ss,
-    S_BLOCKS,  # cdiv(S, BLOCK_S)
-    BLOCK_S: tl.constexpr,
-    R_HALF: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    PASS: tl.constexpr,
-    BLOCK_PASS: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
-    SPLIT_PAIRS: tl.constexpr,
-):  # fmt: skip
-    """One program rotates BLOCK_S positions of one head (of q, or of k) of one sequence."""
-    pid = tl.program_id(0).to(tl.int64)
-    s_block = pid % S_BLOCKS  # fastest: consecutive programs walk one head along the sequence
-    rest = pid // S_BLOCKS
-    head = rest % (HQ + HK)  # q heads first, then k heads
-    b = rest // (HQ + HK)
-
-    pos = s_block * BLOCK_S + tl.arange(0, BLOCK_S)
-    pos_mask = pos < S  # the last block may run past the end of the sequence
-    c_rows = b * c_sb + pos * c_ss
-    cos1, cos2 = _load_pairs(cos_ptr, c_rows, pos_mask, BLOCK_S, R_HALF, BLOCK_HALF, INTERLEAVED, SPLIT_PAIRS)
-    sin1, sin2 = _load_pairs(sin_ptr, c_rows, pos_mask, BLOCK_S, R_HALF, BLOCK_HALF, INTERLEAVED, SPLIT_PAIRS)
-
-    if head < HQ:
-        _rotate_rows(q_ptr, qo_ptr, b * q_sb + head * q_sh + pos * q_ss, b * qo_sb + head * qo_sh + pos * qo_ss,
-                     pos_mask, cos1, cos2, sin1, sin2, BLOCK_S, R_HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED,
-                     SPLIT_PAIRS)
-    else:
-        kh = head - HQ
-        _rotate_rows(k_ptr, ko_ptr, b * k_sb + kh * k_sh + pos * k_ss, b * ko_sb + kh * ko_sh + pos * ko_ss,
-                     pos_mask, cos1, cos2, sin1, sin2, BLOCK_S, R_HALF, BLOCK_HALF, PASS, BLOCK_PASS, INTERLEAVED,
-                     SPLIT_PAIRS)
-
-
-# =================================================================================================
-# Shapes
-# =================================================================================================
-
-
-@dataclass(frozen=True)
-class _Dims:
-    """The sizes of one workload, whatever the layout."""
-
-    batch: int
-    heads: int
-    kv_heads: int
-    seq: int
-    head_dim: int
-    rotary_dim: int
-    batched_cos: bool  # cos/sin are (B, S, R) rather than (S, R)
-
-
-def _logical_shape(layout: str, b: int, h: int, s: int, d: int) -> tuple[int, int, int, int]:
-    return (b, h, s, d) if layout == "bhsd" else (b, s, h, d)
-
-
-def _other(layout: str) -> str:
-    return "bshd" if layout == "bhsd" else "bhsd"
-
-
-def _strides(shape: tuple[int, ...], layout: str, memory: str) -> tuple[int, ...]:
-    """Strides of a 4-D tensor of ``shape`` (in ``layout``) whose memory is in order ``memory``:
-    contiguous when they agree, else the contiguous tensor of the other order with dims 1 and 2
-    swapped (what ``.transpose(1, 2)`` of it gives)."""
-    if memory == layout:
-        return contiguous_strides(shape)
-    a, b, c, d = contiguous_strides((shape[0], shape[2], shape[1], shape[3]))
-    return (a, c, b, d)
-
-
-def _same_strides(shape: tuple[int, ...], s1: tuple[int, ...], s2: tuple[int, ...]) -> bool:
-    """Equal strides on every dimension of size > 1 (the stride of a size-1 dim never matters)."""
-    return all(n == 1 or x == y for n, x, y in zip(shape, s1, s2, strict=True))
-
-
-def _memory_of(t: TensorSpec, layout: str) -> str | None:
-    """The memory order of a q or k spec: the layout (contiguous), the other order, or None.
-
-    When both fit (a size-1 head or sequence dimension makes them the same memory), the
-    contiguous reading wins.
-    """
-    if len(t.shape) != 4:
-        return None
-    for memory in (layout, _other(layout)):
-        if _same_strides(t.shape, t.strides, _strides(t.shape, layout, memory)):
-            return memory
-    return None
-
-
-def _head_tensor(shape: tuple[int, ...], dtype: str, layout: str, memory: str) -> TensorSpec:
-    """The canonical spec of q or k: exact strides of the (simplest equivalent) memory order."""
-    if _same_strides(shape, _strides(shape, layout, memory), contiguous_strides(shape)):
-        memory = layout
-    return TensorSpec(shape, dtype, _strides(shape, layout, memory))
-
-
-def _dims(spec: OpSpec) -> _Dims:
-    q, k, cos = spec.inputs[0], spec.inputs[1], spec.inputs[2]
-    if spec.const("layout") == "bhsd":
-        b, h, s, d = q.shape
-        hk = k.shape[1]
-    else:
-        b, s, h, d = q.shape
-        hk = k.shape[2]
-    return _Dims(b, h, hk, s, d, cos.shape[-1], len(cos.shape) == 3)
-
-
-def _make_spec(dims: _Dims, dtype: str, layout: str, style: str, q_memory: str, k_memory: str) -> OpSpec:
-    d = dims
-    q = _head_tensor(_logical_shape(layout, d.batch, d.heads, d.seq, d.head_dim), dtype, layout, q_memory)
-    k = _head_tensor(_logical_shape(layout, d.batch, d.kv_heads, d.seq, d.head_dim), dtype, layout, k_memory)
-    cos_shape = (d.batch, d.seq, d.rotary_dim) if d.batched_cos else (d.seq, d.rotary_dim)
-    cos = TensorSpec(cos_shape, dtype)
-    return OpSpec("rope", (q, k, cos, cos), {"layout": layout, "style": style})
-
-
-def _resized(spec: OpSpec, batch: int, seq: int) -> OpSpec:
-    """The same workload (layout, memory orders, heads, dims) at another batch and length."""
-    layout = spec.const("layout")
-    d = _dims(spec)
-    memories = [_memory_of(t, layout) or layout for t in spec.inputs[:2]]
-    batched = d.batched_cos and batch > 1
-    new = _Dims(batch, d.heads, d.kv_heads, seq, d.head_dim, d.rotary_dim, batched)
-    return _make_spec(new, spec.inputs[0].dtype, layout, spec.const("style"), memories[0], memories[1])
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise UnsupportedWorkload(f"rope: {name} must be a positive integer, not {value!r}")
-    return value
-
-
-def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise UnsupportedWorkload(f"rope: {name} must be one of {', '.join(choices)}, not {value!r}")
-    return str(value)
-
-
-# =================================================================================================
-# Config spaces and builders
-# =================================================================================================
-
-_WARPS = (1, 2, 4, 8)
-_STAGES = (1, 2, 3)
-_BLOCK_H = powers_of_two(1, 64)
-_BLOCK_S = powers_of_two(2, 64)
-_PAIRS = ("strided", "split")
-# Values of x a thread holds (each with its partner, its cos and its sin live: about four float32
-# registers): more than this and registers spill.
-_MAX_PER_THREAD = 32
-
-
-def _rotated_width(spec: OpSpec) -> int:
-    """Lanes of one row's rotated part as the kernels hold it: 2 * BLOCK_HALF."""
-    return 2 * next_power_of_two(_dims(spec).rotary_dim // 2)
-
-
-def _warp_constraints(elements: Callable[[Config], int]) -> list[Constraint]:
-    """Warp counts that suit a block of ``elements(config)`` values (as in softmax)."""
-    return [
-        Constraint(
-            "every thread holds at least one value (extra warps would idle)",
-            lambda c: c["num_warps"] == 1 or 32 * c["num_warps"] <= elements(c),
-        ),
-        Constraint(
-            f"at most {_MAX_PER_THREAD} values a thread (more would spill registers)",
-            lambda c: elements(c) <= _MAX_PER_THREAD * 32 * c["num_warps"],
-        ),
-    ]
-
-
-def _pairs_params(spec: OpSpec) -> list[Param]:
-    """PAIRS for the interleaved style; the half style has one way to load its pairs."""
-    return [Param("PAIRS", _PAIRS)] if spec.const("style") == "interleaved" else []
-
-
-def _checked(space: Space, config: Config) -> None:
-    problems = space.violations(config)
-    if problems:
-        raise ValueError(f"config {config.key} is not in the space: {'; '.join(problems)}")
-
-
-@dataclass(frozen=True)
-class _Common:
-    """What every launcher needs from the spec, computed once at build time."""
-
-    dims: _Dims
-    layout: str
-    constexprs: dict[str, Any]
-
-
-def _common(spec: OpSpec, config: Config) -> _Common:
-    d = _dims(spec)
-    interleaved = spec.const("style") == "interleaved"
-    passthrough = d.head_dim - d.rotary_dim
-    constexprs = {
-        "R_HALF": d.rotary_dim // 2,
-        "BLOCK_HALF": next_power_of_two(d.rotary_dim // 2),
-        "PASS": passthrough,
-        "BLOCK_PASS": next_power_of_two(passthrough),
-        "INTERLEAVED": interleaved,
-        "SPLIT_PAIRS": interleaved and config.get("PAIRS") == "split",
-    }
-    return _Common(d, spec.const("layout"), constexprs)
-
-
-def _stride_args(common: _Common, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> list[int]:
-    """(batch, head, position) strides of q, k, q_out, k_out, then cos/sin's (batch, position)."""
-    b_dim, h_dim, s_dim = (0, 1, 2) if common.layout == "bhsd" else (0, 2, 1)
-    args: list[int] = []
-    for t in (inputs[0], inputs[1], outputs[0], outputs[1]):
-        args += [t.stride(b_dim), t.stride(h_dim), t.stride(s_dim)]
-    cos = inputs[2]
-    # Shared caches, (S, R) or a (1, S, R) / batch-expanded (B, S, R) view of one: batch stride 0.
-    args += [cos.stride(0) if common.dims.batched_cos else 0, cos.stride(-2)]
-    return args
-
-
-# ---- per_head -----------------------------------------------------------------------------------
-
-
-def _per_head_space(spec: OpSpec) -> Space:
-    d = _dims(spec)
-    width = _rotated_width(spec)
-    most_heads = next_power_of_two(d.heads)
-    return Space(
-        [Param("BLOCK_H", _BLOCK_H), *_pairs_params(spec), Param("num_warps", _WARPS)],
-        [
-            Constraint("BLOCK_H is no larger than q's head count (rounded up to a power of two)",
-                       lambda c: c["BLOCK_H"] <= most_heads),
-            *_warp_constraints(lambda c: c["BLOCK_H"] * width),
-        ],
-    )
-
-
-def _per_head_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_per_head_space(spec), config)
-    common = _common(spec, config)
-    d = common.dims
-    block_h = int(config["BLOCK_H"])
-    q_blocks = triton.cdiv(d.heads, block_h)
-    head_blocks = q_blocks + triton.cdiv(d.kv_heads, block_h)
-    kernel = direct_launch(_rope_per_head_kernel, (d.batch * d.seq * head_blocks,))
-    constexprs = common.constexprs
-    num_warps = int(config["num_warps"])
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        kernel(inputs[0], inputs[1], inputs[2], inputs[3], outputs[0], outputs[1], d.seq, d.heads, d.kv_heads,
-               *_stride_args(common, inputs, outputs), q_blocks, head_blocks,
-               BLOCK_H=block_h, **constexprs, num_warps=num_warps)
-
-    return launch
-
-
-# ---- per_token ----------------------------------------------------------------------------------
-
-
-def _per_token_space(spec: OpSpec) -> Space:
-    d = _dims(spec)
-    width = _rotated_width(spec)
-    most_heads = next_power_of_two(d.heads)
-    return Space(
-        [Param("BLOCK_H", _BLOCK_H), *_pairs_params(spec), Param("num_warps", _WARPS), Param("num_stages", _STAGES)],
-        [
-            Constraint("BLOCK_H is no larger than q's head count (rounded up to a power of two)",
-                       lambda c: c["BLOCK_H"] <= most_heads),
-            # One block covers every head: each loop runs once, and there is nothing to pipeline.
-            Constraint("num_stages is 1 when one head block covers all the heads",
-                       lambda c: c["num_stages"] == 1 or c["BLOCK_H"] < d.heads),
-            *_warp_constraints(lambda c: c["BLOCK_H"] * width),
-        ],
-    )
-
-
-def _per_token_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_per_token_space(spec), config)
-    common = _common(spec, config)
-    d = common.dims
-    block_h = int(config["BLOCK_H"])
-    q_blocks = triton.cdiv(d.heads, block_h)
-    k_blocks = triton.cdiv(d.kv_heads, block_h)
-    kernel = direct_launch(_rope_per_token_kernel, (d.batch * d.seq,))
-    constexprs = common.constexprs
-    num_warps, num_stages = int(config["num_warps"]), int(config["num_stages"])
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        kernel(inputs[0], inputs[1], inputs[2], inputs[3], outputs[0], outputs[1], d.seq, d.heads, d.kv_heads,
-               *_stride_args(common, inputs, outputs), q_blocks, k_blocks,
-               BLOCK_H=block_h, **constexprs, NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages)
-
-    return launch
-
-
-# ---- blocked_seq --------------------------------------------------------------------------------
-
-
-def _blocked_seq_space(spec: OpSpec) -> Space:
-    # BLOCK_S does not depend on S: the same configs serve every sequence length (a short
-    # sequence masks the rest of its block), so that the validation tails share the space.
-    width = _rotated_width(spec)
-    return Space(
-        [Param("BLOCK_S", _BLOCK_S), *_pairs_params(spec), Param("num_warps", _WARPS)],
-        _warp_constraints(lambda c: c["BLOCK_S"] * width),
-    )
-
-
-def _blocked_seq_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_blocked_seq_space(spec), config)
-    common = _common(spec, config)
-    d = common.dims
-    block_s = int(config["BLOCK_S"])
-    s_blocks = triton.cdiv(d.seq, block_s)
-    kernel = direct_launch(_rope_blocked_seq_kernel, (d.batch * (d.heads + d.kv_heads) * s_blocks,))
-    constexprs = common.constexprs
-    num_warps = int(config["num_warps"])
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        kernel(inputs[0], inputs[1], inputs[2], inputs[3], outputs[0], outputs[1], d.seq, d.heads, d.kv_heads,
-               *_stride_args(common, inputs, outputs), s_blocks,
-               BLOCK_S=block_s, **constexprs, num_warps=num_warps)
-
-    return launch
 
 
 # =================================================================================================
@@ -669,6 +158,11 @@ def _apply(spec: OpSpec, inputs: Sequence[torch.Tensor], dtype: torch.dtype | No
 # =================================================================================================
 
 
+# The launchers live in kernelsmith.ops._rope_launch and the kernels in kernelsmith.ops._rope_kernels:
+# a variant's source hash covers those and this module.
+_MODULES = ("kernelsmith.ops._rope_kernels", __name__)
+
+
 class RoPE(OpFamily):
     name = "rope"
     summary = "rotary position embedding of q and k (Hugging Face apply_rotary_pos_emb; GQA, partial rotary)"
@@ -682,11 +176,11 @@ class RoPE(OpFamily):
     distributions = ("normal", "outliers")
     variants = (
         Variant("per_head", "one program per (batch, position, BLOCK_H heads), q and k in one grid",
-                _per_head_space, _per_head_build),
+                _per_head_space, _per_head_build, _MODULES),
         Variant("per_token", "one program per (batch, position): cos/sin loaded once, loop over all heads",
-                _per_token_space, _per_token_build),
+                _per_token_space, _per_token_build, _MODULES),
         Variant("blocked_seq", "one program per (BLOCK_S positions, head, batch): a [BLOCK_S, D] tile",
-                _blocked_seq_space, _blocked_seq_build),
+                _blocked_seq_space, _blocked_seq_build, _MODULES),
     )
 
     # ---- specs -----------------------------------------------------------------------------------
