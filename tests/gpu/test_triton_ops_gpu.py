@@ -80,7 +80,7 @@ def test_inductor_compiles_the_tuned_kernel_itself(db):
     module, x = _module_and_input()
     kernel_name = _stored_winner(db, module, x)
     # compare=False keeps the replacement without timing it against Inductor alone
-    compiled = torch.compile(module, backend="kernelsmith", options={"db": db, "compare": False})
+    compiled = torch.compile(module, backend=ks_backend.KernelsmithBackend(db=db, compare=False))
     with torch.no_grad():
         out, codes = run_and_get_code(compiled, x)
         expected = module(x)

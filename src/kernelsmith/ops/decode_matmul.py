@@ -713,7 +713,17 @@ def _split_k_space(spec: OpSpec, prune: bool = True) -> Space:
 def _persistent_space(spec: OpSpec, prune: bool = True) -> Space:
     params = [*_block_params(), Param("SPLIT_K", PERSISTENT_SPLITS), Param("PROGRAMS_PER_SM", PROGRAMS_PER_SM),
               Param("REDUCE", REDUCTIONS[:1])]  # (one launch: a persistent grid is about launches saved)  # fmt: skip
-    return _space(params, spec, prune, "persistent", _split_constraints(_geometry(spec), _fusions(spec)))
+    return _space(params, spec, prune, "persistent",
+                  [*_split_constraints(_geometry(spec), _fusions(spec)), _persistent_block_fits(_geometry(spec))])
+
+
+def _persistent_block_fits(g: _Geometry) -> Constraint:
+    """Observed on the H200 (Triton 3.6, 2026-12-01): persistent configs whose weight block
+    (BLOCK_N x BLOCK_K) is larger than the budget asked for 256-320 KiB of shared memory even at
+    num_stages = 1, which the pipelining model exempts, and failed to launch (BLOCK_N 64 or 256,
+    BLOCK_K 2048). This bound excludes every failure seen; the compiler's reason is not established."""
+    return Constraint(f"a persistent program's weight block fits in shared memory ({SHARED_MEMORY_BUDGET} bytes)",
+                      lambda c: c["BLOCK_N"] * c["BLOCK_K"] * g.itemsize <= SHARED_MEMORY_BUDGET)
 
 
 def _split_k_build(spec: OpSpec, config: Config) -> Launcher:
