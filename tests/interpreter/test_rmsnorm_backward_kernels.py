@@ -254,3 +254,69 @@ def test_space_sizes_are_modest() -> None:
         total = sum(len(v.space(OP.spec((8192, width), "bfloat16"))) for v in OP.variants)
         assert 30 <= total <= 160, (width, total)
     assert len({v.source_hash for v in OP.variants}) == len(OP.variants)
+
+
+# ---- Gemma's weight offset: the forward scales by weight + weight_offset -----------------------
+
+OFFSET_CASES: tuple[tuple[tuple[int, ...], str], ...] = (
+    ((7, 1), "float32"), ((1, 37), "bfloat16"), ((2, 3, 341), "float16"), ((33, 100), "bfloat16"))
+
+
+@pytest.mark.parametrize("variant", [v.name for v in OP.variants])
+def test_weight_offset_reaches_every_variant(variant: str, device: str) -> None:
+    """Every config class with the offset against the float64 reference (dx through w + 1, dw
+    unchanged), on small and odd shapes; the same config without the offset gets dx wrong."""
+    for i, (shape, dtype) in enumerate(OFFSET_CASES):
+        spec = OP.spec(shape, dtype, weight_offset=1.0)
+        configs = covering_configs(OP.variant(variant).space(spec))
+        distribution = OP.distributions[i % len(OP.distributions)]
+        inputs = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
+        for config in configs if i == 3 else configs[:1]:
+            outs, guards = run_launcher(variant, spec, config, inputs)
+            assert_correct(spec, inputs, outs, guards, f"{variant} {config} {spec.describe()} offset 1")
+        (plain_dx, plain_dw), _ = run_launcher(variant, OP.spec(shape, dtype), configs[0], inputs)
+        (dx64, dw64), (lowp_dx, lowp_dw) = OP.reference_fp64(spec, inputs), OP.reference(spec, inputs)
+        assert check_close(plain_dx, dx64, lowp_dx, OP.tolerance) is not None
+        assert check_close(plain_dw, dw64, lowp_dw, OP.tolerance) is None  # dw does not see the offset
+
+
+@pytest.mark.parametrize("variant", [v.name for v in OP.variants])
+def test_weight_offset_kernels_match_the_formula_with_the_offset_weight(variant: str, device: str) -> None:
+    spec = OP.spec((9, 200), "float32", eps=1e-5, weight_offset=1.0)
+    dy, x, w = inputs = OP.make_inputs(spec, seed=4, distribution="outliers", device=device)
+    dx64, dw64 = formula_fp64((dy, x, w.double() + 1.0), 1e-5)
+    (dx, dw), _ = run_launcher(variant, spec, OP.variant(variant).space(spec).configs()[0], inputs)
+    assert torch.allclose(dx.double(), dx64, rtol=1e-4, atol=1e-5 * float(dx64.abs().max()))
+    assert torch.allclose(dw.double(), dw64, rtol=1e-4, atol=1e-5 * float(dw64.abs().max()))
+
+
+@pytest.mark.parametrize("variant", [v.name for v in OP.variants])
+def test_validate_accepts_every_variant_with_a_weight_offset(variant: str, device: str) -> None:
+    spec = OP.spec((20, 300), "bfloat16", weight_offset=1.0)
+    v = OP.variant(variant)
+    runs = validate(OP, spec, v.build, v.space(spec).configs()[-1], device, lambda: None)
+    assert runs in validation_runs(OP, spec, maybe_blind=("denormal",))  # see test_validate_accepts_every_variant
+
+
+def test_weight_offset_reference_is_autograd_through_gemmas_forward(device: str) -> None:
+    spec = OP.spec((3, 64), "bfloat16", weight_offset=1.0)
+    dy, x, w = inputs = OP.make_inputs(spec, seed=5, device=device)
+    xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    xf = xg.float()
+    gemma = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + wg.float())).type_as(xg)
+    gemma.backward(dy)
+    dx, dw = OP.reference(spec, inputs)
+    assert torch.equal(dx, xg.grad) and torch.equal(dw, wg.grad.float())
+    dx64, dw64 = OP.reference_fp64(spec, inputs)
+    fdx, fdw = formula_fp64((dy, x, w.double() + 1.0), 1e-6)
+    assert torch.allclose(dx64, fdx, rtol=1e-9, atol=1e-12) and torch.allclose(dw64, fdw, rtol=1e-9, atol=1e-12)
+
+
+def test_weight_offset_specs() -> None:
+    t, w = torch.zeros(16, 128, dtype=torch.float16), torch.ones(128, dtype=torch.float16)
+    assert OP.spec((16, 128), "fp16", weight_offset=0.0) == OP.spec((16, 128), "fp16")  # hashes as before
+    gemma = OP.spec((16, 128), "fp16", weight_offset=1.0)
+    assert gemma.constants == {"eps": 1e-6, "weight_offset": 1.0}
+    assert OP.spec_for(t, t, w, eps=1e-6, weight_offset=1.0) == gemma
+    with pytest.raises(UnsupportedWorkload, match="weight_offset"):
+        OP.spec_for(t, t, w, weight_offset=float("nan"))

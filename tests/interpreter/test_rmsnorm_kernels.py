@@ -384,3 +384,90 @@ def test_validation_specs_share_the_space() -> None:
         for tail in tails[1:]:
             assert tail.inputs[1] == spec.inputs[1]
             assert variant.space(tail).configs() == configs
+
+
+# ---- Gemma's weight offset: y = x * rstd * (weight + weight_offset) ---------------------------
+
+# Small and odd shapes: one column, one row, widths that are not powers of two, leading dims, a
+# row count no ROWS divides; every dtype.
+OFFSET_CASES: tuple[tuple[tuple[int, ...], str], ...] = (
+    ((7, 1), "float32"), ((1, 37), "bfloat16"), ((2, 3, 341), "float16"), ((33, 100), "bfloat16"), ((37,), "float32"))
+
+
+@pytest.mark.parametrize("variant", [v.name for v in OP.variants])
+def test_weight_offset_reaches_every_variant(variant: str, device: str) -> None:
+    """Every config class with the offset against the float64 reference; the same config
+    without the offset, on the same inputs, is rejected (the offset is not small enough to hide
+    in the tolerance)."""
+    for i, (shape, dtype) in enumerate(OFFSET_CASES):
+        spec = OP.spec(shape, dtype, weight_offset=1.0)
+        configs = covering_configs(OP.variant(variant).space(spec))
+        distribution = OP.distributions[i % len(OP.distributions)]
+        inputs = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
+        for config in configs if i == 3 else configs[:1]:
+            out, guard = run_launcher(variant, spec, config, inputs)
+            assert_correct(spec, inputs, out, guard, f"{variant} {config} {spec.describe()} offset 1")
+        plain, _ = run_launcher(variant, OP.spec(shape, dtype), configs[0], inputs)
+        (ref64,) = OP.reference_fp64(spec, inputs)
+        assert check_close(plain, ref64, OP.reference(spec, inputs)[0], OP.tolerance) is not None
+
+
+def test_other_weight_offsets_and_eps(device: str) -> None:
+    # Any finite offset is the family's (the recognizer only emits Gemma's 1.0): -0.5 and 3.0,
+    # with another eps, through the first config of every variant.
+    for offset in (-0.5, 3.0):
+        spec = OP.spec((5, 24), "float32", eps=1e-3, weight_offset=offset)
+        inputs = OP.make_inputs(spec, seed=2, device=device)
+        for variant in OP.variants:
+            out, guard = run_launcher(variant.name, spec, variant.space(spec).configs()[0], inputs)
+            assert_correct(spec, inputs, out, guard, f"{variant.name} offset {offset}")
+
+
+@pytest.mark.parametrize("variant", [v.name for v in OP.variants])
+def test_validate_accepts_every_variant_with_a_weight_offset(variant: str, device: str) -> None:
+    from kernelsmith.evaluate.validate import validate
+    from kernelsmith.testing.validation_runs import validation_runs
+
+    spec = OP.spec((9, 200), "bfloat16", weight_offset=1.0)
+    v = OP.variant(variant)
+    runs = validate(OP, spec, v.build, v.space(spec).configs()[-1], device, lambda: None)
+    assert runs in validation_runs(OP, spec)
+
+
+def test_weight_offset_reference_is_gemmas_formula(device: str) -> None:
+    spec = OP.spec((2, 3, 64), "bfloat16", eps=1e-6, weight_offset=1.0)
+    x, w = OP.make_inputs(spec, seed=2, device=device)
+    (y,) = OP.reference(spec, (x, w))
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert torch.equal(y, (normed * (1.0 + w.float())).type_as(x))  # GemmaRMSNorm.forward: one rounding
+    (y64,) = OP.reference_fp64(spec, (x, w))
+    xd = x.double()
+    assert torch.equal(y64, xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * (w.double() + 1.0))
+
+
+def test_weight_offset_specs_leave_other_workloads_alone() -> None:
+    x, w = torch.zeros(16, 128, dtype=torch.bfloat16), torch.zeros(128, dtype=torch.bfloat16)
+    plain = OP.spec((16, 128), "bfloat16")
+    # 0 is no offset: the constant is left out, and the workload hashes as it always did.
+    assert OP.spec((16, 128), "bfloat16", weight_offset=0.0) == plain == OP.spec_for(x, w, weight_offset=0)
+    assert "weight_offset" not in plain.constants
+    gemma = OP.spec((16, 128), "bfloat16", weight_offset=1.0)
+    assert gemma.constants == {"eps": 1e-6, "weight_offset": 1.0}
+    assert OP.spec_for(x, w, weight_offset=1.0) == gemma
+    assert gemma.workload_hash != plain.workload_hash
+    assert OpSpec.from_dict(gemma.to_dict()).workload_hash == gemma.workload_hash
+    assert OP.bucket(OP.spec((5, 128), "bfloat16", weight_offset=1.0)).constants == gemma.constants
+    for bad in (math.inf, -math.inf, math.nan):
+        with pytest.raises(UnsupportedWorkload, match="weight_offset"):
+            OP.spec((16, 128), "bfloat16", weight_offset=bad)
+        with pytest.raises(UnsupportedWorkload, match="weight_offset"):
+            OP.spec_for(x, w, weight_offset=bad)
+
+
+def test_weight_offset_inputs_scale_rows_alike(device: str) -> None:
+    # The weight is drawn less the offset: the weight the rows are scaled by is 1 + 0.5 * N(0, 1)
+    # either way, and Gemma's stored weight is about 0.
+    plain = OP.make_inputs(OP.spec((2, 256), "float32"), seed=4, device=device)[1]
+    offset = OP.make_inputs(OP.spec((2, 256), "float32", weight_offset=1.0), seed=4, device=device)[1]
+    assert torch.allclose(offset + 1.0, plain) and abs(float(offset.mean())) < 0.1

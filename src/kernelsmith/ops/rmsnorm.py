@@ -19,6 +19,13 @@ input dtype. The kernels here accumulate in float32 too, but multiply by the wei
 and round once, which is a little *more* accurate than the reference (the tolerance only bounds
 the error from above).
 
+Gemma's RMSNorm scales by ``1 + weight`` (its weights are stored as offsets from 1): the
+constant ``weight_offset`` (1.0 for Gemma; absent from the spec's constants when it is 0, so
+that every other norm's workload hashes as before) is added to the weight in float32 right after
+the kernels load it, under a ``WEIGHT_OFFSET`` constexpr: with 0.0 the add is not compiled at
+all. With an offset the reference is ``GemmaRMSNorm``'s, which computes in float32 and rounds
+once, ``(xf * rstd * (weight.float() + offset)).to(x.dtype)``, as the kernels do.
+
 Variants (every one computes the same thing; they differ in how work is split):
 
 ``whole_row``
@@ -53,7 +60,8 @@ the row-wise skeleton's (:mod:`kernelsmith.ops._rowwise`); this module holds the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -61,9 +69,18 @@ import triton
 import triton.language as tl
 
 from kernelsmith.ops import _rowwise as skeleton
-from kernelsmith.ops._base import OpFamily, Tolerance, UnsupportedWorkload, check_eps, generator, tensor_specs
+from kernelsmith.ops._base import (
+    Launcher,
+    OpFamily,
+    Tolerance,
+    UnsupportedWorkload,
+    Variant,
+    check_eps,
+    generator,
+    tensor_specs,
+)
 from kernelsmith.ops._rowwise import NO_LOOP_STAGES
-from kernelsmith.space import Space
+from kernelsmith.space import Config, Space
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
 DEFAULT_EPS = 1e-6
@@ -85,6 +102,7 @@ def _rmsnorm_whole_row_kernel(
     eps,
     BLOCK_N: tl.constexpr,
     EVICT_X: tl.constexpr,  # "" or "evict_first": x is read once, so it need not stay in L2
+    WEIGHT_OFFSET: tl.constexpr,  # added to the weight (Gemma: 1.0); 0.0 compiles no add
 ):
     """One program normalises one row held entirely in registers (BLOCK_N >= N)."""
     row = tl.program_id(0).to(tl.int64)  # 64-bit, so that row * stride cannot overflow
@@ -97,6 +115,8 @@ def _rmsnorm_whole_row_kernel(
     rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
 
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if WEIGHT_OFFSET != 0.0:  # resolved at compile time: no add for the Llama norm
+        w += WEIGHT_OFFSET  # in float32, after the load (Gemma's 1.0 + weight.float())
     y = x * rstd * w  # all in float32, rounded once on the store
     tl.store(y_ptr + row * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -113,6 +133,7 @@ def _rmsnorm_multi_row_kernel(
     eps,
     ROWS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    WEIGHT_OFFSET: tl.constexpr,
 ):
     """One program normalises ROWS consecutive rows as a [ROWS, BLOCK_N] block."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -130,6 +151,8 @@ def _rmsnorm_multi_row_kernel(
 
     # The weight is shared by all rows of the block: load it once, broadcast it over the rows.
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    if WEIGHT_OFFSET != 0.0:
+        w += WEIGHT_OFFSET
     y = x * rstd[:, None] * w[None, :]
     y_offsets = rows64[:, None] * y_row_stride + cols[None, :]
     tl.store(y_ptr + y_offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -145,6 +168,7 @@ def _rmsnorm_looped_kernel(
     N,
     eps,
     BLOCK_N: tl.constexpr,
+    WEIGHT_OFFSET: tl.constexpr,
 ):
     """One program normalises one row in two passes over column blocks of BLOCK_N."""
     row = tl.program_id(0).to(tl.int64)
@@ -167,6 +191,8 @@ def _rmsnorm_looped_kernel(
         mask = cols < N
         x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        if WEIGHT_OFFSET != 0.0:
+            w += WEIGHT_OFFSET
         y = x * rstd * w
         tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -182,6 +208,7 @@ def _rmsnorm_persistent_kernel(
     N,
     eps,
     BLOCK_N: tl.constexpr,
+    WEIGHT_OFFSET: tl.constexpr,
 ):
     """A fixed grid of programs; each loads the weight once, then normalises rows
     pid, pid + num_programs, pid + 2 * num_programs, ... (a grid-stride loop)."""
@@ -192,6 +219,8 @@ def _rmsnorm_persistent_kernel(
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if WEIGHT_OFFSET != 0.0:
+        w += WEIGHT_OFFSET
 
     for row in range(first_row, n_rows, step):
         x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
@@ -226,6 +255,24 @@ def _persistent_space(spec: OpSpec) -> Space:
     return skeleton.persistent_space(spec, skeleton.NORM_WARPS, in_registers=2)
 
 
+def weight_offset_of(spec: OpSpec) -> float:
+    """The constant added to the weight: ``weight_offset`` of the spec, 0.0 when it has none."""
+    return float(spec.constants.get("weight_offset", 0.0))
+
+
+def _variant(name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any) -> Variant:
+    """A variant launching ``kernel`` through the skeleton's launcher, with the spec's weight
+    offset as the kernel's ``WEIGHT_OFFSET`` constexpr (``skeleton.variant`` gives a family's
+    constexprs one value for every workload; this one is the workload's own)."""
+
+    def build(spec: OpSpec, config: Config) -> Launcher:
+        skeleton.checked("rmsnorm", space(spec), config)
+        return skeleton.launcher(kernel, spec, config, strides=2, scalars=skeleton.eps_of(spec),
+                                 WEIGHT_OFFSET=weight_offset_of(spec))
+
+    return Variant(name, summary, space, build, modules=(skeleton.__name__,))
+
+
 # ---------------------------------------------------------------------------------------------
 # The op family
 # ---------------------------------------------------------------------------------------------
@@ -244,27 +291,28 @@ class RMSNorm(OpFamily):
     distributions = ("normal", "uniform", "large", "small", "outliers")
     tolerance = Tolerance()
     variants = (
-        skeleton.variant(__name__, "whole_row", "one program per row, the whole row in registers",
-                        _whole_row_space, _rmsnorm_whole_row_kernel, strides=2, scalars=skeleton.eps_of),
-        skeleton.variant(__name__, "multi_row", "ROWS rows per program as a 2D block, for narrow rows",
-                        _multi_row_space, _rmsnorm_multi_row_kernel, strides=2, scalars=skeleton.eps_of),
-        skeleton.variant(__name__, "looped", "one program per row, two passes over column blocks, for wide rows",
-                        _looped_space, _rmsnorm_looped_kernel, strides=2, scalars=skeleton.eps_of),
-        skeleton.variant(__name__, "persistent", "PROGRAMS_PER_SM programs per SM walk the rows, weight loaded once",
-                        _persistent_space, _rmsnorm_persistent_kernel, strides=2, scalars=skeleton.eps_of),
+        _variant("whole_row", "one program per row, the whole row in registers",
+                 _whole_row_space, _rmsnorm_whole_row_kernel),
+        _variant("multi_row", "ROWS rows per program as a 2D block, for narrow rows",
+                 _multi_row_space, _rmsnorm_multi_row_kernel),
+        _variant("looped", "one program per row, two passes over column blocks, for wide rows",
+                 _looped_space, _rmsnorm_looped_kernel),
+        _variant("persistent", "PROGRAMS_PER_SM programs per SM walk the rows, weight loaded once",
+                 _persistent_space, _rmsnorm_persistent_kernel),
     )
 
     # ---- specs -------------------------------------------------------------------------------
     def spec(self, shape: tuple[int, ...], dtype: str, eps: float = DEFAULT_EPS,
-             **constants: Any) -> OpSpec:
+             weight_offset: float = 0.0, **constants: Any) -> OpSpec:
         shape = skeleton.command_line_shape(self.name, shape, constants)
         name = dtype_name(dtype)
         spec = OpSpec(self.name, (TensorSpec(shape, name), TensorSpec((shape[-1],), name)),
-                      {"eps": check_eps(self.name, eps)})
+                      norm_constants(self.name, eps, weight_offset))
         self.check_supported(spec)
         return spec
 
-    def spec_for(self, *inputs: torch.Tensor, eps: float = DEFAULT_EPS, **constants: Any) -> OpSpec:
+    def spec_for(self, *inputs: torch.Tensor, eps: float = DEFAULT_EPS, weight_offset: float = 0.0,
+                 **constants: Any) -> OpSpec:
         if constants:
             raise UnsupportedWorkload(f"rmsnorm: unknown constants {sorted(constants)}")
         if len(inputs) != 2:
@@ -281,17 +329,21 @@ class RMSNorm(OpFamily):
         if x.dtype != weight.dtype:
             raise UnsupportedWorkload(f"rmsnorm: x is {x.dtype} but weight is {weight.dtype}")
         specs = tensor_specs(self.name, (x, weight))
-        spec = OpSpec(self.name, specs, {"eps": check_eps(self.name, eps)})
+        spec = OpSpec(self.name, specs, norm_constants(self.name, eps, weight_offset))
         self.check_supported(spec)
         return spec
 
     # ---- math --------------------------------------------------------------------------------
     def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """Hugging Face's LlamaRMSNorm.forward, verbatim in substance."""
+        """Hugging Face's LlamaRMSNorm.forward, verbatim in substance; with a weight offset,
+        GemmaRMSNorm.forward (everything in float32, rounded once)."""
         x, weight = inputs
         eps = float(spec.const("eps"))
+        offset = weight_offset_of(spec)
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        if offset:
+            return ((y * (weight.float() + offset)).to(x.dtype),)
         return (weight * y.to(x.dtype),)
 
     def reference_fp64(
@@ -301,7 +353,7 @@ class RMSNorm(OpFamily):
         eps = float(spec.const("eps"))
         xd = x.double()
         y = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
-        return (weight.double() * y,)
+        return ((weight.double() + weight_offset_of(spec)) * y,)
 
     def make_inputs(
         self,
@@ -310,7 +362,9 @@ class RMSNorm(OpFamily):
         distribution: str = "normal",
         device: str | torch.device = "cuda",
     ) -> tuple[torch.Tensor, ...]:
-        """x drawn from ``distribution``, weight = 1 + 0.5 * N(0, 1), both deterministic in seed.
+        """x drawn from ``distribution``, weight = 1 + 0.5 * N(0, 1) (less the spec's weight
+        offset, so that the weight the rows are scaled by is drawn alike: Gemma's weights are
+        about 0), both deterministic in seed.
 
         - normal: N(0, 1);
         - uniform: U(-1, 1);
@@ -343,7 +397,7 @@ class RMSNorm(OpFamily):
         else:
             raise ValueError(f"rmsnorm: unknown distribution {distribution!r} "
                              f"(known: {', '.join(self.distributions)})")
-        weight = 1 + 0.5 * randn(w_spec.shape)
+        weight = 1 + 0.5 * randn(w_spec.shape) - weight_offset_of(spec)
         return x.to(x_spec.torch_dtype), weight.to(w_spec.torch_dtype)
 
     def flops(self, spec: OpSpec) -> int:
@@ -351,6 +405,16 @@ class RMSNorm(OpFamily):
         return 4 * spec.inputs[0].numel
 
 
+def norm_constants(op: str, eps: Any, weight_offset: Any) -> dict[str, float]:
+    """The constants of an RMSNorm spec (forward or backward): ``eps``, and ``weight_offset``
+    only when it is not 0, so that the workloads of every norm without one hash as before."""
+    constants = {"eps": check_eps(op, eps)}
+    offset = float(weight_offset)
+    if not math.isfinite(offset):
+        raise UnsupportedWorkload(f"{op}: weight_offset must be a finite number, not {weight_offset!r}")
+    if offset != 0.0:
+        constants["weight_offset"] = offset
+    return constants
 
 
 OP = RMSNorm()

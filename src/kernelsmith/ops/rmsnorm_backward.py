@@ -17,8 +17,12 @@ over *all* rows (8192 of them for a typical batch), so it is accumulated in floa
 there; the caller casts it to the weight's dtype.
 
 Inputs are ``(dy, x, weight)``: ``dy`` and ``x`` of shape ``(..., N)`` in the activation dtype,
-``weight`` of shape ``(N,)`` in the same dtype; the constant ``eps`` (default 1e-6). Outputs are
-``(dx, dw)``: ``dx`` like ``x``, ``dw`` of shape ``(N,)`` in float32.
+``weight`` of shape ``(N,)`` in the same dtype; the constants ``eps`` (default 1e-6) and, as in
+the forward, ``weight_offset`` (Gemma's ``1 + weight``; left out of the constants when 0). With
+an offset ``c`` the forward scales by ``w + c``: ``dx`` is the formula above with ``w + c`` in
+``g``, added to the weight in float32 after the load, as the forward does; ``dw`` is unchanged
+(``d(w + c)/dw = 1``). Outputs are ``(dx, dw)``: ``dx`` like ``x``, ``dw`` of shape ``(N,)`` in
+float32.
 
 Reference and the Hugging Face formulation
 -------------------------------------------
@@ -75,13 +79,12 @@ from kernelsmith.ops._base import (
     Tolerance,
     UnsupportedWorkload,
     Variant,
-    check_eps,
     generator,
     rows_and_width,
     tensor_specs,
 )
 from kernelsmith.ops._launch import direct_launch
-from kernelsmith.ops.rmsnorm import DEFAULT_EPS
+from kernelsmith.ops.rmsnorm import DEFAULT_EPS, norm_constants, weight_offset_of
 from kernelsmith.ops.rmsnorm import OP as _RMSNORM
 from kernelsmith.space import Config, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
@@ -106,6 +109,7 @@ def _two_stage_rows_kernel(
     eps,
     BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    WEIGHT_OFFSET: tl.constexpr,  # added to the weight (Gemma: 1.0); 0.0 compiles no add
 ):
     """Rows pid, pid + programs, ...: dx for each, and the sum of their dy * x * r."""
     pid = tl.program_id(0)
@@ -113,6 +117,8 @@ def _two_stage_rows_kernel(
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if WEIGHT_OFFSET != 0.0:  # dx scales dy by the weight the forward used; dw does not change
+        w += WEIGHT_OFFSET
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     for i in tl.range(pid, n_rows, programs, num_stages=NUM_STAGES):
         row = tl.cast(i, tl.int64)  # 64-bit offsets (and a tensor in the interpreter)
@@ -139,6 +145,8 @@ def _looped_stats_kernel(
     eps,
     BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    # A default: add_rmsnorm_backward launches this kernel too, and has no weight offset.
+    WEIGHT_OFFSET: tl.constexpr = 0.0,
 ):
     """One program per row: both row reductions in one pass over column blocks."""
     row = tl.program_id(0).to(tl.int64)
@@ -150,6 +158,8 @@ def _looped_stats_kernel(
         x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + row * dy_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        if WEIGHT_OFFSET != 0.0:
+            w += WEIGHT_OFFSET
         sum_sq += x * x
         sum_gx += dy * w * x
     rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / N + eps)
@@ -173,6 +183,7 @@ def _looped_rows_kernel(
     N,
     BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    WEIGHT_OFFSET: tl.constexpr,
 ):
     """Program (column block, group): dx of the block for rows group, group + groups, ...,
     and the block's share of dw over those rows."""
@@ -181,6 +192,8 @@ def _looped_rows_kernel(
     group = tl.program_id(1)
     groups = tl.num_programs(1)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if WEIGHT_OFFSET != 0.0:
+        w += WEIGHT_OFFSET
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     for i in tl.range(group, n_rows, groups, num_stages=NUM_STAGES):
         row = tl.cast(i, tl.int64)
@@ -222,7 +235,7 @@ def _two_stage_build(spec: OpSpec, config: Config) -> Launcher:
     programs = skeleton.groups(int(config["GROUPS"]), rows)
     eps = float(spec.const("eps"))
     meta = {"BLOCK_N": next_power_of_two(n), "NUM_STAGES": int(config["num_stages"]),
-            **skeleton.launch_options(config)}
+            "WEIGHT_OFFSET": weight_offset_of(spec), **skeleton.launch_options(config)}
     rows_kernel = direct_launch(_two_stage_rows_kernel, (programs,))
     reduce = skeleton.reducer(n, int(config["BLOCK_R"]))
 
@@ -249,7 +262,8 @@ def _looped_build(spec: OpSpec, config: Config) -> Launcher:
     groups = skeleton.groups(int(config["GROUPS"]), rows)
     block_n = int(config["BLOCK_N"])
     eps = float(spec.const("eps"))
-    meta = {"BLOCK_N": block_n, "NUM_STAGES": int(config["num_stages"]), **skeleton.launch_options(config)}
+    meta = {"BLOCK_N": block_n, "NUM_STAGES": int(config["num_stages"]), "WEIGHT_OFFSET": weight_offset_of(spec),
+            **skeleton.launch_options(config)}
     stats_kernel = direct_launch(_looped_stats_kernel, (rows,))
     rows_kernel = direct_launch(_looped_rows_kernel, (triton.cdiv(n, block_n), groups))
     reduce = skeleton.reducer(n, skeleton.LOOPED_REDUCE_ROWS)
@@ -290,15 +304,18 @@ class RMSNormBackward(OpFamily):
     )
 
     # ---- specs -------------------------------------------------------------------------------
-    def spec(self, shape: tuple[int, ...], dtype: str, eps: float = DEFAULT_EPS, **constants: Any) -> OpSpec:
+    def spec(self, shape: tuple[int, ...], dtype: str, eps: float = DEFAULT_EPS, weight_offset: float = 0.0,
+             **constants: Any) -> OpSpec:
         shape = skeleton.command_line_shape(self.name, shape, constants)
         name = dtype_name(dtype)
         act = TensorSpec(shape, name)
-        spec = OpSpec(self.name, (act, act, TensorSpec((shape[-1],), name)), {"eps": check_eps(self.name, eps)})
+        spec = OpSpec(self.name, (act, act, TensorSpec((shape[-1],), name)),
+                      norm_constants(self.name, eps, weight_offset))
         self.check_supported(spec)
         return spec
 
-    def spec_for(self, *inputs: torch.Tensor, eps: float = DEFAULT_EPS, **constants: Any) -> OpSpec:
+    def spec_for(self, *inputs: torch.Tensor, eps: float = DEFAULT_EPS, weight_offset: float = 0.0,
+                 **constants: Any) -> OpSpec:
         if constants:
             raise UnsupportedWorkload(f"rmsnorm_backward: unknown constants {sorted(constants)}")
         if len(inputs) != 3:
@@ -310,7 +327,7 @@ class RMSNormBackward(OpFamily):
         if x.numel() == 0:
             raise UnsupportedWorkload("rmsnorm_backward: empty inputs are not supported")
         specs = tensor_specs(self.name, (dy, x, weight))
-        spec = OpSpec(self.name, specs, {"eps": check_eps(self.name, eps)})
+        spec = OpSpec(self.name, specs, norm_constants(self.name, eps, weight_offset))
         self.check_supported(spec)
         return spec
 
@@ -325,13 +342,14 @@ class RMSNormBackward(OpFamily):
 
     # ---- math --------------------------------------------------------------------------------
     def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """Autograd through Hugging Face's LlamaRMSNorm.forward in the input dtype: (dx, dw.float())."""
-        dx, dw = _autograd(inputs, float(spec.const("eps")), None)
+        """Autograd through Hugging Face's LlamaRMSNorm.forward (GemmaRMSNorm's with a weight
+        offset) in the input dtype: (dx, dw.float())."""
+        dx, dw = _autograd(inputs, float(spec.const("eps")), weight_offset_of(spec), None)
         return dx, dw.float()
 
     def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """The same autograd in float64 (nothing rounded): the formula of the module docstring."""
-        return _autograd(inputs, float(spec.const("eps")), torch.float64)
+        return _autograd(inputs, float(spec.const("eps")), weight_offset_of(spec), torch.float64)
 
     def make_inputs(
         self,
@@ -354,20 +372,22 @@ class RMSNormBackward(OpFamily):
         return 11 * spec.inputs[1].numel
 
 
-def _autograd(inputs: Sequence[torch.Tensor], eps: float, dtype: torch.dtype | None
+def _autograd(inputs: Sequence[torch.Tensor], eps: float, weight_offset: float, dtype: torch.dtype | None
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dw) by autograd through the HF forward, in ``dtype`` (None: the inputs' own)."""
+    """(dx, dw) by autograd through the HF forward, in ``dtype`` (None: the inputs' own): Llama's,
+    or with a weight offset Gemma's (``(normed * (weight.float() + offset)).to(x.dtype)``)."""
     dy, x, weight = (t if dtype is None else t.to(dtype) for t in inputs)
     with torch.enable_grad():
         xg = x.detach().requires_grad_()
         wg = weight.detach().requires_grad_()
         xf = xg.float() if dtype is None else xg
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        y = wg * normed.to(xg.dtype)
+        if weight_offset:  # noqa: SIM108 (Gemma's forward against Llama's, each written as HF writes it)
+            y = (normed * (wg.to(normed.dtype) + weight_offset)).to(xg.dtype)  # float32, rounded once
+        else:
+            y = wg * normed.to(xg.dtype)  # the normalised row rounded, then times the weight
         dx, dw = torch.autograd.grad(y, (xg, wg), dy.detach())
     return dx.detach(), dw.detach()
-
-
 
 
 OP = RMSNormBackward()
