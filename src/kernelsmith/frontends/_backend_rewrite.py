@@ -1,0 +1,150 @@
+"""Rewriting a copy of the graph with the kept sites, and timing graphs in context.
+
+Step 3 of the ``kernelsmith`` torch.compile backend (:mod:`kernelsmith.frontends.backend`): each
+kept site becomes one ``kernelsmith::kernel`` (or ``kernelsmith::triton_kernel``) call in a copy
+of the graph, with example values for the nodes it adds. :func:`time_graphs` times compiled
+graphs on the same inputs in alternating rounds, for the backend's ``compare`` option and the
+whole-model decode step.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import operator
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from kernelsmith import dispatch
+from kernelsmith.frontends import triton_ops
+from kernelsmith.frontends._backend_sites import Site, _value
+
+log = logging.getLogger("kernelsmith.frontends.backend")  # this code's logger in backend.py
+
+
+_KERNEL = torch.ops.kernelsmith.kernel.default
+# ---------------------------------------------------------------------------------------------
+# Rewriting a copy of the graph
+# ---------------------------------------------------------------------------------------------
+
+
+def rewrite(gm: fx.GraphModule, sites: Sequence[Site]) -> fx.GraphModule:
+    """A copy of ``gm`` in which every site is one ``kernelsmith::kernel`` call (``gm`` itself is
+    left as it was, for Inductor alone or for a comparison)."""
+    graph = fx.Graph(tracer_cls=gm.graph._tracer_cls)
+    val_map: dict[fx.Node, fx.Node] = {}
+    copied = graph.graph_copy(gm.graph, val_map, return_output_node=True)
+    assert isinstance(copied, tuple)
+    output_value, old_output = copied
+    graph._codegen = gm.graph._codegen
+    graph.output(output_value, type_expr=getattr(old_output, "type", None))
+    fake_mode = _fake_mode(gm)
+    for site in sites:
+        _rewrite_site(graph, site, val_map, fake_mode)
+    graph.lint()
+    return fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+
+
+def _fake_mode(gm: fx.GraphModule) -> Any:
+    for node in gm.graph.nodes:
+        mode = getattr(_value(node), "fake_mode", None)
+        if mode is not None:
+            return mode
+    return None
+
+
+def _rewrite_site(graph: fx.Graph, site: Site, val_map: dict[fx.Node, fx.Node], fake_mode: Any) -> None:
+    out = val_map[site.output]
+    region = [val_map[n] for n in site.region]
+    add = val_map[site.residual_add] if site.residual_add is not None else None
+    if add is None:
+        before = out
+    else:  # right after the op's last input: the sum's other users may come before the norm
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        last = max((val_map[i.node] for i in site.inputs), key=order.__getitem__)
+        before = last.next
+    constants = dispatch.constants_json(site.constants)
+    with graph.inserting_before(before):
+        args: list[fx.Node] = []
+        for op_input in site.inputs:
+            node = val_map[op_input.node]
+            if op_input.reshape is not None:
+                source, shape = _value(node), op_input.reshape
+                node = graph.call_method("reshape", (node, shape))
+                _set_value(node, fake_mode, functools.partial(torch.reshape, source, shape))
+            args.append(node)
+        # Inductor compiles kernelsmith::triton_kernel's kernel itself; kernelsmith::kernel stays a call.
+        target, decisions = (triton_ops.OP, site.triton_decision) if site.triton_decision else (_KERNEL, site.decisions)
+        kernel = graph.call_function(target, (site.op, args, constants, decisions))
+        results = [graph.call_function(operator.getitem, (kernel, i)) for i in range(2 if add is not None else 1)]
+    for node in (kernel, *results):
+        for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+            if key in out.meta:
+                node.meta[key] = out.meta[key]
+    _set_value(kernel, fake_mode, lambda: target(site.op, [_value(a) for a in args], constants, decisions))
+    for i, node in enumerate(results):
+        if kernel.meta.get("example_value") is not None:
+            node.meta["example_value"] = kernel.meta["example_value"][i]
+    out.replace_all_uses_with(results[0])
+    val_map[site.output] = results[0]  # a later site may take this value as an input
+    for node in reversed(region):
+        graph.erase_node(node)
+    if add is not None:
+        assert site.residual_add is not None
+        add.replace_all_uses_with(results[1])
+        val_map[site.residual_add] = results[1]
+        graph.erase_node(add)
+
+
+def _set_value(node: fx.Node, fake_mode: Any, compute: Callable[[], Any]) -> None:
+    """``node``'s example value, computed on fake tensors (later passes read it)."""
+    if fake_mode is None:
+        return
+    try:
+        with fake_mode:
+            node.meta["example_value"] = compute()
+    except Exception as exc:  # the value is informative only
+        log.debug("no example value for %s: %s", node.name, exc)
+
+
+# ---------------------------------------------------------------------------------------------
+# In-context comparison
+# ---------------------------------------------------------------------------------------------
+
+
+def _call(compiled: Callable[..., Any], inputs: Sequence[Any]) -> Any:
+    """A backend's compiled graph is called as Dynamo calls it: with the inputs as arguments
+    (what ``compile_fx`` returns carries ``_boxed_call`` yet takes them so, in torch 2.11-2.13)."""
+    return compiled(*inputs)
+
+
+def time_graphs(candidates: Sequence[Callable[..., Any]], inputs: Sequence[Any], rounds: int = 7,
+                calls: int = 3) -> list[float]:
+    """Median milliseconds per call of each compiled graph, timed interleaved (A B A B ...) on the
+    same inputs, after two warm-up calls each."""
+    cuda = [t.device for t in inputs if isinstance(t, torch.Tensor) and t.device.type == "cuda"]
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(cuda[0])
+
+    samples: list[list[float]] = [[] for _ in candidates]
+    with torch.no_grad():
+        for fn in candidates:
+            for _ in range(2):
+                _call(fn, inputs)
+        for _ in range(rounds):
+            for i, fn in enumerate(candidates):
+                sync()
+                start = time.perf_counter()
+                for _ in range(calls):
+                    _call(fn, inputs)
+                sync()
+                samples[i].append((time.perf_counter() - start) * 1000.0 / calls)
+    return [sorted(s)[len(s) // 2] for s in samples]
+
+

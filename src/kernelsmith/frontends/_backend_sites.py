@@ -1,0 +1,421 @@
+"""Finding the sites of a captured FX graph: the regions that compute one op family.
+
+Step 1 of the ``kernelsmith`` torch.compile backend (:mod:`kernelsmith.frontends.backend`): for
+each candidate output node the region that could compute it grows backwards over cheap tensor ops
+whose users are all inside it; the regions, the largest first, run once through the recognizer
+behind the decorator, and the first that matches one family is a :class:`Site`. A residual add
+feeding an RMSNorm is folded in (``add_rmsnorm``), and decode projections and fused
+linear + cross-entropy sites are found on request. The backend then resolves and rewrites them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+
+from kernelsmith import dispatch
+from kernelsmith.frontends import torch_op
+from kernelsmith.ops import UnsupportedWorkload, get_op
+from kernelsmith.spec import OpSpec
+
+log = logging.getLogger("kernelsmith.frontends.backend")  # this code's logger in backend.py
+
+
+# Op families the backend looks for; add_rmsnorm is an RMSNorm site with its residual add folded in.
+FAMILIES = ("rmsnorm", "add_rmsnorm", "layernorm", "softmax", "gelu", "gelu_tanh", "swiglu", "geglu", "cross_entropy",
+            "linear_cross_entropy")
+# Families matched on request only (``decode=True``, or named in ``families``): decode-shaped
+# projections (kernelsmith.frontends.patterns.decode). Off by default: every small F.linear of any
+# graph would otherwise become a site, and a decode kernel pays only where the step runs as a graph.
+DECODE_FAMILIES = ("decode_matmul",)
+KNOWN_FAMILIES = FAMILIES + DECODE_FAMILIES
+# Calls that are never inside an op family's region: they are its inputs.
+_HEAVY = frozenset({
+    "linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "einsum", "embedding", "embedding_bag",
+    "scaled_dot_product_attention", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+    "conv_transpose3d", "multi_head_attention_forward", "lstm", "gru",
+})
+# A region worth a recognition run contains at least one of these (by function or method name).
+_CHARACTERISTIC = frozenset({
+    "rsqrt", "sqrt", "pow", "rms_norm", "layer_norm", "var", "var_mean", "mean", "softmax", "log_softmax", "exp",
+    "gelu", "erf", "tanh", "silu", "sigmoid", "cross_entropy", "nll_loss",
+})
+_ADDS = frozenset({"add", "__add__", "iadd"})
+MAX_REGION = 40  # nodes: more than any op family's formulation takes
+# ---------------------------------------------------------------------------------------------
+# Sites
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpInput:
+    """One input of a site's op: a graph node, reshaped on the way when ``reshape`` is set."""
+
+    node: fx.Node
+    reshape: tuple[int, ...] | None = None
+
+
+@dataclass
+class Site:
+    """A region of the graph computing one op family, and what became of it.
+
+    ``status``: ``"found"`` (matched, not resolved yet), ``"replaced"``, ``"not tuned"``,
+    ``"baseline wins"``, ``"unsupported"``, ``"check failed"``, ``"no database"`` (the cache is
+    broken), ``"no backward"``, ``"slower in context"``. ``speedup`` is the stored decision's
+    (vs eager), ``backward_speedup`` its backward family's in a training graph.
+    """
+
+    op: str
+    output: fx.Node
+    region: list[fx.Node]  # graph order, the output last
+    inputs: list[OpInput]
+    constants: dict[str, Any]
+    spec: OpSpec
+    needs_grad: bool = False
+    residual_add: fx.Node | None = None  # add_rmsnorm: the sum node the op replaces too
+    status: str = "found"
+    reason: str = ""
+    speedup: float | None = None
+    backward_speedup: float | None = None
+    runners: list[tuple[str, list[torch.Tensor], dispatch.KernelRunner]] = field(default_factory=list, repr=False)
+    decisions: str = ""  # a dynamic graph's site: the winners its op call carries, one chosen per call
+    # a static site called through kernelsmith::triton_kernel (Inductor sees its kernel): its one decision
+    triton_decision: str = ""
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-ready line for reports."""
+        return {
+            "op": self.op,
+            "workload": self.spec.describe(),
+            "shapes": [list(t.shape) for t in self.spec.inputs],
+            "status": self.status,
+            "reason": self.reason,
+            "speedup": self.speedup,
+            "backward_speedup": self.backward_speedup,
+            "training": self.needs_grad,
+            "nodes": [n.name for n in self.region],
+        }
+
+
+def _value(node: Any) -> Any:
+    if not isinstance(node, fx.Node):
+        return None
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+def _static_tensor(value: Any) -> bool:
+    """A tensor whose sizes and strides are known: ints, or (in a dynamic graph) SymInts with a
+    hint, the example value a site is recognized and its workload described at."""
+    if not isinstance(value, torch.Tensor):
+        return False
+    try:
+        for size in (*value.shape, *value.stride()):
+            torch_op.size_hint(size)
+    except RuntimeError:  # an unbacked size (data-dependent): nothing to sample it at
+        return False
+    return True
+
+
+def _dynamic(value: Any) -> bool:
+    """A tensor with a symbolic size or stride: its site's kernel is chosen per call."""
+    return isinstance(value, torch.Tensor) and torch_op.has_symbolic_size(value)
+
+
+def _target_name(node: fx.Node) -> str:
+    target = node.target
+    return target if isinstance(target, str) else getattr(target, "__name__", str(target))
+
+
+def _mutates(node: fx.Node) -> bool:
+    if node.op not in ("call_function", "call_method"):
+        return False
+    name = _target_name(node)
+    return (
+        (name.endswith("_") and not name.endswith("__"))
+        or name == "setitem"
+        or node.kwargs.get("out") is not None
+        or node.kwargs.get("inplace") is True
+    )
+
+
+def _barrier(node: fx.Node) -> bool:
+    """An in-place op, or a call with side effects (a grad-mode switch returns None): work must
+    not move across it."""
+    if node.op not in ("call_function", "call_method"):
+        return False
+    return _mutates(node) or not _is_tensors(_value(node))
+
+
+def _is_tensors(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, tuple | list) and bool(value) and all(isinstance(v, torch.Tensor) for v in value)
+
+
+def _absorbable(node: fx.Node) -> bool:
+    """A cheap tensor op a region may contain."""
+    if node.op not in ("call_function", "call_method") or _target_name(node) in _HEAVY or _mutates(node):
+        return False
+    value = _value(node)
+    if isinstance(value, tuple | list):
+        return bool(value) and all(_static_tensor(v) for v in value)
+    return _static_tensor(value)
+
+
+def _levels(out: fx.Node, taken: set[fx.Node]) -> list[frozenset[fx.Node]]:
+    """The regions ending at ``out``, smallest first: each step adds every producer whose users
+    are all in the region already."""
+    region = {out}
+    levels = [frozenset(region)]
+    while True:
+        added = {
+            a
+            for n in region
+            for a in n.all_input_nodes
+            if a not in region and a not in taken and _absorbable(a) and all(u in region for u in a.users)
+        }
+        if not added or len(region) + len(added) > MAX_REGION:
+            return levels
+        region |= added
+        levels.append(frozenset(region))
+
+
+def _region_inputs(region: Iterable[fx.Node], order: dict[fx.Node, int]) -> list[fx.Node]:
+    inputs: dict[fx.Node, None] = {}
+    for node in sorted(region, key=order.__getitem__):
+        for a in node.all_input_nodes:
+            if a not in region:
+                inputs.setdefault(a, None)
+    return list(inputs)
+
+
+def _region_module(gm: fx.GraphModule, nodes: list[fx.Node], inputs: list[fx.Node]) -> fx.GraphModule:
+    """The region as a module of its own, taking its inputs positionally."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for i, node in enumerate(inputs):
+        env[node] = graph.placeholder(f"input_{i}")
+    for node in nodes:
+        env[node] = graph.node_copy(node, env.__getitem__)
+    graph.output(env[nodes[-1]])
+    return fx.GraphModule(gm, graph)
+
+
+def _sample(value: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """A random tensor of ``value``'s shape, dtype and device (integers are zeros: valid indices)."""
+    shape, device = tuple(torch_op.size_hint(s) for s in value.shape), value.device
+    if value.dtype.is_floating_point:
+        return torch.randn(shape, generator=generator, device=device).to(value.dtype)
+    if value.dtype == torch.bool:
+        return torch.ones(shape, dtype=torch.bool, device=device)
+    return torch.zeros(shape, dtype=value.dtype, device=device)
+
+
+def _meta(value: torch.Tensor) -> torch.Tensor:
+    return torch_op.concrete_meta(value)
+
+
+def _input_meta(op_input: OpInput) -> torch.Tensor:
+    meta = _meta(_value(op_input.node))
+    return meta if op_input.reshape is None else meta.reshape(op_input.reshape)
+
+
+def _moves_across_barrier(nodes: list[fx.Node], start: int, stop: int, skip: Iterable[fx.Node]) -> bool:
+    """Whether a node strictly between positions ``start`` and ``stop`` (not in ``skip``) is a barrier."""
+    excluded = set(skip)
+    return any(_barrier(n) for n in nodes[start + 1 : stop] if n not in excluded)
+
+
+def find_sites(gm: fx.GraphModule, families: Iterable[str] = FAMILIES, fuse_residual: bool = True) -> list[Site]:
+    """The regions of ``gm`` that compute one of ``families``, in graph order (see the module
+    docstring). Nothing here raises for a region it cannot handle: it is simply not a site."""
+    wanted = set(families)
+    if fuse_residual and "add_rmsnorm" in wanted:
+        wanted.add("rmsnorm")  # an add_rmsnorm site is an RMSNorm site with its add folded in
+    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    taken: set[fx.Node] = set()
+    sites: list[Site] = []
+    generators: dict[torch.device, torch.Generator] = {}
+    if "decode_matmul" in wanted:  # first: at decode shapes the projections are the step, and their
+        sites += _decode_sites(gm, nodes, order, taken, generators)  # fused epilogues save launches
+    if "linear_cross_entropy" in wanted:  # before cross_entropy, which would take the loss without its head
+        sites += _linear_cross_entropy_sites(gm, nodes, order, taken, generators)
+    for out in reversed(nodes):
+        if out in taken or not _absorbable(out) or not isinstance(_value(out), torch.Tensor):
+            continue
+        levels = _levels(out, taken)
+        if not any(_target_name(n) in _CHARACTERISTIC for n in levels[-1]):
+            continue
+        for region in reversed(levels):
+            if not any(_target_name(n) in _CHARACTERISTIC for n in region):
+                break
+            site = _recognize_region(gm, out, region, nodes, order, wanted, generators)
+            if site is not None:
+                sites.append(site)
+                taken |= region
+                break
+    if fuse_residual and "add_rmsnorm" in wanted:
+        for site in sites:
+            _fold_residual_add(site, taken, nodes, order)
+    asked = set(families)
+    return sorted((s for s in sites if s.op in asked), key=lambda s: order[s.output])
+
+
+def _recognize_region(
+    gm: fx.GraphModule,
+    out: fx.Node,
+    region: frozenset[fx.Node],
+    graph_nodes: list[fx.Node],
+    order: dict[fx.Node, int],
+    wanted: set[str],
+    generators: dict[torch.device, torch.Generator],
+) -> Site | None:
+    from kernelsmith.frontends.decorator import _differs_from_op
+    from kernelsmith.frontends.recognize import recognize
+
+    inputs = _region_inputs(region, order)
+    values = [_value(n) for n in inputs]
+    if not all(_static_tensor(v) for v in values):
+        return None
+    nodes = sorted(region, key=order.__getitem__)
+    if _moves_across_barrier(graph_nodes, order[nodes[0]], order[out], region):
+        return None  # the op would run at the output's place: nothing may change state in between
+    try:
+        module = _region_module(gm, nodes, inputs)
+        device = values[0].device if values else _value(out).device
+        generator = generators.setdefault(device, torch.Generator(device=device))
+        generator.manual_seed(0)
+        samples = tuple(_sample(v, generator) for v in values)
+        with torch.no_grad():
+            recognition = recognize(module, samples)
+        match = recognition.match
+        if match is None or match.op not in wanted:
+            return None
+        if any(ref.kind != "arg" for ref in match.inputs):
+            return None
+        expected = _value(out)
+        produced = recognition.output
+        expected_shape = tuple(torch_op.size_hint(s) for s in expected.shape)  # no guard on a symbolic size
+        if not isinstance(produced, torch.Tensor) or (tuple(produced.shape), produced.dtype) != (
+            expected_shape,
+            expected.dtype,
+        ):
+            return None  # run outside its context (autocast, say), the region computes something else
+        family = get_op(match.op)
+        bound = match.bind(samples, {}, check=False)
+        with torch.no_grad():
+            if _differs_from_op(family, family.spec_for(*bound, **match.constants), bound, produced):
+                return None
+    except Exception as exc:  # a region that cannot run on random inputs, or is not the op: not a site
+        log.debug("region ending at %s: %s: %s", out.name, type(exc).__name__, exc)
+        return None
+    op_inputs = [OpInput(inputs[ref.index], ref.reshape) for ref in match.inputs]  # type: ignore[index]
+    metas = [_input_meta(i) for i in op_inputs]
+    needs_grad = bool(getattr(expected, "requires_grad", False))
+    site = Site(match.op, out, nodes, op_inputs, dict(match.constants), OpSpec(match.op, (), {}), needs_grad)
+    try:
+        site.spec = family.spec_for(*metas, **match.constants)
+    except UnsupportedWorkload as exc:
+        site.status, site.reason = "unsupported", str(exc)
+        site.spec = OpSpec(match.op, (), dict(match.constants))
+    log.debug("site %s at %s (%d nodes)", match.op, out.name, len(nodes))
+    return site
+
+
+def _decode_sites(
+    gm: fx.GraphModule,
+    nodes: list[fx.Node],
+    order: dict[fx.Node, int],
+    taken: set[fx.Node],
+    generators: dict[torch.device, torch.Generator],
+) -> list[Site]:
+    """``decode_matmul`` sites: the matmul pattern's match on a region around each decode-shaped
+    ``F.linear`` (largest region first), routed to the decode family when its shape is one
+    (:mod:`kernelsmith.frontends.patterns.decode`)."""
+    from kernelsmith.frontends.patterns import decode
+
+    found: list[Site] = []
+    for candidates in decode.candidate_regions(gm, taken):
+        for out, region in candidates:
+            site = _recognize_region(gm, out, region, nodes, order, {"matmul"}, generators)
+            if site is None:
+                continue
+            routed = decode.decode_spec([_input_meta(i) for i in site.inputs], site.constants)
+            if isinstance(routed, str):  # not a decode workload: Inductor's and cuBLAS's
+                log.debug("%s is not a decode projection: %s", out.name, routed)
+                break
+            site.op, site.spec = decode.OP, routed
+            found.append(site)
+            taken |= region
+            break
+    return found
+
+
+def _linear_cross_entropy_sites(
+    gm: fx.GraphModule,
+    nodes: list[fx.Node],
+    order: dict[fx.Node, int],
+    taken: set[fx.Node],
+    generators: dict[torch.device, torch.Generator],
+) -> list[Site]:
+    """``linear_cross_entropy`` sites: each LM head's product through its loss, checked as one
+    region (:mod:`kernelsmith.frontends.patterns.linear_cross_entropy`); where the logits are also
+    used elsewhere (a model output) the product stays and the site replaces only the loss."""
+    from kernelsmith.frontends.patterns import linear_cross_entropy as lce
+
+    found: list[Site] = []
+    for out, chain in lce.candidate_regions(gm, taken):
+        site = _recognize_region(gm, out, frozenset(chain), nodes, order, {lce.OP}, generators)
+        if site is None:
+            continue
+        site.region = lce.kept_nodes(chain)
+        found.append(site)
+        taken |= set(chain)
+    return found
+
+
+def _fold_residual_add(site: Site, taken: set[fx.Node], nodes: list[fx.Node], order: dict[fx.Node, int]) -> None:
+    """An RMSNorm of ``h = a + b`` becomes ``add_rmsnorm(b, a, weight)``: (rmsnorm(h), h)."""
+    if site.op != "rmsnorm" or site.status != "found":
+        return
+    x, weight = site.inputs
+    add = x.node
+    if x.reshape is not None or add in taken or add.op not in ("call_function", "call_method"):
+        return
+    if _target_name(add) not in _ADDS or len(add.args) != 2 or add.kwargs:
+        return
+    a, b = add.args
+    value = _value(add)
+    if not all(isinstance(t, fx.Node) for t in (a, b)) or not _static_tensor(value):
+        return
+    a_value, b_value = _value(a), _value(b)
+    for t in (a_value, b_value):
+        if not _static_tensor(t) or t.shape != value.shape or t.dtype != value.dtype:
+            return
+    assert isinstance(a, fx.Node) and isinstance(b, fx.Node)
+    # The kernel runs after its last input; every other user of the sum must come after that.
+    start = max(order[a], order[b], order[weight.node])
+    others = [u for u in add.users if u not in site.region]
+    if any(order[u] <= start for u in others):
+        return
+    if _moves_across_barrier(nodes, start, order[site.output], [*site.region, add]):
+        return
+    family = get_op("add_rmsnorm")
+    metas = [_meta(b_value), _meta(a_value), _input_meta(weight)]
+    try:
+        spec = family.spec_for(*metas, **site.constants)
+    except UnsupportedWorkload as exc:
+        log.debug("residual add %s not folded: %s", add.name, exc)
+        return
+    site.op, site.spec, site.residual_add = "add_rmsnorm", spec, add
+    site.inputs = [OpInput(b), OpInput(a), weight]  # add_rmsnorm computes h = residual + x: (x, residual) = (b, a)
+    site.needs_grad = site.needs_grad or bool(getattr(value, "requires_grad", False))
+    taken.add(add)
+
+
