@@ -393,3 +393,90 @@ def test_distributions_have_their_shape() -> None:
     assert not math.isclose(float(draw("normal").std()), 0.0)
     with pytest.raises(ValueError, match="unknown distribution"):
         OP.make_inputs(spec, seed=1, distribution="cauchy", device="cpu")
+
+
+# ---- a temperature: softmax(x * scale) ---------------------------------------------------------
+
+# (shape, dtype, distribution, scale): small and odd shapes, scales below and above 1 (1 / t for
+# t = 2 and 0.7) and a negative one (softmin), whose multiply turns the -inf padding into +inf
+# unless the kernels set the padding again.
+SCALE_CASES = [
+    ((1, 1), "float32", "normal", 0.5),
+    ((7, 3), "float16", "outliers", 1 / 0.7),
+    ((33, 341), "bfloat16", "large", 0.5),
+    ((2, 3, 100), "float16", "uniform", -1.3),
+    ((1000,), "float32", "outliers", 1 / 0.7),
+    ((7, 37), "bfloat16", "normal", 2.0),
+]
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_scale_reaches_every_variant(variant: str, device: str) -> None:
+    """Every config class of one case, the first config of the others, against the float64
+    reference; the same config without the scale, on the same inputs, is rejected where the
+    data can tell (not on nearly one-hot rows, which any scale above 1 leaves one-hot)."""
+    for i, (shape, dtype, distribution, scale) in enumerate(SCALE_CASES):
+        spec = OP.spec(shape, dtype, scale=scale)
+        configs = covering_configs(OP.variant(variant).space(spec))
+        (x,) = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
+        for config in configs if i == 2 else configs[:1]:
+            y = run_variant(variant, spec, config, x)
+            assert_close_to_reference(y, spec, x, f"{variant} {config.key} {spec.describe()} scale {scale:g}")
+        plain = run_variant(variant, OP.spec(shape, dtype), configs[0], x)
+        if distribution in ("normal", "uniform") and shape[-1] > 1:
+            (ref64,) = OP.reference_fp64(spec, (x,))
+            assert check_close(plain, ref64, OP.reference(spec, (x,))[0], OP.tolerance) is not None
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_scale_keeps_a_masked_prefix_at_zero(variant: str, device: str) -> None:
+    # -inf scores stay -inf under a positive scale: online's guard still holds, the row is right.
+    spec = OP.spec((5, 300), "float32", scale=0.125)
+    (x,) = OP.make_inputs(spec, seed=2, device=device)
+    x[:, :200] = float("-inf")
+    y = run_variant(variant, spec, _smallest_block(variant, spec), x)
+    assert_close_to_reference(y, spec, x, f"{variant} scale 0.125")
+    assert torch.all(y[:, :200] == 0)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the stress data holds inf: inf - inf is NaN
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_validate_accepts_every_variant_with_a_scale(variant: str, device: str) -> None:
+    from kernelsmith.evaluate.validate import validate
+    from kernelsmith.testing.validation_runs import validation_runs
+
+    spec = OP.spec((9, 200), "bfloat16", scale=1 / 0.7)
+    v = OP.variant(variant)
+    runs = validate(OP, spec, v.build, v.space(spec).configs()[-1], device, lambda: None)
+    assert runs in validation_runs(OP, spec)
+
+
+def test_scale_specs_leave_other_workloads_alone() -> None:
+    x = torch.zeros(4, 8, dtype=torch.bfloat16)
+    plain = OP.spec((4, 8), "bfloat16")
+    assert OP.spec((4, 8), "bfloat16", scale=1.0) == plain == OP.spec_for(x, dim=-1, scale=1)
+    assert plain.constants == {"dim": -1}
+    scaled = OP.spec((4, 8), "bfloat16", dim=-1, scale=0.5)  # the pattern's probe
+    assert scaled.constants == {"dim": -1, "scale": 0.5} and OP.spec_for(x, scale=0.5) == scaled
+    assert scaled.workload_hash != plain.workload_hash
+    assert OpSpec.from_dict(scaled.to_dict()).workload_hash == scaled.workload_hash
+    for bad in (0, 0.0, math.inf, -math.inf, math.nan, True, "0.5", None):
+        with pytest.raises(UnsupportedWorkload, match="scale"):
+            OP.spec((4, 8), "float32", scale=bad)
+        with pytest.raises(UnsupportedWorkload, match="scale"):
+            OP.spec_for(x, scale=bad)
+
+
+def test_scale_reference_and_inputs(device: str) -> None:
+    spec = OP.spec((4, 33), "bfloat16", scale=2.0)
+    (x,) = OP.make_inputs(spec, seed=0, distribution="outliers", device=device)
+    (low,) = OP.reference(spec, (x,))
+    assert torch.equal(low, torch.softmax(x.float() * 2.0, dim=-1).to(torch.bfloat16))  # one rounding
+    (ref,) = OP.reference_fp64(spec, (x,))
+    assert torch.equal(ref, torch.softmax(x.double() * 2.0, dim=-1))
+    # x is drawn divided by the scale: x * scale has the distribution's shape (here one hot value
+    # of about +40 a row), so the data tells a missing or doubled scale apart.
+    unscaled = OP.make_inputs(OP.spec((4, 33), "bfloat16"), seed=0, distribution="outliers", device=device)[0]
+    torch.testing.assert_close((x.float() * 2.0), unscaled.float(), rtol=1e-2, atol=1e-2)

@@ -8,6 +8,15 @@ kernels see a ``(rows, N)`` matrix and normalise each row on its own. Only the l
 supported: ``dim`` is part of the spec's constants and is always ``-1`` (``dim = x.ndim - 1`` is
 the same thing and is normalised to ``-1``; any other ``dim`` is an :class:`UnsupportedWorkload`).
 
+A temperature is the constant ``scale``: the op is then ``softmax(x * scale)`` (``x / t`` is
+``scale = 1 / t``), the multiply done in float32 on the loaded values, so that no scaled copy of
+``x`` is written and read back. ``scale`` is any finite non-zero number and is left out of the
+spec's constants when it is 1 (every plain softmax's workload hashes as before); the kernels
+take it as an argument and multiply only under their ``HAS_SCALE`` constexpr, so a plain softmax
+compiles to the same code as without it. With a scale the reference is ``torch.softmax(x.float()
+* scale, -1).to(x.dtype)`` (the float64 truth scales in float64). There is no softmax backward
+family: a call whose inputs need gradients runs the user's own code.
+
 The math, and why every kernel subtracts the row maximum
 ---------------------------------------------------------
 ``softmax(x)_j = exp(x_j) / sum_k exp(x_k)`` is unchanged when a constant ``c`` is subtracted
@@ -58,6 +67,7 @@ Constraints keep only configs that compile and waste no whole warps (the row-wis
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -66,8 +76,8 @@ import triton
 import triton.language as tl
 
 from kernelsmith.ops import _rowwise as skeleton
-from kernelsmith.ops._base import OpFamily, UnsupportedWorkload, Variant, generator
-from kernelsmith.space import Space
+from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.space import Config, Space
 from kernelsmith.spec import OpSpec, TensorSpec
 
 # =================================================================================================
@@ -81,14 +91,26 @@ from kernelsmith.spec import OpSpec, TensorSpec
 
 
 @triton.jit
+def _scaled(x, mask, scale, HAS_SCALE: tl.constexpr):
+    """``x * scale`` (float32 ``x``, the loaded block) on the lanes of ``mask`` and -inf on the
+    others, with ``HAS_SCALE``; ``x`` itself without. The padding is set again after the multiply
+    because a negative scale would turn the padding's -inf into +inf."""
+    if HAS_SCALE:
+        x = tl.where(mask, x * scale, float("-inf"))
+    return x
+
+
+@triton.jit
 def _softmax_whole_row_kernel(
     x_ptr,
     y_ptr,
     x_row_stride,
     y_row_stride,
     n_cols,
+    scale,  # the constant x is multiplied by (1 / temperature); read only with HAS_SCALE
     BLOCK_N: tl.constexpr,  # next_power_of_two(n_cols): the whole row in one block
     EVICT_X: tl.constexpr,  # "" or "evict_first": x is read once, so it need not stay in L2
+    HAS_SCALE: tl.constexpr,  # False: no multiply is compiled (the plain softmax)
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
@@ -96,7 +118,7 @@ def _softmax_whole_row_kernel(
 
     # Padding lanes read -inf: they never win the max, and exp(-inf - m) = 0 adds nothing.
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=float("-inf"), eviction_policy=EVICT_X)
-    x = x.to(tl.float32)
+    x = _scaled(x.to(tl.float32), mask, scale, HAS_SCALE)
 
     m = tl.max(x, axis=0)  # the row max: every exponent below is <= 0, so nothing overflows
     p = tl.exp(x - m)  # unnormalised probabilities, the largest exactly 1
@@ -112,8 +134,10 @@ def _softmax_online_kernel(
     x_row_stride,
     y_row_stride,
     n_cols,
+    scale,
     BLOCK_N: tl.constexpr,  # columns per loop step; the row may be any multiple of it, or not
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of both loops (1: none)
+    HAS_SCALE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
@@ -135,7 +159,8 @@ def _softmax_online_kernel(
     l = tl.zeros([BLOCK_N], tl.float32)
     for start in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
         offs = start + cols
-        x = tl.load(x_row + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32)
+        mask = offs < n_cols
+        x = _scaled(tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32), mask, scale, HAS_SCALE)
         m_new = tl.maximum(m, tl.max(x, axis=0))
         # While every value seen is -inf (a fully masked prefix, as in causal attention scores),
         # m_new is -inf and x - m_new = -inf - (-inf) = NaN would poison l for good. Shifting by
@@ -153,7 +178,7 @@ def _softmax_online_kernel(
     for start in tl.range(0, n_cols, BLOCK_N, num_stages=NUM_STAGES):
         offs = start + cols
         mask = offs < n_cols
-        x = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        x = _scaled(tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32), mask, scale, HAS_SCALE)
         y = tl.exp(x - m) / l_total
         tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -166,8 +191,10 @@ def _softmax_multi_row_kernel(
     y_row_stride,
     n_rows,
     n_cols,
+    scale,
     ROWS: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # next_power_of_two(n_cols)
+    HAS_SCALE: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
@@ -176,7 +203,7 @@ def _softmax_multi_row_kernel(
 
     rows64 = rows.to(tl.int64)
     x_ptrs = x_ptr + rows64[:, None] * x_row_stride + cols[None, :]
-    x = tl.load(x_ptrs, mask=mask, other=float("-inf")).to(tl.float32)  # [ROWS, BLOCK_N]
+    x = _scaled(tl.load(x_ptrs, mask=mask, other=float("-inf")).to(tl.float32), mask, scale, HAS_SCALE)
 
     # The whole-row recipe, one reduction per row (axis=1).
     m = tl.max(x, axis=1)
@@ -200,8 +227,10 @@ def _softmax_persistent_kernel(
     y_row_stride,
     n_rows,
     n_cols,
+    scale,
     BLOCK_N: tl.constexpr,  # next_power_of_two(n_cols)
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
+    HAS_SCALE: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
@@ -212,7 +241,7 @@ def _softmax_persistent_kernel(
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
         row64 = tl.cast(row, tl.int64)  # (tl.cast: in the interpreter, row is a Python int)
         x = tl.load(x_ptr + row64 * x_row_stride + cols, mask=mask, other=float("-inf"))
-        x = x.to(tl.float32)
+        x = _scaled(x.to(tl.float32), mask, scale, HAS_SCALE)
         m = tl.max(x, axis=0)
         p = tl.exp(x - m)
         y = p / tl.sum(p, axis=0)
@@ -245,9 +274,24 @@ def _persistent_space(spec: OpSpec) -> Space:
     return skeleton.persistent_space(spec, skeleton.REDUCTION_WARPS, in_registers=1, pipelined=1)
 
 
+def scale_of(spec: OpSpec) -> float:
+    """The constant x is multiplied by: ``scale`` of the spec, 1.0 when it has none."""
+    return float(spec.constants.get("scale", 1.0))
+
+
 def _variant(name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any, pipelined: bool = False
              ) -> Variant:
-    return skeleton.variant(__name__, name, summary, space, kernel, strides=2, pipelined=pipelined)
+    """A variant launching ``kernel`` through the skeleton's launcher, with the spec's scale as the
+    kernel's ``scale`` argument and ``HAS_SCALE`` constexpr (``skeleton.variant`` gives a family's
+    constexprs one value for every workload; this one is the workload's own)."""
+
+    def build(spec: OpSpec, config: Config) -> Launcher:
+        skeleton.checked("softmax", space(spec), config)
+        scale = scale_of(spec)
+        return skeleton.launcher(kernel, spec, config, strides=2, scalars=(scale,), pipelined=pipelined,
+                                 HAS_SCALE=scale != 1.0)
+
+    return Variant(name, summary, space, build, modules=(skeleton.__name__,))
 
 
 # =================================================================================================
@@ -281,9 +325,10 @@ class Softmax(OpFamily):
     # ---- specs -----------------------------------------------------------------------------------
     def spec(self, shape: tuple[int, ...], dtype: str, **constants: Any) -> OpSpec:
         dim = constants.pop("dim", -1)
+        scale = constants.pop("scale", 1.0)
         if constants:
             raise UnsupportedWorkload(f"softmax: unknown constants {sorted(constants)}")
-        return self._spec(TensorSpec(tuple(shape), dtype), dim)
+        return self._spec(TensorSpec(tuple(shape), dtype), dim, scale)
 
     def spec_for(self, *inputs: torch.Tensor, **constants: Any) -> OpSpec:
         if len(inputs) != 1 or not isinstance(inputs[0], torch.Tensor):
@@ -292,11 +337,12 @@ class Softmax(OpFamily):
         if x.dtype not in _SUPPORTED_TORCH_DTYPES:
             raise UnsupportedWorkload(f"softmax: dtype {x.dtype} is not supported")
         dim = constants.pop("dim", -1)
+        scale = constants.pop("scale", 1.0)
         if constants:
             raise UnsupportedWorkload(f"softmax: unknown constants {sorted(constants)}")
-        return self._spec(TensorSpec.of(x), dim)
+        return self._spec(TensorSpec.of(x), dim, scale)
 
-    def _spec(self, x: TensorSpec, dim: Any) -> OpSpec:
+    def _spec(self, x: TensorSpec, dim: Any, scale: Any) -> OpSpec:
         ndim = len(x.shape)
         if ndim == 0:
             raise UnsupportedWorkload("softmax: x must have at least one dimension")
@@ -307,18 +353,29 @@ class Softmax(OpFamily):
                 f"softmax: only the last dimension is supported (dim=-1 or {ndim - 1}), "
                 f"got dim={dim!r}"
             )
-        spec = OpSpec(self.name, (x,), {"dim": -1})
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale == 0:
+            raise UnsupportedWorkload(f"softmax: scale must be a finite non-zero number, not {scale!r}")
+        constants: dict[str, Any] = {"dim": -1}
+        if scale != 1.0:  # left out at 1: every plain softmax's workload hashes as before
+            constants["scale"] = float(scale)
+        spec = OpSpec(self.name, (x,), constants)
         self.check_supported(spec)
         return spec
 
     # ---- math ------------------------------------------------------------------------------------
     def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        return (torch.softmax(inputs[0], dim=-1),)
+        """``torch.softmax(x, -1)``; with a scale, of ``x.float() * scale``, cast back to x's dtype
+        (the multiply in float32, as the kernels do it, rounded once)."""
+        (x,) = inputs
+        scale = scale_of(spec)
+        if scale == 1.0:
+            return (torch.softmax(x, dim=-1),)
+        return (torch.softmax(x.float() * scale, dim=-1).to(x.dtype),)
 
     def reference_fp64(
         self, spec: OpSpec, inputs: Sequence[torch.Tensor]
     ) -> tuple[torch.Tensor, ...]:
-        return (torch.softmax(inputs[0].double(), dim=-1),)
+        return (torch.softmax(inputs[0].double() * scale_of(spec), dim=-1),)
 
     def make_inputs(
         self,
@@ -327,7 +384,9 @@ class Softmax(OpFamily):
         distribution: str = "normal",
         device: str | torch.device = "cuda",
     ) -> tuple[torch.Tensor, ...]:
-        """Inputs for one distribution, drawn in float32 on ``device`` and rounded to the dtype.
+        """Inputs for one distribution, drawn in float32 on ``device`` and rounded to the dtype;
+        with a scale, divided by it first, so that ``x * scale`` (what the softmax is taken of)
+        follows the distribution as described.
 
         - ``normal``: standard normal values;
         - ``uniform``: uniform in [-1, 1): a flat, high-entropy softmax;
@@ -359,7 +418,7 @@ class Softmax(OpFamily):
         else:
             known = ", ".join(self.distributions)
             raise ValueError(f"softmax: unknown distribution {distribution!r} (known: {known})")
-        return (x.to(x_spec.torch_dtype),)
+        return ((x / scale_of(spec)).to(x_spec.torch_dtype),)
 
     def flops(self, spec: OpSpec) -> int:
         # Per element: a max comparison, a subtraction, an exp, an add into the sum, a division.
