@@ -43,22 +43,45 @@ variant would index past the cache); sequences of different lengths are left-pad
 padding mask, which every variant receives; a projection kernelsmith does not serve (another
 layout, a non-contiguous input, more than 64 rows) stays the original code. Timings on a CPU
 (the Triton interpreter) are a test that the code runs, not performance, and the report says so.
+
+Layout: timing a step (CUDA graphs, in-context timers) is in :mod:`~kernelsmith.whole_model._decode_graphs`,
+the built-in Llama with its KV cache, greedy generation and the step's bytes in
+:mod:`~kernelsmith.whole_model._decode_llama`; this module holds the report and the run, and every
+public name is importable from here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from kernelsmith.whole_model._decode_graphs import CudaGraphStep as CudaGraphStep
+from kernelsmith.whole_model._decode_graphs import Timer as Timer
+from kernelsmith.whole_model._decode_graphs import cuda_graph
+from kernelsmith.whole_model._decode_graphs import graph_capture_is_planned as graph_capture_is_planned
+from kernelsmith.whole_model._decode_graphs import graph_capture_planned as graph_capture_planned
+from kernelsmith.whole_model._decode_graphs import in_context_timer as in_context_timer
+from kernelsmith.whole_model._decode_graphs import inductor_uses_cuda_graphs as inductor_uses_cuda_graphs
+from kernelsmith.whole_model._decode_graphs import time_calls as time_calls
+from kernelsmith.whole_model._decode_graphs import time_replayed as time_replayed
+from kernelsmith.whole_model._decode_llama import Comparison as Comparison
+from kernelsmith.whole_model._decode_llama import (
+    Generation,
+    KVCacheLlama,
+    _sync,
+    check_cache_room,
+    compare_tokens,
+    greedy,
+    hf_static_cache_bytes,
+    weight_bytes,
+)
+from kernelsmith.whole_model._decode_llama import tie_tolerance as tie_tolerance
 
 log = logging.getLogger(__name__)
 
@@ -66,425 +89,6 @@ VARIANTS = ("eager", "torch.compile", "kernelsmith")
 CPU_NOTE = "on the CPU (Triton interpreter): these timings are a test that the code runs, not performance"
 
 
-# =================================================================================================
-# Timing a step as a replayed CUDA graph
-# =================================================================================================
-
-_PLANNED = threading.local()
-
-
-@contextlib.contextmanager
-def graph_capture_planned() -> Iterator[None]:
-    """Within this block, code being compiled will run as a replayed CUDA graph (the warm-up of
-    :func:`cuda_graph` compiles in it), so in-context comparisons time graphs as replays."""
-    before = getattr(_PLANNED, "depth", 0)
-    _PLANNED.depth = before + 1
-    try:
-        yield
-    finally:
-        _PLANNED.depth = before
-
-
-def graph_capture_is_planned() -> bool:
-    return getattr(_PLANNED, "depth", 0) > 0
-
-
-def inductor_uses_cuda_graphs(mode: str | None, inductor_options: dict[str, Any]) -> bool:
-    """Whether Inductor, with this mode and these config patches, wraps its graphs in CUDA graphs
-    (``mode="reduce-overhead"``, ``"max-autotune"``, or ``triton.cudagraphs`` set)."""
-    patches: dict[str, Any] = {}
-    if mode:
-        from torch._inductor import list_mode_options
-
-        patches.update(list_mode_options(mode))
-    patches.update(inductor_options)
-    return bool(patches.get("triton.cudagraphs"))
-
-
-Timer = Callable[[Sequence[Callable[..., Any]], Sequence[Any]], list[float]]
-
-
-def in_context_timer(timing: str, mode: str | None, inductor_options: dict[str, Any]) -> Timer:
-    """The timer of the backend's in-context comparison.
-
-    ``"calls"``: call by call (:func:`kernelsmith.frontends.backend.time_graphs`). ``"graph"``: each
-    graph captured and replayed (:func:`time_replayed`). ``"auto"``: the way the step will run:
-    replays when it is compiled for :func:`cuda_graph`; calls when Inductor makes its own CUDA
-    graphs (calling such a compiled graph *is* a replay, and it cannot be captured again) or when
-    nothing says the step will be captured (then the host's launch cost is real and counts).
-    """
-    from kernelsmith.frontends.backend import time_graphs
-
-    if timing not in ("auto", "graph", "calls"):
-        raise ValueError(f"timing must be auto, graph or calls, not {timing!r}")
-    if timing == "calls" or inductor_uses_cuda_graphs(mode, inductor_options):
-        return time_graphs
-    if timing == "graph" or graph_capture_is_planned():
-        return time_replayed
-    return time_graphs
-
-
-def _cuda_device(inputs: Sequence[Any]) -> torch.device | None:
-    for t in inputs:
-        if isinstance(t, torch.Tensor) and t.device.type == "cuda":
-            return t.device
-    return None
-
-
-def _capture(fn: Callable[[], Any], device: torch.device, warmup: int = 2) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """``fn`` captured into a CUDA graph after ``warmup`` calls on a side stream (lazy compiles,
-    autotuning and allocator growth happen there, not in the capture). Returns the graph and the
-    captured call's outputs, which every replay overwrites."""
-    current = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(current)
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fn()
-    current.wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = fn()
-    return graph, outputs
-
-
-def time_replayed(
-    candidates: Sequence[Callable[..., Any]], inputs: Sequence[Any], rounds: int = 7, replays: int = 3
-) -> list[float]:
-    """Median milliseconds per replay of each candidate captured as a CUDA graph on ``inputs``,
-    timed interleaved (A B A B ...) with CUDA events. Falls back to call-by-call timing
-    (:func:`~kernelsmith.frontends.backend.time_graphs`) without CUDA tensors or when a candidate
-    cannot be captured (the log says why)."""
-    from kernelsmith.frontends.backend import _call, time_graphs
-
-    device = _cuda_device(inputs)
-    if device is None or torch.cuda.is_current_stream_capturing():
-        return time_graphs(candidates, inputs, rounds, replays)
-    graphs = []
-    try:
-        with torch.no_grad():
-            for fn in candidates:
-                graphs.append(_capture(functools.partial(_call, fn, inputs), device)[0])
-    except Exception as exc:  # a graph that cannot be captured is timed as it is called
-        log.warning("in context: a candidate cannot be captured as a CUDA graph (%s: %s); timing calls",
-                    type(exc).__name__, exc)  # fmt: skip
-        return time_graphs(candidates, inputs, rounds, replays)
-    samples: list[list[float]] = [[] for _ in graphs]
-    for _ in range(rounds):
-        for i, graph in enumerate(graphs):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(replays):
-                graph.replay()
-            end.record()
-            end.synchronize()
-            samples[i].append(start.elapsed_time(end) / replays)
-    return [sorted(s)[len(s) // 2] for s in samples]
-
-
-def time_calls(fn: Callable[[], Any], device: torch.device, rounds: int = 10, calls: int = 5) -> dict[str, float]:
-    """Milliseconds per call of ``fn`` (a step, or a graph's replay): the median, 10th and 90th
-    percentile over ``rounds`` rounds of ``calls`` calls, after two warm-up calls; CUDA events on
-    a GPU, the host clock elsewhere."""
-    for _ in range(2):
-        fn()
-    samples = []
-    for _ in range(rounds):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(calls):
-                fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / calls)
-        else:
-            begin = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            samples.append((time.perf_counter() - begin) * 1000.0 / calls)
-    samples.sort()
-    pick = lambda q: samples[min(len(samples) - 1, int(q * len(samples)))]
-    return {"median_ms": pick(0.5), "p10_ms": pick(0.1), "p90_ms": pick(0.9)}
-
-
-# =================================================================================================
-# kernelsmith.cuda_graph
-# =================================================================================================
-
-
-class CudaGraphStep:
-    """A step captured once and replayed; see :func:`cuda_graph`.
-
-    ``static_inputs`` are the buffers the graph reads (write into them directly to skip the copy
-    a call makes), ``outputs`` what the captured call returned, overwritten by every replay. On a
-    device without CUDA graphs (the CPU) a call runs the step directly on the static buffers.
-    """
-
-    def __init__(self, fn: Callable[..., Any], example_inputs: Sequence[Any], warmup: int = 2) -> None:
-        self.fn = fn
-        self.static_inputs = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in example_inputs)
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.outputs: Any = None
-        device = _cuda_device(self.static_inputs)
-        if device is not None:
-            with graph_capture_planned():  # torch.compile compiles during the warm-up: for replays
-                self.graph, self.outputs = _capture(lambda: fn(*self.static_inputs), device, warmup)
-
-    def __call__(self, *inputs: Any) -> Any:
-        if len(inputs) != len(self.static_inputs):
-            raise TypeError(f"the captured step takes {len(self.static_inputs)} inputs, not {len(inputs)}")
-        for i, (buffer, given) in enumerate(zip(self.static_inputs, inputs, strict=True)):
-            if not isinstance(buffer, torch.Tensor):
-                if given != buffer:
-                    raise ValueError(f"input {i} is {given!r}; the step was captured with {buffer!r}")
-                continue
-            if not isinstance(given, torch.Tensor) or given.shape != buffer.shape or given.dtype != buffer.dtype:
-                raise ValueError(f"input {i} must be a {buffer.dtype} tensor of shape {tuple(buffer.shape)}: a CUDA "
-                                 "graph replays fixed shapes (capture another step for another shape)")  # fmt: skip
-            if given is not buffer:
-                buffer.copy_(given)
-        return self.replay()
-
-    def replay(self) -> Any:
-        """Run the step on what the static buffers hold now."""
-        if self.graph is None:
-            return self.fn(*self.static_inputs)
-        self.graph.replay()
-        return self.outputs
-
-
-def cuda_graph(step_fn: Callable[..., Any], example_inputs: Sequence[Any], warmup: int = 2) -> CudaGraphStep:
-    """``step_fn`` captured as one CUDA graph on static copies of ``example_inputs``.
-
-    >>> step = kernelsmith.cuda_graph(torch.compile(decoder, backend="kernelsmith"), (ids, pos))  # doctest: +SKIP
-    >>> logits = step(next_ids, next_pos)     # copies into the static buffers, replays  # doctest: +SKIP
-
-    The warm-up runs ``step_fn`` ``warmup`` times on the copies (torch.compile compiles then, and
-    the kernelsmith backend times its in-context choices as replays), then one call is captured.
-    A step that writes state (a KV cache) writes it on those calls too. The step must not read
-    values on the host (``.item()``, data-dependent Python control flow): capture forbids it, and
-    the error says where. Inputs of another shape need another capture.
-    """
-    return CudaGraphStep(step_fn, example_inputs, warmup)
-
-
-# =================================================================================================
-# The built-in Llama with a static KV cache
-# =================================================================================================
-
-
-class KVCacheLlama(nn.Module):
-    """:class:`kernelsmith.models.llama.Llama`'s modules with a static KV cache: incremental decoding.
-
-    ``forward(ids, positions, valid)``: ``ids`` ``(B, S)`` the new tokens, ``positions`` ``(S,)``
-    int64 their cache positions (the prompt's ``0..P-1``, then one position a step), ``valid``
-    ``(B, cache_len)`` bool, the positions that hold a real token of each sequence (False on a
-    left-padded prompt's padding). Returns the logits ``(B, S, vocab)``. Each layer writes the
-    new keys and values into its cache at ``positions`` and attends over the whole cache,
-    masked to the positions at or before the query's that are valid (a position always sees
-    itself, so a padding row is finite, and never read). The projections and norms are the
-    model's own modules, so the backend sees the graph a user's decoder gives it.
-    """
-
-    def __init__(self, model: nn.Module, batch: int, cache_len: int) -> None:
-        super().__init__()
-        config: Any = model.config
-        self.model = model
-        self.cache_len = cache_len
-        self.head_dim = config.hidden // config.n_heads
-        parameter = next(model.parameters())
-        shape = (batch, config.n_kv_heads, cache_len, self.head_dim)
-        self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for i in range(config.n_layers):
-            k = torch.zeros(shape, dtype=parameter.dtype, device=parameter.device)
-            v = torch.zeros_like(k)
-            self.register_buffer(f"k_cache_{i}", k, persistent=False)
-            self.register_buffer(f"v_cache_{i}", v, persistent=False)
-            for t in (k, v):  # what Hugging Face's StaticCache does: reduce-overhead keeps them in place
-                torch._dynamo.mark_static_address(t)
-            self.caches.append((k, v))
-
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        from kernelsmith.models.llama import apply_rotary_pos_emb, repeat_kv
-
-        model: Any = self.model
-        b, s = ids.shape
-        x = model.embed_tokens(ids)
-        cos, sin = model.rotary_emb(x, positions[None, :].expand(b, s))
-        keys = torch.arange(self.cache_len, device=ids.device)
-        visible = (keys[None, :] <= positions[:, None])[None, None] & valid[:, None, None, :]
-        mask = visible | (keys[None, :] == positions[:, None])[None, None]  # (B, 1, S, cache_len)
-        for layer, (k_cache, v_cache) in zip(model.layers, self.caches, strict=True):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(b, s, -1, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(h).view(b, s, -1, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(h).view(b, s, -1, self.head_dim).transpose(1, 2)
-            q, k = apply_rotary_pos_emb(q, k, cos, sin)
-            k_cache.index_copy_(2, positions, k)
-            v_cache.index_copy_(2, positions, v)
-            y = F.scaled_dot_product_attention(
-                q, repeat_kv(k_cache, attn.n_rep), repeat_kv(v_cache, attn.n_rep), attn_mask=mask
-            )
-            x = x + attn.o_proj(y.transpose(1, 2).reshape(b, s, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return model.lm_head(model.norm(x))  # type: ignore[no-any-return]
-
-    def cache_bytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in self.caches)
-
-
-# =================================================================================================
-# Generation
-# =================================================================================================
-
-
-@dataclass
-class Generation:
-    """One greedy generation: ``tokens`` ``(B, N)``, each step's two best logits and their tokens
-    ``(N, B, 2)`` (for the tie check; None on a timed run), and the decode steps' wall time."""
-
-    tokens: torch.Tensor
-    top_values: torch.Tensor | None
-    top_tokens: torch.Tensor | None
-    seconds: float
-    steps: int
-
-
-def check_cache_room(prompt_len: int, new_tokens: int, cache_len: int) -> None:
-    """ValueError unless the prompt and the new tokens fit in the cache: the last token generated
-    is never fed back, so ``prompt_len + new_tokens - 1`` positions are written."""
-    if prompt_len < 1 or new_tokens < 1:
-        raise ValueError(f"a prompt of at least one token and at least one new token (got {prompt_len}, {new_tokens})")
-    needed = prompt_len + new_tokens - 1
-    if needed > cache_len:
-        raise ValueError(f"a prompt of {prompt_len} tokens and {new_tokens} new ones write {needed} cache positions; "
-                         f"the cache holds {cache_len}: nothing was run")  # fmt: skip
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def greedy(
-    prefill: Callable[..., torch.Tensor],
-    step: Callable[..., torch.Tensor],
-    prompt: torch.Tensor,
-    valid: torch.Tensor,
-    new_tokens: int,
-    cache_len: int,
-    keep_logits: bool,
-) -> Generation:
-    """Greedy generation with a :class:`KVCacheLlama`-shaped step: ``prefill(prompt, positions,
-    valid)`` once, then ``step(ids, position, valid)`` for each new token but the last. The
-    position lives on the device and is advanced there, and the next token is picked there, so
-    the loop never waits for the GPU until it ends."""
-    prompt_len = prompt.shape[1]
-    check_cache_room(prompt_len, new_tokens, cache_len)
-    device = prompt.device
-    with torch.no_grad():
-        logits = prefill(prompt, torch.arange(prompt_len, device=device), valid)[:, -1]
-        position = torch.full((1,), prompt_len, dtype=torch.int64, device=device)
-        tokens, tops = [], []
-        _sync(device)
-        start = time.perf_counter()
-        for t in range(new_tokens):
-            if keep_logits:
-                tops.append(torch.topk(logits.float(), 2, dim=-1))
-            token = logits.argmax(-1)
-            tokens.append(token)
-            if t == new_tokens - 1:
-                break
-            logits = step(token[:, None], position, valid)[:, -1]
-            position += 1
-        _sync(device)
-        seconds = time.perf_counter() - start
-    result = torch.stack(tokens, dim=1).cpu()
-    if not keep_logits:
-        return Generation(result, None, None, seconds, new_tokens - 1)
-    values = torch.stack([v for v, _ in tops]).cpu()
-    indices = torch.stack([i for _, i in tops]).cpu()
-    return Generation(result, values, indices, seconds, new_tokens - 1)
-
-
-def tie_tolerance(dtype: torch.dtype, logit: float) -> float:
-    """How close eager's two best logits must be for a different greedy pick to count as a tie:
-    a few units of the last place of a 16-bit logit after a stack of layers (2% of its size, at
-    least 0.02), 1e-3 relative in float32."""
-    scale = max(1.0, abs(logit))
-    return (1e-3 if dtype == torch.float32 else 2e-2) * scale
-
-
-@dataclass
-class Comparison:
-    """A variant's tokens against eager's: the same, or where they first part and whether that is a tie."""
-
-    same: bool
-    ok: bool
-    first_difference: dict[str, Any] | None = None
-
-
-def compare_tokens(eager: Generation, other: torch.Tensor, dtype: torch.dtype) -> Comparison:
-    """``other`` ``(B, N)`` against eager's tokens: equal, or each sequence's first differing
-    token a tie in eager's logits (its second-best pick, within :func:`tie_tolerance`)."""
-    if torch.equal(eager.tokens, other):
-        return Comparison(True, True)
-    assert eager.top_values is not None and eager.top_tokens is not None
-    differs = eager.tokens != other
-    first: dict[str, Any] | None = None
-    ok = True
-    for b in range(eager.tokens.shape[0]):
-        steps = differs[b].nonzero()
-        if steps.numel() == 0:
-            continue
-        t = int(steps[0])
-        best, second = (float(v) for v in eager.top_values[t, b])
-        tie = int(other[b, t]) == int(eager.top_tokens[t, b, 1]) and best - second <= tie_tolerance(dtype, best)
-        ok = ok and tie
-        if first is None or not tie:
-            first = {"sequence": b, "step": t, "eager": int(eager.tokens[b, t]), "got": int(other[b, t]),
-                     "eager_gap": best - second, "tie": tie}  # fmt: skip
-    return Comparison(False, ok, first)
-
-
-# =================================================================================================
-# Bytes a step reads
-# =================================================================================================
-
-
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes of the parameters a decode step reads: every parameter once (a tied LM head and
-    embedding once), less the embedding table when it is not also the LM head (a step reads only
-    its rows)."""
-    seen: dict[int, int] = {}
-    for p in model.parameters():
-        seen.setdefault(p.data_ptr(), p.nbytes)
-    total = sum(seen.values())
-    embedding = _embedding_weight(model)
-    head = getattr(getattr(model, "lm_head", None), "weight", None)
-    if embedding is not None and (head is None or head.data_ptr() != embedding.data_ptr()):
-        total -= embedding.nbytes
-    return total
-
-
-def _embedding_weight(model: nn.Module) -> torch.Tensor | None:
-    getter = getattr(model, "get_input_embeddings", None)
-    module = getter() if callable(getter) else getattr(model, "embed_tokens", None)
-    weight = getattr(module, "weight", None)
-    return weight if isinstance(weight, torch.Tensor) else None
-
-
-def hf_static_cache_bytes(config: Any, batch: int, cache_len: int, dtype: torch.dtype) -> int:
-    """Bytes of a Hugging Face static cache for ``config``: keys and values of every layer."""
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * batch * heads * cache_len * head_dim * itemsize
-
-
-# =================================================================================================
 # The report
 # =================================================================================================
 
