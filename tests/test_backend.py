@@ -149,7 +149,7 @@ def test_a_graph_without_a_winner_is_handed_to_inductor_unchanged(tmp_path, monk
 
     x, w = torch.randn(4, 32), torch.randn(32, 32)
     torch.compile(no_pattern, backend=recording)(x, w)
-    store(db, get_op("softmax").spec_for(x), winner="baseline")
+    store(db, get_op("softmax").spec_for(x, scale=0.5), winner="baseline")  # the site takes the scale in
     torch.compile(softmax_not_tuned, backend=recording, dynamic=False)(x)
     torch.compile(softmax_not_tuned, backend=recording, dynamic=False)(torch.randn(8, 48))
     assert len(seen) == 3 and all(a is b for a, b in zip(seen, given, strict=True))

@@ -714,8 +714,9 @@ def test_extra_computation_after_softmax_is_refused():
 
 def test_softmax_of_a_computed_value_is_refused():
     _refused(lambda x: torch.softmax(x.exp(), -1), (_x(),), reason="not an input tensor")
-    # A constant scale (a temperature) is refused with its own reason: the family has no scale.
-    _refused(lambda x: torch.softmax(x * 0.125, -1), (_x(),), reason="no scale constant")
+    # A constant scale (a temperature) is not a computed value: the family's scale constant.
+    rec = recognize(lambda x: torch.softmax(x * 0.125, -1), (_x(),), {})
+    assert rec.match is not None and rec.match.constants == {"dim": -1, "scale": 0.125}, rec.reason
 
 
 def test_softmax_with_two_outputs_is_refused():

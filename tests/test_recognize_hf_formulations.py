@@ -6,13 +6,13 @@ look-alikes out (another offset, a downcast, a wrong dim, an extra op, swapped c
 end to end through ``@kernelsmith.optimize`` (and the backend's site finding) in the
 interpreter, where the serving side exists:
 
-- Gemma's ``x * (1 + weight)`` RMSNorm: recognized, with the constant ``weight_offset=1.0``;
-  refused by name until the rmsnorm family takes that constant;
+- Gemma's ``x * (1 + weight)`` RMSNorm: recognized, with the constant ``weight_offset=1.0``,
+  and served (forward and backward);
 - norms that upcast the weight (``weight.float()``, Cohere's ``weight.to(torch.float32)``);
 - ``F.cross_entropy(logits.view(-1, V), labels.view(-1))``;
 - attention helpers ending in ``.transpose(1, 2).contiguous()``, returning ``(out, None)``;
 - ``apply_rotary_pos_emb``, returning ``(q_embed, k_embed)``;
-- ``softmax(x / t)``: refused by name (the softmax family has no scale constant).
+- ``softmax(x / t)``: recognized, with the constant ``scale=1 / t``, and served.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 import kernelsmith
 from kernelsmith.frontends.patterns import rmsnorm as rmsnorm_pattern
+from kernelsmith.frontends.patterns import softmax as softmax_pattern
 from kernelsmith.frontends.recognize import Match, Recognition, recognize
 from kernelsmith.ops import get_op
 from test_backend import discover
@@ -66,13 +67,11 @@ def db(tmp_path) -> str:
     return str(tmp_path / "formulations.db")
 
 
-@pytest.fixture
-def weight_offset_served(monkeypatch):
-    """The rmsnorm family as if it took ``weight_offset``: the pattern's side of the match alone."""
-    monkeypatch.setattr(rmsnorm_pattern, "_weight_offset_unsupported", lambda: None)
-
-
-FAMILY_TAKES_WEIGHT_OFFSET = rmsnorm_pattern._weight_offset_unsupported() is None
+def test_the_families_take_the_constants_the_patterns_probe_for():
+    # The patterns match Gemma's norm and a temperature only where their family serves the
+    # constant (and refuse them by name otherwise): both families do.
+    assert rmsnorm_pattern._weight_offset_unsupported() is None
+    assert softmax_pattern._scale_unsupported() is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,7 +96,7 @@ def gemma_plain(x, w):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gemma_norm_classes_match_with_the_weight_offset(dtype, weight_offset_served):
+def test_gemma_norm_classes_match_with_the_weight_offset(dtype):
     for cls in _gemma_classes():
         norm = cls(N, eps=EPS).to(dtype)
         with torch.no_grad():
@@ -106,6 +105,8 @@ def test_gemma_norm_classes_match_with_the_weight_offset(dtype, weight_offset_se
         match = _matched(norm, (x,))
         assert match.op == "rmsnorm" and match.constants == {"eps": EPS, "weight_offset": 1.0}, cls
         assert match.inputs[1].tensor is norm.weight  # the weight itself: no 1 + weight tensor per call
+        with torch.no_grad():
+            _bound_close(match, (x,), norm(x))
 
 
 @pytest.mark.parametrize(
@@ -118,10 +119,11 @@ def test_gemma_norm_classes_match_with_the_weight_offset(dtype, weight_offset_se
     ],
     ids=["hf-upcast", "plain", "reordered", "functional"],
 )
-def test_gemma_plain_spellings_match(fn, weight_offset_served):
+def test_gemma_plain_spellings_match(fn):
     match = _matched(fn, (_x(), _w()))
     assert match.op == "rmsnorm" and match.constants == {"eps": EPS, "weight_offset": 1.0}
     assert [ref.index for ref in match.inputs] == [0, 1]
+    _bound_close(match, (_x(), _w()), fn(_x(), _w()))
 
 
 @pytest.mark.parametrize(
@@ -142,30 +144,10 @@ def test_gemma_plain_spellings_match(fn, weight_offset_served):
     ],
     ids=["offset-2", "minus-1", "bf16-add", "eps-outside", "wrong-dim", "extra-add", "two-offsets"],
 )
-def test_gemma_look_alikes_are_refused(fn, args, reason, weight_offset_served):
+def test_gemma_look_alikes_are_refused(fn, args, reason):
     _refused(fn, args or (_x(), _w()), reason=reason)
 
 
-@pytest.mark.skipif(FAMILY_TAKES_WEIGHT_OFFSET, reason="the rmsnorm family serves weight_offset")
-def test_gemma_norm_is_refused_by_name_until_the_family_takes_weight_offset(db, monkeypatch):
-    """Recognized, and refused with the constant the family lacks; decorated, the module runs its
-    own code and gives its own output."""
-    monkeypatch.setenv("KERNELSMITH_INTERPRET", "1")
-    (cls, *_) = _gemma_classes()
-    norm = cls(N, eps=EPS)
-    x = _x()
-    rec = _refused(norm, (x,), reason="no weight_offset constant")
-    assert "Gemma" in rec.reason
-    fn = kernelsmith.optimize(norm, mode="db", db=db)
-    with torch.no_grad():
-        outs = [fn(x), fn(x)]
-        expected = norm(x)
-    assert all(torch.equal(out, expected) for out in outs)
-    assert fn.kernelsmith.stats["kernel_calls"] == 0
-    assert any("weight_offset" in why for why in fn.kernelsmith.reasons.values())
-
-
-@pytest.mark.skipif(not FAMILY_TAKES_WEIGHT_OFFSET, reason="the rmsnorm family has no weight_offset constant yet")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gemma_norm_is_served_through_the_decorator(db, monkeypatch, dtype):
     monkeypatch.setenv("KERNELSMITH_INTERPRET", "1")
@@ -185,12 +167,46 @@ def test_gemma_norm_is_served_through_the_decorator(db, monkeypatch, dtype):
     torch.testing.assert_close(served, expected, rtol=tol, atol=tol)
 
 
-def test_the_backend_finds_no_gemma_norm_site_while_refused():
-    if FAMILY_TAKES_WEIGHT_OFFSET:
-        pytest.skip("the rmsnorm family serves weight_offset")
+def test_gemma_norm_trains_through_the_decorator(db, monkeypatch):
+    """Forward and backward kernels (the backward spec carries the offset too): the gradients
+    of x and of the weight are Gemma's own."""
+    monkeypatch.setenv("KERNELSMITH_INTERPRET", "1")
     (cls, *_) = _gemma_classes()
+    norm = cls(N, eps=EPS)
+    with torch.no_grad():
+        norm.weight.copy_(_w())
+    x = _x().requires_grad_()
+    weight = norm.weight.detach()
+    store_decision(db, get_op("rmsnorm").spec_for(x.detach(), weight, eps=EPS, weight_offset=1.0))
+    dy = _x(seed=5)
+    backward = get_op("rmsnorm_backward").spec_for(dy, x.detach(), weight, eps=EPS, weight_offset=1.0)
+    store_decision(db, backward, variant="two_stage")
+    fn = kernelsmith.optimize(norm, mode="db", db=db)
+    fn(x)
+    y = fn(x)
+    assert fn.kernelsmith.stats["kernel_calls"] == 1, fn.kernelsmith.reasons
+    assert "KernelFunction" in type(y.grad_fn).__name__
+    y.backward(dy)
+    gx, gw = x.grad.clone(), norm.weight.grad.clone()
+    x.grad = norm.weight.grad = None
+    norm(x).backward(dy)
+    torch.testing.assert_close(gx, x.grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(gw, norm.weight.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_the_backend_finds_the_gemma_norm_and_leaves_its_residual_add_alone():
+    """The site is an RMSNorm with the offset; a residual add before it is not folded into
+    add_rmsnorm, which has no weight_offset constant (yet)."""
+    (cls, *_) = _gemma_classes()
+    norm = cls(N, eps=EPS).to(torch.bfloat16)
     torch._dynamo.reset()
-    assert discover(cls(N, eps=EPS).to(torch.bfloat16), _x(dtype=torch.bfloat16)) == []
+    (site,) = discover(norm, _x(dtype=torch.bfloat16))
+    assert (site.op, site.status, site.constants) == ("rmsnorm", "found", {"eps": EPS, "weight_offset": 1.0})
+    torch._dynamo.reset()
+    h, r = _x(dtype=torch.bfloat16), _x(dtype=torch.bfloat16, seed=2)
+    sites = discover(lambda h, r: norm(h + r), h, r)
+    assert [(s.op, s.constants.get("weight_offset")) for s in sites] == [("rmsnorm", 1.0)]
+    assert sites[0].residual_add is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -636,20 +652,6 @@ def test_hf_apply_rotary_pos_emb_is_served_through_the_decorator(db, monkeypatch
 
 
 @pytest.mark.parametrize(
-    "fn",
-    [
-        lambda x: torch.softmax(x / 0.7, dim=-1),
-        lambda x: F.softmax(x * 2.0, dim=-1),
-        lambda x: F.softmax(x.float() / 0.7, dim=-1).to(x.dtype),
-    ],
-    ids=["div", "mul", "upcast"],
-)
-def test_softmax_with_a_temperature_is_refused_by_name(fn):
-    rec = _refused(fn, (_x(dtype=torch.bfloat16),), reason="no scale constant")
-    assert "temperature" in rec.reason
-
-
-@pytest.mark.parametrize(
     ("fn", "scale"),
     [
         (lambda x: torch.softmax(x / 0.5, dim=-1), 2.0),
@@ -658,13 +660,11 @@ def test_softmax_with_a_temperature_is_refused_by_name(fn):
     ],
     ids=["div", "mul", "upcast"],
 )
-def test_softmax_with_a_temperature_matches_with_a_scale(fn, scale, monkeypatch):
-    """The pattern's side, with the softmax family as if it took ``scale``."""
-    from kernelsmith.frontends.patterns import softmax as softmax_pattern
-
-    monkeypatch.setattr(softmax_pattern, "_scale_unsupported", lambda: None)
-    match = _matched(fn, (_x(dtype=torch.bfloat16),))
+def test_softmax_with_a_temperature_matches_with_a_scale(fn, scale):
+    x = _x(dtype=torch.bfloat16)
+    match = _matched(fn, (x,))
     assert (match.op, match.constants) == ("softmax", {"dim": -1, "scale": scale})
+    _bound_close(match, (x,), fn(x))
     _refused(lambda x: torch.softmax(x * 0.0, dim=-1), (_x(),), reason="not a finite non-zero")
     _refused(lambda x: torch.softmax(x / 0.5, dim=0), (_x(),), reason="not the last dim")
     _refused(lambda x: torch.softmax(x / 0.5, dim=-1) * 2.0, (_x(),), reason="after the softmax")
@@ -681,3 +681,27 @@ def test_a_temperature_inside_the_explicit_softmax_is_refused():
 def test_softmax_of_a_tensor_scale_is_no_temperature():
     # A scale from a tensor is a computed input like any other, not a constant the family could take.
     _refused(lambda x, t: torch.softmax(x / t, dim=-1), (_x(), torch.tensor(0.7)), reason="not an input tensor")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_softmax_with_a_temperature_is_served_through_the_decorator(db, monkeypatch, dtype):
+    monkeypatch.setenv("KERNELSMITH_INTERPRET", "1")
+
+    def sample_probs(logits):
+        return torch.softmax(logits / 0.7, dim=-1)
+
+    x = _x(dtype=dtype)
+    store_decision(db, get_op("softmax").spec_for(x, dim=-1, scale=1 / 0.7))
+    fn = kernelsmith.optimize(sample_probs, mode="db", db=db)
+    fn(x)
+    served = fn(x)
+    assert fn.kernelsmith.stats["kernel_calls"] == 1, fn.kernelsmith.reasons
+    tol = 1e-5 if dtype == torch.float32 else 2e-2  # the kernel scales in float32, the function in bfloat16
+    torch.testing.assert_close(served, sample_probs(x), rtol=tol, atol=tol)
+
+
+def test_the_backend_finds_a_softmax_with_a_temperature():
+    torch._dynamo.reset()
+    (site,) = discover(lambda x: torch.softmax(x * 0.5, dim=-1), _x())
+    assert (site.op, site.constants) == ("softmax", {"dim": -1, "scale": 0.5})
+    assert sorted(n.name for n in site.region) == ["mul", "softmax"]

@@ -25,8 +25,8 @@ Recognized (after the capture's normalization, see :mod:`kernelsmith.frontends.c
 - Gemma's RMSNorm, ``(normed * (1.0 + self.weight.float())).type_as(x)`` (also ``1 + weight``
   of a float32 weight, and through ``F.rms_norm(x, (N,), eps=eps)``): the match carries the
   constant ``weight_offset=1.0`` (the kernels add it to the weight in float32, so no ``1 +
-  weight`` tensor is allocated per call). Until the rmsnorm family takes that constant, the
-  pattern refuses it, saying so.
+  weight`` tensor is allocated per call). The pattern matches it only where the rmsnorm family
+  takes that constant (it does), and otherwise refuses it, saying so.
 
 Refused, with a reason: a reduction over another dim or without keepdim (``mean(-1)`` then
 ``unsqueeze`` is not followed through views, so it is refused too), a weight that does not

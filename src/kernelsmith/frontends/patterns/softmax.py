@@ -20,13 +20,12 @@ Refused, with a reason: any other dim (``dim=0``, ``dim=1`` of a 3-D ``x``), red
 keepdim, ``log_softmax``, an output dtype other than ``x``'s (``softmax(x, -1,
 dtype=torch.float32)`` of a bfloat16 ``x`` returns float32: a different function), a
 computation in a lower precision than ``x`` then cast back, the max's indices, and anything
-computed besides the op (``softmax(x) * 2``), and a temperature (``softmax(x / t, -1)``,
-``softmax(x * s, -1)`` for a Python number ``t`` or ``s``, also on ``x.float()``) until the
-softmax family takes a ``scale`` constant: the pattern recognizes it and says so; once the family
-takes it, the match carries ``scale`` (``1 / t``) and the kernels scale in float32. (Under
-``torch.compile`` the backend already serves the softmax behind such a scaling: Inductor computes
-``x / t`` and the region that is only the softmax matches.) A temperature inside the explicit
-form, ``exp(x / t - max(x / t))``, is refused.
+computed besides the op (``softmax(x) * 2``). A temperature (``softmax(x / t, -1)``,
+``softmax(x * s, -1)`` for a Python number ``t`` or ``s``, also on ``x.float()``) matches with the
+softmax family's ``scale`` constant (``1 / t``; the kernels scale in float32), where the family
+takes it (it does; otherwise the pattern refuses it by name); under ``torch.compile`` the
+backend's site then takes the scaling in too. A temperature inside the explicit form, ``exp(x / t
+- max(x / t))``, is refused.
 """
 
 from __future__ import annotations
