@@ -154,7 +154,8 @@ def test_tpe_learns_from_results_it_did_not_propose():
 
 def test_tpe_without_optuna_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "optuna", None)  # makes `import optuna` raise ImportError
-    with pytest.raises(ImportError, match=r"pip install optuna \(or, from a kernelsmith checkout: pip install -e '\.\[search\]'\)"):
+    hint = r"pip install optuna \(or, from a kernelsmith checkout: pip install -e '\.\[search\]'\)"
+    with pytest.raises(ImportError, match=hint):
         import_optuna()
     with pytest.raises(ImportError, match="kernelsmith"):
         make_strategy("tpe")
