@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo test lint gpu-session
+.PHONY: setup demo test test-slow lint gpu-session
 
 $(BIN)/kernelsmith: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,9 +29,13 @@ demo: setup
 test: setup
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
-	# Two test processes (pytest-xdist; a file stays on one of them, so its fixtures are built once):
+	# Two test processes (pytest-xdist, idle ones stealing queued tests):
 	# the suite is CPU-bound in the Triton interpreter, and CI has two cores. TEST_WORKERS=0 runs serially.
-	$(BIN)/python -m pytest -q -m "not gpu" -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -m "not gpu and not slow" -n $(TEST_WORKERS) --dist worksteal
+
+# The tests marked slow (each tens of seconds to minutes in the interpreter): CI runs them after `make test`.
+test-slow: setup
+	$(BIN)/python -m pytest -q -m "slow and not gpu" -n $(TEST_WORKERS) --dist worksteal
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks

@@ -37,10 +37,12 @@ def run_smoke(script: str, only: str, tmp_path: Path, *extra: str) -> dict[str, 
 @pytest.mark.parametrize(
     ("script", "only", "reference", "expected"),
     [
-        ("attention", "decode", "sdpa", {"sdpa"}),
-        ("matmul", "fused:bias+gelu_tanh", "eager", {"eager", "product only", "cublaslt epilogue"}),
+        # (the slow rows, 30-175 s each in the interpreter, run in CI's second part: make test-slow)
+        pytest.param("attention", "decode", "sdpa", {"sdpa"}, marks=pytest.mark.slow),
+        pytest.param("matmul", "fused:bias+gelu_tanh", "eager", {"eager", "product only", "cublaslt epilogue"},
+                     marks=pytest.mark.slow),
         ("decode", "swiglu", "cublas", {"cublas"}),  # one model and M below: one row
-        ("decode", "attention", "sdpa", {"sdpa", "sdpa repeat_kv"}),  # (decode_attention, a static cache)
+        pytest.param("decode", "attention", "sdpa", {"sdpa", "sdpa repeat_kv"}, marks=pytest.mark.slow),
     ],
 )
 def test_smoke_runs_a_row_and_compares_the_kernel_with_pytorch(
@@ -118,6 +120,7 @@ def test_decode_rows_cover_every_projection_of_both_models() -> None:
     assert decode.main(["--models", "70b"]) == 2 and decode.main(["--only", "qkv,nonsense"]) == 2
 
 
+@pytest.mark.slow  # about 65 s in the interpreter
 def test_linear_cross_entropy_smoke_times_the_kernel_against_eager(tmp_path: Path) -> None:
     """benchmarks/linear_cross_entropy.py --smoke: one tiny row, the tuned fused family (or its
     best candidate) agreeing with eager's loss, dh and dW (no torch.compile or Liger on the CPU)."""
