@@ -12,6 +12,12 @@ import os
 import pytest
 import torch
 
+# pytest-xdist starts its workers with COLUMNS=80 (and LINES) in the environment; rich reads them once,
+# when the CLI's consoles are created at import, which would pin every table of every test to 80
+# columns whatever width a test asks for (CliRunner env={"COLUMNS": ...}). Tests see no such default.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
 HAS_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 if not HAS_GPU:
     os.environ["TRITON_INTERPRET"] = "1"

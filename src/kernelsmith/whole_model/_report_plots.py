@@ -2,7 +2,7 @@
 
 Part of the report stage (:mod:`kernelsmith.whole_model.report`): :func:`write_report` draws
 these from the collected :class:`~kernelsmith.whole_model._report_collect.ReportData` when
-matplotlib is installed (``pip install kernelsmith[report]``); without it the TSV and the
+matplotlib is installed (``pip install matplotlib``); without it the TSV and the
 Markdown are still written.
 """
 
