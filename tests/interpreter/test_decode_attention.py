@@ -11,44 +11,30 @@ the fewest a config allows.
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import Rejected, validate
 from kernelsmith.ops import UnsupportedWorkload, get_op
 from kernelsmith.ops.decode_attention import OP, STALE_VALUE, DecodeAttention, check_lengths
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
+from kernelsmith.testing.kernels import assert_matches_fp64, run_single_output
 from kernelsmith.testing.validation_runs import validation_runs
 
-GUARD = 64
 
-
-def run(spec: OpSpec, variant: str, config: Config, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """Launch into a NaN-filled output followed by a NaN guard; check the guard and the inputs."""
-    before = [t.clone() for t in inputs]
-    (out,) = OP.output_specs(spec)
-    buffer = torch.full((out.numel + GUARD,), math.nan, dtype=out.torch_dtype, device=inputs[0].device)
-    y = buffer[: out.numel].view(out.shape)
-    OP.variant(variant).build(spec, config)(inputs, (y,))
-    assert bool(torch.isnan(buffer[out.numel :]).all()), f"{variant} {config.key} wrote past the end"
-    assert all(torch.equal(t, b) for t, b in zip(inputs, before, strict=True)), f"{variant} modified its inputs"
-    return y
+def run(spec: OpSpec, variant: str, config: Config, inputs: tuple[torch.Tensor, ...], launcher: Any = None) -> Any:
+    return run_single_output(OP, spec, variant, config, inputs, launcher)
 
 
 def assert_matches(spec: OpSpec, inputs: tuple[torch.Tensor, ...], y: torch.Tensor, what: str) -> None:
-    assert bool(torch.isfinite(y).all()), f"{what}: some outputs were never written"
-    (ref64,) = OP.reference_fp64(spec, inputs)
-    (lowp,) = OP.reference(spec, inputs)
-    problem = check_close(y, ref64, lowp, OP.tolerance)
-    assert problem is None, f"{what}: {problem}"
+    assert_matches_fp64(OP, spec, inputs, y, what)
 
 
 def config(variant: str, block_n: int = 16, splits: int = 4) -> Config:

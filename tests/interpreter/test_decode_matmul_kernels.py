@@ -19,11 +19,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import validate
 from kernelsmith.ops import UnsupportedWorkload, get_op
 from kernelsmith.ops.decode_matmul import (
@@ -36,6 +36,7 @@ from kernelsmith.ops.decode_matmul import (
 )
 from kernelsmith.space import Config, Space
 from kernelsmith.spec import OpSpec
+from kernelsmith.testing.kernels import assert_matches_fp64, run_single_output
 from kernelsmith.testing.validation_runs import validation_runs
 
 VARIANTS = ("gemv", "split_k", "persistent")
@@ -49,7 +50,6 @@ SHAPES = ((1, 7, 33), (3, 129, 1), (17, 1, 257), (1, 129, 257), (3, 7, 1025))
 SPLIT_SHAPES = ((1, 7, 33), (3, 129, 257), (17, 1, 257), (1, 7, 4097), (3, 1, 33))
 # What changes the computed values: everything but num_warps and num_stages.
 SEMANTIC = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "FOLD", "SPLIT_K", "REDUCE", "PROGRAMS_PER_SM")
-GUARD = 64
 SPACES = {"gemv": _gemv_space, "split_k": _split_k_space, "persistent": _persistent_space}
 
 
@@ -102,24 +102,12 @@ def plan(variant: str, specs: list[OpSpec]) -> list[tuple[OpSpec, Config]]:
     return runs
 
 
-def run(spec: OpSpec, variant: str, config: Config, inputs: tuple[torch.Tensor, ...], launcher=None) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    """Launch into a NaN-filled output followed by a NaN guard; check the guard and the inputs."""
-    before = [t.clone() for t in inputs]
-    (out,) = OP.output_specs(spec)
-    buffer = torch.full((out.numel + GUARD,), math.nan, dtype=out.torch_dtype, device=inputs[0].device)
-    y = buffer[: out.numel].view(out.shape)
-    (launcher or OP.variant(variant).build(spec, config))(inputs, (y,))
-    assert bool(torch.isnan(buffer[out.numel :]).all()), f"{variant} {config.key} wrote past the end"
-    assert all(torch.equal(t, b) for t, b in zip(inputs, before, strict=True)), f"{variant} modified its inputs"
-    return y
+def run(spec: OpSpec, variant: str, config: Config, inputs: tuple[torch.Tensor, ...], launcher: Any = None) -> Any:
+    return run_single_output(OP, spec, variant, config, inputs, launcher)
 
 
 def assert_matches(spec: OpSpec, inputs: tuple[torch.Tensor, ...], y: torch.Tensor, what: str) -> None:
-    assert bool(torch.isfinite(y).all()), f"{what}: some outputs were never written"
-    (ref64,) = OP.reference_fp64(spec, inputs)
-    (lowp,) = OP.reference(spec, inputs)
-    problem = check_close(y, ref64, lowp, OP.tolerance)
-    assert problem is None, f"{what}: {problem}"
+    assert_matches_fp64(OP, spec, inputs, y, what)
 
 
 def specs_for(variant: str) -> list[OpSpec]:

@@ -10,7 +10,7 @@ the harness's own tolerance (``check_close``). Configs come from each variant's 
 from __future__ import annotations
 
 import itertools
-import math
+from typing import Any
 
 import pytest
 import torch
@@ -35,7 +35,7 @@ from kernelsmith.ops.matmul import (
 )
 from kernelsmith.space import Config, Space
 from kernelsmith.spec import OpSpec
-from kernelsmith.testing.kernels import covering_configs
+from kernelsmith.testing.kernels import assert_matches_fp64, covering_configs, run_single_output
 from kernelsmith.testing.validation_runs import validation_runs
 
 VARIANTS = ("tiled", "persistent", "split_k", "tma")
@@ -54,7 +54,6 @@ SPLIT_SHAPES: tuple[tuple[int, ...], ...] = ((1, 17, 100), (17, 100, 77), (5, 1,
 # TMA needs rows of a multiple of 16 bytes: K (and N for layout "matmul") a multiple of 8 elements.
 TMA_SHAPES: tuple[tuple[int, ...], ...] = ((1, 24, 104), (17, 104, 24), (5, 8, 40), (2, 3, 64, 64), (17, 40, 8),
                                            (3, 136, 40))  # fmt: skip
-GUARD = 64
 VALIDITY_SPACES = {"tiled": _tiled_space, "persistent": _persistent_space, "split_k": _split_k_space,
                    "tma": _tma_space}  # fmt: skip
 
@@ -82,24 +81,12 @@ def plan(variant: str, specs: list[OpSpec]) -> list[tuple[OpSpec, Config]]:
     return runs
 
 
-def run(spec: OpSpec, variant: str, config: Config, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """Launch into a NaN-filled output followed by a NaN guard; check the guard and the inputs."""
-    before = [t.clone() for t in inputs]
-    (out,) = OP.output_specs(spec)
-    buffer = torch.full((out.numel + GUARD,), math.nan, dtype=out.torch_dtype, device=inputs[0].device)
-    y = buffer[: out.numel].view(out.shape)
-    OP.variant(variant).build(spec, config)(inputs, (y,))
-    assert bool(torch.isnan(buffer[out.numel :]).all()), f"{variant} {config.key} wrote past the end"
-    assert all(torch.equal(t, b) for t, b in zip(inputs, before, strict=True)), f"{variant} modified its inputs"
-    return y
+def run(spec: OpSpec, variant: str, config: Config, inputs: tuple[torch.Tensor, ...], launcher: Any = None) -> Any:
+    return run_single_output(OP, spec, variant, config, inputs, launcher)
 
 
 def assert_matches(spec: OpSpec, inputs: tuple[torch.Tensor, ...], y: torch.Tensor, what: str) -> None:
-    assert bool(torch.isfinite(y).all()), f"{what}: some outputs were never written"
-    (ref64,) = OP.reference_fp64(spec, inputs)
-    (lowp,) = OP.reference(spec, inputs)
-    problem = check_close(y, ref64, lowp, OP.tolerance)
-    assert problem is None, f"{what}: {problem}"
+    assert_matches_fp64(OP, spec, inputs, y, what)
 
 
 def specs_for(layout: str, variant: str = "tiled") -> list[OpSpec]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -73,3 +74,31 @@ def assert_guarded_outputs(
         assert bool(torch.isnan(guard).all()), f"{what}: the kernel wrote past the end of {name}"
         problem = check_close(out, ref64, lowp, op.tolerance)
         assert problem is None, f"{what} {name}: {problem}"
+
+
+def run_single_output(
+    op: OpFamily, spec: OpSpec, variant: str, config: Config, inputs: Sequence[torch.Tensor],
+    launcher: Any = None, guard: int = 64,
+) -> torch.Tensor:  # fmt: skip
+    """Launch a one-output variant (or ``launcher``, built elsewhere) into a NaN-filled output with
+    a NaN guard after it; assert that nothing was written past the end and the inputs are
+    unchanged; return the output."""
+    before = [t.clone() for t in inputs]
+    (out,) = op.output_specs(spec)
+    buffer = torch.full((out.numel + guard,), math.nan, dtype=out.torch_dtype, device=inputs[0].device)
+    y = buffer[: out.numel].view(out.shape)
+    (launcher or op.variant(variant).build(spec, config))(inputs, (y,))
+    assert bool(torch.isnan(buffer[out.numel :]).all()), f"{variant} {config.key} wrote past the end"
+    assert all(torch.equal(t, b) for t, b in zip(inputs, before, strict=True)), f"{variant} modified its inputs"
+    return y
+
+
+def assert_matches_fp64(op: OpFamily, spec: OpSpec, inputs: Sequence[torch.Tensor], y: torch.Tensor, what: str) -> None:
+    """``y`` fully written and within the family's tolerance of its float64 reference."""
+    from kernelsmith.evaluate.errors import check_close
+
+    assert bool(torch.isfinite(y).all()), f"{what}: some outputs were never written"
+    (ref64,) = op.reference_fp64(spec, inputs)
+    (lowp,) = op.reference(spec, inputs)
+    problem = check_close(y, ref64, lowp, op.tolerance)
+    assert problem is None, f"{what}: {problem}"
