@@ -340,8 +340,15 @@ def _run_once(launcher: Launcher, spec: OpSpec = RMSNORM) -> None:
     run_checked(launcher, inputs, allocate_outputs(op, spec, "cpu"), lambda: None)
 
 
+# Threads a cheat left running. The Triton interpreter patches ``triton.language`` for the kernel it
+# runs and restores it afterwards, process-wide, so a leaked thread still interpreting would break
+# the next test's kernel: each test joins them before it ends.
+_LEAKED_THREADS: list[threading.Thread] = []
+
+
 def _thread(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
     thread = threading.Thread(target=honest(), args=(inputs, outputs))
+    _LEAKED_THREADS.append(thread)
     thread.start()  # rule 6: the work goes on after the launcher returns
 
 
@@ -398,8 +405,12 @@ RUN_TIME_CHEATS: dict[str, tuple[Callable[..., None], tuple[str, ...]]] = {
 @pytest.mark.parametrize("name", list(RUN_TIME_CHEATS))
 def test_run_time_check_behind_the_gate(name: str) -> None:
     launcher, says = RUN_TIME_CHEATS[name]
-    with pytest.raises(Rejected) as caught:
-        _run_once(launcher)
+    try:
+        with pytest.raises(Rejected) as caught:
+            _run_once(launcher)
+    finally:
+        while _LEAKED_THREADS:
+            _LEAKED_THREADS.pop().join()
     assert caught.value.kind == "cheat", str(caught.value)
     for fragment in says:
         assert fragment in str(caught.value)
