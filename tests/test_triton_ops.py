@@ -173,6 +173,25 @@ def test_the_op_called_eagerly_runs_the_carried_kernel_or_else_the_reference():
             assert runners[0].variant == record.variant
 
 
+def test_the_body_is_traced_inside_the_fake_mode_of_its_examples(monkeypatch):
+    """As AOTAutograd traces: with the examples' fake mode on the dispatch stack while the body
+    runs. torch 2.11's Triton kernel-call operator has no implementation for FakeTensor
+    arguments outside a fake mode, so a trace outside it recorded no launch on the H200 and
+    every site kept ``kernelsmith::kernel`` (torch 2.13 accepts both)."""
+    seen: list[object] = []
+
+    def body(op, tensors, constants, decision):
+        seen.append(torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE))
+        return [tensors[0] * 2]
+
+    monkeypatch.setattr(triton_ops, "_body", body)
+    inputs, constants, _ = _winner()
+    graph = triton_ops.trace_body("rmsnorm", inputs, constants, "", torch.device("cpu"))
+    assert isinstance(graph, torch.fx.GraphModule), graph
+    assert len(seen) == 1 and seen[0] is not None
+    assert any(n.target is torch.ops.aten.mul.Tensor for n in graph.graph.nodes)
+
+
 # ---- compiled kernels, traced on the CPU (a process without the interpreter) -----------------------------
 COMPILED_KERNELS = textwrap.dedent("""
     import os, sys

@@ -229,7 +229,15 @@ def trace_body(
     op: str, inputs: Sequence[torch.Tensor], constants: str, decision: str, device: torch.device
 ) -> torch.fx.GraphModule | str:
     """The op's body traced (``make_fx``) on fake tensors like ``inputs`` on ``device``, or why it
-    cannot be."""
+    cannot be.
+
+    The trace runs *inside* the fake mode that made the examples, as AOTAutograd traces (its
+    fake mode entered, then ``make_fx`` in ``"real"`` mode). Tracing outside it, with fake
+    arguments and no fake mode on the dispatch stack, works on torch 2.13 but not on 2.11, where
+    Triton's kernel-call operator then finds no implementation for FakeTensor arguments
+    ("HigherOrderOperator 'triton_kernel_wrapper_mutation' is not supported for the given input
+    types") and every site would keep ``kernelsmith::kernel``.
+    """
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -239,7 +247,7 @@ def trace_body(
     try:
         with FakeTensorMode():
             examples = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device) for t in inputs]
-        return make_fx(body, tracing_mode="real")(*examples)  # type: ignore[no-any-return]
+            return make_fx(body, tracing_mode="real")(*examples)  # type: ignore[no-any-return]
     except Exception as exc:
         return f"its launcher cannot be traced: {type(exc).__name__}: {str(exc)[:300]}"
 
