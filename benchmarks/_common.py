@@ -14,8 +14,9 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from typing import Any
+import traceback
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import torch
 import triton
@@ -30,6 +31,7 @@ from kernelsmith.spec import OpSpec
 from kernelsmith.tuner import TuneResult, tune_spec
 
 Fn = Callable[..., Any]
+Item = TypeVar("Item")
 
 SMOKE_NOTE = "SMOKE TEST on the CPU (Triton interpreter, tiny shapes): timings are NOT performance"
 
@@ -137,3 +139,39 @@ def environment(**extra: Any) -> dict[str, Any]:
         **extra,
         "rows": [],
     }
+
+
+def start_report(args: Any, **extra: Any) -> dict[str, Any]:
+    """The report of this run (environment, budget, strategy, ``extra``; the smoke note in a
+    ``--smoke`` run), written at once to ``args.out`` so that even a run killed early leaves one."""
+    report = environment(**extra, budget=args.budget, strategy=args.strategy)
+    if args.smoke:
+        report.update(smoke=True, note=SMOKE_NOTE)
+    write_report(report, args.out)
+    return report
+
+
+def run_rows(
+    report: dict[str, Any],
+    path: str,
+    items: Iterable[Item],
+    run: Callable[[Item], dict[str, Any]],
+    labels: Callable[[Item], dict[str, Any]],
+) -> None:
+    """Run each item into a row of ``report``, rewriting ``path`` after every row and printing it as
+    it finishes (a benchmark killed by its time limit keeps the rows it finished). A row that
+    raises is recorded with its ``labels`` and the traceback, and the next one runs."""
+    for item in items:
+        try:
+            row = run(item)
+        except Exception:
+            row = {**labels(item), "error": traceback.format_exc()[-2000:]}
+        report["rows"].append(row)
+        write_report(report, path)
+        print(json.dumps(row, default=str)[:700], flush=True)
+
+
+def print_smoke_banner(report: dict[str, Any]) -> None:
+    """The line every table starts with in a ``--smoke`` run: its timings are not performance."""
+    if report.get("smoke"):
+        print(f"\n*** {SMOKE_NOTE} ***")

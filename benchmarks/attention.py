@@ -26,10 +26,8 @@ host-clock timer: a test that the script runs, whose timings are NOT performance
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -37,15 +35,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from _common import (
-    SMOKE_NOTE,
     add_run_options,
     bench,
-    environment,
     max_abs_diff,
+    print_smoke_banner,
+    run_rows,
     settle_run_options,
+    start_report,
     synchronize,
     tune,
-    write_report,
 )
 
 from kernelsmith import dispatch
@@ -168,8 +166,7 @@ def run_workload(w: Workload, budget: int, strategy: str, db: str, smoke: bool =
 
 
 def print_table(report: dict[str, Any]) -> None:
-    if report.get("smoke"):
-        print(f"\n*** {SMOKE_NOTE} ***")
+    print_smoke_banner(report)
     print(f"\n{report['gpu']}  {report['date']}  (TFLOP/s; GB/s for the decode row's bound)")
     header = f"{'workload':12} {'shape':34} " + " ".join(f"{c:>12}" for c in COLUMNS)
     print(header + f" {'x cudnn':>8} {'x flash':>8} {'search s':>8} winner")
@@ -209,21 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     if refusal:
         print(refusal, file=sys.stderr)
         return 2
-    report = environment(cudnn=torch.backends.cudnn.version(), budget=args.budget, strategy=args.strategy)
-    if args.smoke:
-        report.update(smoke=True, note=SMOKE_NOTE)
-    write_report(report, args.out)
-    for w in WORKLOADS:
-        if only and w.label not in only:
-            continue
-        w = w.tiny() if args.smoke else w
-        try:
-            row = run_workload(w, args.budget, args.strategy, args.db, args.smoke)
-        except Exception:  # a row that fails is recorded, and the next one runs
-            row = {"workload": w.label, "shape": w.describe(), "error": traceback.format_exc()[-2000:]}
-        report["rows"].append(row)
-        write_report(report, args.out)
-        print(json.dumps(row, default=str)[:700], flush=True)
+    report = start_report(args, cudnn=torch.backends.cudnn.version())
+    run_rows(report, args.out, [w.tiny() if args.smoke else w for w in WORKLOADS if not only or w.label in only],
+             lambda w: run_workload(w, args.budget, args.strategy, args.db, args.smoke),
+             lambda w: {"workload": w.label, "shape": w.describe()})  # fmt: skip
     print_table(report)
     return 0
 

@@ -52,25 +52,23 @@ whose timings are NOT performance.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from _common import (
-    SMOKE_NOTE,
     add_run_options,
     bench,
-    environment,
     max_abs_diff,
+    print_smoke_banner,
+    run_rows,
     runner_of,
     settle_run_options,
+    start_report,
     synchronize,
     tune,
-    write_report,
 )
 
 from kernelsmith.evaluate.timing import measure_copy_bandwidth
@@ -260,8 +258,7 @@ COLUMNS = ("eager", "sdpa repeat_kv", "max-autotune", "kernelsmith", "best candi
 
 
 def print_table(report: dict[str, Any]) -> None:
-    if report.get("smoke"):
-        print(f"\n*** {SMOKE_NOTE} ***")
+    print_smoke_banner(report)
     print(f"\n{report['gpu']}  copy {report['copy_gbps'] or 0:.0f} GB/s  {report['date']}  budget {report['budget']}")
     print("GB/s (% of copy bandwidth); eager = cuBLAS (projections) or SDPA (attention); x peer = the best of "
           "eager and max-autotune / kernelsmith")
@@ -332,19 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     attention = args.attention or any(name in ATTENTION_ROWS for name in only)
     rows = [w for w in workloads(models, ms, fused, attention, cache_lengths) if not only or w.row in only]
     copy_gbps = None if args.smoke else measure_copy_bandwidth(torch.device("cuda"))[0]
-    report = environment(copy_gbps=copy_gbps, budget=args.budget, strategy=args.strategy)
-    if args.smoke:
-        report.update(smoke=True, note=SMOKE_NOTE)
-    write_report(report, args.out)
-    for w in rows:
-        w = w.tiny() if args.smoke else w
-        try:
-            row = run_workload(w, args.budget, args.db, args.strategy, copy_gbps, skip, args.smoke)
-        except Exception:  # a row that fails is recorded, and the next one runs
-            row = {"model": w.model, "row": w.row, "shape": w.shape_text, "error": traceback.format_exc()[-2000:]}
-        report["rows"].append(row)
-        write_report(report, args.out)
-        print(json.dumps(row, default=str)[:700], flush=True)
+    report = start_report(args, copy_gbps=copy_gbps)
+    run_rows(report, args.out, [w.tiny() if args.smoke else w for w in rows],
+             lambda w: run_workload(w, args.budget, args.db, args.strategy, copy_gbps, skip, args.smoke),
+             lambda w: {"model": w.model, "row": w.row, "shape": w.shape_text})  # fmt: skip
     print_table(report)
     return 0
 

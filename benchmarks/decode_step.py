@@ -44,15 +44,13 @@ directly: a test that the script runs, whose timings are NOT performance.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-from _common import SMOKE_NOTE, add_run_options, environment, max_abs_diff, settle_run_options, write_report
+from _common import add_run_options, max_abs_diff, print_smoke_banner, run_rows, settle_run_options, start_report
 
 from kernelsmith.models import get_model
 from kernelsmith.whole_model import decode
@@ -193,8 +191,7 @@ def run_hf_row(row: Row, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    if report.get("smoke"):
-        print(f"\n*** {SMOKE_NOTE} ***")
+    print_smoke_banner(report)
     print(f"\n{report['gpu']}  copy {report['copy_gbps'] or 0:.0f} GB/s  {report['date']}  budget {report['budget']}")
     print("ms per step (% of copy bandwidth); x peer = torch.compile+graph / kernelsmith+graph")
     header = f"{'row':7} " + " ".join(f"{v:>22}" for v in STEP_VARIANTS)
@@ -240,19 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.rounds = min(args.rounds, 2)
     copy_gbps = None if args.smoke else decode.copy_bandwidth(torch.device("cuda"))
-    report = environment(copy_gbps=copy_gbps, budget=args.budget, strategy=args.strategy)
-    if args.smoke:
-        report.update(smoke=True, note=SMOKE_NOTE)
-    write_report(report, args.out)
-    for name in chosen:
-        row = tiny(ROWS[name]) if args.smoke else ROWS[name]
-        try:
-            result = run_hf_row(row, args) if row.hf else run_step_row(row, args, copy_gbps)
-        except Exception:  # a row that fails is recorded, and the next one runs
-            result = {"row": row.name, "error": traceback.format_exc()[-2000:]}
-        report["rows"].append(result)
-        write_report(report, args.out)
-        print(json.dumps(result, default=str)[:700], flush=True)
+    report = start_report(args, copy_gbps=copy_gbps)
+    run_rows(report, args.out, [tiny(ROWS[name]) if args.smoke else ROWS[name] for name in chosen],
+             lambda row: run_hf_row(row, args) if row.hf else run_step_row(row, args, copy_gbps),
+             lambda row: {"row": row.name})  # fmt: skip
     print_table(report)
     return 0
 

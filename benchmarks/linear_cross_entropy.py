@@ -22,9 +22,7 @@ eager's. ``--smoke`` runs the code path on the CPU in the Triton interpreter at 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +31,17 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (
-    SMOKE_NOTE,
     Fn,
     add_run_options,
     bench,
-    environment,
     max_abs_diff,
+    print_smoke_banner,
+    run_rows,
     runner_of,
     settle_run_options,
+    start_report,
     synchronize,
     tune,
-    write_report,
 )
 
 from kernelsmith.ops import get_op
@@ -152,8 +150,7 @@ def run_row(tokens: int, hidden: int, vocab: int, budget: int, db: str, strategy
 
 
 def print_table(report: dict[str, Any]) -> None:
-    if report.get("smoke"):
-        print(f"\n*** {SMOKE_NOTE} ***")
+    print_smoke_banner(report)
     print(f"\n{report['gpu']}  {report['date']}")
     print("forward + backward, ms (peak GiB beyond the inputs)")
     print(f"{'T x H x V':20} " + " ".join(f"{c:>20}" for c in COLUMNS) + f" {'x best':>7}")
@@ -187,23 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     if refusal:
         print(refusal, file=sys.stderr)
         return 2
-    report = environment(budget=args.budget, strategy=args.strategy, tokens=TOKENS, vocab=VOCAB)
+    report = start_report(args, tokens=TOKENS, vocab=VOCAB)
+    shapes = [(TOKENS, hidden, VOCAB) for hidden in HIDDEN if not only or hidden in only]
     if args.smoke:
-        report.update(smoke=True, note=SMOKE_NOTE)
-    write_report(report, args.out)
-    for hidden in HIDDEN:
-        if only and hidden not in only:
-            continue
-        tokens, size, vocab = SMOKE_SHAPE if args.smoke else (TOKENS, hidden, VOCAB)
-        try:
-            row = run_row(tokens, size, vocab, args.budget, args.db, args.strategy, args.smoke)
-        except Exception:  # a row that fails is recorded, and the next one runs
-            row = {"shape": f"{tokens}x{size}x{vocab}", "error": traceback.format_exc()[-2000:]}
-        report["rows"].append(row)
-        write_report(report, args.out)
-        print(json.dumps(row, default=str)[:700], flush=True)
-        if args.smoke:
-            break  # one tiny row proves the path
+        shapes = [SMOKE_SHAPE]  # one tiny row proves the path
+    run_rows(report, args.out, shapes,
+             lambda shape: run_row(*shape, args.budget, args.db, args.strategy, args.smoke),
+             lambda shape: {"shape": "x".join(map(str, shape))})  # fmt: skip
     print_table(report)
     return 0
 

@@ -38,9 +38,7 @@ the script runs, whose timings are NOT performance.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -48,15 +46,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from _common import (
-    SMOKE_NOTE,
     add_run_options,
     bench,
-    environment,
     max_abs_diff,
+    print_smoke_banner,
+    run_rows,
     settle_run_options,
+    start_report,
     synchronize,
     tune,
-    write_report,
 )
 
 from kernelsmith import dispatch
@@ -210,8 +208,7 @@ COLUMNS = ("eager", "max-autotune", "product only", "cublaslt epilogue", "kernel
 
 
 def print_table(report: dict[str, Any]) -> None:
-    if report.get("smoke"):
-        print(f"\n*** {SMOKE_NOTE} ***")
+    print_smoke_banner(report)
     print(f"\n{report['gpu']}  copy {report['copy_gbps'] or 0:.0f} GB/s  {report['date']}")
     print("TFLOP/s (decode rows: GB/s in brackets); x eager = eager time / kernelsmith time")
     header = f"{'row':22} {'M x N x K':18} " + " ".join(f"{c:>17}" for c in COLUMNS)
@@ -262,22 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         skip |= set(SMOKE_SKIPS)
     copy_gbps = None if args.smoke else measure_copy_bandwidth(torch.device("cuda"))[0]
-    report = environment(copy_gbps=copy_gbps, budget=args.budget, strategy=args.strategy)
-    if args.smoke:
-        report.update(smoke=True, note=SMOKE_NOTE)
-    write_report(report, args.out)
-    for w in WORKLOADS:
-        if only and not any(w.matches(s) for s in only):
-            continue
-        w = w.tiny() if args.smoke else w
-        try:
-            row = run_workload(w, args.budget, args.db, args.strategy, copy_gbps, skip, args.smoke)
-        except Exception:  # a row that fails is recorded, and the next one runs
-            row = {"group": w.group, "epilogue": w.epilogue, "shape": w.shape_text,
-                   "error": traceback.format_exc()[-2000:]}  # fmt: skip
-        report["rows"].append(row)
-        write_report(report, args.out)
-        print(json.dumps(row, default=str)[:700], flush=True)
+    report = start_report(args, copy_gbps=copy_gbps)
+    chosen = [w.tiny() if args.smoke else w for w in WORKLOADS if not only or any(w.matches(s) for s in only)]
+    run_rows(report, args.out, chosen,
+             lambda w: run_workload(w, args.budget, args.db, args.strategy, copy_gbps, skip, args.smoke),
+             lambda w: {"group": w.group, "epilogue": w.epilogue, "shape": w.shape_text})  # fmt: skip
     print_table(report)
     return 0
 
