@@ -123,7 +123,8 @@ def main(target: str) -> int:
     lowered: set[tuple[Any, ...]] = set()
     failures: list[str] = []
     for op, variant, spec, config in cases:
-        family = sys.modules[type(op).__module__]
+        # The module whose direct_launch the build calls: the family's own, or its launchers' module.
+        family = inspect.getmodule(op.variant(variant).build)
         inputs = op.make_inputs(spec, seed=0, device="cpu")
         outputs = tuple(torch.empty(o.shape, dtype=o.torch_dtype) for o in op.output_specs(spec))
         with recording(family) as launches:

@@ -49,7 +49,8 @@ does the reference; :func:`check_lengths` is the host-side check for callers tha
 
 The kernels
 -----------
-A program owns one (sequence, key/value head) and a range of cache positions. Its ``GROUP * Sq``
+(In :mod:`kernelsmith.ops._decode_attention_kernels`; their spaces and launchers in
+:mod:`kernelsmith.ops._decode_attention_launch`.) A program owns one (sequence, key/value head) and a range of cache positions. Its ``GROUP * Sq``
 query rows (the query heads sharing that key/value head, each with its ``Sq`` tokens) are one
 ``[BLOCK_Q, D]`` block, ``BLOCK_Q`` the rows padded to a power of two of at least 16 (``tl.dot``'s
 smallest block): every key and value block ``[BLOCK_N, D]`` is loaded once for all the heads of the
@@ -90,318 +91,26 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import triton
-import triton.language as tl
 
-from kernelsmith.ops._base import (
-    FINITE_STRESS_DISTRIBUTIONS,
-    Launcher,
-    OpFamily,
-    UnsupportedWorkload,
-    Variant,
-    generator,
-)
-from kernelsmith.ops._launch import direct_launch
-from kernelsmith.ops.gelu import checked
-from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
+from kernelsmith.ops._base import FINITE_STRESS_DISTRIBUTIONS, OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._decode_attention_launch import _dims, _single_build, _single_space, _split_build, _split_space
+from kernelsmith.space import next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
 CACHES = ("static", "dynamic")
 LENGTH_DTYPES = ("int32", "int64")
 MAX_HEAD_DIM = 256
 MAX_ROWS = 128  # GROUP * Sq rows one program holds; more is prefill-like (use the attention family)
-LOG2E = 1.4426950408889634
 # What a position past a static cache's valid length holds in make_inputs: keys that would win
 # every softmax and values far from the others, so a kernel reading past a length is caught.
 STALE_KEY, STALE_VALUE = 30.0, 1e3
-
-# =================================================================================================
-# Kernels
-# =================================================================================================
-
-
-@triton.jit
-def _group_rows(q_ptr, bh, H, Hk, q_sb, q_sh, q_ss,
-                Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_Q: tl.constexpr):  # fmt: skip
-    """The query block of program (sequence, key/value head) ``bh``: row r is query head
-    ``kvh * GROUP + r // Q_LEN``, token ``r % Q_LEN``. Returns (q [BLOCK_Q, BLOCK_D] in its dtype,
-    token index of each row, which rows are real, the query head of each row)."""
-    b = bh // Hk
-    kvh = bh % Hk
-    r = tl.arange(0, BLOCK_Q)
-    r_ok = r < GROUP * Q_LEN
-    head = kvh * GROUP + r // Q_LEN
-    token = r % Q_LEN
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    offsets = b.to(tl.int64) * q_sb + head.to(tl.int64) * q_sh + token.to(tl.int64) * q_ss
-    q = tl.load(q_ptr + offsets[:, None] + d[None, :], mask=r_ok[:, None] & d_ok[None, :], other=0.0)
-    return q, token, r_ok, head
-
-
-@triton.jit
-def _sequence_length(len_ptr, b, L, Q_LEN: tl.constexpr, HAS_LENGTHS: tl.constexpr):
-    """(the valid length clamped into [0, L], whether lengths[b] was out of range [Q_LEN, L])."""
-    length = tl.load(len_ptr + b).to(tl.int64) if HAS_LENGTHS else tl.cast(L, tl.int64)
-    bad = (length < Q_LEN) | (length > L)
-    length = tl.minimum(tl.maximum(length, 0), L)
-    return length, bad
-
-
-@triton.jit
-def _attend(q, token, k_ptr, v_ptr, k_base, v_base, k_ss, v_ss, start, end, length, qk_scale,
-            Q_LEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
-            BLOCK_N: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
-    """Online softmax of the query block over cache positions [start, end): (acc [BLOCK_Q,
-    BLOCK_D] unnormalized, m running max in log2 units, l sum of 2^(s - m)). Row r sees the
-    positions below ``length - Q_LEN + token + 1``."""
-    limit = length - Q_LEN + token + 1  # [BLOCK_Q]: keys each row may see
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    if UPCAST:
-        q = q.to(tl.float32)
-    m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = n < end  # positions at or past the length are never loaded
-        tile_ok = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_ptr + k_base + n[:, None] * k_ss + d[None, :], mask=tile_ok, other=0.0)
-        v = tl.load(v_ptr + v_base + n[:, None] * v_ss + d[None, :], mask=tile_ok, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") if IEEE else tl.dot(q, tl.trans(k))
-        s = tl.where(n[None, :] < limit[:, None], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
-        alpha = tl.exp2(m_i - shift)
-        p = tl.exp2(s - shift[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        pv = p.to(v.dtype)  # the value product in the cache's precision, as FlashAttention does
-        if UPCAST:
-            pv = pv.to(tl.float32)
-            v = v.to(tl.float32)
-        if IEEE:
-            acc = tl.dot(pv, v, acc * alpha[:, None], input_precision="ieee")
-        else:
-            acc = tl.dot(pv, v, acc * alpha[:, None])
-        m_i = m_new
-    return acc, m_i, l_i
-
-
-@triton.jit
-def _decode_attn_kernel(
-    q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, acc_ptr, ml_ptr,
-    qk_scale, H, Hk, L, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
-    SPLITS: tl.constexpr, Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LENGTHS: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr,
-):  # fmt: skip
-    """Program (bh, split): sequence bh // Hk, key/value head bh % Hk, the split-th of SPLITS
-    ranges of the sequence's length. SPLITS == 1 normalizes and stores o; otherwise the partials
-    go to acc_ptr ([bh, split, row, d], float32) and ml_ptr ([2, bh, split, row]: m then l)."""
-    ROWS: tl.constexpr = GROUP * Q_LEN
-    bh = tl.program_id(0)
-    split = tl.program_id(1)
-    b = bh // Hk
-    kvh = bh % Hk
-    q, token, r_ok, head = _group_rows(q_ptr, bh, H, Hk, q_sb, q_sh, q_ss, Q_LEN, GROUP, HEAD_DIM, BLOCK_D,
-                                       BLOCK_Q)  # fmt: skip
-    length, bad = _sequence_length(len_ptr, b, L, Q_LEN, HAS_LENGTHS)
-    # Each split takes a whole number of blocks of this sequence's own length.
-    per_split = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_N) * BLOCK_N
-    start = split * per_split
-    end = tl.minimum(start + per_split, length)
-    k_base = b.to(tl.int64) * k_sb + kvh.to(tl.int64) * k_sh
-    v_base = b.to(tl.int64) * v_sb + kvh.to(tl.int64) * v_sh
-    acc, m_i, l_i = _attend(q, token, k_ptr, v_ptr, k_base, v_base, k_ss, v_ss, start, end, length, qk_scale,
-                            Q_LEN, HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_N, IEEE, UPCAST)  # fmt: skip
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    r = tl.arange(0, BLOCK_Q)
-    store_ok = r_ok[:, None] & d_ok[None, :]
-    if SPLITS == 1:
-        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-        out = tl.where(bad, float("nan"), out)
-        o_rows = (b.to(tl.int64) * H + head) * Q_LEN + token
-        tl.store(o_ptr + o_rows[:, None] * HEAD_DIM + d[None, :], out.to(o_ptr.dtype.element_ty), mask=store_ok)
-    else:
-        row = (bh.to(tl.int64) * SPLITS + split) * ROWS + r  # only the real rows are stored
-        tl.store(acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=store_ok)
-        plane = tl.num_programs(0).to(tl.int64) * SPLITS * ROWS
-        tl.store(ml_ptr + row, m_i, mask=r_ok)
-        tl.store(ml_ptr + plane + row, l_i, mask=r_ok)
-
-
-@triton.jit
-def _decode_attn_combine_kernel(
-    acc_ptr, ml_ptr, len_ptr, o_ptr, H, Hk, L,
-    SPLITS: tl.constexpr, Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, HAS_LENGTHS: tl.constexpr,
-):  # fmt: skip
-    """Program bh merges the SPLITS partials of its GROUP * Q_LEN rows, in split order."""
-    ROWS: tl.constexpr = GROUP * Q_LEN
-    bh = tl.program_id(0)
-    b = bh // Hk
-    kvh = bh % Hk
-    r = tl.arange(0, BLOCK_Q)
-    r_ok = r < ROWS
-    d = tl.arange(0, BLOCK_D)
-    ok = r_ok[:, None] & (d < HEAD_DIM)[None, :]
-    plane = tl.num_programs(0).to(tl.int64) * SPLITS * ROWS
-    first = bh.to(tl.int64) * SPLITS * ROWS + r
-    m_max = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
-    for s in tl.static_range(SPLITS):
-        m_max = tl.maximum(m_max, tl.load(ml_ptr + first + s * ROWS, mask=r_ok, other=float("-inf")))
-    shift = tl.where(m_max == float("-inf"), 0.0, m_max)
-    total = tl.zeros([BLOCK_Q], dtype=tl.float32)
-    out = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
-    for s in tl.static_range(SPLITS):
-        rows = first + s * ROWS
-        w = tl.exp2(tl.load(ml_ptr + rows, mask=r_ok, other=float("-inf")) - shift)
-        total += w * tl.load(ml_ptr + plane + rows, mask=r_ok, other=0.0)
-        out += w[:, None] * tl.load(acc_ptr + rows[:, None] * HEAD_DIM + d[None, :], mask=ok, other=0.0)
-    out = out / tl.where(total == 0.0, 1.0, total)[:, None]
-    _, bad = _sequence_length(len_ptr, b, L, Q_LEN, HAS_LENGTHS)
-    out = tl.where(bad, float("nan"), out)
-    head = kvh * GROUP + r // Q_LEN
-    o_rows = (b.to(tl.int64) * H + head) * Q_LEN + r % Q_LEN
-    tl.store(o_ptr + o_rows[:, None] * HEAD_DIM + d[None, :], out.to(o_ptr.dtype.element_ty), mask=ok)
-
-
-# =================================================================================================
-# Shapes, spaces and launchers
-# =================================================================================================
-
-
-@dataclass(frozen=True)
-class _Dims:
-    batch: int
-    heads: int
-    kv_heads: int
-    q_len: int
-    cache_len: int  # L: the cache tensors' length (max_cache_len for a static cache)
-    head_dim: int
-    itemsize: int
-    has_lengths: bool
-
-    @property
-    def group(self) -> int:
-        return self.heads // self.kv_heads
-
-    @property
-    def rows(self) -> int:
-        """Query rows one program holds: the group's heads times the new tokens."""
-        return self.group * self.q_len
-
-    @property
-    def block_q(self) -> int:
-        return max(16, next_power_of_two(self.rows))
-
-    @property
-    def block_d(self) -> int:
-        return max(16, next_power_of_two(self.head_dim))
-
-
-def _dims(spec: OpSpec) -> _Dims:
-    q, k = spec.inputs[0], spec.inputs[1]
-    b, h, sq, d = q.shape
-    return _Dims(b, h, k.shape[1], sq, k.shape[2], d, q.torch_dtype.itemsize, len(spec.inputs) == 4)
-
-
-BLOCKS_N = (16, 32, 64, 128, 256)
-WARPS = (1, 2, 4, 8)
-STAGES = (1, 2, 3, 4)
-SPLITS = (2, 4, 8, 16, 32, 64)
-MAX_VALUES_PER_THREAD = 128  # float32 scores and accumulators a thread holds
-SHARED_MEMORY_BUDGET = 220 * 1024
-MIN_PRUNED_BLOCK_N = 32  # narrower key blocks move too few bytes a step to keep the loads busy
-
-
-def _constraints(dims: _Dims, prune: bool) -> list[Constraint]:
-    """Validity (registers and shared memory; never B, L or the lengths), then pruning."""
-
-    def values(c: Config) -> int:
-        return dims.block_q * (c["BLOCK_N"] + dims.block_d)
-
-    def stage_bytes(c: Config) -> int:
-        return 2 * c["BLOCK_N"] * dims.block_d * dims.itemsize
-
-    constraints = [
-        Constraint(f"the scores and the accumulator fit in registers ({MAX_VALUES_PER_THREAD} a thread)",
-                   lambda c: values(c) <= MAX_VALUES_PER_THREAD * 32 * c["num_warps"]),
-        Constraint(f"num_stages key and value blocks fit in shared memory ({SHARED_MEMORY_BUDGET} bytes)",
-                   lambda c: c["num_stages"] * stage_bytes(c) <= SHARED_MEMORY_BUDGET),
-    ]  # fmt: skip
-    if prune:
-        constraints.append(Constraint(f"key blocks of at least {MIN_PRUNED_BLOCK_N} positions",
-                                      lambda c: c["BLOCK_N"] >= MIN_PRUNED_BLOCK_N))  # fmt: skip
-    return constraints
-
-
-def _block_params() -> list[Param]:
-    return [Param("BLOCK_N", BLOCKS_N), Param("num_warps", WARPS), Param("num_stages", STAGES)]
-
-
-def _single_space(spec: OpSpec, prune: bool = True) -> Space:
-    return Space(_block_params(), _constraints(_dims(spec), prune))
-
-
-def _split_space(spec: OpSpec, prune: bool = True) -> Space:
-    return Space([*_block_params(), Param("SPLITS", SPLITS)], _constraints(_dims(spec), prune))
-
-
-def _interpreted() -> bool:
-    return type(_decode_attn_kernel).__name__ == "InterpretedFunction"
-
-
-def _launcher(spec: OpSpec, config: Config, splits: int) -> Launcher:
-    dims = _dims(spec)
-    programs = dims.batch * dims.kv_heads
-    dtype = spec.inputs[0].dtype
-    shape = {"Q_LEN": dims.q_len, "GROUP": dims.group, "HEAD_DIM": dims.head_dim, "BLOCK_D": dims.block_d,
-             "BLOCK_Q": dims.block_q, "HAS_LENGTHS": dims.has_lengths}  # fmt: skip
-    flags = {**shape, "BLOCK_N": int(config["BLOCK_N"]), "IEEE": dtype == "float32",
-             "UPCAST": _interpreted() and dtype == "bfloat16"}  # fmt: skip
-    launch_kwargs = {"num_warps": int(config["num_warps"]), "num_stages": int(config["num_stages"])}
-    qk_scale = float(spec.const("scale")) * LOG2E
-    kernel = direct_launch(_decode_attn_kernel, (programs, splits))
-    combine = direct_launch(_decode_attn_combine_kernel, (programs,))
-    partial_rows = programs * splits * dims.rows
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        q, k, v = inputs[0], inputs[1], inputs[2]
-        lengths = inputs[3] if dims.has_lengths else q  # (never read without lengths)
-        o = outputs[0]
-        acc = ml = o  # unused by one pass
-        if splits > 1:  # every element the combine reads is written first
-            acc = o.new_empty((partial_rows, dims.head_dim), dtype=torch.float32)
-            ml = o.new_empty((2, partial_rows), dtype=torch.float32)
-        kernel(q, k, v, lengths, o, acc, ml, qk_scale, dims.heads, dims.kv_heads, dims.cache_len,
-               q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-               v.stride(0), v.stride(1), v.stride(2), SPLITS=splits, **flags, **launch_kwargs)  # fmt: skip
-        if splits > 1:
-            combine(acc, ml, lengths, o, dims.heads, dims.kv_heads, dims.cache_len, SPLITS=splits, **shape,
-                    num_warps=4)  # fmt: skip
-
-    return launch
-
-
-def _single_build(spec: OpSpec, config: Config) -> Launcher:
-    checked(_single_space(spec, prune=False), config)
-    return _launcher(spec, config, 1)
-
-
-def _split_build(spec: OpSpec, config: Config) -> Launcher:
-    checked(_split_space(spec, prune=False), config)
-    return _launcher(spec, config, int(config["SPLITS"]))
-
+# The kernels live in kernelsmith.ops._decode_attention_kernels and the launchers (the builds the
+# variants name) in kernelsmith.ops._decode_attention_launch: a variant's source hash covers
+# those and this module.
+_MODULES = ("kernelsmith.ops._decode_attention_kernels", __name__)
 
 # =================================================================================================
 # Host-side checks and the references
@@ -465,9 +174,9 @@ class DecodeAttention(OpFamily):
     stress_distributions = FINITE_STRESS_DISTRIBUTIONS
     variants = (
         Variant("single_pass", "one program per (sequence, key/value head) over the whole cache, all the "
-                "group's query heads sharing each key/value load", _single_space, _single_build),
+                "group's query heads sharing each key/value load", _single_space, _single_build, _MODULES),
         Variant("split_kv", "flash-decoding: SPLITS programs per (sequence, key/value head) over ranges of the "
-                "sequence's length, merged in order by a second kernel", _split_space, _split_build),
+                "sequence's length, merged in order by a second kernel", _split_space, _split_build, _MODULES),
     )  # fmt: skip
 
     # ---- specs -----------------------------------------------------------------------------------

@@ -1,0 +1,164 @@
+"""The kernels of the decode attention family (:mod:`kernelsmith.ops.decode_attention`, whose
+docstring explains the op, the math and the two variants): the query block of one (sequence,
+key/value head), the online softmax over a range of cache positions, the one-pass and split
+forward, and the merge of the splits. Their launchers are in
+:mod:`kernelsmith.ops._decode_attention_launch`.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634  # the kernels' softmax is in base 2: scale * log2(e) folds into the scores
+
+
+@triton.jit
+def _group_rows(q_ptr, bh, H, Hk, q_sb, q_sh, q_ss,
+                Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_Q: tl.constexpr):  # fmt: skip
+    """The query block of program (sequence, key/value head) ``bh``: row r is query head
+    ``kvh * GROUP + r // Q_LEN``, token ``r % Q_LEN``. Returns (q [BLOCK_Q, BLOCK_D] in its dtype,
+    token index of each row, which rows are real, the query head of each row)."""
+    b = bh // Hk
+    kvh = bh % Hk
+    r = tl.arange(0, BLOCK_Q)
+    r_ok = r < GROUP * Q_LEN
+    head = kvh * GROUP + r // Q_LEN
+    token = r % Q_LEN
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    offsets = b.to(tl.int64) * q_sb + head.to(tl.int64) * q_sh + token.to(tl.int64) * q_ss
+    q = tl.load(q_ptr + offsets[:, None] + d[None, :], mask=r_ok[:, None] & d_ok[None, :], other=0.0)
+    return q, token, r_ok, head
+
+
+@triton.jit
+def _sequence_length(len_ptr, b, L, Q_LEN: tl.constexpr, HAS_LENGTHS: tl.constexpr):
+    """(the valid length clamped into [0, L], whether lengths[b] was out of range [Q_LEN, L])."""
+    length = tl.load(len_ptr + b).to(tl.int64) if HAS_LENGTHS else tl.cast(L, tl.int64)
+    bad = (length < Q_LEN) | (length > L)
+    length = tl.minimum(tl.maximum(length, 0), L)
+    return length, bad
+
+
+@triton.jit
+def _attend(q, token, k_ptr, v_ptr, k_base, v_base, k_ss, v_ss, start, end, length, qk_scale,
+            Q_LEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
+            BLOCK_N: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+    """Online softmax of the query block over cache positions [start, end): (acc [BLOCK_Q,
+    BLOCK_D] unnormalized, m running max in log2 units, l sum of 2^(s - m)). Row r sees the
+    positions below ``length - Q_LEN + token + 1``."""
+    limit = length - Q_LEN + token + 1  # [BLOCK_Q]: keys each row may see
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    if UPCAST:
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_Q], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = n < end  # positions at or past the length are never loaded
+        tile_ok = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + k_base + n[:, None] * k_ss + d[None, :], mask=tile_ok, other=0.0)
+        v = tl.load(v_ptr + v_base + n[:, None] * v_ss + d[None, :], mask=tile_ok, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") if IEEE else tl.dot(q, tl.trans(k))
+        s = tl.where(n[None, :] < limit[:, None], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
+        alpha = tl.exp2(m_i - shift)
+        p = tl.exp2(s - shift[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        pv = p.to(v.dtype)  # the value product in the cache's precision, as FlashAttention does
+        if UPCAST:
+            pv = pv.to(tl.float32)
+            v = v.to(tl.float32)
+        if IEEE:
+            acc = tl.dot(pv, v, acc * alpha[:, None], input_precision="ieee")
+        else:
+            acc = tl.dot(pv, v, acc * alpha[:, None])
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _decode_attn_kernel(
+    q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, acc_ptr, ml_ptr,
+    qk_scale, H, Hk, L, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
+    SPLITS: tl.constexpr, Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LENGTHS: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """Program (bh, split): sequence bh // Hk, key/value head bh % Hk, the split-th of SPLITS
+    ranges of the sequence's length. SPLITS == 1 normalizes and stores o; otherwise the partials
+    go to acc_ptr ([bh, split, row, d], float32) and ml_ptr ([2, bh, split, row]: m then l)."""
+    ROWS: tl.constexpr = GROUP * Q_LEN
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bh // Hk
+    kvh = bh % Hk
+    q, token, r_ok, head = _group_rows(q_ptr, bh, H, Hk, q_sb, q_sh, q_ss, Q_LEN, GROUP, HEAD_DIM, BLOCK_D,
+                                       BLOCK_Q)  # fmt: skip
+    length, bad = _sequence_length(len_ptr, b, L, Q_LEN, HAS_LENGTHS)
+    # Each split takes a whole number of blocks of this sequence's own length.
+    per_split = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, length)
+    k_base = b.to(tl.int64) * k_sb + kvh.to(tl.int64) * k_sh
+    v_base = b.to(tl.int64) * v_sb + kvh.to(tl.int64) * v_sh
+    acc, m_i, l_i = _attend(q, token, k_ptr, v_ptr, k_base, v_base, k_ss, v_ss, start, end, length, qk_scale,
+                            Q_LEN, HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_N, IEEE, UPCAST)  # fmt: skip
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    r = tl.arange(0, BLOCK_Q)
+    store_ok = r_ok[:, None] & d_ok[None, :]
+    if SPLITS == 1:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        out = tl.where(bad, float("nan"), out)
+        o_rows = (b.to(tl.int64) * H + head) * Q_LEN + token
+        tl.store(o_ptr + o_rows[:, None] * HEAD_DIM + d[None, :], out.to(o_ptr.dtype.element_ty), mask=store_ok)
+    else:
+        row = (bh.to(tl.int64) * SPLITS + split) * ROWS + r  # only the real rows are stored
+        tl.store(acc_ptr + row[:, None] * HEAD_DIM + d[None, :], acc, mask=store_ok)
+        plane = tl.num_programs(0).to(tl.int64) * SPLITS * ROWS
+        tl.store(ml_ptr + row, m_i, mask=r_ok)
+        tl.store(ml_ptr + plane + row, l_i, mask=r_ok)
+
+
+@triton.jit
+def _decode_attn_combine_kernel(
+    acc_ptr, ml_ptr, len_ptr, o_ptr, H, Hk, L,
+    SPLITS: tl.constexpr, Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, HAS_LENGTHS: tl.constexpr,
+):  # fmt: skip
+    """Program bh merges the SPLITS partials of its GROUP * Q_LEN rows, in split order."""
+    ROWS: tl.constexpr = GROUP * Q_LEN
+    bh = tl.program_id(0)
+    b = bh // Hk
+    kvh = bh % Hk
+    r = tl.arange(0, BLOCK_Q)
+    r_ok = r < ROWS
+    d = tl.arange(0, BLOCK_D)
+    ok = r_ok[:, None] & (d < HEAD_DIM)[None, :]
+    plane = tl.num_programs(0).to(tl.int64) * SPLITS * ROWS
+    first = bh.to(tl.int64) * SPLITS * ROWS + r
+    m_max = tl.full([BLOCK_Q], float("-inf"), dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        m_max = tl.maximum(m_max, tl.load(ml_ptr + first + s * ROWS, mask=r_ok, other=float("-inf")))
+    shift = tl.where(m_max == float("-inf"), 0.0, m_max)
+    total = tl.zeros([BLOCK_Q], dtype=tl.float32)
+    out = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
+    for s in tl.static_range(SPLITS):
+        rows = first + s * ROWS
+        w = tl.exp2(tl.load(ml_ptr + rows, mask=r_ok, other=float("-inf")) - shift)
+        total += w * tl.load(ml_ptr + plane + rows, mask=r_ok, other=0.0)
+        out += w[:, None] * tl.load(acc_ptr + rows[:, None] * HEAD_DIM + d[None, :], mask=ok, other=0.0)
+    out = out / tl.where(total == 0.0, 1.0, total)[:, None]
+    _, bad = _sequence_length(len_ptr, b, L, Q_LEN, HAS_LENGTHS)
+    out = tl.where(bad, float("nan"), out)
+    head = kvh * GROUP + r // Q_LEN
+    o_rows = (b.to(tl.int64) * H + head) * Q_LEN + r % Q_LEN
+    tl.store(o_ptr + o_rows[:, None] * HEAD_DIM + d[None, :], out.to(o_ptr.dtype.element_ty), mask=ok)
