@@ -65,6 +65,7 @@ class TuneResult:
     strategy: str = ""
     top: list[dict[str, Any]] = field(default_factory=list)
     note: str = ""
+    timing_mode: str = ""  # "stream", "graph-replay" or "host-clock": how the decision's figures were timed
     cost: SearchCost = field(default_factory=SearchCost)  # what this run spent (see kernelsmith.cost)
 
     def to_dict(self) -> dict[str, Any]:
@@ -126,6 +127,7 @@ def _result_from_decision(
         gbps=m.get("gbps"),
         pct_of_copy_bandwidth=m.get("pct_of_copy_bandwidth"),
         copy_gbps=m.get("copy_gbps"),
+        timing_mode=str(m.get("timing_mode", "")),
         evaluations=evaluations,
         from_database=from_database,
         failures=failures or {},

@@ -39,9 +39,11 @@ MAX_REPLY_BYTES = 16 << 20
 STATUSES = frozenset({"ok", "build", "validate", "runtime", "timeout", "crash", "cheat", "skipped"})
 
 _SHORT_TEXT = 200  # a metric's string value (the timer's name)
-# The only metrics that are text (lists: the "*samples_us"): the timer's name, and why the
-# torch.compile baseline could not be timed (the worker's ``_compiled_reference``).
-TEXT_METRICS = frozenset({"timer", "compile_baseline_error"})
+# The only metrics that are text (lists: the "*samples_us"): the timer's name, why the
+# torch.compile baseline could not be timed (the worker's ``_compiled_reference``), and how the
+# calls were timed and why (``timing_mode``: "stream", "graph-replay" or "host-clock"; see
+# :func:`kernelsmith.evaluate.timing.choose_timing_mode`).
+TEXT_METRICS = frozenset({"timer", "compile_baseline_error", "timing_mode", "timing_mode_reason"})
 _LONG_TEXT = 20_000  # an error message
 _MAX_METRICS = 256
 _MAX_SAMPLES = 1_000_000
@@ -87,18 +89,28 @@ class Candidate:
         )
 
 
+# TimingSettings.graph_replay: when to time replayed CUDA graphs instead of host launches.
+GRAPH_REPLAY_CHOICES = ("auto", "always", "never")
+
+
 @dataclass(frozen=True)
 class TimingSettings:
     """How hard to time: warm-up by time, interleaved rounds, rotating input sets; and whether
     to time the op's reference compiled by torch.compile beside the eager one (``compile_baseline``:
     the final decision does, where :func:`kernelsmith.settings.compile_baseline_wanted` says so).
-    It travels here, with the timing, so every executor passes it on unchanged."""
+    It travels here, with the timing, so every executor passes it on unchanged.
+
+    ``graph_replay`` says how each call is timed on a GPU: ``"auto"`` (the rule of
+    :func:`kernelsmith.evaluate.timing.choose_timing_mode`: replayed CUDA graphs for decode
+    families and for workloads whose baseline is measured to be launch-bound), ``"always"`` or
+    ``"never"`` (stream timing, each call launched from the host)."""
 
     warmup_ms: float = 25.0
     rounds: int = 40
     input_sets: int = 4
     flush_l2: bool = True
     compile_baseline: bool = False
+    graph_replay: str = "auto"
 
     @classmethod
     def interpreter(cls) -> TimingSettings:
@@ -108,18 +120,23 @@ class TimingSettings:
 
     def to_json(self) -> dict[str, Any]:
         return {"warmup_ms": self.warmup_ms, "rounds": self.rounds, "input_sets": self.input_sets,
-                "flush_l2": self.flush_l2, "compile_baseline": self.compile_baseline}  # fmt: skip
+                "flush_l2": self.flush_l2, "compile_baseline": self.compile_baseline,
+                "graph_replay": self.graph_replay}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: object, where: str = "timing") -> TimingSettings:
         d = _fields(data, where, required={"warmup_ms", "rounds", "input_sets", "flush_l2"},
-                    optional={"compile_baseline"})  # fmt: skip
+                    optional={"compile_baseline", "graph_replay"})  # fmt: skip
+        graph_replay = _text(d.get("graph_replay", "auto"), f"{where}.graph_replay", 10)
+        if graph_replay not in GRAPH_REPLAY_CHOICES:
+            raise ProtocolError(f"{where}.graph_replay: {graph_replay!r} is not one of {GRAPH_REPLAY_CHOICES}")
         return cls(
             _number(d["warmup_ms"], f"{where}.warmup_ms"),
             _int(d["rounds"], f"{where}.rounds", 1, 100_000),
             _int(d["input_sets"], f"{where}.input_sets", 1, 64),
             _bool(d["flush_l2"], f"{where}.flush_l2"),
             _bool(d.get("compile_baseline", False), f"{where}.compile_baseline"),
+            graph_replay,
         )
 
 

@@ -1,21 +1,25 @@
 """Timing inside the worker: CUDA events, L2 flushed, interleaved rounds, rotating input sets.
 
-The timer functions are bound when this module is imported, which happens before any candidate
+The timer and graph functions are bound when this module is imported, which happens before any candidate
 code is loaded: a candidate that monkey-patches ``torch.cuda.Event`` or ``time.perf_counter``
 does not change what the harness measures with (and the worker's integrity check notices it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 _Event = torch.cuda.Event
 _synchronize = torch.cuda.synchronize
 _perf_counter = time.perf_counter
+_CUDAGraph = torch.cuda.CUDAGraph
+_graph = torch.cuda.graph
 
 # Runs implementation i on input set s: fns[i](s).
 Runner = Callable[[int], object]
@@ -93,6 +97,206 @@ def interleaved_gpu(
     for i, start, end in pending:
         samples[i].append(start.elapsed_time(end) * 1000.0)
     return samples
+
+
+# ---- graph-replay timing -------------------------------------------------------------------------
+# A call timed between two CUDA events measures the device from the first launch to the last, so
+# when the host takes longer to launch an implementation's kernels than the device takes to run
+# them (an eager reference of a fused decode op: dozens of small PyTorch launches), the device idles
+# inside the timed region and the implementation is charged host launch gaps. A decode step runs as
+# a replayed CUDA graph and never pays them; so on such workloads every implementation is captured
+# once per input set and the timed call is ``graph.replay()``.
+STREAM = "stream"  # each timed call launched from the host
+GRAPH_REPLAY = "graph-replay"  # each timed call a replay of the call captured in a CUDA graph
+HOST_CLOCK = "host-clock"  # the Triton interpreter, timed by the host clock (never performance)
+
+# Families whose workloads run inside a captured decode step: always timed as graph replays, and a
+# candidate that cannot be captured fails (a decode kernel must be capturable).
+DECODE_FAMILIES = frozenset({"decode_matmul", "decode_attention"})
+
+# A baseline call longer than this (device time, stream-timed) is not probed: the host launch gaps
+# of even a hundred small launches (a few microseconds each) would be a small share of it, and
+# capturing a long call's graphs can double a large workload's memory for nothing.
+PROBE_MAX_US = 1000.0
+# Stream timing must exceed graph timing by this share of the graph median (and by more than the
+# spread of the two: see choose_timing_mode) before the workload counts as launch-bound.
+LAUNCH_BOUND_MARGIN = 0.05
+PROBE_ROUNDS = 24
+
+
+@dataclass(frozen=True)
+class ModeChoice:
+    """How a request is timed (``mode``: :data:`STREAM` or :data:`GRAPH_REPLAY`) and why, in words
+    the result and the stored decision carry (``timing_mode`` and ``timing_mode_reason``)."""
+
+    mode: str
+    reason: str
+
+
+def choose_timing_mode(
+    requested: str,
+    op_name: str,
+    one_call_us: float | None = None,
+    stream_us: Sequence[float] = (),
+    graph_us: Sequence[float] = (),
+) -> ModeChoice:
+    """The timing mode of a workload, from the request's ``graph_replay`` setting and measurements
+    of its eager baseline. The rule:
+
+    1. ``"never"``: stream timing; ``"always"``: graph replay.
+    2. A decode family (:data:`DECODE_FAMILIES`): graph replay, because a decode step runs captured.
+    3. Otherwise a measurement decides. A baseline call of more than :data:`PROBE_MAX_US`
+       (``one_call_us``) is not launch-bound: stream timing. Else the baseline was timed both ways,
+       interleaved with the L2 flushed (``stream_us``, ``graph_us``): it is launch-bound, and timed
+       as graph replay, when the stream median exceeds the graph median by more than
+       :data:`LAUNCH_BOUND_MARGIN` of it *and* the two interquartile ranges do not overlap (the
+       stream's 25th percentile above the graph's 75th): a gap bigger than noise.
+
+    Pure and host-only, so the rule is tested without a GPU; the worker measures and calls it.
+    """
+    if requested == "never":
+        return ModeChoice(STREAM, "graph replay turned off (graph_replay='never')")
+    if requested == "always":
+        return ModeChoice(GRAPH_REPLAY, "graph replay asked for (graph_replay='always')")
+    if op_name in DECODE_FAMILIES:
+        return ModeChoice(GRAPH_REPLAY, f"{op_name} is a decode family: decode steps run as replayed CUDA graphs")
+    if one_call_us is not None and one_call_us > PROBE_MAX_US:
+        return ModeChoice(STREAM, f"not launch-bound: one baseline call takes {one_call_us:.0f} us "
+                                  f"(> {PROBE_MAX_US:.0f} us)")  # fmt: skip
+    if not stream_us or not graph_us:
+        return ModeChoice(STREAM, "the baseline was not measured both ways")
+    stream, graph = summarize(stream_us), summarize(graph_us)
+    figures = f"baseline {stream['median_us']:.1f} us by stream, {graph['median_us']:.1f} us as a graph replay"
+    if stream["median_us"] > (1 + LAUNCH_BOUND_MARGIN) * graph["median_us"] and stream["p25_us"] > graph["p75_us"]:
+        return ModeChoice(GRAPH_REPLAY, f"launch-bound: {figures}")
+    return ModeChoice(STREAM, f"not launch-bound: {figures}")
+
+
+def capture(fn: Runner, n_sets: int) -> list[torch.cuda.CUDAGraph]:
+    """``fn(s)`` for every input set ``s``, each captured once in a CUDA graph.
+
+    As PyTorch requires, the calls are first run on a side stream (Triton compiles, cuBLAS picks
+    its workspaces, the caching allocator warms up) and the capture itself runs on the side stream
+    ``torch.cuda.graph`` provides. The graphs of one implementation share a memory pool: they are
+    replayed one at a time. Whatever the call does that capture forbids (a device synchronize, a
+    host read of a device value, work left on another stream) raises here; the caller turns that
+    into data.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for s in range(n_sets):
+            fn(s)
+    torch.cuda.current_stream().wait_stream(side)
+    _synchronize()
+    pool = torch.cuda.graph_pool_handle()
+    graphs = []
+    for s in range(n_sets):
+        graph = _CUDAGraph()
+        with _graph(graph, pool=pool):
+            fn(s)
+        graphs.append(graph)
+    _synchronize()
+    return graphs
+
+
+def capture_or_reason(fn: Runner, n_sets: int) -> Runner | str:
+    """A runner that replays ``fn``'s captured graphs, or why ``fn`` cannot be captured."""
+    try:
+        graphs = capture(fn, n_sets)
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            _synchronize()  # let a half-launched warm-up finish before anything else runs
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
+    return lambda s: graphs[s].replay()
+
+
+def one_call_us(fn: Runner, flusher: L2Flusher | None, calls: int = 3) -> float:
+    """Shortest device time of ``fn(0)`` by stream events, L2 flushed before each call."""
+    times = []
+    for _ in range(calls):
+        if flusher is not None:
+            flusher.flush()
+        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+        start.record()
+        fn(0)
+        end.record()
+        _synchronize()
+        times.append(start.elapsed_time(end) * 1000.0)
+    return min(times)
+
+
+@dataclass
+class TimingPlan:
+    """What a request times: ``runners`` (one per implementation still timed, in order), the mode
+    and its reason, and ``failed``: implementation index -> why it could not be captured (those are
+    left out of ``runners``; ``kept`` maps each runner back to its implementation index)."""
+
+    choice: ModeChoice
+    runners: list[Runner]
+    kept: list[int]
+    failed: dict[int, str]
+
+
+def plan_timing(
+    requested: str,
+    op_name: str,
+    fns: Sequence[Runner],
+    n_baselines: int,
+    measure: Callable[[Runner, Runner | None], tuple[float, list[float], list[float]]],
+    capture_fn: Callable[[Runner], Runner | str],
+) -> TimingPlan:
+    """Choose the timing mode and capture what it needs; every failure is data in the plan.
+
+    ``fns`` are the implementations, the first ``n_baselines`` of them baselines (the eager
+    reference first). ``capture_fn(fn)`` returns a replaying runner or why ``fn`` cannot be
+    captured; ``measure(stream_fn, graph_fn)`` returns the baseline's one-call time and its
+    samples both ways (``graph_fn`` None: the one-call time alone). Both are the worker's GPU
+    functions in service and fakes in the CPU tests.
+
+    - The eager baseline is captured first (in auto mode only when one call is short enough to
+      probe); if it cannot be, the whole request falls back to stream timing, and so it does when
+      a compiled baseline cannot be: a comparison is only fair when every side is timed alike.
+    - A candidate that cannot be captured is failed with the reason (a decode kernel must be
+      capturable) and the others are still timed.
+    """
+    stream_plan = TimingPlan(ModeChoice(STREAM, ""), list(fns), list(range(len(fns))), {})
+    if requested == "never":
+        stream_plan.choice = choose_timing_mode(requested, op_name)
+        return stream_plan
+    probe_first = requested == "auto" and op_name not in DECODE_FAMILIES
+    single = measure(fns[0], None)[0] if probe_first else None
+    if single is not None and single > PROBE_MAX_US:
+        stream_plan.choice = choose_timing_mode(requested, op_name, single)
+        return stream_plan
+    base_graph = capture_fn(fns[0])
+    if isinstance(base_graph, str):
+        stream_plan.choice = ModeChoice(STREAM, f"the eager baseline cannot be captured in a CUDA graph, so every "
+                                                f"implementation is stream-timed: {base_graph}")  # fmt: skip
+        return stream_plan
+    if probe_first:
+        single, stream_us, graph_us = measure(fns[0], base_graph)
+        choice = choose_timing_mode(requested, op_name, single, stream_us, graph_us)
+    else:
+        choice = choose_timing_mode(requested, op_name)
+    if choice.mode == STREAM:
+        stream_plan.choice = choice
+        return stream_plan
+    plan = TimingPlan(choice, [base_graph], [0], {})
+    for i in range(1, len(fns)):
+        replay = capture_fn(fns[i])
+        if isinstance(replay, str) and i < n_baselines:
+            stream_plan.choice = ModeChoice(STREAM, f"the compiled baseline cannot be captured in a CUDA graph, so "
+                                                    f"every implementation is stream-timed ({replay}); graph replay "
+                                                    f"was chosen: {choice.reason}")  # fmt: skip
+            return stream_plan
+        if isinstance(replay, str):
+            plan.failed[i] = (f"cannot be captured in a CUDA graph (timed as graph replay: {choice.reason}; "
+                              f"decode kernels must be capturable): {replay}")  # fmt: skip
+            continue
+        plan.runners.append(replay)
+        plan.kept.append(i)
+    return plan
 
 
 def synchronized_gpu(fns: Sequence[Runner], n_sets: int, rounds: int) -> list[float]:

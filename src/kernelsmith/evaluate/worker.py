@@ -36,6 +36,7 @@ from kernelsmith.evaluate.protocol import (
     EvalResult,
     ProtocolError,
     Request,
+    TimingSettings,
     WorkerReply,
     decode_request,
     encode_ready,
@@ -224,6 +225,12 @@ def _time(
     output is pre-filled again (a secret choice of NaN, random values or zeros); the outputs left
     by the second half must match the references of the new values. A kernel that caches
     results by address or content fails here.
+
+    On a GPU each timed call is either launched from the host (stream timing) or the replay of a
+    CUDA graph captured once per implementation and input set (graph replay: a launch-bound
+    baseline, or a decode family, see :func:`timing.choose_timing_mode`); every result and the
+    baseline's figures say which (``timing_mode``) and why (``timing_mode_reason``). A candidate
+    that cannot be captured where graph replay is used is a "runtime" failure saying so.
     """
     settings = request.timing
     gpu = request.mode == "gpu"
@@ -257,6 +264,15 @@ def _time(
         first_candidate = len(runners)
         runners += [runner(i) for i in range(len(loaded))]
         if gpu:
+            plan = _timing_plan(op, spec, settings, runners, first_candidate, flusher)
+            uncaptured = {i - first_candidate: why for i, why in plan.failed.items()}
+            kept = [i - first_candidate for i in plan.kept[first_candidate:]]
+            runners = plan.runners
+            choice = plan.choice
+        else:
+            uncaptured, kept = {}, list(range(len(loaded)))
+            choice = timing.ModeChoice(timing.HOST_CLOCK, "the Triton interpreter, timed by the host clock")
+        if gpu:
             first = timing.interleaved_gpu(runners, n_sets, rounds // 2, settings.warmup_ms, flusher)
         else:
             first = timing.interleaved_cpu(runners, n_sets, rounds // 2)
@@ -273,13 +289,14 @@ def _time(
         # Rule 5's check runs on the device too: inside the lock, like all device work.
         for s, inputs in enumerate(sets):
             refs64, lowps = op.reference_fp64(spec, inputs), op.reference(spec, inputs)
-            for i in range(len(loaded)):
+            for i in kept:
                 for out, ref64, lowp in zip(outs[i][s], refs64, lowps, strict=True):
                     reason = errors.check_close(out, ref64, lowp, op.tolerance)
                     if reason and i not in stale:
                         stale[i] = reason
         sets.clear()  # drop every full-size tensor before handing the memory back
         outs.clear()
+        runners.clear()  # and the captured graphs with their memory pools
         del refs64, lowps
         if gpu:
             torch.cuda.empty_cache()  # the next worker to hold the lock needs this memory
@@ -287,6 +304,7 @@ def _time(
     timed_s = time.perf_counter() - timing_started
     samples = [a + b for a, b in zip(first, second, strict=True)]
     base = timing.summarize(samples[0])
+    mode_figures = {"timing_mode": choice.mode, "timing_mode_reason": choice.reason[:200]}
     compiled_figures: dict[str, Any] = {"compile_baseline_error": compile_error} if compile_error else {}
     if first_candidate == 2:
         compiled_figures["compile_median_us"] = timing.summarize(samples[1])["median_us"]
@@ -294,17 +312,22 @@ def _time(
     nbytes = op.bytes_moved(spec)
     results: dict[int, EvalResult] = {}
     for i, item in enumerate(loaded):
+        if i in uncaptured:
+            results[i] = EvalResult(item.candidate, "runtime", uncaptured[i][:2000], source_hash=item.source_hash,
+                                    seconds=time.perf_counter() - item.started)  # fmt: skip
+            continue
+        timed_index = first_candidate + kept.index(i)  # its place among the implementations still timed
         problem = None
         if i in stale:
             problem = f"outputs written while timing are wrong (cached or stale results?): {stale[i]}"
-        stats = timing.summarize(samples[first_candidate + i])
+        stats = timing.summarize(samples[timed_index])
         if gpu and problem is None:
             # Rule 6: work hidden on another stream or thread escapes the events but not a
             # device-wide synchronize. Host overhead is about the same for every implementation,
             # so a candidate's extra over the baseline's shows the hidden work. Minima, not
             # medians: hidden work is there on every call, while a stray delay (another worker
             # compiling on the same device) is not, and must not be mistaken for it.
-            sync_us = sync_minima[first_candidate + i]
+            sync_us = sync_minima[timed_index]
             overhead = sync_us - stats["min_us"]
             base_overhead = sync_minima[0] - base["min_us"]
             if overhead > base_overhead + max(20.0, 0.5 * sync_us):
@@ -323,9 +346,10 @@ def _time(
             continue
         metrics: dict[str, Any] = dict(stats)
         metrics.update({f"baseline_{k}": v for k, v in base.items() if k != "n"})
-        metrics["samples_us"] = [round(x, 3) for x in samples[first_candidate + i]]
+        metrics["samples_us"] = [round(x, 3) for x in samples[timed_index]]
         metrics["baseline_samples_us"] = [round(x, 3) for x in samples[0]]
         metrics.update(compiled_figures)
+        metrics.update(mode_figures)
         metrics["gbps"] = nbytes / (stats["median_us"] * 1e-6) / 1e9
         metrics["baseline_gbps"] = nbytes / (base["median_us"] * 1e-6) / 1e9
         metrics["timer"] = "cuda-events" if gpu else "host-clock-interpreter"
@@ -338,7 +362,36 @@ def _time(
             source_hash=item.source_hash,
             seconds=time.perf_counter() - item.started,
         )
-    return results, {**base, "samples_us": [round(x, 3) for x in samples[0]], **compiled_figures}
+    return results, {**base, "samples_us": [round(x, 3) for x in samples[0]], **compiled_figures, **mode_figures}
+
+
+def _timing_plan(
+    op: OpFamily, spec: OpSpec, settings: TimingSettings, runners: list[Callable[[int], object]],
+    n_baselines: int, flusher: timing.L2Flusher | None,
+) -> timing.TimingPlan:
+    """Stream timing or graph replay for this request (:func:`timing.plan_timing`, whose rule is
+    :func:`timing.choose_timing_mode`), measured and captured on the device, under the lock.
+
+    Graph replay keeps rule 5: each graph reads the input buffers ``sets[s]`` and writes the
+    output buffers ``outs[i][s]`` it was captured with, so the in-place refill of the inputs and
+    the pre-fill of the outputs halfway through reach the replayed calls, and the stale-output
+    check reads what the replays wrote. Rule 6's device-synchronized timing replays them too.
+    """
+    n_sets = settings.input_sets
+
+    def measure(stream_fn: Callable[[int], object], graph_fn: Callable[[int], object] | None
+                ) -> tuple[float, list[float], list[float]]:  # fmt: skip
+        single = timing.one_call_us(stream_fn, flusher)
+        if graph_fn is None:
+            return single, [], []
+        both = timing.interleaved_gpu([stream_fn, graph_fn], n_sets, timing.PROBE_ROUNDS,
+                                      min(settings.warmup_ms, 5.0), flusher)  # fmt: skip
+        return single, both[0], both[1]
+
+    plan = timing.plan_timing(settings.graph_replay, spec.op, runners, n_baselines, measure,
+                              lambda fn: timing.capture_or_reason(fn, n_sets))  # fmt: skip
+    log.info("%s: timed by %s (%s)", spec.describe(), plan.choice.mode, plan.choice.reason)
+    return plan
 
 
 # ---- request handling --------------------------------------------------------------------------
