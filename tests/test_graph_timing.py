@@ -196,3 +196,9 @@ def test_a_stored_decision_gives_its_timing_mode_to_the_tune_result() -> None:
                               metrics={"median_us": 1.0, "timing_mode": GRAPH_REPLAY})  # fmt: skip
     result = _result_from_decision(decision, fp, from_database=True, evaluations=1)
     assert result.timing_mode == GRAPH_REPLAY and result.to_dict()["timing_mode"] == GRAPH_REPLAY
+
+
+def test_a_confirmation_is_pinned_to_the_mode_the_re_check_used() -> None:
+    assert timing.pinned_graph_replay({"timing_mode": GRAPH_REPLAY}) == "always"
+    assert timing.pinned_graph_replay({"timing_mode": STREAM}) == "never"
+    assert timing.pinned_graph_replay({"timing_mode": timing.HOST_CLOCK}) == "never"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -170,6 +170,14 @@ def choose_timing_mode(
     if stream["median_us"] > (1 + LAUNCH_BOUND_MARGIN) * graph["median_us"] and stream["p25_us"] > graph["p75_us"]:
         return ModeChoice(GRAPH_REPLAY, f"launch-bound: {figures}")
     return ModeChoice(STREAM, f"not launch-bound: {figures}")
+
+
+def pinned_graph_replay(metrics: Mapping[str, object]) -> str:
+    """The ``graph_replay`` setting that times again the way a result's ``metrics`` were timed.
+
+    A decision's confirmation in fresh workers (:mod:`kernelsmith.evaluate.confirm`) compares its
+    figures with the re-check's: both must use the same mode, not each its own probe."""
+    return "always" if metrics.get("timing_mode") == GRAPH_REPLAY else "never"
 
 
 def capture(fn: Runner, n_sets: int) -> list[torch.cuda.CUDAGraph]:
