@@ -51,7 +51,7 @@ def parse_workload(text: str, dtype: str, constants: dict[str, Any]) -> OpSpec:
 
 
 def candidates_of(spec: OpSpec) -> list[Candidate]:
-    """The tuner's candidate set (``_Search.candidates`` in kernelsmith/tuner.py)."""
+    """The tuner's candidate set (``_Search.candidates`` in kernelsmith/_tuner_search.py)."""
     return [Candidate(v.name, c) for v in get_op(spec.op).variants for c in v.space(spec)]
 
 

@@ -384,14 +384,14 @@ def test_malicious_proposals_are_rejected_and_the_search_continues(llm_tune):
 
 def test_a_winning_llm_kernel_is_stored_and_served(tmp_path, monkeypatch):
     """When an LLM's kernel wins, its text goes into the database, and dispatch builds it from there."""
+    import kernelsmith._tuner_search as search
     import kernelsmith.evaluate.confirm as confirm
-    import kernelsmith.tuner as tuner
     from kernelsmith import dispatch
     from kernelsmith.decide import Comparison
 
     # Interpreter timings decide nothing: declare every comparison won, so the search's best wins.
     won = lambda a, b: Comparison(2.0, 1.5, 2.5, True, len(a))
-    monkeypatch.setattr(tuner, "compare", won)
+    monkeypatch.setattr(search, "compare", won)  # the final re-check of the search (kernelsmith.tuner)
     monkeypatch.setattr(confirm, "compare", won)  # and in the confirmation in fresh workers
     op = get_op("rmsnorm")
     spec = op.spec((8, 64), "float32")

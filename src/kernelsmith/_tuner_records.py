@@ -3,8 +3,8 @@
 Part of the tuner (:mod:`kernelsmith.tuner`): :class:`TuneResult`; a measured result as a
 :class:`~kernelsmith.db.TrialRecord` and back (so a search resumes from stored trials); a stored
 decision as a result; the near fingerprints' decisions a search re-validates (:func:`_carried`);
-and the copy-bandwidth ceiling, measured once per fingerprint. The search itself, and every call
-of ``compare`` the tests patch on the tuner, stay in the tuner.
+and the copy-bandwidth ceiling, measured once per fingerprint. The search itself is in
+:mod:`~kernelsmith._tuner_search`.
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ import torch
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import validate
 from kernelsmith.ops._base import OpFamily
+from kernelsmith.ops._decode_matmul_kernels import _decode_gemv_kernel
 from kernelsmith.ops.decode_attention import OP as ATTENTION
 from kernelsmith.ops.decode_matmul import OP as MATMUL
-from kernelsmith.ops.decode_matmul import _decode_gemv_kernel
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
 

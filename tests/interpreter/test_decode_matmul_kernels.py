@@ -36,7 +36,7 @@ from kernelsmith.ops.decode_matmul import (
 )
 from kernelsmith.space import Config, Space
 from kernelsmith.spec import OpSpec
-from kernelsmith.testing.kernels import assert_matches_fp64, run_single_output
+from kernelsmith.testing.kernels import assert_matches_fp64, assert_source_hash_covers, run_single_output
 from kernelsmith.testing.validation_runs import validation_runs
 
 VARIANTS = ("gemv", "split_k", "persistent")
@@ -365,3 +365,14 @@ def test_pruned_spaces_at_llama_decode_shapes() -> None:
             assert {c["BLOCK_M"] for c in space} == expected, (variant.name, m, n, k)
             valid = validity_space(variant.name, spec)
             assert all(c in valid for c in space.configs()[:: max(1, len(space) // 50)])
+
+
+def test_the_source_hash_covers_every_module_a_variant_runs() -> None:
+    """The family's kernels and launchers, and the matmul family's dot, epilogue, reduction kernel,
+    geometry and specs it borrows (with the activations of kernelsmith.ops.gelu): a change in any
+    of them re-validates stored decode decisions."""
+    assert_source_hash_covers(OP, ["kernelsmith.ops._decode_matmul_kernels", "kernelsmith.ops._decode_matmul_launch",
+                                   "kernelsmith.ops.decode_matmul", "kernelsmith.ops._matmul_kernels",
+                                   "kernelsmith.ops._matmul_launch", "kernelsmith.ops.matmul",
+                                   "kernelsmith.ops.gelu"])  # fmt: skip
+    assert len({v.source_hash for v in OP.variants}) == len(OP.variants)

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import validate
 from kernelsmith.ops import UnsupportedWorkload, get_op
-from kernelsmith.ops._base import Variant
 from kernelsmith.ops.matmul import (
     OP,
     SHARED_MEMORY_BUDGET,
@@ -35,7 +34,12 @@ from kernelsmith.ops.matmul import (
 )
 from kernelsmith.space import Config, Space
 from kernelsmith.spec import OpSpec
-from kernelsmith.testing.kernels import assert_matches_fp64, covering_configs, run_single_output
+from kernelsmith.testing.kernels import (
+    assert_matches_fp64,
+    assert_source_hash_covers,
+    covering_configs,
+    run_single_output,
+)
 from kernelsmith.testing.validation_runs import validation_runs
 
 VARIANTS = ("tiled", "persistent", "split_k", "tma")
@@ -209,7 +213,7 @@ def test_tma_falls_back_to_pointers_for_unaligned_storage(device: str) -> None:
 
 
 def test_the_tma_space_is_empty_where_descriptors_cannot_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kernelsmith.ops.matmul as module
+    import kernelsmith.ops._matmul_launch as module  # (where the spaces read it)
 
     assert len(_tma_space(OP.spec((8, 40, 72), "bfloat16"))) > 0
     assert len(_tma_space(OP.spec((8, 40, 100), "bfloat16"))) == 0  # 200-byte rows
@@ -532,6 +536,8 @@ def test_build_rejects_a_config_outside_the_validity_space() -> None:
 def test_variants_are_described() -> None:
     assert [v.name for v in OP.variants] == list(VARIANTS)
     assert len({v.source_hash for v in OP.variants}) == len(VARIANTS)
-    # the hash covers the activation code in kernelsmith.ops.gelu too
-    assert all(v.source_hash != Variant.source_hash.fget(v) for v in OP.variants)  # type: ignore[attr-defined]
+    # the hash covers the kernels, the launchers, the family and the activation code in
+    # kernelsmith.ops.gelu, each in a module of its own
+    assert_source_hash_covers(OP, ["kernelsmith.ops._matmul_kernels", "kernelsmith.ops._matmul_launch",
+                                   "kernelsmith.ops.matmul", "kernelsmith.ops.gelu"])  # fmt: skip
     assert all(v.summary for v in OP.variants)

@@ -101,599 +101,51 @@ Front doors: ``kernelsmith tune matmul --shape 8192x11008x4096 --epilogue bias+g
 ``@kernelsmith.optimize`` recognizes ``F.linear``, ``nn.Linear``, ``@`` and ``torch.matmul`` with
 the epilogues above (:mod:`kernelsmith.frontends.patterns.matmul`). There is no backward family
 yet: a call whose inputs require gradients runs as written.
+
+Where the code is: this module holds the family (specs, buckets, the reference, inputs, the
+roofline model); the kernels are in :mod:`kernelsmith.ops._matmul_kernels`, the geometry, spaces
+and launchers in :mod:`kernelsmith.ops._matmul_launch`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
-import inspect
 import math
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
-from kernelsmith.ops import gelu as _gelu_module
-from kernelsmith.ops._base import Launcher, OpFamily, Tolerance, UnsupportedWorkload, Variant, generator
-from kernelsmith.ops._launch import direct_launch, tensor_descriptor_class
-from kernelsmith.ops._launch import tma_available as tma_descriptors_here
-from kernelsmith.ops.gelu import checked, gelu_f32, multiprocessor_count, sigmoid_f32
-from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
+from kernelsmith.ops._base import OpFamily, Tolerance, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._matmul_kernels import (
+    EPI_GELU,
+    EPI_GELU_TANH,
+    EPI_NONE,
+    EPI_RESIDUAL,
+    EPI_SILU,
+    EPI_SWIGLU,
+    EPILOGUES,
+)
+from kernelsmith.ops._matmul_kernels import INTERPRETED as INTERPRETED  # (re-exported: linear_cross_entropy)
+from kernelsmith.ops._matmul_kernels import _dot as _dot  # (re-exported: linear_cross_entropy)
+from kernelsmith.ops._matmul_launch import SHARED_MEMORY_BUDGET as SHARED_MEMORY_BUDGET  # (re-exported)
+from kernelsmith.ops._matmul_launch import (
+    _geometry,
+    _persistent_build,
+    _persistent_space,
+    _split_k_build,
+    _split_k_space,
+    _tiled_build,
+    _tiled_space,
+    _tma_build,
+    _tma_space,
+)
+from kernelsmith.space import next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
 LAYOUTS = ("linear", "matmul")
-EPILOGUES = ("none", "gelu", "gelu_tanh", "silu", "residual", "swiglu")
-
-# The epilogue as a kernel constexpr.
-EPI_NONE, EPI_GELU, EPI_GELU_TANH, EPI_SILU, EPI_RESIDUAL, EPI_SWIGLU = range(6)
-_EPILOGUE_CODES = dict(zip(EPILOGUES, range(6), strict=True))
-
-# =================================================================================================
-# Kernels
-#
-# x is (M, K) with row stride stride_xm and unit column stride; the weight is read as a (K, N)
-# matrix through two strides: (stride_wk, stride_wn) = (1, K) for layout "linear" (w stored
-# (N, K)) and (N, 1) for "matmul". w3 (SwiGLU's up projection) has w's layout and strides.
-# =================================================================================================
-
-
-@triton.jit
-def _dot(a, b, acc, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    """acc + a @ b in float32: IEEE float32 products for float32 tiles when TF32 is not allowed;
-    UPCAST widens the tiles first (the interpreter's bfloat16 dot is wrong, see the docstring)."""
-    if UPCAST:
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
-    return tl.dot(a, b, acc, input_precision="ieee") if IEEE else tl.dot(a, b, acc)
-
-
-@triton.jit
-def _tile_ids(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """(pid_m, pid_n) of tile number ``tile`` in grouped order.
-
-    Tiles are numbered down columns of GROUP_M tile rows: tile 0 is (0, 0), tile 1 (1, 0), ...,
-    tile GROUP_M is (0, 1). The last group has ``num_pid_m % GROUP_M`` rows when that is not 0.
-    """
-    per_group = GROUP_M * num_pid_n
-    group = tile // per_group
-    first_m = group * GROUP_M
-    group_rows = tl.minimum(num_pid_m - first_m, GROUP_M)
-    within = tile % per_group
-    return first_m + within % group_rows, within // group_rows
-
-
-@triton.jit
-def _tile_product(
-    x_ptr, w_ptr, w3_ptr, pid_m, pid_n, k_first, k_last, M, N, K, stride_xm, stride_wk, stride_wn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
-    EVEN_K: tl.constexpr, SWIGLU: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-):  # fmt: skip
-    """The float32 products of tile (pid_m, pid_n) over the K blocks [k_first, k_last):
-    ``(x @ w, x @ w3)`` (the second is the first again unless SWIGLU)."""
-    # Rows past M and columns past N read row % M and col % N: valid addresses, no mask in the
-    # loop; those rows and columns are never stored.
-    rows = ((pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M).to(tl.int64)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if not EVEN_N:
-        cols = cols % N
-    ks = k_first * BLOCK_K + tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + rows[:, None] * stride_xm + ks[None, :]
-    w_offsets = ks[:, None].to(tl.int64) * stride_wk + cols[None, :].to(tl.int64) * stride_wn
-    w_ptrs = w_ptr + w_offsets
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if SWIGLU:  # (constexpr branches: without SwiGLU, no w3 pointers or accumulator exist at all)
-        w3_ptrs = w3_ptr + w_offsets
-        acc3 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    k_offsets = tl.arange(0, BLOCK_K)
-    for kb in range(k_first, k_last):
-        if EVEN_K:
-            a = tl.load(x_ptrs)
-            b = tl.load(w_ptrs)
-        else:
-            k_mask = k_offsets < K - kb * BLOCK_K  # the last block may run past K
-            a = tl.load(x_ptrs, mask=k_mask[None, :], other=0.0)
-            b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
-        acc = _dot(a, b, acc, IEEE, UPCAST)
-        if SWIGLU:
-            b3 = tl.load(w3_ptrs) if EVEN_K else tl.load(w3_ptrs, mask=k_mask[:, None], other=0.0)
-            acc3 = _dot(a, b3, acc3, IEEE, UPCAST)
-            w3_ptrs += BLOCK_K * stride_wk
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K * stride_wk
-    if not SWIGLU:
-        acc3 = acc  # unused: the epilogue reads it for SwiGLU only
-    return acc, acc3
-
-
-@triton.jit
-def _finish_tile(
-    acc, acc3, y_ptr, bias_ptr, res_ptr, pid_m, pid_n, M, N, stride_ym, stride_rm,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr,
-):  # fmt: skip
-    """The epilogue on a float32 [BLOCK_M, BLOCK_N] product, rounded once, stored masked."""
-    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
-    mask = (rows < M)[:, None] & col_mask[None, :]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    if EPILOGUE == 1:
-        acc = gelu_f32(acc, False)
-    elif EPILOGUE == 2:
-        acc = gelu_f32(acc, True)
-    elif EPILOGUE == 3:
-        acc = acc * sigmoid_f32(acc)
-    elif EPILOGUE == 4:
-        res = tl.load(res_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0)
-        acc += res.to(tl.float32)
-    elif EPILOGUE == 5:
-        acc = acc * sigmoid_f32(acc) * acc3
-    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _matmul_tiled_kernel(
-    x_ptr, w_ptr, w3_ptr, bias_ptr, res_ptr, y_ptr, M, N, K, stride_xm, stride_wk, stride_wn, stride_rm, stride_ym,
-    HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr,
-):  # fmt: skip
-    """tiled: program i computes output tile i (grouped order)."""
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = _tile_ids(tl.program_id(0), num_pid_m, num_pid_n, GROUP_M)
-    acc, acc3 = _tile_product(x_ptr, w_ptr, w3_ptr, pid_m, pid_n, 0, tl.cdiv(K, BLOCK_K), M, N, K,
-                              stride_xm, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_N, EVEN_K,
-                              EPILOGUE == 5, IEEE, UPCAST)  # fmt: skip
-    _finish_tile(acc, acc3, y_ptr, bias_ptr, res_ptr, pid_m, pid_n, M, N, stride_ym, stride_rm,
-                 BLOCK_M, BLOCK_N, HAS_BIAS, EPILOGUE)  # fmt: skip
-
-
-@triton.jit
-def _matmul_persistent_kernel(
-    x_ptr, w_ptr, w3_ptr, bias_ptr, res_ptr, y_ptr, M, N, K, stride_xm, stride_wk, stride_wn, stride_rm, stride_ym,
-    HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr, FLATTEN: tl.constexpr,
-):  # fmt: skip
-    """persistent: a fixed grid; program pid computes tiles pid, pid + programs, ..."""
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_blocks = tl.cdiv(K, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0), flatten=FLATTEN):
-        # tl.cast, not .to(): in the interpreter the loop variable is a plain Python int.
-        pid_m, pid_n = _tile_ids(tl.cast(tile, tl.int32), num_pid_m, num_pid_n, GROUP_M)
-        acc, acc3 = _tile_product(x_ptr, w_ptr, w3_ptr, pid_m, pid_n, 0, k_blocks, M, N, K,
-                                  stride_xm, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_N, EVEN_K,
-                                  EPILOGUE == 5, IEEE, UPCAST)  # fmt: skip
-        _finish_tile(acc, acc3, y_ptr, bias_ptr, res_ptr, pid_m, pid_n, M, N, stride_ym, stride_rm,
-                     BLOCK_M, BLOCK_N, HAS_BIAS, EPILOGUE)  # fmt: skip
-
-
-@triton.jit
-def _matmul_split_k_kernel(
-    x_ptr, w_ptr, w3_ptr, partial_ptr, M, N, K, stride_xm, stride_wk, stride_wn,
-    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, SWIGLU: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-):  # fmt: skip
-    """split_k, step 1: program (tile, s) writes the float32 product of its tile over the s-th
-    range of K blocks to partial[s] (and x @ w3's to partial[SPLIT_K + s] for SwiGLU)."""
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    tile = tl.program_id(0)
-    pid_m = tile // num_pid_n
-    pid_n = tile % num_pid_n
-    split = tl.program_id(1)
-    k_blocks = tl.cdiv(K, BLOCK_K)
-    per_split = tl.cdiv(k_blocks, SPLIT_K)
-    k_first = split * per_split
-    k_last = tl.minimum(k_first + per_split, k_blocks)  # an empty range stores zeros
-    acc, acc3 = _tile_product(x_ptr, w_ptr, w3_ptr, pid_m, pid_n, k_first, k_last, M, N, K,
-                              stride_xm, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_N, EVEN_K,
-                              SWIGLU, IEEE, UPCAST)  # fmt: skip
-    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
-    plane = tl.cast(M, tl.int64) * N  # elements of one partial product (tl.cast: M = 1 is a constexpr)
-    offsets = rows[:, None] * N + cols[None, :]
-    tl.store(partial_ptr + split * plane + offsets, acc, mask=mask)
-    if SWIGLU:
-        tl.store(partial_ptr + (SPLIT_K + split) * plane + offsets, acc3, mask=mask)
-
-
-@triton.jit
-def _matmul_split_k_reduce_kernel(
-    partial_ptr, y_ptr, bias_ptr, res_ptr, M, N, stride_ym, stride_rm,
-    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
-    """split_k, step 2: sum the SPLIT_K partials of a tile in order 0, 1, ... (bitwise
-    reproducible), then the epilogue and the store."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
-    plane = tl.cast(M, tl.int64) * N
-    offsets = rows[:, None] * N + cols[None, :]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc3 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        acc += tl.load(partial_ptr + s * plane + offsets, mask=mask, other=0.0)
-        if EPILOGUE == 5:
-            acc3 += tl.load(partial_ptr + (SPLIT_K + s) * plane + offsets, mask=mask, other=0.0)
-    _finish_tile(acc, acc3, y_ptr, bias_ptr, res_ptr, pid_m, pid_n, M, N, stride_ym, stride_rm,
-                 BLOCK_M, BLOCK_N, HAS_BIAS, EPILOGUE)  # fmt: skip
-
-
-@triton.jit
-def _weight_tile(desc, off_k, off_n, LINEAR: tl.constexpr):
-    """The [BLOCK_K, BLOCK_N] weight tile at (off_k, off_n) through a tensor descriptor: layout
-    "linear" stores the weight (N, K), so its [BLOCK_N, BLOCK_K] block is loaded and transposed."""
-    return tl.trans(desc.load([off_n, off_k])) if LINEAR else desc.load([off_k, off_n])
-
-
-@triton.jit
-def _matmul_tma_kernel(
-    x_desc, w_desc, w3_desc, bias_ptr, res_ptr, y_ptr, M, N, K, stride_rm, stride_ym,
-    HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, LINEAR: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-):  # fmt: skip
-    """tma: the tiled kernel with x and weight tiles loaded by the Tensor Memory Accelerator (one
-    bulk copy a tile; blocks past the tensors' ends read zeros, so no masks and no modulo)."""
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    pid_m, pid_n = _tile_ids(tl.program_id(0), num_pid_m, num_pid_n, GROUP_M)
-    off_m = pid_m * BLOCK_M
-    off_n = pid_n * BLOCK_N
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    if EPILOGUE == 5:
-        acc3 = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BLOCK_K)):
-        off_k = kb * BLOCK_K
-        a = x_desc.load([off_m, off_k])
-        acc = _dot(a, _weight_tile(w_desc, off_k, off_n, LINEAR), acc, IEEE, UPCAST)
-        if EPILOGUE == 5:
-            acc3 = _dot(a, _weight_tile(w3_desc, off_k, off_n, LINEAR), acc3, IEEE, UPCAST)
-    if EPILOGUE != 5:
-        acc3 = acc  # unused
-    _finish_tile(acc, acc3, y_ptr, bias_ptr, res_ptr, pid_m, pid_n, M, N, stride_ym, stride_rm,
-                 BLOCK_M, BLOCK_N, HAS_BIAS, EPILOGUE)  # fmt: skip
-
-
-def _interpreted(kernel: Any) -> bool:
-    """Whether Triton runs ``kernel`` in its interpreter (decided when the kernel was defined)."""
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-    except ImportError:  # pragma: no cover - every supported Triton has it
-        return False
-    return isinstance(kernel, InterpretedFunction)
-
-
-INTERPRETED = _interpreted(_matmul_tiled_kernel)
-
-# =================================================================================================
-# Geometry, spaces and builders
-# =================================================================================================
-
-TILE_M = (16, 32, 64, 128, 256)
-TILE_N = (32, 64, 128, 256)
-TILE_K = (32, 64, 128)
-GROUPS = (1, 8)
-WARPS = (4, 8)
-STAGES = (2, 3, 4, 5)
-PERSISTENT_TILE = (64, 128, 256)
-PERSISTENT_STAGES = (3, 4)
-SPLIT_TILE_M = (16, 32, 64)
-SPLIT_TILE_K = (32, 64, 128, 256)
-SPLITS = (2, 4, 8, 16)
-SPLIT_WARPS = (2, 4, 8)
-SPLIT_STAGES = (2, 3, 4)  # a split walks few K blocks: deep pipelines hardly pay
-SPLIT_K_MAX_M = 256  # split-K is offered for this many rows or fewer (a power of two: see buckets)
-# Shared memory for the num_stages pipelined (x, w[, w3]) tiles: Hopper allows 227 KiB a block;
-# the rest is left for the epilogue's layout conversions.
-SHARED_MEMORY_BUDGET = 220 * 1024
-MAX_ACCUMULATORS_PER_THREAD = 128  # float32 accumulator registers a thread (255 registers in all)
-MIN_ACCUMULATORS_PER_THREAD = 4  # fewer, and extra warps only idle
-MIN_BIG_TILE = 64  # tiles narrower than this are for a small M or N only
-REDUCE_TILE = 2048  # elements of one tile of the split-K reduction
-REDUCE_WARPS = 4
-
-
-@dataclass(frozen=True)
-class _Geometry:
-    """Everything a build needs to know about a spec, computed once."""
-
-    m: int
-    n: int
-    k: int
-    itemsize: int
-    weights: int  # weight matrices read per K step: 2 for SwiGLU
-    layout: str
-    epilogue: int  # EPI_* code
-    has_bias: bool
-    ieee: bool  # float32 products in IEEE float32 (not TF32)
-    upcast: bool  # interpreter + bfloat16: widen tiles before the dot
-
-
-def _geometry(spec: OpSpec) -> _Geometry:
-    x, w = spec.inputs[0], spec.inputs[1]
-    layout = spec.const("layout")
-    n = w.shape[0] if layout == "linear" else w.shape[1]
-    k = x.shape[-1]
-    epilogue = spec.const("epilogue")
-    float32 = x.dtype == "float32"
-    return _Geometry(
-        m=x.numel // k, n=n, k=k, itemsize=x.torch_dtype.itemsize, weights=2 if epilogue == "swiglu" else 1,
-        layout=layout, epilogue=_EPILOGUE_CODES[epilogue], has_bias=bool(spec.const("bias")),
-        ieee=float32 and not spec.const("allow_tf32"), upcast=INTERPRETED and x.dtype == "bfloat16",
-    )  # fmt: skip
-
-
-def _validity(g: _Geometry, params: Sequence[Param]) -> list[Constraint]:
-    """Constraints every config a build accepts satisfies: they depend on N, K, the dtype and the
-    epilogue, never on M (see the module docstring). The smallest BLOCK_N and BLOCK_K of
-    ``params`` are always allowed, so that a small N or K keeps a config."""
-    choices = {p.name: p.choices for p in params}
-    widest_n = max(min(choices["BLOCK_N"]), next_power_of_two(g.n))
-    deepest_k = max(min(choices["BLOCK_K"]), next_power_of_two(g.k))
-
-    def accumulators(c: Config) -> int:
-        return g.weights * c["BLOCK_M"] * c["BLOCK_N"]
-
-    def stage_bytes(c: Config) -> int:
-        return (c["BLOCK_M"] + g.weights * c["BLOCK_N"]) * c["BLOCK_K"] * g.itemsize
-
-    return [
-        Constraint("BLOCK_N is no wider than the padded N", lambda c: c["BLOCK_N"] <= widest_n),
-        Constraint("BLOCK_K is no deeper than the padded K", lambda c: c["BLOCK_K"] <= deepest_k),
-        Constraint(
-            f"the float32 accumulators fit in registers ({MIN_ACCUMULATORS_PER_THREAD} to "
-            f"{MAX_ACCUMULATORS_PER_THREAD} a thread)",
-            lambda c: (
-                MIN_ACCUMULATORS_PER_THREAD * 32 * c["num_warps"]
-                <= accumulators(c)
-                <= MAX_ACCUMULATORS_PER_THREAD * 32 * c["num_warps"]
-            ),
-        ),
-        Constraint(
-            f"num_stages tiles of x and w fit in shared memory ({SHARED_MEMORY_BUDGET} bytes)",
-            lambda c: c["num_stages"] * stage_bytes(c) <= SHARED_MEMORY_BUDGET,
-        ),
-    ]
-
-
-def _pruning(g: _Geometry, smallest_m: int) -> list[Constraint]:
-    """Constraints that only save search time, looking at M: a config they exclude is still
-    correct (and accepted by build) at this M."""
-    tallest = max(smallest_m, next_power_of_two(g.m))
-    return [
-        Constraint("BLOCK_M is no taller than the padded M", lambda c: c["BLOCK_M"] <= tallest),
-        Constraint(
-            f"tiles are at least {MIN_BIG_TILE} wide unless M or N is small",
-            lambda c: (
-                c["BLOCK_M"] >= min(MIN_BIG_TILE, next_power_of_two(g.m))
-                and c["BLOCK_N"] >= min(MIN_BIG_TILE, next_power_of_two(g.n))
-            ),
-        ),
-        Constraint("GROUP_M > 1 needs several rows of tiles", lambda c: c.get("GROUP_M", 1) == 1 or g.m > c["BLOCK_M"]),
-    ]
-
-
-def _space(params: list[Param], g: _Geometry, prune: bool, smallest_m: int, extra: Sequence[Constraint] = ()) -> Space:
-    return Space(params, [*_validity(g, params), *extra, *(_pruning(g, smallest_m) if prune else [])])
-
-
-def _tile_flags(g: _Geometry, config: Config) -> dict[str, Any]:
-    """The compile-time flags every matmul kernel takes."""
-    return {
-        "BLOCK_M": int(config["BLOCK_M"]),
-        "BLOCK_N": int(config["BLOCK_N"]),
-        "BLOCK_K": int(config["BLOCK_K"]),
-        "EVEN_N": g.n % int(config["BLOCK_N"]) == 0,
-        "EVEN_K": g.k % int(config["BLOCK_K"]) == 0,
-        "IEEE": g.ieee,
-        "UPCAST": g.upcast,
-    }
-
-
-def _weight_strides(g: _Geometry) -> tuple[int, int]:
-    """(stride_wk, stride_wn): the weight read as a (K, N) matrix."""
-    return (1, g.k) if g.layout == "linear" else (g.n, 1)
-
-
-def _operands(g: _Geometry, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """(x, w, w3, bias, residual), unused pointers standing in as x (never read)."""
-    x, w = inputs[0], inputs[1]
-    rest = list(inputs[2:])
-    w3 = rest.pop(0) if g.epilogue == EPI_SWIGLU else x
-    bias = rest.pop(0) if g.has_bias else x
-    residual = rest.pop(0) if g.epilogue == EPI_RESIDUAL else x
-    return x, w, w3, bias, residual
-
-
-# ---- tiled --------------------------------------------------------------------------------------
-
-
-def _tiled_params() -> list[Param]:
-    return [Param("BLOCK_M", TILE_M), Param("BLOCK_N", TILE_N), Param("BLOCK_K", TILE_K), Param("GROUP_M", GROUPS),
-            Param("num_warps", WARPS), Param("num_stages", STAGES)]  # fmt: skip
-
-
-def _tiled_space(spec: OpSpec, prune: bool = True) -> Space:
-    return _space(_tiled_params(), _geometry(spec), prune, TILE_M[0])
-
-
-def _tiled_build(spec: OpSpec, config: Config) -> Launcher:
-    checked(_tiled_space(spec, prune=False), config)
-    return _tiled_launcher(_geometry(spec), config)
-
-
-def _tiled_launcher(g: _Geometry, config: Config) -> Launcher:
-    """The tiled kernel's launcher for a config already checked (tiled's, or tma's for its fallback)."""
-    flags = _tile_flags(g, config)
-    tiles = triton.cdiv(g.m, flags["BLOCK_M"]) * triton.cdiv(g.n, flags["BLOCK_N"])
-    kernel = direct_launch(_matmul_tiled_kernel, (tiles,))
-    stride_wk, stride_wn = _weight_strides(g)
-    group_m, num_warps, num_stages = int(config["GROUP_M"]), int(config["num_warps"]), int(config["num_stages"])
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x, w, w3, bias, residual = _operands(g, inputs)
-        kernel(x, w, w3, bias, residual, outputs[0], g.m, g.n, g.k, g.k, stride_wk, stride_wn, g.n, g.n,
-               HAS_BIAS=g.has_bias, EPILOGUE=g.epilogue, GROUP_M=group_m, **flags,
-               num_warps=num_warps, num_stages=num_stages)  # fmt: skip
-
-    return launch
-
-
-# ---- persistent ---------------------------------------------------------------------------------
-
-
-def _persistent_params() -> list[Param]:
-    return [Param("BLOCK_M", PERSISTENT_TILE), Param("BLOCK_N", PERSISTENT_TILE), Param("BLOCK_K", TILE_K),
-            Param("GROUP_M", GROUPS), Param("num_warps", WARPS), Param("num_stages", PERSISTENT_STAGES),
-            Param("FLATTEN", (False, True))]  # fmt: skip
-
-
-def _persistent_space(spec: OpSpec, prune: bool = True) -> Space:
-    return _space(_persistent_params(), _geometry(spec), prune, PERSISTENT_TILE[0])
-
-
-def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
-    checked(_persistent_space(spec, prune=False), config)
-    g = _geometry(spec)
-    flags = _tile_flags(g, config)
-    tiles = triton.cdiv(g.m, flags["BLOCK_M"]) * triton.cdiv(g.n, flags["BLOCK_N"])
-    kernel = direct_launch(_matmul_persistent_kernel, (min(tiles, multiprocessor_count()),))
-    stride_wk, stride_wn = _weight_strides(g)
-    group_m, flatten = int(config["GROUP_M"]), bool(config["FLATTEN"])
-    num_warps, num_stages = int(config["num_warps"]), int(config["num_stages"])
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x, w, w3, bias, residual = _operands(g, inputs)
-        kernel(x, w, w3, bias, residual, outputs[0], g.m, g.n, g.k, g.k, stride_wk, stride_wn, g.n, g.n,
-               HAS_BIAS=g.has_bias, EPILOGUE=g.epilogue, GROUP_M=group_m, FLATTEN=flatten, **flags,
-               num_warps=num_warps, num_stages=num_stages)  # fmt: skip
-
-    return launch
-
-
-# ---- split_k ------------------------------------------------------------------------------------
-
-
-def _split_k_params() -> list[Param]:
-    return [Param("BLOCK_M", SPLIT_TILE_M), Param("BLOCK_N", TILE_N), Param("BLOCK_K", SPLIT_TILE_K),
-            Param("SPLIT_K", SPLITS), Param("num_warps", SPLIT_WARPS), Param("num_stages", SPLIT_STAGES)]  # fmt: skip
-
-
-def _split_k_space(spec: OpSpec, prune: bool = True) -> Space:
-    g = _geometry(spec)
-    extra = [Constraint("every split gets at least one K block",
-                        lambda c: c["SPLIT_K"] <= triton.cdiv(g.k, c["BLOCK_K"]))]  # fmt: skip
-    if prune:
-        extra.append(Constraint(f"split-K is for M <= {SPLIT_K_MAX_M}", lambda c: g.m <= SPLIT_K_MAX_M))
-    return _space(_split_k_params(), g, prune, SPLIT_TILE_M[0], extra)
-
-
-def _reduce_tile(m: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) of the reduction: REDUCE_TILE elements, at most 16 rows."""
-    block_m = min(next_power_of_two(m), 16)
-    return block_m, REDUCE_TILE // block_m
-
-
-def _split_k_build(spec: OpSpec, config: Config) -> Launcher:
-    checked(_split_k_space(spec, prune=False), config)
-    g = _geometry(spec)
-    flags = _tile_flags(g, config)
-    splits = int(config["SPLIT_K"])
-    tiles = triton.cdiv(g.m, flags["BLOCK_M"]) * triton.cdiv(g.n, flags["BLOCK_N"])
-    partial_kernel = direct_launch(_matmul_split_k_kernel, (tiles, splits))
-    reduce_m, reduce_n = _reduce_tile(g.m)
-    reduce_grid = (triton.cdiv(g.m, reduce_m), triton.cdiv(g.n, reduce_n))
-    reduce_kernel = direct_launch(_matmul_split_k_reduce_kernel, reduce_grid)
-    stride_wk, stride_wn = _weight_strides(g)
-    num_warps, num_stages = int(config["num_warps"]), int(config["num_stages"])
-    scratch_shape = (g.weights * splits, g.m, g.n)
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x, w, w3, bias, residual = _operands(g, inputs)
-        y = outputs[0]
-        partial = y.new_empty(scratch_shape, dtype=torch.float32)  # every element is written
-        partial_kernel(x, w, w3, partial, g.m, g.n, g.k, g.k, stride_wk, stride_wn,
-                       SPLIT_K=splits, SWIGLU=g.epilogue == EPI_SWIGLU, **flags,
-                       num_warps=num_warps, num_stages=num_stages)  # fmt: skip
-        reduce_kernel(partial, y, bias, residual, g.m, g.n, g.n, g.n,
-                      SPLIT_K=splits, HAS_BIAS=g.has_bias, EPILOGUE=g.epilogue,
-                      BLOCK_M=reduce_m, BLOCK_N=reduce_n, num_warps=REDUCE_WARPS)  # fmt: skip
-
-    return launch
-
-
-# ---- tma ----------------------------------------------------------------------------------------
-
-
-@functools.cache
-def tma_available() -> bool:
-    """Whether the tma variant can run here (see :func:`kernelsmith.ops._launch.tma_available`)."""
-    return tma_descriptors_here(INTERPRETED)
-
-
-def _tma_aligned(g: _Geometry) -> bool:
-    """A tensor descriptor needs rows that start on 16-byte boundaries: K (and, for layout
-    "matmul", N) elements of a row must be a multiple of 16 bytes."""
-    weight_row = g.k if g.layout == "linear" else g.n
-    return (g.k * g.itemsize) % 16 == 0 and (weight_row * g.itemsize) % 16 == 0
-
-
-def _tma_params() -> list[Param]:
-    return [Param("BLOCK_M", PERSISTENT_TILE), Param("BLOCK_N", PERSISTENT_TILE), Param("BLOCK_K", TILE_K),
-            Param("GROUP_M", GROUPS), Param("num_warps", WARPS), Param("num_stages", STAGES)]  # fmt: skip
-
-
-def _tma_space(spec: OpSpec, prune: bool = True) -> Space:
-    g = _geometry(spec)
-    usable = tma_available() and _tma_aligned(g)
-    extra = [Constraint("tensor descriptors: Hopper or newer, a Triton that has them, 16-byte aligned rows",
-                        lambda c: usable)]  # fmt: skip
-    return _space(_tma_params(), g, prune, PERSISTENT_TILE[0], extra)
-
-
-def _tma_build(spec: OpSpec, config: Config) -> Launcher:
-    checked(_tma_space(spec, prune=False), config)
-    g = _geometry(spec)
-    flags = _tile_flags(g, config)
-    block_m, block_n, block_k = flags["BLOCK_M"], flags["BLOCK_N"], flags["BLOCK_K"]
-    tiles = triton.cdiv(g.m, block_m) * triton.cdiv(g.n, block_n)
-    kernel = direct_launch(_matmul_tma_kernel, (tiles,))
-    descriptor = tensor_descriptor_class()
-    linear = g.layout == "linear"
-    w_shape, w_block = ([g.n, g.k], [block_n, block_k]) if linear else ([g.k, g.n], [block_k, block_n])
-    group_m, num_warps, num_stages = int(config["GROUP_M"]), int(config["num_warps"]), int(config["num_stages"])
-    # The same tiles through pointers, for inputs whose storage does not start 16-byte aligned (a
-    # view into a larger tensor): a descriptor cannot address them.
-    fallback = _tiled_launcher(g, config)
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x, w, w3, bias, residual = _operands(g, inputs)
-        if any(t.data_ptr() % 16 for t in (x, w, w3)):
-            fallback(inputs, outputs)
-            return
-        x_desc = descriptor(x, [g.m, g.k], [g.k, 1], [block_m, block_k])
-        w_desc = descriptor(w, w_shape, [w_shape[1], 1], w_block)
-        w3_desc = descriptor(w3, w_shape, [w_shape[1], 1], w_block) if g.epilogue == EPI_SWIGLU else w_desc
-        kernel(x_desc, w_desc, w3_desc, bias, residual, outputs[0], g.m, g.n, g.k, g.n, g.n,
-               HAS_BIAS=g.has_bias, EPILOGUE=g.epilogue, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-               GROUP_M=group_m, LINEAR=linear, IEEE=g.ieee, UPCAST=g.upcast,
-               num_warps=num_warps, num_stages=num_stages)  # fmt: skip
-
-    return launch
-
 
 # =================================================================================================
 # Precision setting
@@ -743,16 +195,16 @@ def matmul_precision(allow_tf32: bool) -> Iterator[None]:
 # The op family
 # =================================================================================================
 
+# What a variant's source hash covers besides its build's module (_matmul_launch): the kernels,
+# the activations they call (kernelsmith.ops.gelu) and this module (the constants and the reference
+# the variants are validated against), so that a change in any of them invalidates stored decisions.
+_MODULES = ("kernelsmith.ops._matmul_kernels", "kernelsmith.ops.gelu", __name__)
 
-@dataclass(frozen=True)
-class _MatmulVariant(Variant):
-    """A variant whose kernels also run code of kernelsmith.ops.gelu (the activations): its
-    source hash covers that module too, so that a change there invalidates stored decisions."""
 
-    @property
-    def source_hash(self) -> str:
-        text = f"{super().source_hash}\n{inspect.getsource(_gelu_module)}"
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+def epilogue_tokens(epilogue: str) -> list[str]:
+    """The parts of an epilogue name joined by ``+``, ``,`` or spaces, lower-cased:
+    ``"Bias+GELU"`` is ``["bias", "gelu"]``."""
+    return [t for t in re.split(r"[+,\s]+", epilogue.strip().lower()) if t]
 
 
 def parse_epilogue(epilogue: Any = "none", bias: Any = None) -> tuple[str, bool]:
@@ -768,7 +220,7 @@ def parse_epilogue(epilogue: Any = "none", bias: Any = None) -> tuple[str, bool]
         raise UnsupportedWorkload(f"matmul: epilogue must be a string such as 'bias+gelu', not {epilogue!r}")
     if bias is not None and not isinstance(bias, bool):
         raise UnsupportedWorkload(f"matmul: bias must be true or false, not {bias!r}")
-    tokens = [t for t in re.split(r"[+,\s]+", epilogue.strip().lower()) if t]
+    tokens = epilogue_tokens(epilogue)
     named_bias = "bias" in tokens
     if named_bias and bias is False:
         raise UnsupportedWorkload(f"matmul: epilogue {epilogue!r} names a bias but bias=False")
@@ -799,14 +251,14 @@ class Matmul(OpFamily):
     distributions = ("normal", "wide", "outliers")
     tolerance = Tolerance()
     variants = (
-        _MatmulVariant("tiled", "one program per BLOCK_M x BLOCK_N output tile, grouped order (GROUP_M) for L2 reuse",
-                       _tiled_space, _tiled_build),
-        _MatmulVariant("persistent", "one program per multiprocessor walking the tiles (FLATTEN: one pipelined loop)",
-                       _persistent_space, _persistent_build),
-        _MatmulVariant("split_k", "small M: K cut into SPLIT_K ranges, float32 partials summed in order by a "
-                       "second kernel with the epilogue", _split_k_space, _split_k_build),
-        _MatmulVariant("tma", "tiled, the x and weight tiles loaded through tensor descriptors (Hopper+; empty "
-                       "space elsewhere)", _tma_space, _tma_build),
+        Variant("tiled", "one program per BLOCK_M x BLOCK_N output tile, grouped order (GROUP_M) for L2 reuse",
+                _tiled_space, _tiled_build, _MODULES),
+        Variant("persistent", "one program per multiprocessor walking the tiles (FLATTEN: one pipelined loop)",
+                _persistent_space, _persistent_build, _MODULES),
+        Variant("split_k", "small M: K cut into SPLIT_K ranges, float32 partials summed in order by a "
+                "second kernel with the epilogue", _split_k_space, _split_k_build, _MODULES),
+        Variant("tma", "tiled, the x and weight tiles loaded through tensor descriptors (Hopper+; empty "
+                "space elsewhere)", _tma_space, _tma_build, _MODULES),
     )  # fmt: skip
 
     # ---- specs -----------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Helpers for testing kernels in the Triton interpreter: which configs to run, and launching into
-guarded outputs.
+"""Helpers for testing kernels in the Triton interpreter: which configs to run, launching into
+guarded outputs, and what a variant's source hash covers.
 
 >>> from kernelsmith.ops import get_op
 >>> op = get_op("softmax")
@@ -11,9 +11,12 @@ True
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -102,3 +105,21 @@ def assert_matches_fp64(op: OpFamily, spec: OpSpec, inputs: Sequence[torch.Tenso
     (lowp,) = op.reference(spec, inputs)
     problem = check_close(y, ref64, lowp, op.tolerance)
     assert problem is None, f"{what}: {problem}"
+
+
+def assert_source_hash_covers(op: OpFamily, modules: Sequence[str]) -> None:
+    """Every variant's source hash changes when the source of any of ``modules`` (by name) does:
+    the kernels, launchers and borrowed helpers a variant runs, wherever they live, so that a
+    change in any of them makes stored decisions re-validate."""
+    before = {v.name: v.source_hash for v in op.variants}
+    real_getsource = inspect.getsource
+    for name in modules:
+        module = importlib.import_module(name)
+
+        def edited(obj: Any, module: Any = module) -> str:
+            return real_getsource(obj) + ("\n# edited" if obj is module else "")
+
+        with mock.patch.object(inspect, "getsource", edited):
+            after = {v.name: v.source_hash for v in op.variants}
+        unchanged = sorted(v for v in before if after[v] == before[v])
+        assert not unchanged, f"{op.name}: the source hashes of {unchanged} do not cover {name}"
