@@ -54,6 +54,9 @@ variants differ in how outputs are cut into work:
     elements; its shape follows the row width (``BLOCK_N = min(TILE, next_power_of_two(H))``,
     ``BLOCK_M = TILE // BLOCK_N``), so narrow rows get tall tiles without a larger space.
 
+The three are schedules of the elementwise skeleton (:mod:`kernelsmith.ops._elementwise`:
+``blocked``, ``rows`` and its persistent tiles), which writes their 64-bit offsets and masks,
+spaces and launchers; the kernels here are the schedule's first line and the gate's math.
 Offsets are 64-bit. Spaces depend on the dtype and on ``H`` only, never on the row count:
 workloads are bucketed by rows (``rowwise``), and a config is validated on 1, 7 and an odd number
 of rows of the target's width.
@@ -65,35 +68,28 @@ The gradients (``da = dy * b * act'(a)``, ``db = dy * act(a)``) are the families
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
 import triton
 import triton.language as tl
 
-from kernelsmith.ops import gelu as _gelu_module
+from kernelsmith.ops import _elementwise as skeleton
 from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant
-from kernelsmith.ops._launch import direct_launch
-from kernelsmith.ops.gelu import (
-    EVICTION,
-    STAGES,
-    WARPS,
+from kernelsmith.ops._elementwise import (
+    DISTRIBUTIONS,
+    ROWS_BLOCK_M,
+    block_offsets,
     bucketed_shape,
-    checked,
     draw,
-    gelu_f32,
-    multiprocessor_count,
-    per_thread_constraint,
-    persistent_constraints,
     row_tail_shapes,
-    sigmoid_f32,
+    tile_of,
+    tile_offsets,
 )
-from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
+from kernelsmith.ops.gelu import gelu_f32, sigmoid_f32
+from kernelsmith.space import Config, Space
 from kernelsmith.spec import OpSpec, TensorSpec
 
 # The activation applied to a (a constexpr of every kernel).
@@ -129,60 +125,46 @@ def _gate_f32(a, b, ACT: tl.constexpr):
 
 @triton.jit
 def _gated_pair_blocked_kernel(
-    a_ptr,
-    b_ptr,
-    y_ptr,
+    a_ptr, b_ptr, y_ptr,
     n,  # elements of a, b and y
     ACT: tl.constexpr,
     BLOCK: tl.constexpr,  # elements per program
     EVICT: tl.constexpr,  # "" or "evict_first": a and b are read once
 ):
-    """pair: one program computes BLOCK consecutive elements of three same-shaped arrays."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
+    """pair, blocked: one program computes BLOCK consecutive elements of three same-shaped arrays."""
+    offs, mask = block_offsets(tl.program_id(0), n, BLOCK)
     a = tl.load(a_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     b = tl.load(b_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     tl.store(y_ptr + offs, _gate_f32(a, b, ACT).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
+def concat_offsets(offs, H: tl.constexpr):
+    """The offset in x (rows, 2H) of a's element at ``offs`` of an (rows, H) array (b's is H
+    further): y[row, col] at offs = row * H + col needs x[row, col] at row * 2H + col = offs + row * H.
+    H is a compile-time constant, so offs // H compiles to a multiply and a shift. (Also used by
+    kernelsmith.ops.gated_backward.)"""
+    return offs + (offs // H) * H
+
+
+@triton.jit
 def _gated_concat_blocked_kernel(
-    x_ptr,
-    y_ptr,
+    x_ptr, y_ptr,
     n,  # elements of y: rows * H
-    H: tl.constexpr,  # a compile-time constant: i // H compiles to a multiply and a shift
-    ACT: tl.constexpr,
-    BLOCK: tl.constexpr,
-    EVICT: tl.constexpr,
+    H: tl.constexpr,
+    ACT: tl.constexpr, BLOCK: tl.constexpr, EVICT: tl.constexpr,
 ):
-    """concat: one program computes BLOCK consecutive elements of y (rows, H) from x (rows, 2H)."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    # y[row, col] with offs = row * H + col needs x[row, col] at row * 2H + col = offs + row * H,
-    # and x[row, H + col] H elements further.
-    row = offs // H
-    a_offs = offs + row * H
+    """concat, blocked: one program computes BLOCK consecutive elements of y (rows, H) from x (rows, 2H)."""
+    offs, mask = block_offsets(tl.program_id(0), n, BLOCK)
+    a_offs = concat_offsets(offs, H)
     a = tl.load(x_ptr + a_offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     b = tl.load(x_ptr + a_offs + H, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     tl.store(y_ptr + offs, _gate_f32(a, b, ACT).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _gated_tile(
-    a_ptr,
-    b_ptr,
-    y_ptr,
-    rows,  # int64 [BLOCK_M] row indices
-    cols,  # [BLOCK_N] column indices
-    a_row_stride,
-    b_row_stride,
-    y_row_stride,
-    n_rows,
-    n_cols,
-    ACT: tl.constexpr,
-):
-    """y[rows, cols] = act(a[rows, cols]) * b[rows, cols] for one [BLOCK_M, BLOCK_N] tile."""
-    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+def _gated_tile(a_ptr, b_ptr, y_ptr, rows, cols, mask, a_row_stride, b_row_stride, y_row_stride, ACT: tl.constexpr):
+    """y[rows, cols] = act(a[rows, cols]) * b[rows, cols] for one masked [BLOCK_M, BLOCK_N] tile."""
     a = tl.load(a_ptr + rows[:, None] * a_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + rows[:, None] * b_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     y = _gate_f32(a, b, ACT)
@@ -193,69 +175,41 @@ def _gated_tile(
 def _gated_rows_kernel(
     a_ptr,
     b_ptr,  # for concat: x again, and b_offset = H
-    y_ptr,
-    a_row_stride,
-    b_row_stride,
-    y_row_stride,
+    y_ptr, a_row_stride, b_row_stride, y_row_stride,
     b_offset,  # elements from b_ptr to b[0, 0]
     n_rows,
     n_cols,  # H
-    ACT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Program (i, j) computes rows i*BLOCK_M.. and columns j*BLOCK_N.. of y (rows, H)."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # < H: 32 bits suffice
-    _gated_tile(a_ptr, b_ptr + b_offset, y_ptr, rows, cols, a_row_stride, b_row_stride, y_row_stride,
-                n_rows, n_cols, ACT)  # fmt: skip
+    """rows: program (i, j) computes rows i*BLOCK_M.. and columns j*BLOCK_N.. of y (rows, H)."""
+    rows, cols, mask = tile_offsets(tl.program_id(0), tl.program_id(1), n_rows, n_cols, BLOCK_M, BLOCK_N)
+    _gated_tile(a_ptr, b_ptr + b_offset, y_ptr, rows, cols, mask, a_row_stride, b_row_stride, y_row_stride, ACT)
 
 
 @triton.jit
 def _gated_persistent_kernel(
-    a_ptr,
-    b_ptr,
-    y_ptr,
-    a_row_stride,
-    b_row_stride,
-    y_row_stride,
-    b_offset,
-    n_rows,
-    n_cols,
+    a_ptr, b_ptr, y_ptr, a_row_stride, b_row_stride, y_row_stride, b_offset, n_rows, n_cols,
     n_col_tiles,  # cdiv(n_cols, BLOCK_N)
     n_tiles,  # cdiv(n_rows, BLOCK_M) * n_col_tiles
-    ACT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the tile loop (1: none)
 ):
-    """A fixed grid; program pid computes tiles pid, pid + programs, ... in row-major tile order."""
+    """persistent: program pid computes tiles pid, pid + programs, ... in row-major tile order."""
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=NUM_STAGES):
-        tile_m = tile // n_col_tiles
-        tile_n = tile - tile_m * n_col_tiles
-        # tl.cast, not .to(): in the interpreter the loop variable is a plain Python int.
-        rows = tl.cast(tile_m, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        _gated_tile(a_ptr, b_ptr + b_offset, y_ptr, rows, cols, a_row_stride, b_row_stride, y_row_stride,
-                    n_rows, n_cols, ACT)  # fmt: skip
+        tile_m, tile_n = tile_of(tile, n_col_tiles)
+        rows, cols, mask = tile_offsets(tile_m, tile_n, n_rows, n_cols, BLOCK_M, BLOCK_N)
+        _gated_tile(a_ptr, b_ptr + b_offset, y_ptr, rows, cols, mask, a_row_stride, b_row_stride, y_row_stride,
+                    ACT)  # fmt: skip
 
 
 # =================================================================================================
-# Spaces and builders
+# Spaces and launchers: the skeleton's schedules
 # =================================================================================================
 
-BLOCKS = powers_of_two(256, 8192)
-# Each output element needs two loads: a thread holds 4 to 32 outputs (8 to 64 loaded values).
-MIN_PER_THREAD = 4
-MAX_PER_THREAD = 32
-ROWS_BLOCK_M = (1, 2, 4, 8, 16)
-ROWS_BLOCK_N = powers_of_two(64, 4096)
-ROWS_TILE = (1024, 8192)  # smallest and largest BLOCK_M * BLOCK_N
+# Each output element needs two loads: a thread holds 4 to 32 outputs (8 to 64 loaded values) in
+# the loop-free kernels, 8 to 16 in the pipelined loop.
+BLOCKED_PER_THREAD = (4, 32)
 ROWS_PER_THREAD = (8, 32)
-PERSISTENT_TILES = (1024, 2048, 4096)
-PERSISTENT_PER_THREAD = (8, 16)
-PROGRAMS_PER_SM = (1, 2, 4, 8)
-MIN_PERSISTENT_BLOCK_N = 16
 
 
 def _geometry(spec: OpSpec) -> tuple[int, int]:
@@ -275,143 +229,57 @@ def _act(spec: OpSpec) -> int:
     return ACT_GELU_TANH if spec.const("approximate") == "tanh" else ACT_GELU
 
 
-def _views(spec: OpSpec, inputs: Sequence[torch.Tensor], output: torch.Tensor, rows: int, h: int
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int, int, int]:
-    """(a, b, y, a_row_stride, b_row_stride, y_row_stride, b_offset) as 2-D views: for concat, a
-    and b are both x (rows, 2H) and b starts H elements in."""
-    y = output.view(rows, h)
-    if len(inputs) == 1:
-        x = inputs[0].view(rows, 2 * h)
-        return x, x, y, x.stride(0), x.stride(0), y.stride(0), h
-    a, b = inputs[0].view(rows, h), inputs[1].view(rows, h)
-    return a, b, y, a.stride(0), b.stride(0), y.stride(0), 0
+def _flat(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.view(-1) for t in (*inputs, *outputs)]
 
 
-# ---- blocked ------------------------------------------------------------------------------------
-
-
-def _blocked_space(spec: OpSpec) -> Space:
-    return Space(
-        [Param("BLOCK", BLOCKS), Param("num_warps", WARPS), Param("EVICT", EVICTION)],
-        [per_thread_constraint(lambda c: c["BLOCK"], MIN_PER_THREAD, MAX_PER_THREAD)],
-    )
-
-
-def _blocked_build(spec: OpSpec, config: Config) -> Launcher:
-    checked(_blocked_space(spec), config)
+def _blocked(spec: OpSpec, config: Config) -> Launcher:
     rows, h = _geometry(spec)
-    n = rows * h
-    block = int(config["BLOCK"])
-    grid = (triton.cdiv(n, block),)
-    act, evict, num_warps = _act(spec), str(config["EVICT"]), int(config["num_warps"])
-
     if spec.const("layout") == "concat":
-        concat_kernel = direct_launch(_gated_concat_blocked_kernel, grid)
-
-        def launch_concat(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-            concat_kernel(inputs[0].view(-1), outputs[0].view(-1), n,
-                          H=h, ACT=act, BLOCK=block, EVICT=evict, num_warps=num_warps)  # fmt: skip
-
-        return launch_concat
-
-    pair_kernel = direct_launch(_gated_pair_blocked_kernel, grid)
-
-    def launch_pair(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        pair_kernel(inputs[0].view(-1), inputs[1].view(-1), outputs[0].view(-1), n,
-                    ACT=act, BLOCK=block, EVICT=evict, num_warps=num_warps)  # fmt: skip
-
-    return launch_pair
+        return skeleton.flat_launcher(_gated_concat_blocked_kernel, rows * h, config, _flat, H=h, ACT=_act(spec))
+    return skeleton.flat_launcher(_gated_pair_blocked_kernel, rows * h, config, _flat, ACT=_act(spec))
 
 
-# ---- rows ---------------------------------------------------------------------------------------
+def _tiles(kernel: Any) -> Callable[[OpSpec, Config], Launcher]:
+    """The launcher of a tile kernel: (a, b, y, their row strides, b's column offset) of 2-D
+    views; for concat, a and b are both x (rows, 2H) and b starts H elements in."""
+
+    def build(spec: OpSpec, config: Config) -> Launcher:
+        rows, h = _geometry(spec)
+
+        def operands(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+            y = outputs[0].view(rows, h)
+            if len(inputs) == 1:
+                x = inputs[0].view(rows, 2 * h)
+                return x, x, y, x.stride(0), x.stride(0), y.stride(0), h
+            a, b = inputs[0].view(rows, h), inputs[1].view(rows, h)
+            return a, b, y, a.stride(0), b.stride(0), y.stride(0), 0
+
+        return skeleton.tile_launcher(kernel, rows, h, config, operands, ACT=_act(spec))
+
+    return build
 
 
-def _rows_space(spec: OpSpec) -> Space:
-    # Blocks wider than the padded row only add masked lanes; the narrowest is always allowed.
-    widest = max(ROWS_BLOCK_N[0], next_power_of_two(_geometry(spec)[1]))
-    low, high = ROWS_TILE
-    return Space(
-        [Param("BLOCK_M", ROWS_BLOCK_M), Param("BLOCK_N", ROWS_BLOCK_N), Param("num_warps", WARPS)],
-        [
-            Constraint("BLOCK_N is no wider than the padded row", lambda c: c["BLOCK_N"] <= widest),
-            Constraint(f"a tile holds {low} to {high} elements",
-                       lambda c: low <= c["BLOCK_M"] * c["BLOCK_N"] <= high),
-            per_thread_constraint(lambda c: c["BLOCK_M"] * c["BLOCK_N"], *ROWS_PER_THREAD),
-        ],
-    )  # fmt: skip
+def _variant(name: str, summary: str, space: Callable[[OpSpec], Space], launcher: Callable[[OpSpec, Config], Launcher]
+             ) -> Variant:  # fmt: skip
+    return skeleton.variant(__name__, name, summary, space, launcher, uses=("kernelsmith.ops.gelu",))
 
 
-def _rows_build(spec: OpSpec, config: Config) -> Launcher:
-    checked(_rows_space(spec), config)
-    rows, h = _geometry(spec)
-    block_m, block_n = int(config["BLOCK_M"]), int(config["BLOCK_N"])
-    # Row blocks on axis 0 (up to 2**31 - 1 programs); column blocks on axis 1 (at most 65535).
-    kernel = direct_launch(_gated_rows_kernel, (triton.cdiv(rows, block_m), triton.cdiv(h, block_n)))
-    act, num_warps = _act(spec), int(config["num_warps"])
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        a, b, y, a_stride, b_stride, y_stride, b_offset = _views(spec, inputs, outputs[0], rows, h)
-        kernel(a, b, y, a_stride, b_stride, y_stride, b_offset, rows, h,
-               ACT=act, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)  # fmt: skip
-
-    return launch
-
-
-# ---- persistent ---------------------------------------------------------------------------------
-
-
-def _persistent_tile(h: int, tile: int) -> tuple[int, int]:
-    """(BLOCK_M, BLOCK_N) of a TILE-element tile for rows of h columns."""
-    block_n = min(tile, max(MIN_PERSISTENT_BLOCK_N, next_power_of_two(h)))
-    return tile // block_n, block_n
-
-
-def _persistent_space(spec: OpSpec) -> Space:
-    itemsize = spec.inputs[0].torch_dtype.itemsize
-    return Space(
-        [Param("PROGRAMS_PER_SM", PROGRAMS_PER_SM), Param("TILE", PERSISTENT_TILES), Param("num_warps", WARPS),
-         Param("num_stages", STAGES)],
-        [
-            per_thread_constraint(lambda c: c["TILE"], *PERSISTENT_PER_THREAD),
-            *persistent_constraints(lambda c: 2 * c["TILE"] * itemsize),  # a and b tiles in flight
-        ],
-    )  # fmt: skip
-
-
-def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
-    checked(_persistent_space(spec), config)
-    rows, h = _geometry(spec)
-    block_m, block_n = _persistent_tile(h, int(config["TILE"]))
-    n_col_tiles = triton.cdiv(h, block_n)
-    n_tiles = triton.cdiv(rows, block_m) * n_col_tiles
-    programs = min(n_tiles, int(config["PROGRAMS_PER_SM"]) * multiprocessor_count())
-    kernel = direct_launch(_gated_persistent_kernel, (programs,))
-    act, num_warps, num_stages = _act(spec), int(config["num_warps"]), int(config["num_stages"])
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        a, b, y, a_stride, b_stride, y_stride, b_offset = _views(spec, inputs, outputs[0], rows, h)
-        kernel(a, b, y, a_stride, b_stride, y_stride, b_offset, rows, h, n_col_tiles, n_tiles,
-               ACT=act, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=num_stages,
-               num_warps=num_warps, num_stages=num_stages)  # fmt: skip
-
-    return launch
+VARIANTS = (
+    _variant("blocked", "BLOCK consecutive outputs per program (concat: row = i // H, H constant)",
+             lambda spec: skeleton.blocked_space(BLOCKED_PER_THREAD), _blocked),
+    _variant("rows", "one program per BLOCK_M x BLOCK_N tile of the (rows, H) output",
+             lambda spec: skeleton.rows_space(_geometry(spec)[1], ROWS_PER_THREAD), _tiles(_gated_rows_kernel)),
+    _variant("persistent", "PROGRAMS_PER_SM programs per SM walk TILE-element tiles (grid-stride loop)",
+             # a and b tiles in flight
+             lambda spec: skeleton.persistent_space(spec.inputs[0].torch_dtype.itemsize, 2, block="TILE"),
+             _tiles(_gated_persistent_kernel)),
+)  # fmt: skip
 
 
 # =================================================================================================
 # The op families
 # =================================================================================================
-
-
-@dataclass(frozen=True)
-class _GatedVariant(Variant):
-    """A variant whose kernels also run code of kernelsmith.ops.gelu (the activations): its
-    source hash covers that module too, so that a change there invalidates stored decisions."""
-
-    @property
-    def source_hash(self) -> str:
-        text = f"{super().source_hash}\n{inspect.getsource(_gelu_module)}"
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
 
 _SUPPORTED_TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -423,15 +291,8 @@ class _Gated(OpFamily):
     default_approximate: ClassVar[str] = "tanh"
     rowwise = True  # bucketed by row count at a fixed H: see bucket()
     row_block = max(ROWS_BLOCK_M)
-    distributions = ("normal", "wide", "small", "tails")
-    variants = (
-        _GatedVariant("blocked", "BLOCK consecutive outputs per program (concat: row = i // H, H constant)",
-                      _blocked_space, _blocked_build),
-        _GatedVariant("rows", "one program per BLOCK_M x BLOCK_N tile of the (rows, H) output",
-                      _rows_space, _rows_build),
-        _GatedVariant("persistent", "PROGRAMS_PER_SM programs per SM walk TILE-element tiles (grid-stride loop)",
-                      _persistent_space, _persistent_build),
-    )  # fmt: skip
+    distributions = DISTRIBUTIONS
+    variants = VARIANTS
 
     # ---- specs -----------------------------------------------------------------------------------
     def spec(self, shape: tuple[int, ...], dtype: str, layout: str = "pair", **constants: Any) -> OpSpec:
@@ -543,9 +404,9 @@ class _Gated(OpFamily):
           underflows, and half of the outputs are (nearly) zero.
         """
         shape = _output_shape(spec)
-        a = draw(self.name, distribution, shape, seed, device, self.distributions)
+        a = draw(self.name, distribution, shape, seed, device)
         # b from an independent stream of the same seed (a's draws depend on the distribution).
-        b = draw(self.name, "normal", shape, seed ^ 0x5EED, device, self.distributions)
+        b = draw(self.name, "normal", shape, seed ^ 0x5EED, device)
         if distribution == "wide":
             b = b * 8
         dtype = spec.inputs[0].torch_dtype

@@ -59,7 +59,7 @@ variants are the forward's three, with the extra load and store:
 ``persistent``
     ``PROGRAMS_PER_SM`` programs per multiprocessor walk the same tiles with a pipelined
     grid-stride loop; the ``TILE``-element tile takes its shape from the row width (see
-    :func:`kernelsmith.ops.gated._persistent_tile`).
+    :func:`kernelsmith.ops._elementwise.tile_shape`).
 
 Offsets are 64-bit. Spaces depend on the dtype and on ``H`` only: workloads are bucketed by rows
 (``rowwise``), and a config is validated on 1, 7 and an odd number of rows of the target's width.
@@ -67,51 +67,38 @@ Offsets are 64-bit. Spaces depend on the dtype and on ``H`` only: workloads are 
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
 import triton
 import triton.language as tl
 
-from kernelsmith.ops import gated as _gated_module
-from kernelsmith.ops._base import FINITE_STRESS_DISTRIBUTIONS, Launcher, OpFamily, UnsupportedWorkload, generator
-from kernelsmith.ops._launch import direct_launch
+from kernelsmith.ops import _elementwise as skeleton
+from kernelsmith.ops._base import (
+    FINITE_STRESS_DISTRIBUTIONS,
+    Launcher,
+    OpFamily,
+    UnsupportedWorkload,
+    Variant,
+    generator,
+)
+from kernelsmith.ops._elementwise import DISTRIBUTIONS, block_offsets, tile_of, tile_offsets
 from kernelsmith.ops.gated import (
     ACT_GELU,
     ACT_GELU_TANH,
     ACT_SILU,
-    BLOCKS,
     GEGLU,
-    PERSISTENT_TILES,
-    PROGRAMS_PER_SM,
-    ROWS_BLOCK_M,
-    ROWS_BLOCK_N,
-    ROWS_TILE,
     SWIGLU,
     _act,
     _Gated,
-    _GatedVariant,
     _geometry,
     _output_shape,
-    _persistent_tile,
     activation_f32,
+    concat_offsets,
 )
-from kernelsmith.ops.gelu import (
-    EVICTION,
-    STAGES,
-    WARPS,
-    checked,
-    gelu_grad_f32,
-    multiprocessor_count,
-    per_thread_constraint,
-    persistent_constraints,
-    silu_grad_f32,
-)
-from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
+from kernelsmith.ops.gelu import gelu_grad_f32, silu_grad_f32
+from kernelsmith.space import Config, Space
 from kernelsmith.spec import OpSpec, TensorSpec
 
 # =================================================================================================
@@ -139,19 +126,14 @@ def _grads_f32(dy, a, b, ACT: tl.constexpr):
 
 @triton.jit
 def _pair_blocked_kernel(
-    dy_ptr,
-    a_ptr,
-    b_ptr,
-    da_ptr,
-    db_ptr,
+    dy_ptr, a_ptr, b_ptr, da_ptr, db_ptr,
     n,  # elements of each of the five arrays
     ACT: tl.constexpr,
     BLOCK: tl.constexpr,  # elements per program
     EVICT: tl.constexpr,  # "" or "evict_first": dy, a and b are read once
 ):
-    """pair: one program computes BLOCK consecutive elements of da and db."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
+    """pair, blocked: one program computes BLOCK consecutive elements of da and db."""
+    offs, mask = block_offsets(tl.program_id(0), n, BLOCK)
     dy = tl.load(dy_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     a = tl.load(a_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     b = tl.load(b_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
@@ -162,22 +144,15 @@ def _pair_blocked_kernel(
 
 @triton.jit
 def _concat_blocked_kernel(
-    dy_ptr,
-    x_ptr,
-    dx_ptr,
+    dy_ptr, x_ptr, dx_ptr,
     n,  # elements of dy: rows * H
     H: tl.constexpr,  # a compile-time constant: i // H compiles to a multiply and a shift
-    ACT: tl.constexpr,
-    BLOCK: tl.constexpr,
-    EVICT: tl.constexpr,
+    ACT: tl.constexpr, BLOCK: tl.constexpr, EVICT: tl.constexpr,
 ):
-    """concat: one program computes dx for BLOCK consecutive elements of dy (rows, H)."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    # dy[row, col] at offs = row * H + col pairs with x[row, col] at row * 2H + col = offs + row * H
-    # and x[row, H + col] H elements further; dx is laid out like x.
-    row = offs // H
-    a_offs = offs + row * H
+    """concat, blocked: one program computes dx for BLOCK consecutive elements of dy (rows, H);
+    a and da are at the forward's concat offsets in x and dx (laid out alike), b and db H further."""
+    offs, mask = block_offsets(tl.program_id(0), n, BLOCK)
+    a_offs = concat_offsets(offs, H)
     dy = tl.load(dy_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     a = tl.load(x_ptr + a_offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     b = tl.load(x_ptr + a_offs + H, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
@@ -188,22 +163,13 @@ def _concat_blocked_kernel(
 
 @triton.jit
 def _grads_tile(
-    dy_ptr,
-    a_ptr,
-    b_ptr,
-    da_ptr,
-    db_ptr,
-    rows,  # int64 [BLOCK_M] row indices
-    cols,  # [BLOCK_N] column indices
+    dy_ptr, a_ptr, b_ptr, da_ptr, db_ptr, rows, cols, mask,
     dy_row_stride,
     in_row_stride,  # of a and b
     grad_row_stride,  # of da and db
-    n_rows,
-    n_cols,
     ACT: tl.constexpr,
 ):
-    """da and db at [rows, cols] for one [BLOCK_M, BLOCK_N] tile."""
-    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    """da and db at [rows, cols] for one masked [BLOCK_M, BLOCK_N] tile."""
     dy = tl.load(dy_ptr + rows[:, None] * dy_row_stride + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     in_offs = rows[:, None] * in_row_stride + cols[None, :]
     a = tl.load(a_ptr + in_offs, mask=mask, other=0.0).to(tl.float32)
@@ -216,70 +182,48 @@ def _grads_tile(
 
 @triton.jit
 def _rows_kernel(
-    dy_ptr,
-    a_ptr,
+    dy_ptr, a_ptr,
     b_ptr,  # for concat: x again, and b_offset = H
     da_ptr,
     db_ptr,  # for concat: dx again, also at b_offset
-    dy_row_stride,
-    in_row_stride,
-    grad_row_stride,
+    dy_row_stride, in_row_stride, grad_row_stride,
     b_offset,  # elements from b_ptr to b[0, 0] and from db_ptr to db[0, 0]
     n_rows,
     n_cols,  # H
-    ACT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Program (i, j) computes rows i*BLOCK_M.. and columns j*BLOCK_N.. of da and db."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # < H: 32 bits suffice
-    _grads_tile(dy_ptr, a_ptr, b_ptr + b_offset, da_ptr, db_ptr + b_offset, rows, cols,
-                dy_row_stride, in_row_stride, grad_row_stride, n_rows, n_cols, ACT)  # fmt: skip
+    """rows: program (i, j) computes rows i*BLOCK_M.. and columns j*BLOCK_N.. of da and db."""
+    rows, cols, mask = tile_offsets(tl.program_id(0), tl.program_id(1), n_rows, n_cols, BLOCK_M, BLOCK_N)
+    _grads_tile(dy_ptr, a_ptr, b_ptr + b_offset, da_ptr, db_ptr + b_offset, rows, cols, mask,
+                dy_row_stride, in_row_stride, grad_row_stride, ACT)  # fmt: skip
 
 
 @triton.jit
 def _persistent_kernel(
-    dy_ptr,
-    a_ptr,
-    b_ptr,
-    da_ptr,
-    db_ptr,
-    dy_row_stride,
-    in_row_stride,
-    grad_row_stride,
-    b_offset,
-    n_rows,
-    n_cols,
+    dy_ptr, a_ptr, b_ptr, da_ptr, db_ptr, dy_row_stride, in_row_stride, grad_row_stride, b_offset, n_rows, n_cols,
     n_col_tiles,  # cdiv(n_cols, BLOCK_N)
     n_tiles,  # cdiv(n_rows, BLOCK_M) * n_col_tiles
-    ACT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the tile loop (1: none)
 ):
-    """A fixed grid; program pid computes tiles pid, pid + programs, ... in row-major tile order."""
+    """persistent: program pid computes tiles pid, pid + programs, ... in row-major tile order."""
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=NUM_STAGES):
-        tile_m = tile // n_col_tiles
-        tile_n = tile - tile_m * n_col_tiles
-        # tl.cast, not .to(): in the interpreter the loop variable is a plain Python int.
-        rows = tl.cast(tile_m, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        _grads_tile(dy_ptr, a_ptr, b_ptr + b_offset, da_ptr, db_ptr + b_offset, rows, cols,
-                    dy_row_stride, in_row_stride, grad_row_stride, n_rows, n_cols, ACT)  # fmt: skip
+        tile_m, tile_n = tile_of(tile, n_col_tiles)
+        rows, cols, mask = tile_offsets(tile_m, tile_n, n_rows, n_cols, BLOCK_M, BLOCK_N)
+        _grads_tile(dy_ptr, a_ptr, b_ptr + b_offset, da_ptr, db_ptr + b_offset, rows, cols, mask,
+                    dy_row_stride, in_row_stride, grad_row_stride, ACT)  # fmt: skip
 
 
 # =================================================================================================
-# Spaces and builders
+# Spaces and launchers: the forward's schedules (the skeleton's)
 #
-# The block sizes and tile shapes are the forward's (kernelsmith.ops.gated). Each element needs
-# three loads (dy, a, b) where the forward has two, so a thread holds 4 to 16 elements (12 to 48
-# loaded values, where the forward holds 8 to 64).
+# Each element needs three loads (dy, a, b) where the forward has two, so a thread holds 4 to 16
+# elements (12 to 48 loaded values, where the forward holds 8 to 64), and 4 to 8 in the
+# pipelined loop, whose tiles in flight take registers too.
 # =================================================================================================
 
-MIN_PER_THREAD = 4
-MAX_PER_THREAD = 16
-PERSISTENT_PER_THREAD = (4, 8)  # the tiles in flight of a pipelined loop take registers too
+PER_THREAD = (4, 16)
+PERSISTENT_PER_THREAD = (4, 8)
 
 
 def _forward_spec(spec: OpSpec) -> OpSpec:
@@ -287,134 +231,61 @@ def _forward_spec(spec: OpSpec) -> OpSpec:
     return OpSpec(spec.op.removesuffix("_backward"), spec.inputs[1:], dict(spec.constants))
 
 
-@dataclass(frozen=True)
-class _Views:
-    """dy as (rows, H), a, b, da and db as 2-D views: for concat, a and b are both x (rows, 2H),
-    da and db both dx, and b and db start ``b_offset`` = H elements in."""
-
-    dy: torch.Tensor
-    a: torch.Tensor
-    b: torch.Tensor
-    da: torch.Tensor
-    db: torch.Tensor
-    b_offset: int
+def _flat(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.view(-1) for t in (*inputs, *outputs)]
 
 
-def _views(spec: OpSpec, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], rows: int, h: int
-           ) -> _Views:  # fmt: skip
-    dy = inputs[0].view(rows, h)
+def _blocked(spec: OpSpec, config: Config) -> Launcher:
+    forward = _forward_spec(spec)
+    rows, h = _geometry(forward)
     if spec.const("layout") == "concat":
-        x, dx = inputs[1].view(rows, 2 * h), outputs[0].view(rows, 2 * h)
-        return _Views(dy, x, x, dx, dx, h)
-    a, b = inputs[1].view(rows, h), inputs[2].view(rows, h)
-    return _Views(dy, a, b, outputs[0].view(rows, h), outputs[1].view(rows, h), 0)
+        return skeleton.flat_launcher(_concat_blocked_kernel, rows * h, config, _flat, H=h, ACT=_act(forward))
+    return skeleton.flat_launcher(_pair_blocked_kernel, rows * h, config, _flat, ACT=_act(forward))
 
 
-# ---- blocked ------------------------------------------------------------------------------------
+def _tiles(kernel: Any) -> Callable[[OpSpec, Config], Launcher]:
+    """The launcher of a tile kernel: dy as (rows, H) and a, b, da and db as 2-D views, with their
+    row strides and b's (and db's) column offset: for concat, a and b are both x (rows, 2H), da
+    and db both dx, and b and db start H elements in."""
+
+    def build(spec: OpSpec, config: Config) -> Launcher:
+        forward = _forward_spec(spec)
+        rows, h = _geometry(forward)
+        concat = spec.const("layout") == "concat"
+
+        def operands(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+            dy = inputs[0].view(rows, h)
+            if concat:
+                x, dx = inputs[1].view(rows, 2 * h), outputs[0].view(rows, 2 * h)
+                return dy, x, x, dx, dx, dy.stride(0), x.stride(0), dx.stride(0), h
+            a, b = inputs[1].view(rows, h), inputs[2].view(rows, h)
+            da, db = outputs[0].view(rows, h), outputs[1].view(rows, h)
+            return dy, a, b, da, db, dy.stride(0), a.stride(0), da.stride(0), 0
+
+        return skeleton.tile_launcher(kernel, rows, h, config, operands, ACT=_act(forward))
+
+    return build
 
 
-def _blocked_space(spec: OpSpec) -> Space:
-    return Space(
-        [Param("BLOCK", BLOCKS), Param("num_warps", WARPS), Param("EVICT", EVICTION)],
-        [per_thread_constraint(lambda c: c["BLOCK"], MIN_PER_THREAD, MAX_PER_THREAD)],
-    )
+def _variant(name: str, summary: str, space: Callable[[OpSpec], Space], launcher: Callable[[OpSpec, Config], Launcher]
+             ) -> Variant:  # fmt: skip
+    """The kernels also run code of kernelsmith.ops.gated (the activations, concat_offsets) and
+    kernelsmith.ops.gelu (the derivatives): the source hash covers both."""
+    return skeleton.variant(__name__, name, summary, space, launcher,
+                            uses=("kernelsmith.ops.gated", "kernelsmith.ops.gelu"))
 
 
-def _blocked_build(spec: OpSpec, config: Config) -> Launcher:
-    checked(_blocked_space(spec), config)
-    forward = _forward_spec(spec)
-    rows, h = _geometry(forward)
-    n = rows * h
-    block = int(config["BLOCK"])
-    grid = (triton.cdiv(n, block),)
-    act, evict, num_warps = _act(forward), str(config["EVICT"]), int(config["num_warps"])
-
-    if spec.const("layout") == "concat":
-        concat_kernel = direct_launch(_concat_blocked_kernel, grid)
-
-        def launch_concat(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-            concat_kernel(inputs[0].view(-1), inputs[1].view(-1), outputs[0].view(-1), n,
-                          H=h, ACT=act, BLOCK=block, EVICT=evict, num_warps=num_warps)  # fmt: skip
-
-        return launch_concat
-
-    pair_kernel = direct_launch(_pair_blocked_kernel, grid)
-
-    def launch_pair(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        dy, a, b = (t.view(-1) for t in inputs)
-        da, db = (t.view(-1) for t in outputs)
-        pair_kernel(dy, a, b, da, db, n, ACT=act, BLOCK=block, EVICT=evict, num_warps=num_warps)
-
-    return launch_pair
-
-
-# ---- rows ---------------------------------------------------------------------------------------
-
-
-def _rows_space(spec: OpSpec) -> Space:
-    # Blocks wider than the padded row only add masked lanes; the narrowest is always allowed.
-    widest = max(ROWS_BLOCK_N[0], next_power_of_two(_geometry(_forward_spec(spec))[1]))
-    low, high = ROWS_TILE
-    return Space(
-        [Param("BLOCK_M", ROWS_BLOCK_M), Param("BLOCK_N", ROWS_BLOCK_N), Param("num_warps", WARPS)],
-        [
-            Constraint("BLOCK_N is no wider than the padded row", lambda c: c["BLOCK_N"] <= widest),
-            Constraint(f"a tile holds {low} to {high} elements",
-                       lambda c: low <= c["BLOCK_M"] * c["BLOCK_N"] <= high),
-            per_thread_constraint(lambda c: c["BLOCK_M"] * c["BLOCK_N"], MIN_PER_THREAD, MAX_PER_THREAD),
-        ],
-    )  # fmt: skip
-
-
-def _rows_build(spec: OpSpec, config: Config) -> Launcher:
-    checked(_rows_space(spec), config)
-    forward = _forward_spec(spec)
-    rows, h = _geometry(forward)
-    block_m, block_n = int(config["BLOCK_M"]), int(config["BLOCK_N"])
-    # Row blocks on axis 0 (up to 2**31 - 1 programs); column blocks on axis 1 (at most 65535).
-    kernel = direct_launch(_rows_kernel, (triton.cdiv(rows, block_m), triton.cdiv(h, block_n)))
-    act, num_warps = _act(forward), int(config["num_warps"])
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        v = _views(spec, inputs, outputs, rows, h)
-        kernel(v.dy, v.a, v.b, v.da, v.db, v.dy.stride(0), v.a.stride(0), v.da.stride(0), v.b_offset, rows, h,
-               ACT=act, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)  # fmt: skip
-
-    return launch
-
-
-# ---- persistent ---------------------------------------------------------------------------------
-
-
-def _persistent_space(spec: OpSpec) -> Space:
-    itemsize = spec.inputs[0].torch_dtype.itemsize
-    return Space(
-        [Param("PROGRAMS_PER_SM", PROGRAMS_PER_SM), Param("TILE", PERSISTENT_TILES), Param("num_warps", WARPS),
-         Param("num_stages", STAGES)],
-        [
-            per_thread_constraint(lambda c: c["TILE"], *PERSISTENT_PER_THREAD),
-            *persistent_constraints(lambda c: 3 * c["TILE"] * itemsize),  # dy, a and b tiles in flight
-        ],
-    )  # fmt: skip
-
-
-def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
-    checked(_persistent_space(spec), config)
-    forward = _forward_spec(spec)
-    rows, h = _geometry(forward)
-    block_m, block_n = _persistent_tile(h, int(config["TILE"]))
-    n_col_tiles = triton.cdiv(h, block_n)
-    n_tiles = triton.cdiv(rows, block_m) * n_col_tiles
-    kernel = direct_launch(_persistent_kernel, (min(n_tiles, int(config["PROGRAMS_PER_SM"]) * multiprocessor_count()),))
-    act, num_warps, num_stages = _act(forward), int(config["num_warps"]), int(config["num_stages"])
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        v = _views(spec, inputs, outputs, rows, h)
-        kernel(v.dy, v.a, v.b, v.da, v.db, v.dy.stride(0), v.a.stride(0), v.da.stride(0), v.b_offset, rows, h,
-               n_col_tiles, n_tiles, ACT=act, BLOCK_M=block_m, BLOCK_N=block_n, NUM_STAGES=num_stages,
-               num_warps=num_warps, num_stages=num_stages)  # fmt: skip
-
-    return launch
+VARIANTS = (
+    _variant("blocked", "BLOCK consecutive elements of dy per program (concat: row = i // H, H constant)",
+             lambda spec: skeleton.blocked_space(PER_THREAD), _blocked),
+    _variant("rows", "one program per BLOCK_M x BLOCK_N tile of the (rows, H) activation",
+             lambda spec: skeleton.rows_space(_geometry(_forward_spec(spec))[1], PER_THREAD), _tiles(_rows_kernel)),
+    _variant("persistent", "PROGRAMS_PER_SM programs per SM walk TILE-element tiles (grid-stride loop)",
+             # dy, a and b tiles in flight
+             lambda spec: skeleton.persistent_space(spec.inputs[0].torch_dtype.itemsize, 3, PERSISTENT_PER_THREAD,
+                                                    block="TILE"),
+             _tiles(_persistent_kernel)),
+)  # fmt: skip
 
 
 # =================================================================================================
@@ -422,32 +293,14 @@ def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
 # =================================================================================================
 
 
-@dataclass(frozen=True)
-class _BackwardVariant(_GatedVariant):
-    """The kernels also run code of kernelsmith.ops.gated (the activations, the shared geometry)
-    and of kernelsmith.ops.gelu (covered by _GatedVariant): the source hash covers both."""
-
-    @property
-    def source_hash(self) -> str:
-        text = f"{super().source_hash}\n{inspect.getsource(_gated_module)}"
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 class _GatedBackward(OpFamily):
     """The gradients of a gated family (``forward``), with its constants."""
 
     forward: ClassVar[_Gated]
     rowwise = True  # bucketed by row count at a fixed H, like the forward
-    distributions = ("normal", "wide", "small", "tails")  # the forward's (for a and b)
+    distributions = DISTRIBUTIONS  # the forward's (for a and b)
     stress_distributions = FINITE_STRESS_DISTRIBUTIONS  # no nonfinite: see kernelsmith.ops._base
-    variants = (
-        _BackwardVariant("blocked", "BLOCK consecutive elements of dy per program (concat: row = i // H, H constant)",
-                         _blocked_space, _blocked_build),
-        _BackwardVariant("rows", "one program per BLOCK_M x BLOCK_N tile of the (rows, H) activation",
-                         _rows_space, _rows_build),
-        _BackwardVariant("persistent", "PROGRAMS_PER_SM programs per SM walk TILE-element tiles "
-                         "(grid-stride loop)", _persistent_space, _persistent_build),
-    )  # fmt: skip
+    variants = VARIANTS
 
     # ---- specs -----------------------------------------------------------------------------------
     def spec(self, shape: tuple[int, ...], dtype: str, layout: str = "pair", **constants: Any) -> OpSpec:

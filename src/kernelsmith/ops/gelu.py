@@ -50,27 +50,14 @@ name picks it, so a ``gelu`` workload never runs tanh code and the reverse.
 The variants
 ------------
 The op reads ``n`` elements and writes ``n`` (4 bytes an element in 16-bit dtypes) and does a
-dozen flops each: it is bound by memory bandwidth, and the variants differ in how the flat array
-is cut into work for programs:
-
-``blocked``
-    One program per ``BLOCK`` consecutive elements (``BLOCK`` from 256 to 8192), the classic
-    elementwise kernel; the grid has ``cdiv(n, BLOCK)`` programs and the hardware schedules them.
-    ``EVICT_X`` chooses the cache policy of the read-once input.
-``multi_block``
-    One program per ``ITEMS`` (2 to 8) consecutive blocks, walked by a loop that the compiler
-    software-pipelines (``num_stages``): the next block's load is in flight while the current one
-    is computed and stored. Fewer, longer programs; more bytes in flight per program.
-``persistent``
-    A fixed grid of ``PROGRAMS_PER_SM`` programs per multiprocessor (the SM count from
-    ``torch.cuda`` when a GPU is present, else 4 so that the interpreter's grid-stride loop
-    really loops), each walking blocks ``pid, pid + programs, ...``: no program start-up
-    beyond the first, and a pipelined loop as in ``multi_block``.
-
-Offsets are 64-bit (``program_id`` is widened before it is multiplied), so tensors of more than
-2**31 elements are addressed correctly. ``num_stages`` is a parameter of the two variants with a
-loop only, passed both at launch and to ``tl.range`` (Triton 3.6 pipelines a loop without a dot
-only when ``tl.range`` asks for it).
+dozen flops each: it is bound by memory bandwidth, and the variants are the three flat schedules
+of the elementwise skeleton (:mod:`kernelsmith.ops._elementwise`, which writes their 64-bit
+offsets and masks, spaces and launchers), differing in how the flat array is cut into work for
+programs: ``blocked`` (one program per ``BLOCK`` elements, 256 to 8192, with ``EVICT_X``, the
+cache policy of the read-once input), ``multi_block`` (``ITEMS`` consecutive blocks a program in
+a software-pipelined loop) and ``persistent`` (``PROGRAMS_PER_SM`` programs per multiprocessor
+in a pipelined grid-stride loop). Each kernel here is the schedule's first line and a call of
+``_gelu_block``, the math of one block. The exact form's spaces add ``FAST_ERF``.
 
 Spaces depend on the dtype only (not on the shape), so the config tuned for a bucket is valid,
 and validated, for every shape in it.
@@ -90,8 +77,6 @@ on the same flat variants.
 
 from __future__ import annotations
 
-import functools
-import math
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -99,9 +84,18 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator, tail_rows
-from kernelsmith.ops._launch import direct_launch
-from kernelsmith.space import Config, Constraint, Param, Space, powers_of_two
+from kernelsmith.ops import _elementwise as skeleton
+from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant
+from kernelsmith.ops._elementwise import (  # noqa: F401 (checked, multiprocessor_count: matmul and decode_* import them from here)
+    DISTRIBUTIONS,
+    ODD_TAIL,
+    block_offsets,
+    checked,
+    draw,
+    multiprocessor_count,
+    row_tail_shapes,
+)
+from kernelsmith.space import Config, Param, Space
 from kernelsmith.spec import OpSpec, TensorSpec
 
 # =================================================================================================
@@ -152,15 +146,6 @@ def gelu_erf_poly_f32(x):
     return 0.5 * x * tl.where(x >= 0, 2.0 - erfc, erfc)
 
 
-@triton.jit
-def _gelu_kernel_f32(x, APPROX: tl.constexpr, FAST_ERF: tl.constexpr):
-    if FAST_ERF:  # noqa: SIM108 (a constexpr branch: one of the two is compiled)
-        y = gelu_erf_poly_f32(x)
-    else:
-        y = gelu_f32(x, APPROX)
-    return y
-
-
 # The derivatives (for the backward families, kernelsmith.ops.gated_backward).
 
 
@@ -208,150 +193,70 @@ def gelu_grad_f32(x, APPROX: tl.constexpr):
 
 
 # =================================================================================================
-# Kernels
-#
-# x and y are flat arrays of n elements (contiguous tensors viewed as 1-D). Offsets are int64.
+# Kernels: the schedules are the elementwise skeleton's (kernelsmith.ops._elementwise); x and y
+# are flat arrays of n elements (contiguous tensors viewed as 1-D).
 # =================================================================================================
 
 
 @triton.jit
+def _gelu_block(x_ptr, y_ptr, offs, mask, APPROX: tl.constexpr, FAST_ERF: tl.constexpr, EVICT_X: tl.constexpr):
+    """y = gelu(x) at the masked offsets of one block, in float32, rounded once on the store."""
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT_X).to(tl.float32)
+    if FAST_ERF:  # noqa: SIM108 (a constexpr branch: one of the two is compiled)
+        y = gelu_erf_poly_f32(x)
+    else:
+        y = gelu_f32(x, APPROX)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _gelu_blocked_kernel(
-    x_ptr,
-    y_ptr,
-    n,
+    x_ptr, y_ptr, n,
     APPROX: tl.constexpr,  # False: exact erf form; True: tanh approximation
     FAST_ERF: tl.constexpr,  # exact form only: the polynomial erf (gelu_erf_poly_f32)
     BLOCK: tl.constexpr,  # elements per program
     EVICT_X: tl.constexpr,  # "" or "evict_first": x is read once, so it need not stay in L2
 ):
-    """One program computes BLOCK consecutive elements."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n  # only the last program is partial
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT_X).to(tl.float32)
-    y = _gelu_kernel_f32(x, APPROX, FAST_ERF)
-    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    """blocked: one program computes BLOCK consecutive elements."""
+    offs, mask = block_offsets(tl.program_id(0), n, BLOCK)
+    _gelu_block(x_ptr, y_ptr, offs, mask, APPROX, FAST_ERF, EVICT_X)
 
 
 @triton.jit
 def _gelu_multi_block_kernel(
-    x_ptr,
-    y_ptr,
-    n,
-    APPROX: tl.constexpr,
-    FAST_ERF: tl.constexpr,
+    x_ptr, y_ptr, n,
+    APPROX: tl.constexpr, FAST_ERF: tl.constexpr,
     BLOCK: tl.constexpr,  # elements per loop step
     ITEMS: tl.constexpr,  # consecutive blocks per program
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the block loop (1: none)
 ):
-    """One program computes ITEMS consecutive blocks of BLOCK elements, one per loop step."""
-    start = tl.program_id(0).to(tl.int64) * (BLOCK * ITEMS)
-    cols = tl.arange(0, BLOCK)
-    # With NUM_STAGES > 1 the compiler issues the loads of the next blocks while the current one
-    # is computed and stored. Blocks past n (in the last program) are fully masked.
+    """multi_block: one program computes ITEMS consecutive blocks, one per loop step."""
+    first = tl.program_id(0).to(tl.int64) * ITEMS
     for i in tl.range(0, ITEMS, num_stages=NUM_STAGES):
-        offs = start + i * BLOCK + cols  # i * BLOCK < 2**16: the int64 start widens the sum
-        mask = offs < n
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        y = _gelu_kernel_f32(x, APPROX, FAST_ERF)
-        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        offs, mask = block_offsets(first + i, n, BLOCK)
+        _gelu_block(x_ptr, y_ptr, offs, mask, APPROX, FAST_ERF, "")
 
 
 @triton.jit
 def _gelu_persistent_kernel(
-    x_ptr,
-    y_ptr,
-    n,
+    x_ptr, y_ptr, n,
     n_blocks,  # cdiv(n, BLOCK)
-    APPROX: tl.constexpr,
-    FAST_ERF: tl.constexpr,
-    BLOCK: tl.constexpr,
+    APPROX: tl.constexpr, FAST_ERF: tl.constexpr, BLOCK: tl.constexpr,
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the grid-stride loop (1: none)
 ):
-    """A fixed grid; program pid computes blocks pid, pid + programs, pid + 2 * programs, ..."""
-    cols = tl.arange(0, BLOCK)
+    """persistent: program pid computes blocks pid, pid + programs, pid + 2 * programs, ..."""
     for block in tl.range(tl.program_id(0), n_blocks, tl.num_programs(0), num_stages=NUM_STAGES):
-        # tl.cast, not .to(): in the interpreter the loop variable is a plain Python int.
-        offs = tl.cast(block, tl.int64) * BLOCK + cols
-        mask = offs < n
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        y = _gelu_kernel_f32(x, APPROX, FAST_ERF)
-        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+        offs, mask = block_offsets(block, n, BLOCK)
+        _gelu_block(x_ptr, y_ptr, offs, mask, APPROX, FAST_ERF, "")
 
 
 # =================================================================================================
-# Spaces and builders
+# Spaces and launchers: the skeleton's schedules with the exact form's FAST_ERF
 # =================================================================================================
 
-WARPS = (1, 2, 4, 8, 16, 32)
-STAGES = (1, 2, 3)
-EVICTION = ("", "evict_first")
-BLOCKS = powers_of_two(256, 8192)
-MULTI_BLOCKS = powers_of_two(256, 4096)
-MULTI_ITEMS = (2, 4, 8)
-PERSISTENT_BLOCKS = (1024, 2048, 4096)
-PROGRAMS_PER_SM = (1, 2, 4, 8)
-# Elements a thread holds: at least 4 (a 16-byte vector of float32, half of one in 16-bit
-# dtypes), at most 32 (at 64, ptxas already spills the tanh form on sm_90). Variants with a
-# pipelined loop keep up to num_stages blocks in flight and take a narrower range (which also
-# keeps their spaces small).
-MIN_PER_THREAD = 4
-MAX_PER_THREAD = 32
-LOOP_PER_THREAD = (8, 16)
-MAX_WARPS_PER_SM = 64  # resident warps a multiprocessor holds (Hopper, Ampere)
-# Shared memory the pipelined loads of one multiprocessor's programs may take (Hopper has 227 KiB
-# a block; some is left to the compiler).
-PIPELINE_SHARED_BYTES = 192 * 1024
-# The 1-D validation tail: an odd length, so that the last block of every power-of-two BLOCK is
-# partial, and several of the largest blocks long.
-ODD_TAIL = 3 * 8192 + 5
-# A stand-in multiprocessor count without a GPU (the interpreter): a few programs, so that the
-# grid-stride loop of the persistent kernel takes several steps on small test tensors.
-INTERPRETER_MULTIPROCESSORS = 4
-
-
-@functools.cache
-def _device_multiprocessors(device_index: int) -> int:
-    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
-
-
-def multiprocessor_count() -> int:
-    """Multiprocessors of the current GPU, or INTERPRETER_MULTIPROCESSORS without one."""
-    if torch.cuda.is_available():
-        return _device_multiprocessors(torch.cuda.current_device())
-    return INTERPRETER_MULTIPROCESSORS
-
-
-def per_thread_constraint(elements: Callable[[Config], int], low: int, high: int) -> Constraint:
-    """num_warps such that each thread holds between ``low`` and ``high`` of the block's elements."""
-    return Constraint(
-        f"each thread holds {low} to {high} elements",
-        lambda c: low * 32 * c["num_warps"] <= elements(c) <= high * 32 * c["num_warps"],
-    )
-
-
-def persistent_constraints(loaded_bytes: Callable[[Config], int]) -> list[Constraint]:
-    """All PROGRAMS_PER_SM programs of a multiprocessor are resident: warps, and the
-    ``num_stages - 1`` blocks in flight (``loaded_bytes`` a block) in shared memory."""
-    return [
-        Constraint(
-            f"the programs of a multiprocessor are all resident ({MAX_WARPS_PER_SM} warps)",
-            lambda c: c["PROGRAMS_PER_SM"] * c["num_warps"] <= MAX_WARPS_PER_SM,
-        ),
-        Constraint(
-            f"the blocks in flight fit in shared memory ({PIPELINE_SHARED_BYTES} bytes an SM)",
-            lambda c: c["PROGRAMS_PER_SM"] * (c["num_stages"] - 1) * loaded_bytes(c) <= PIPELINE_SHARED_BYTES,
-        ),
-    ]
-
-
-def checked(space: Space, config: Config) -> None:
-    problems = space.violations(config)
-    if problems:
-        raise ValueError(f"config {config.key} is not in the space: {'; '.join(problems)}")
-
-
-def _numel(spec: OpSpec) -> int:
-    return spec.inputs[0].numel
+# Elements a thread holds in the loop-free kernel: at least 4 (a 16-byte vector of float32, half
+# of one in 16-bit dtypes), at most 32 (at 64, ptxas already spills the tanh form on sm_90).
+PER_THREAD = (4, 32)
 
 
 def _approx(spec: OpSpec) -> bool:
@@ -363,96 +268,30 @@ def _erf_params(spec: OpSpec) -> list[Param]:
     return [] if _approx(spec) else [Param("FAST_ERF", (False, True))]
 
 
-def _fast_erf(config: Config) -> bool:
-    return bool(config["FAST_ERF"]) if "FAST_ERF" in config else False
+def _flat(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return inputs[0].view(-1), outputs[0].view(-1)
 
 
-# ---- blocked ------------------------------------------------------------------------------------
+def _launcher(kernel: Any) -> Callable[[OpSpec, Config], Launcher]:
+    """The launcher of ``kernel`` at a config: APPROX from the family; FAST_ERF is the exact
+    form's config's (the tanh form compiles the libdevice-free path, FAST_ERF off)."""
+    return lambda spec, config: skeleton.flat_launcher(
+        kernel, spec.inputs[0].numel, config, _flat, APPROX=_approx(spec), FAST_ERF=False)
 
 
-def _blocked_space(spec: OpSpec) -> Space:
-    return Space(
-        [Param("BLOCK", BLOCKS), Param("num_warps", WARPS), Param("EVICT_X", EVICTION), *_erf_params(spec)],
-        [per_thread_constraint(lambda c: c["BLOCK"], MIN_PER_THREAD, MAX_PER_THREAD)],
-    )
+def _variant(name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any) -> Variant:
+    return skeleton.variant(__name__, name, summary, space, _launcher(kernel))
 
 
-def _blocked_build(spec: OpSpec, config: Config) -> Launcher:
-    checked(_blocked_space(spec), config)
-    n = _numel(spec)
-    block = int(config["BLOCK"])
-    kernel = direct_launch(_gelu_blocked_kernel, (triton.cdiv(n, block),))
-    approx, evict, num_warps = _approx(spec), str(config["EVICT_X"]), int(config["num_warps"])
-    fast_erf = _fast_erf(config)
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        kernel(inputs[0].view(-1), outputs[0].view(-1), n,
-               APPROX=approx, FAST_ERF=fast_erf, BLOCK=block, EVICT_X=evict, num_warps=num_warps)  # fmt: skip
-
-    return launch
-
-
-# ---- multi_block --------------------------------------------------------------------------------
-
-
-def _multi_block_space(spec: OpSpec) -> Space:
-    return Space(
-        [Param("BLOCK", MULTI_BLOCKS), Param("ITEMS", MULTI_ITEMS), Param("num_warps", WARPS),
-         Param("num_stages", STAGES), *_erf_params(spec)],
-        [
-            per_thread_constraint(lambda c: c["BLOCK"], *LOOP_PER_THREAD),
-            Constraint("no deeper pipeline than the loop has steps", lambda c: c["num_stages"] <= c["ITEMS"]),
-        ],
-    )  # fmt: skip
-
-
-def _multi_block_build(spec: OpSpec, config: Config) -> Launcher:
-    checked(_multi_block_space(spec), config)
-    n = _numel(spec)
-    block, items = int(config["BLOCK"]), int(config["ITEMS"])
-    kernel = direct_launch(_gelu_multi_block_kernel, (triton.cdiv(n, block * items),))
-    approx, num_warps, num_stages = _approx(spec), int(config["num_warps"]), int(config["num_stages"])
-    fast_erf = _fast_erf(config)
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        kernel(inputs[0].view(-1), outputs[0].view(-1), n,
-               APPROX=approx, FAST_ERF=fast_erf, BLOCK=block, ITEMS=items, NUM_STAGES=num_stages,
-               num_warps=num_warps, num_stages=num_stages)  # fmt: skip
-
-    return launch
-
-
-# ---- persistent ---------------------------------------------------------------------------------
-
-
-def _persistent_space(spec: OpSpec) -> Space:
-    itemsize = spec.inputs[0].torch_dtype.itemsize
-    return Space(
-        [Param("PROGRAMS_PER_SM", PROGRAMS_PER_SM), Param("BLOCK", PERSISTENT_BLOCKS),
-         Param("num_warps", WARPS), Param("num_stages", STAGES), *_erf_params(spec)],
-        [
-            per_thread_constraint(lambda c: c["BLOCK"], *LOOP_PER_THREAD),
-            *persistent_constraints(lambda c: c["BLOCK"] * itemsize),
-        ],
-    )  # fmt: skip
-
-
-def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
-    checked(_persistent_space(spec), config)
-    n = _numel(spec)
-    block = int(config["BLOCK"])
-    n_blocks = triton.cdiv(n, block)
-    programs = min(n_blocks, int(config["PROGRAMS_PER_SM"]) * multiprocessor_count())
-    kernel = direct_launch(_gelu_persistent_kernel, (programs,))
-    approx, num_warps, num_stages = _approx(spec), int(config["num_warps"]), int(config["num_stages"])
-    fast_erf = _fast_erf(config)
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        kernel(inputs[0].view(-1), outputs[0].view(-1), n, n_blocks,
-               APPROX=approx, FAST_ERF=fast_erf, BLOCK=block, NUM_STAGES=num_stages,
-               num_warps=num_warps, num_stages=num_stages)  # fmt: skip
-
-    return launch
+VARIANTS = (
+    _variant("blocked", "one program per BLOCK consecutive elements",
+             lambda spec: skeleton.blocked_space(PER_THREAD, "EVICT_X", _erf_params(spec)), _gelu_blocked_kernel),
+    _variant("multi_block", "ITEMS consecutive blocks per program in a software-pipelined loop",
+             lambda spec: skeleton.multi_block_space(_erf_params(spec)), _gelu_multi_block_kernel),
+    _variant("persistent", "PROGRAMS_PER_SM programs per SM walk the blocks with a grid-stride loop",
+             lambda spec: skeleton.persistent_space(spec.inputs[0].torch_dtype.itemsize, 1, extra=_erf_params(spec)),
+             _gelu_persistent_kernel),
+)  # fmt: skip
 
 
 # =================================================================================================
@@ -460,23 +299,6 @@ def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
 # =================================================================================================
 
 _SUPPORTED_TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def row_tail_shapes(shape: tuple[int, ...], block: int = 8) -> list[tuple[int, ...]]:
-    """Shapes with the same last size and the base class's tail row counts (one row, every
-    residue modulo 8 and the edges modulo ``block``: :func:`~kernelsmith.ops._base.tail_rows`),
-    without the target's own shape; none for a 1-D shape."""
-    *lead, width = shape
-    if not lead:
-        return []
-    return [(r, width) for r in tail_rows(math.prod(lead), block) if (r, width) != shape]
-
-
-def bucketed_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Leading sizes flattened into rows, the row count rounded up to a power of two."""
-    *lead, width = shape
-    rows = math.prod(lead) if lead else 1
-    return (1 << max(rows - 1, 0).bit_length(), width)
 
 
 class _Gelu(OpFamily):
@@ -488,14 +310,8 @@ class _Gelu(OpFamily):
         "14336 features; workloads are bucketed by the product of the leading sizes"
     )
     rowwise = True  # bucketed by row count at a fixed last size (see the module docstring)
-    distributions = ("normal", "wide", "small", "tails")
-    variants = (
-        Variant("blocked", "one program per BLOCK consecutive elements", _blocked_space, _blocked_build),
-        Variant("multi_block", "ITEMS consecutive blocks per program in a software-pipelined loop",
-                _multi_block_space, _multi_block_build),
-        Variant("persistent", "PROGRAMS_PER_SM programs per SM walk the blocks with a grid-stride loop",
-                _persistent_space, _persistent_build),
-    )  # fmt: skip
+    distributions = DISTRIBUTIONS
+    variants = VARIANTS
 
     # ---- specs -----------------------------------------------------------------------------------
     def spec(self, shape: tuple[int, ...], dtype: str, **constants: Any) -> OpSpec:
@@ -559,30 +375,13 @@ class _Gelu(OpFamily):
           precision there, exp(-|z|) underflows, and the tanh form's cube reaches thousands.
         """
         x_spec = spec.inputs[0]
-        x = draw(self.name, distribution, x_spec.shape, seed, device, self.distributions)
+        x = draw(self.name, distribution, x_spec.shape, seed, device)
         return (x.to(x_spec.torch_dtype),)
 
     def flops(self, spec: OpSpec) -> int:
         # Exact: scale, erf, add, two multiplies. Tanh form: x^2, multiply-add, two multiplies,
         # |z|, exp, add, divide, select, multiply (a transcendental counts as one).
         return (10 if self.approximate == "tanh" else 5) * spec.inputs[0].numel
-
-
-def draw(op: str, distribution: str, shape: tuple[int, ...], seed: int, device: str | torch.device,
-         known: tuple[str, ...]) -> torch.Tensor:
-    """A float32 tensor of ``shape`` from one of the activation distributions (see _Gelu)."""
-    g = generator(seed, device)
-    if distribution == "normal":
-        return torch.randn(shape, generator=g, device=device)
-    if distribution == "wide":
-        return torch.randn(shape, generator=g, device=device) * 8
-    if distribution == "small":
-        return torch.randn(shape, generator=g, device=device) * 1e-3
-    if distribution == "tails":
-        magnitude = 10 + 2 * torch.randn(shape, generator=g, device=device)
-        sign = torch.randint(0, 2, shape, generator=g, device=device) * 2 - 1
-        return magnitude * sign
-    raise ValueError(f"{op}: unknown distribution {distribution!r} (known: {', '.join(known)})")
 
 
 class Gelu(_Gelu):
