@@ -23,6 +23,10 @@ from kernelsmith.testing.kernels import covering_configs
 
 DTYPES = ("float16", "bfloat16", "float32")
 WIDTHS = (1, 3, 341, 1000)
+# The four schedules, covered config by config below; the realigned variants (aligned_row,
+# split_row), whose interpreted programs are slower, run one config per class on their own shapes.
+REALIGNED = ("aligned_row", "split_row")
+SCHEDULES = [v.name for v in OP.variants if v.name not in REALIGNED]
 GUARD = 64  # NaN elements after the output: a kernel writing past its end overwrites them
 
 
@@ -55,7 +59,7 @@ LEADS: tuple[tuple[int, ...], ...] = ((7,), (33,), (1,), (2, 3), ())
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("width", WIDTHS)
-@pytest.mark.parametrize("variant", [v.name for v in OP.variants])
+@pytest.mark.parametrize("variant", SCHEDULES)
 def test_every_config_class_matches_the_reference(variant: str, width: int, dtype: str,
                                                   device: str) -> None:
     space = OP.variant(variant).space(OP.spec((7, width), dtype))
@@ -115,8 +119,10 @@ def test_eps_reaches_the_kernels(device: str) -> None:
         spec = OP.spec((4, 16), "float32", eps=eps)
         inputs = OP.make_inputs(spec, seed=3, distribution="small", device=device)
         for variant in OP.variants:
-            config = variant.space(spec).configs()[0]
-            out, guard = run_launcher(variant.name, spec, config, inputs)
+            configs = variant.space(spec).configs()
+            if not configs:  # aligned_row: 16 columns, rows Triton proves aligned
+                continue
+            out, guard = run_launcher(variant.name, spec, configs[0], inputs)
             assert_correct(spec, inputs, out, guard, f"{variant.name} eps={eps}")
         results.append(out)
     assert not torch.allclose(results[0], results[1], rtol=0.1)
@@ -138,12 +144,18 @@ def test_launchers_only_take_views(device: str) -> None:
     spec = OP.spec((2, 3, 256), "bfloat16")
     inputs = OP.make_inputs(spec, seed=0, device=device)
     for variant in OP.variants:
+        configs = variant.space(spec).configs()
+        if not configs:  # aligned_row: 256 columns, rows Triton proves aligned
+            continue
         out = torch.full_like(inputs[0], math.nan)
-        launch = variant.build(spec, variant.space(spec).configs()[0])
+        launch = variant.build(spec, configs[0])
         launch(inputs, (out,))  # compile outside the recorder
         with Recorder() as recorder:
             launch(inputs, (out,))
-        assert all(op.startswith("aten.view") for op in recorder.ops), recorder.ops
+        # split_row allocates its scratch of chunk statistics (through the caching allocator), as
+        # the backward families' launchers do: allocation, never computation.
+        allowed = ("aten.view", "aten.new_empty", "aten.empty") if variant.name == "split_row" else ("aten.view",)
+        assert all(op.startswith(allowed) for op in recorder.ops), recorder.ops
         assert not out.isnan().any()  # the launch ran (inside the recorder too)
     with Recorder() as recorder:  # the recorder does see torch calls: the check above can fail
         inputs[0].view(-1)
@@ -346,6 +358,9 @@ def test_spaces_are_non_empty_and_valid(width: int) -> None:
         if variant.name == "multi_row" and width > 8192:
             assert len(space) == 0  # two rows no longer fit the register budget
             continue
+        if variant.name == "aligned_row" and width % 16 == 0:
+            assert len(space) == 0  # Triton proves these rows aligned: whole_row is the same kernel
+            continue
         assert len(space) > 0, f"{variant.name} has no config at width {width}"
         for config in space:
             assert space.violations(config) == []
@@ -394,7 +409,7 @@ OFFSET_CASES: tuple[tuple[tuple[int, ...], str], ...] = (
     ((7, 1), "float32"), ((1, 37), "bfloat16"), ((2, 3, 341), "float16"), ((33, 100), "bfloat16"), ((37,), "float32"))
 
 
-@pytest.mark.parametrize("variant", [v.name for v in OP.variants])
+@pytest.mark.parametrize("variant", SCHEDULES)
 def test_weight_offset_reaches_every_variant(variant: str, device: str) -> None:
     """Every config class with the offset against the float64 reference; the same config
     without the offset, on the same inputs, is rejected (the offset is not small enough to hide
@@ -423,7 +438,7 @@ def test_other_weight_offsets_and_eps(device: str) -> None:
             assert_correct(spec, inputs, out, guard, f"{variant.name} offset {offset}")
 
 
-@pytest.mark.parametrize("variant", [v.name for v in OP.variants])
+@pytest.mark.parametrize("variant", SCHEDULES)
 def test_validate_accepts_every_variant_with_a_weight_offset(variant: str, device: str) -> None:
     from kernelsmith.evaluate.validate import validate
     from kernelsmith.testing.validation_runs import validation_runs
@@ -471,3 +486,85 @@ def test_weight_offset_inputs_scale_rows_alike(device: str) -> None:
     plain = OP.make_inputs(OP.spec((2, 256), "float32"), seed=4, device=device)[1]
     offset = OP.make_inputs(OP.spec((2, 256), "float32", weight_offset=1.0), seed=4, device=device)[1]
     assert torch.allclose(offset + 1.0, plain) and abs(float(offset.mean())) < 0.1
+
+
+# ---- realigned rows (aligned_row) and rows split across programs (split_row) ------------------
+
+# (rows, width, dtype, weight offset): widths 1, 7, 33, 1000 and 4097 (none a multiple of 16, so
+# that aligned_row has configs), 1 and 3 rows, every dtype (ALIGN = 4 and 8), Gemma's offset.
+REALIGNED_CASES = ((1, 1, "float32", 0.0), (3, 7, "bfloat16", 1.0), (3, 33, "float16", 0.0),
+                   (1, 1000, "bfloat16", 0.0), (3, 1000, "float16", 1.0), (1, 4097, "float32", 0.0))
+
+
+def one_config(variant: str, spec: OpSpec) -> Config:
+    """aligned_row: its first config; split_row: the widest chunks that still cut the row in two
+    or more (its first chunk then ends mid-row, with the head and tail of chunk 0 apart), or the
+    smallest chunk for rows narrower than it. Few programs: the interpreter runs each in Python."""
+    configs = OP.variant(variant).space(spec).configs()
+    if variant == "split_row":
+        return max(configs, key=lambda c: (c["BLOCK_N"], -c["num_warps"]))
+    return configs[0]
+
+
+@pytest.mark.parametrize("variant", REALIGNED)
+def test_realigned_variants_match_the_reference(variant: str, device: str) -> None:
+    for i, (rows, width, dtype, offset) in enumerate(REALIGNED_CASES):
+        spec = OP.spec((rows, width), dtype, weight_offset=offset)
+        config = one_config(variant, spec)
+        distribution = OP.distributions[i % len(OP.distributions)]
+        inputs = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
+        out, guard = run_launcher(variant, spec, config, inputs)
+        assert_correct(spec, inputs, out, guard, f"{variant} {config} {spec.describe()} {distribution}")
+
+
+@pytest.mark.parametrize("variant", REALIGNED)
+def test_realigned_variants_at_unaligned_addresses(variant: str, device: str) -> None:
+    """Tensors that start 2 and 6 bytes past an aligned address (views at a storage offset, as a
+    slice of a bigger buffer is): the pieces assume an aligned base only for speed, never for
+    which elements they cover."""
+    spec = OP.spec((3, 1000), "bfloat16")
+    x, w = OP.make_inputs(spec, seed=7, device=device)
+    x_moved = torch.empty(x.numel() + 1, dtype=x.dtype, device=device)[1:].view(x.shape)
+    x_moved.copy_(x)
+    buffer = torch.full((x.numel() + 3 + GUARD,), math.nan, dtype=x.dtype, device=device)
+    out = buffer[3: 3 + x.numel()].view(x.shape)
+    OP.variant(variant).build(spec, one_config(variant, spec))((x_moved, w), (out,))
+    assert bool(torch.isnan(buffer[:3]).all()), f"{variant} wrote before its output"
+    assert_correct(spec, (x, w), out, buffer[3 + x.numel():], f"{variant} at unaligned addresses")
+
+
+def test_split_row_sums_many_chunks(device: str) -> None:
+    # 1000 columns in chunks of 64: 16 (row, chunk) programs a row, the last chunk partly masked.
+    spec = OP.spec((2, 1000), "bfloat16")
+    config = Config(BLOCK_N=64, num_warps=1)
+    assert config in OP.variant("split_row").space(spec)
+    inputs = OP.make_inputs(spec, seed=5, distribution="large", device=device)
+    out, guard = run_launcher("split_row", spec, config, inputs)
+    assert_correct(spec, inputs, out, guard, "split_row BLOCK_N=64")
+
+
+@pytest.mark.parametrize("variant", REALIGNED)
+def test_validate_accepts_the_realigned_variants(variant: str, device: str) -> None:
+    from kernelsmith.evaluate.validate import validate
+    from kernelsmith.testing.validation_runs import validation_runs
+
+    spec = OP.spec((3, 100), "bfloat16", weight_offset=1.0)
+    v = OP.variant(variant)
+    runs = validate(OP, spec, v.build, one_config(variant, spec), device, lambda: None)
+    assert runs in validation_runs(OP, spec)
+
+
+def test_realigned_spaces() -> None:
+    aligned, split = OP.variant("aligned_row"), OP.variant("split_row")
+    # aligned_row: only where Triton cannot prove the rows aligned, and whole_row's budget.
+    for width in (4095, 4097, 4104, 32001):
+        spec = OP.spec((8, width), "bfloat16")
+        assert aligned.space(spec).configs() == OP.variant("whole_row").space(spec).configs()
+    assert len(aligned.space(OP.spec((8, 4096), "bfloat16"))) == 0
+    assert len(aligned.space(OP.spec((8, MAX_WHOLE_ROW + 3), "bfloat16"))) == 0
+    # split_row: any width, rows wider than a program holds included, two to MAX_SPLITS chunks.
+    for width in (4097, 50257, 128257, 1 << 20):
+        configs = split.space(OP.spec((8, width), "bfloat16")).configs()
+        assert configs, width
+        assert all(2 <= math.ceil(width / c["BLOCK_N"]) <= 1024 for c in configs), width
+    assert {c["BLOCK_N"] for c in split.space(OP.spec((8, 40), "bfloat16"))} == {64}

@@ -311,15 +311,19 @@ def launcher(kernel: Any, spec: OpSpec, config: Config, strides: int, scalars: t
 # ---- variants ----------------------------------------------------------------------------------------
 def variant(module: str, name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any,
             strides: int, scalars: Callable[[OpSpec], tuple[Any, ...]] = lambda spec: (),
-            pipelined: bool = False, **constexprs: Any) -> Variant:
+            pipelined: bool = False, constexprs_of: Callable[[OpSpec], dict[str, Any]] | None = None,
+            **constexprs: Any) -> Variant:
     """A variant of the family in ``module`` running ``kernel`` over the configs of ``space``;
-    ``scalars(spec)`` are the kernel's own scalar arguments after ``N`` (see :func:`launcher`).
-    Its source hash covers this module (its build's) and the family's."""
+    ``scalars(spec)`` are the kernel's own scalar arguments after ``N`` (see :func:`launcher`);
+    ``constexprs`` the family's constexprs of every workload, ``constexprs_of(spec)`` those that
+    depend on the workload (a weight offset, ``ALIGN``). Its source hash covers this module (its
+    build's) and the family's."""
     op = module.rsplit(".", 1)[-1]
 
     def build(spec: OpSpec, config: Config) -> Launcher:
         checked(op, space(spec), config)
-        return launcher(kernel, spec, config, strides, scalars(spec), pipelined, **constexprs)
+        own = constexprs_of(spec) if constexprs_of is not None else {}
+        return launcher(kernel, spec, config, strides, scalars(spec), pipelined, **constexprs, **own)
 
     return Variant(name, summary, space, build, modules=(module,))
 
@@ -358,6 +362,149 @@ def check_rows_and_weight(family: OpFamily, spec: OpSpec, names: tuple[str, ...]
 def eps_of(spec: OpSpec) -> tuple[float]:
     """The scalars of a normalisation's kernels: its ``eps``."""
     return (float(spec.const("eps")),)
+
+
+# ---- rows that start at unaligned addresses, and rows split across programs ------------------------------
+#
+# Why rows need realigning. Row ``r`` of a contiguous ``(rows, N)`` tensor starts at element ``r *
+# N``. Triton proves a load 16-byte aligned, and then issues one vector load for every 16 bytes,
+# only when it can see that every row start is: it knows the tensor's base address is (it
+# specializes pointers on that), and ``r * N`` is a multiple of 16 elements when ``N`` is (it
+# specializes integers on that too). For any other width it issues one load per element, and
+# when ``N * itemsize`` is not a multiple of 16 bytes the rows really are misaligned: measured on
+# the H200, rows of a vocabulary-sized width that is not a multiple of 8 reach 36-48% of copy
+# bandwidth (every peer too).
+#
+# The choice here: each row is cut, by *absolute* element index, into three pieces. The body
+# starts at the row's first element whose address is a multiple of 16 bytes (its index rounded up
+# to a multiple of ``ALIGN = 16 / itemsize``) and holds a multiple of ``ALIGN`` elements; the
+# compiler is told both (``tl.multiple_of`` on its start and its length, ``tl.max_contiguous`` on
+# its offsets), so that the body's address and its mask ``lanes < length`` are each constant over
+# groups of ``ALIGN`` lanes, and its loads and stores are 16-byte vectors. The at most ``ALIGN -
+# 1`` elements before the body (the head) and after it (the tail) go in one ``2 * ALIGN``-lane
+# masked access: two short scalar pieces a row, which cost a few instructions and no bandwidth.
+# The other way, loading the aligned 16-byte words that cover the row and shifting them into place
+# through shared memory, costs a shared-memory round trip for every element, and Triton has no
+# portable register shuffle to do it in registers; the pieces cost two masked loads.
+#
+# A weight (indexed by column, ``offset - row_start``) is not realigned: the body's first column
+# differs from row to row, but every row reads the same weight from L1/L2, not DRAM.
+#
+# ``aligned_row`` (the whole row in registers, realigned) is pruned where Triton already proves
+# alignment (``N`` a multiple of 16): there it is ``whole_row`` with two empty pieces.
+#
+# ``split_row``: a row cut into chunks of ``BLOCK_N`` body elements (the first chunk also takes the
+# head and tail), one program per (row, chunk), and two launches: the first reduces each chunk to
+# a few float32 statistics in a ``(rows, chunks, stats)`` scratch buffer, the second combines the
+# row's statistics (always in the same order: deterministic) and maps its chunk again. For rows
+# too wide for one program's registers (RMSNorm tens of thousands wide), and for small workloads,
+# where one program per row leaves multiprocessors idle (8 rows of 4096 are 8 programs for 132
+# SMs; split in chunks of 256, 128). The second launch reads x again: from L2 for the workloads
+# it is for (tens of MB), from DRAM for big ones, where the search prefers the others. No atomics
+# and no waiting between programs, so any grid is safe, and both launches are CUDA-graph
+# capturable (the scratch buffer is allocated through the caching allocator).
+#
+# Kernel conventions of ``split_row`` (what :func:`split_row_launcher` passes): a grid of ``(rows,
+# chunks)``; the tensors each :class:`SplitKernel` names, then ``N``, then its scalars; the
+# constexprs ``BLOCK_N`` (body elements a chunk), ``SPLITS`` (the chunk count padded to a power of
+# two: the second kernel loads a row's statistics as one block), ``ALIGN`` and the family's own.
+SPLIT_BLOCKS = powers_of_two(64, 8192)  # split_row's BLOCK_N
+MAX_SPLITS = 1024  # chunks a row: the second kernel holds a row's statistics in registers
+
+
+def alignment(spec: OpSpec) -> int:
+    """``ALIGN``: elements of the first input's dtype in 16 bytes."""
+    return max(1, 16 // spec.inputs[0].torch_dtype.itemsize)
+
+
+def _alignment_unproven(spec: OpSpec) -> Constraint:
+    n = rows_and_width(spec)[1]
+    return Constraint("N must not be a multiple of 16 (Triton proves those rows aligned: whole_row is this kernel)",
+                      lambda c: n % 16 != 0)
+
+
+@triton.jit
+def row_pieces(row_start, N, chunk, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
+    """The element offsets (absolute: add them to a tensor's base pointer) of chunk ``chunk`` of
+    the row of ``N`` elements starting at element ``row_start`` (64-bit), cut as the section above
+    says: ``(body, body_mask, edge, edge_mask)``. ``body``: ``BLOCK_N`` lanes, the body's elements
+    ``chunk * BLOCK_N`` on (aligned, hinted); ``edge``: ``2 * ALIGN`` lanes, the head then the
+    tail, masked off except in chunk 0. Every element of the row is in exactly one unmasked lane
+    of the row's chunks, when they are ``cdiv(N, BLOCK_N)`` (the body is at most N long)."""
+    head = tl.minimum((ALIGN - row_start % ALIGN) % ALIGN, N)  # elements before the first aligned one
+    body_len = tl.multiple_of((N - head) // ALIGN * ALIGN, ALIGN)
+    first = chunk * BLOCK_N  # the chunk's first body element
+    lanes = tl.arange(0, BLOCK_N)
+    body_start = tl.multiple_of(row_start + head + first, ALIGN)
+    body = tl.max_contiguous(tl.multiple_of(body_start + lanes, ALIGN), BLOCK_N)
+    body_mask = lanes < body_len - first
+    edge_lanes = tl.arange(0, 2 * ALIGN)
+    in_tail = edge_lanes >= ALIGN
+    tail_start = row_start + head + body_len
+    edge = tl.where(in_tail, tail_start + edge_lanes - ALIGN, row_start + edge_lanes)
+    edge_mask = tl.where(in_tail, edge_lanes - ALIGN < N - head - body_len, edge_lanes < head)
+    # Only chunk 0 takes the edge (a comparison of lanes: the interpreter turns `mask & scalar`
+    # into integers, which it then refuses as a mask).
+    edge_mask = edge_mask & (edge_lanes < tl.where(chunk == 0, 2 * ALIGN, 0))
+    return body, body_mask, edge, edge_mask
+
+
+def aligned_row_space(spec: OpSpec, warps: Warps, in_flight: int = 1, stages: tuple[int, ...] = ()) -> Space:
+    """:func:`whole_row_space` for rows whose alignment Triton cannot prove (empty for the others:
+    see the section above)."""
+    space = whole_row_space(spec, warps, in_flight, stages)
+    return Space(space.params, [_alignment_unproven(spec), *space.constraints])
+
+
+def split_row_space(spec: OpSpec, warps: Warps, in_flight: int = 1) -> Space:
+    """``BLOCK_N`` body elements a chunk (``in_flight`` chunk-sized blocks in registers at once),
+    ``num_warps``: at least two chunks a row, at most :data:`MAX_SPLITS` (the smallest chunk is
+    always allowed below that bound, so that the space is never empty for narrow rows)."""
+    n = rows_and_width(spec)[1]
+    smallest = SPLIT_BLOCKS[0]
+    return Space(
+        [Param("BLOCK_N", SPLIT_BLOCKS), Param("num_warps", WARPS)],
+        [Constraint("a row is split in at least two chunks (or the chunk is the smallest)",
+                    lambda c: c["BLOCK_N"] < n or c["BLOCK_N"] == smallest),
+         Constraint(f"a row has at most {MAX_SPLITS} chunks", lambda c: triton.cdiv(n, c["BLOCK_N"]) <= MAX_SPLITS),
+         warps.constraint(f"{in_flight} chunk(s) of BLOCK_N elements", lambda c: in_flight * c["BLOCK_N"])],
+    )
+
+
+SplitTensors = Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor], torch.Tensor], Sequence[torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class SplitKernel:
+    """One of split_row's two kernels: ``tensors(inputs, outputs, partial)`` are its tensor
+    arguments (``partial`` the float32 scratch of statistics), ``scalars`` follow ``N``,
+    ``constexprs`` are the family's own."""
+
+    kernel: Any
+    tensors: SplitTensors
+    scalars: tuple[Any, ...] = ()
+    constexprs: tuple[tuple[str, Any], ...] = ()
+
+
+def split_row_launcher(spec: OpSpec, config: Config, stats: SplitKernel, apply: SplitKernel, n_stats: int
+                       ) -> Launcher:
+    """The launcher of a split_row variant: ``stats`` then ``apply`` over a ``(rows, chunks)``
+    grid, with a ``(rows, chunks, n_stats)`` float32 scratch buffer between them."""
+    rows, n = rows_and_width(spec)
+    block_n = int(config["BLOCK_N"])
+    splits = triton.cdiv(n, block_n)
+    meta = {"BLOCK_N": block_n, "SPLITS": next_power_of_two(splits), "ALIGN": alignment(spec),
+            "num_warps": int(config["num_warps"])}
+    run_stats = direct_launch(stats.kernel, (rows, splits))
+    run_apply = direct_launch(apply.kernel, (rows, splits))
+    stats_meta, apply_meta = {**meta, **dict(stats.constexprs)}, {**meta, **dict(apply.constexprs)}
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        partial = inputs[0].new_empty((rows, splits, n_stats), dtype=torch.float32)
+        run_stats(*stats.tensors(inputs, outputs, partial), n, *stats.scalars, **stats_meta)
+        run_apply(*apply.tensors(inputs, outputs, partial), n, *apply.scalars, **apply_meta)
+
+    return launch
 
 
 # ---- backward: rows, then a fixed-order sum of per-program column shares --------------------------------

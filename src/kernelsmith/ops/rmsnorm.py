@@ -229,6 +229,88 @@ def _rmsnorm_persistent_kernel(
         tl.store(y_ptr + row * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _scaled(x, w_ptr, cols, mask, rstd, WEIGHT_OFFSET: tl.constexpr):
+    """``x * rstd * (weight[cols] + WEIGHT_OFFSET)`` in float32: one piece of a realigned row."""
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if WEIGHT_OFFSET != 0.0:
+        w += WEIGHT_OFFSET
+    return x * rstd * w
+
+
+@triton.jit
+def _rmsnorm_aligned_row_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    N,
+    eps,
+    BLOCK_N: tl.constexpr,
+    EVICT_X: tl.constexpr,
+    WEIGHT_OFFSET: tl.constexpr,
+    ALIGN: tl.constexpr,  # elements in 16 bytes
+):
+    """whole_row on a row cut into an aligned body and a head and tail (``skeleton.row_pieces``),
+    so that the body's loads and stores are 16-byte vectors whatever the width."""
+    row_start = tl.program_id(0).to(tl.int64) * N
+    body, body_mask, edge, edge_mask = skeleton.row_pieces(row_start, N, 0, BLOCK_N, ALIGN)
+    x = tl.load(x_ptr + body, mask=body_mask, other=0.0, eviction_policy=EVICT_X).to(tl.float32)
+    x_edge = tl.load(x_ptr + edge, mask=edge_mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt((tl.sum(x * x, axis=0) + tl.sum(x_edge * x_edge, axis=0)) / N + eps)
+    y = _scaled(x, w_ptr, body - row_start, body_mask, rstd, WEIGHT_OFFSET)
+    tl.store(y_ptr + body, y.to(y_ptr.dtype.element_ty), mask=body_mask)
+    y_edge = _scaled(x_edge, w_ptr, edge - row_start, edge_mask, rstd, WEIGHT_OFFSET)
+    tl.store(y_ptr + edge, y_edge.to(y_ptr.dtype.element_ty), mask=edge_mask)
+
+
+@triton.jit
+def _rmsnorm_split_stats_kernel(
+    x_ptr,
+    partial_ptr,  # (rows, chunks) float32: each chunk's sum of squares
+    N,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    ALIGN: tl.constexpr,
+):
+    """split_row, first launch: the sum of squares of one chunk of one row."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    body, body_mask, edge, edge_mask = skeleton.row_pieces(row * N, N, chunk, BLOCK_N, ALIGN)
+    x = tl.load(x_ptr + body, mask=body_mask, other=0.0).to(tl.float32)
+    x_edge = tl.load(x_ptr + edge, mask=edge_mask, other=0.0).to(tl.float32)
+    tl.store(partial_ptr + row * tl.num_programs(1) + chunk, tl.sum(x * x, axis=0) + tl.sum(x_edge * x_edge, axis=0))
+
+
+@triton.jit
+def _rmsnorm_split_apply_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    partial_ptr,
+    N,
+    eps,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    ALIGN: tl.constexpr,
+    WEIGHT_OFFSET: tl.constexpr,
+):
+    """split_row, second launch: the row's rstd from its chunks' sums (added in one fixed order),
+    then the chunk normalised again from x."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    chunks = tl.num_programs(1)
+    sums = tl.load(partial_ptr + row * chunks + tl.arange(0, SPLITS), mask=tl.arange(0, SPLITS) < chunks, other=0.0)
+    rstd = tl.rsqrt(tl.sum(sums, axis=0) / N + eps)
+    row_start = row * N
+    body, body_mask, edge, edge_mask = skeleton.row_pieces(row_start, N, chunk, BLOCK_N, ALIGN)
+    x = tl.load(x_ptr + body, mask=body_mask, other=0.0).to(tl.float32)
+    y = _scaled(x, w_ptr, body - row_start, body_mask, rstd, WEIGHT_OFFSET)
+    tl.store(y_ptr + body, y.to(y_ptr.dtype.element_ty), mask=body_mask)
+    x_edge = tl.load(x_ptr + edge, mask=edge_mask, other=0.0).to(tl.float32)
+    y_edge = _scaled(x_edge, w_ptr, edge - row_start, edge_mask, rstd, WEIGHT_OFFSET)
+    tl.store(y_ptr + edge, y_edge.to(y_ptr.dtype.element_ty), mask=edge_mask)
+
+
 # ---------------------------------------------------------------------------------------------
 # Spaces (the launchers are the skeleton's: kernelsmith.ops._rowwise)
 #
@@ -260,17 +342,37 @@ def weight_offset_of(spec: OpSpec) -> float:
     return float(spec.constants.get("weight_offset", 0.0))
 
 
-def _variant(name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any) -> Variant:
+def _aligned_row_space(spec: OpSpec) -> Space:
+    return skeleton.aligned_row_space(spec, skeleton.NORM_WARPS, stages=NO_LOOP_STAGES)
+
+
+def _split_row_space(spec: OpSpec) -> Space:
+    return skeleton.split_row_space(spec, skeleton.NORM_WARPS)
+
+
+def _weight_offset(spec: OpSpec) -> dict[str, Any]:
+    return {"WEIGHT_OFFSET": weight_offset_of(spec)}
+
+
+def _aligned(spec: OpSpec) -> dict[str, Any]:
+    return {"WEIGHT_OFFSET": weight_offset_of(spec), "ALIGN": skeleton.alignment(spec)}
+
+
+def _variant(name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any, strides: int = 2,
+             constexprs_of: Callable[[OpSpec], dict[str, Any]] = _weight_offset) -> Variant:
     """A variant launching ``kernel`` through the skeleton's launcher, with the spec's weight
-    offset as the kernel's ``WEIGHT_OFFSET`` constexpr (``skeleton.variant`` gives a family's
-    constexprs one value for every workload; this one is the workload's own)."""
+    offset as the kernel's ``WEIGHT_OFFSET`` constexpr."""
+    return skeleton.variant(__name__, name, summary, space, kernel, strides=strides, scalars=skeleton.eps_of,
+                            constexprs_of=constexprs_of)
 
-    def build(spec: OpSpec, config: Config) -> Launcher:
-        skeleton.checked("rmsnorm", space(spec), config)
-        return skeleton.launcher(kernel, spec, config, strides=2, scalars=skeleton.eps_of(spec),
-                                 WEIGHT_OFFSET=weight_offset_of(spec))
 
-    return Variant(name, summary, space, build, modules=(skeleton.__name__,))
+def _split_row_build(spec: OpSpec, config: Config) -> Launcher:
+    skeleton.checked("rmsnorm", _split_row_space(spec), config)
+    stats = skeleton.SplitKernel(_rmsnorm_split_stats_kernel, lambda inputs, outputs, partial: (inputs[0], partial))
+    apply = skeleton.SplitKernel(_rmsnorm_split_apply_kernel,
+                                 lambda inputs, outputs, partial: (*inputs, *outputs, partial),
+                                 skeleton.eps_of(spec), tuple(_weight_offset(spec).items()))
+    return skeleton.split_row_launcher(spec, config, stats, apply, n_stats=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,6 +401,11 @@ class RMSNorm(OpFamily):
                  _looped_space, _rmsnorm_looped_kernel),
         _variant("persistent", "PROGRAMS_PER_SM programs per SM walk the rows, weight loaded once",
                  _persistent_space, _rmsnorm_persistent_kernel),
+        _variant("aligned_row", "whole_row with each row's 16-byte-aligned body apart from its head and tail, "
+                 "for widths whose rows Triton cannot prove aligned", _aligned_row_space, _rmsnorm_aligned_row_kernel,
+                 strides=0, constexprs_of=_aligned),
+        Variant("split_row", "(row, chunk) programs: chunk sums of squares, then each chunk normalised; for wide "
+                "rows and few rows", _split_row_space, _split_row_build, modules=(skeleton.__name__,)),
     )
 
     # ---- specs -------------------------------------------------------------------------------
