@@ -19,7 +19,6 @@ _Event = torch.cuda.Event
 _synchronize = torch.cuda.synchronize
 _perf_counter = time.perf_counter
 _CUDAGraph = torch.cuda.CUDAGraph
-_graph = torch.cuda.graph
 
 # Runs implementation i on input set s: fns[i](s).
 Runner = Callable[[int], object]
@@ -184,26 +183,35 @@ def capture(fn: Runner, n_sets: int) -> list[torch.cuda.CUDAGraph]:
     """``fn(s)`` for every input set ``s``, each captured once in a CUDA graph.
 
     As PyTorch requires, the calls are first run on a side stream (Triton compiles, cuBLAS picks
-    its workspaces, the caching allocator warms up) and the capture itself runs on the side stream
-    ``torch.cuda.graph`` provides. The graphs of one implementation share a memory pool: they are
-    replayed one at a time. Whatever the call does that capture forbids (a device synchronize, a
-    host read of a device value, work left on another stream) raises here; the caller turns that
-    into data.
+    its workspaces, the caching allocator warms up), and the captures run on that side stream too.
+    The graphs of one implementation share a memory pool: they are replayed one at a time.
+    ``capture_begin`` / ``capture_end`` are called directly rather than through ``torch.cuda.graph``,
+    which garbage-collects and empties the allocator's cache on every capture (a request captures
+    every implementation once per input set), and whose exit would replace the call's own error
+    with a generic "capture invalidated". Whatever the call does that capture forbids (a device
+    synchronize, a host read of a device value, work left on another stream) raises here; the
+    caller turns that into data.
     """
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
+    graphs = []
     with torch.cuda.stream(side):
         for s in range(n_sets):
             fn(s)
+        side.synchronize()
+        pool = torch.cuda.graph_pool_handle()
+        for s in range(n_sets):
+            graph = _CUDAGraph()
+            graph.capture_begin(pool=pool)
+            try:
+                fn(s)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    graph.capture_end()  # ends the (invalidated) capture; the call's error is the one to tell
+                raise
+            graph.capture_end()
+            graphs.append(graph)
     torch.cuda.current_stream().wait_stream(side)
-    _synchronize()
-    pool = torch.cuda.graph_pool_handle()
-    graphs = []
-    for s in range(n_sets):
-        graph = _CUDAGraph()
-        with _graph(graph, pool=pool):
-            fn(s)
-        graphs.append(graph)
     _synchronize()
     return graphs
 
