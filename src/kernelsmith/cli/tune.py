@@ -185,6 +185,8 @@ def _print_result(result: Any) -> None:
             f"{result.candidate_variant}: {fmt(result.median_us)} us vs {baselines}, not faster with confidence",
         )
     summary.add_row("speedup", _versus(result).text(3))
+    if result.mode == "gpu" and result.timing_mode:  # stream or graph-replay (docs/timing.md)
+        summary.add_row("timed as", result.timing_mode)
     if result.mode == "gpu":
         summary.add_row(
             "bandwidth",
