@@ -274,6 +274,37 @@ def lookup_decision(db: Database, mode: str, family: OpFamily, spec: OpSpec) -> 
     return stored_decision(db, mode, family.bucket(spec))
 
 
+def lookup_or_revalidate(db: Database, mode: str, family: OpFamily, spec: OpSpec) -> DecisionRecord | None:
+    """:func:`lookup_decision`; where this machine's fingerprint has no decision for the call's
+    workload nor its bucket, a kernel decision stored under a *near* fingerprint (another driver
+    build or kernelsmith release) is first re-validated and re-timed here and stored under this
+    one, by the tuner's own carry-over (``tune_spec(database_only=True)``, as the decorator's
+    database-only mode does: nothing is searched). So the compile backend and
+    ``kernelsmith::kernel`` keep serving a cache across an upgrade, as the decorator does.
+
+    Re-validation is an optimization: a failure is logged and the call is served as untuned."""
+    decision = lookup_decision(db, mode, family, spec)
+    if decision is not None:
+        return decision
+    fp = current_fingerprint(mode)
+    bucket = family.bucket(spec)
+    for workload in (spec, bucket) if bucket != spec else (bucket,):  # the exact workload first, as above
+        if not db.near_decisions(fp, workload.workload_hash):
+            continue
+        from kernelsmith.tuner import tune_spec
+
+        try:
+            tune_spec(workload, db=db, mode=mode, database_only=True, require_tuned=False)
+        except Exception as exc:  # workers that cannot start, a broken record: served as untuned
+            log.warning("re-validating the near fingerprint's record of %s failed: %s: %s", workload.describe(),
+                        type(exc).__name__, exc)
+            continue
+        decision = stored_decision(db, mode, workload)
+        if decision is not None:
+            return decision
+    return None
+
+
 def stored_decision(db: Database, mode: str, bucket: OpSpec) -> DecisionRecord | None:
     """The decision stored for ``bucket`` on this machine in ``mode``, claims included: a claim
     not validated here is returned (so the front doors do not tune over it) and then refused by
@@ -412,7 +443,7 @@ def runner_for(op: str, inputs: Sequence[torch.Tensor], constants: str, decision
             runner = _carried_runner(key, family, spec, constants, mode, decisions)
             if runner is None:
                 with open_database() as db:
-                    decision = lookup_decision(db, mode, family, spec)
+                    decision = lookup_or_revalidate(db, mode, family, spec)
                 if decision is not None and decision.winner == "kernel":
                     runner = _served(key, build_runner(family, spec, decision), op, constants, mode)
     except (UnsupportedWorkload, LookupError, KeyError) as exc:

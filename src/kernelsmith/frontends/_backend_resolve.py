@@ -96,6 +96,8 @@ class _Resolver:
         if self.tune:
             self._runner(site, family, site.spec, mode, device)  # tunes the example shape's bucket
         try:
+            if not self.tune:  # a near fingerprint's record of the example shape's bucket, re-validated here
+                self._decision(family, family.bucket(site.spec), mode)
             with open_database(self.db) as db:
                 records = dispatch.carried_winners(db, family, site.spec, mode)
                 if records and site.needs_grad and family.backward is not None:
@@ -130,13 +132,13 @@ class _Resolver:
     ) -> tuple[dispatch.KernelRunner, DecisionRecord] | tuple[str, str]:
         bucket = family.bucket(spec)
         try:
-            decision = self._decision(bucket, mode)
+            decision = self._decision(family, bucket, mode)
             if decision is None and self.tune:
                 from kernelsmith.tuner import tune_spec
 
                 log.info("tuning %s (budget %d)", bucket.describe(), self.budget)
                 tune_spec(bucket, budget=self.budget, strategy=self.strategy, db=self.db, mode=mode)
-                decision = self._decision(bucket, mode)
+                decision = self._decision(family, bucket, mode)
         except DatabaseError as exc:  # a broken cache is not a broken program: one warning, Inductor's code
             warn_unusable_database(exc)
             return "no database", f"the database cannot be used: {exc}"
@@ -160,9 +162,15 @@ class _Resolver:
             return "check failed", f"stored kernel for {bucket.describe()} not used: {problem}"
         return runner, decision
 
-    def _decision(self, bucket: OpSpec, mode: str) -> DecisionRecord | None:
+    def _decision(self, family: OpFamily, bucket: OpSpec, mode: str) -> DecisionRecord | None:
+        """The decision stored for ``bucket`` here, or a near fingerprint's re-validated here
+        (another driver build or kernelsmith release: :func:`dispatch.lookup_or_revalidate`).
+        With ``tune`` the stored one only: ``tune_spec``, which runs next on a miss, carries a
+        near fingerprint's record over itself before it searches."""
         with open_database(self.db) as db:
-            return dispatch.stored_decision(db, mode, bucket)
+            if self.tune:
+                return dispatch.stored_decision(db, mode, bucket)
+            return dispatch.lookup_or_revalidate(db, mode, family, bucket)
 
 
 def _backward_metas(family: OpFamily, site: Site) -> tuple[torch.Tensor, ...]:
