@@ -23,12 +23,15 @@ For each row:
 - ``cudagraph``: ``triton.testing.do_bench_cudagraph`` of the same two calls: replayed from a
   CUDA graph, as a captured decode step runs them (without an L2 flush: on workloads smaller
   than the L2 both sides read warm data, so only the ratio is comparable).
+- ``replay_flushed``: each call captured in a CUDA graph and replayed with the L2 flushed before
+  every replay, the two interleaved (``kernelsmith.evaluate.timing``'s capture and interleaved
+  timer, here in the user's process on the served call): the conditions of a graph-replay decision.
 - ``host_us``: host time per call over back-to-back calls; close to the device time, a call is
   bound by its launch path.
 
 The row is flagged when the independent speedup that matches the decision's timing mode
-(``do_bench`` for stream decisions, ``cudagraph`` for graph-replay ones) lies outside the
-decision's confidence interval; both ratios are printed.
+(``do_bench`` for stream decisions, ``replay_flushed`` for graph-replay ones) lies outside the
+decision's confidence interval; every ratio is printed and stored.
 
 What "the served call" is: the kernel's :class:`kernelsmith.dispatch.KernelRunner`, i.e. output
 allocation (``torch.empty_like`` / ``torch.empty``, host-only, from the caching allocator) plus
@@ -59,6 +62,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import triton.testing
 from _common import (
     add_run_options,
@@ -72,6 +76,7 @@ from _common import (
     tune,
 )
 
+from kernelsmith.evaluate import timing
 from kernelsmith.ops import get_op
 from kernelsmith.spec import OpSpec
 
@@ -132,6 +137,25 @@ def cudagraph_us(fn: Fn) -> float:
     return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")) * 1000.0
 
 
+def replay_flushed_us(impls: dict[str, Fn], rounds: int = 100) -> dict[str, float | str]:
+    """Median time of each call replayed from its own CUDA graph, L2 flushed before every replay,
+    the implementations interleaved round by round; a call that cannot be captured gets its error."""
+    flusher = timing.L2Flusher(torch.device("cuda"))
+    figures: dict[str, float | str] = {}
+    replays: dict[str, timing.Runner] = {}
+    for name, fn in impls.items():
+        replay = timing.capture_or_reason(lambda s, fn=fn: fn(), 1)
+        if isinstance(replay, str):
+            figures[name] = replay[:200]
+        else:
+            replays[name] = replay
+    if replays:
+        samples = timing.interleaved_gpu(list(replays.values()), 1, rounds, 10.0, flusher)
+        for name, times in zip(replays, samples, strict=True):
+            figures[name] = timing.summarize(times)["median_us"]
+    return figures
+
+
 def host_us(fn: Fn, device: str, calls: int = 50) -> float:
     """Host time per call over back-to-back calls, the device drained at the end."""
     synchronize(device)
@@ -155,6 +179,8 @@ def _measure(impls: dict[str, Fn], device: str, smoke: bool) -> dict[str, dict[s
                 figures[timer][impl] = measure(fn)
             except Exception as exc:  # an uncapturable call is data, not the end of the run
                 figures[timer][impl] = f"{type(exc).__name__}: {exc}"[:200]
+    if not smoke:
+        figures["replay_flushed"] = replay_flushed_us(impls)
     return figures
 
 
@@ -170,8 +196,9 @@ def agreement(row: dict[str, Any]) -> None:
     """Add the independent speedups and the flag to ``row`` (see the module docstring)."""
     decision = row["decision"]
     ci = decision.get("ci")
-    row["speedups"] = {timer: speedup(row["us"][timer]) for timer in ("do_bench", "cudagraph") if timer in row["us"]}
-    matching = "cudagraph" if decision.get("timing_mode") == "graph-replay" else "do_bench"
+    row["speedups"] = {timer: speedup(row["us"][timer]) for timer in ("do_bench", "cudagraph", "replay_flushed")
+                       if timer in row["us"]}  # fmt: skip
+    matching = "replay_flushed" if decision.get("timing_mode") == "graph-replay" else "do_bench"
     row["compared_with"] = matching
     independent = row["speedups"].get(matching)
     row["disagrees"] = bool(ci and independent is not None and not ci[0] <= independent <= ci[1])
@@ -208,7 +235,7 @@ def print_table(report: dict[str, Any]) -> None:
     print_smoke_banner(report)
     print(f"\n{report['gpu']}  {report['date']}  budget {report['budget']}")
     print(f"{'op':34} {'mode':12} {'decision us':>16} {'x (95% CI)':>20} {'do_bench us':>16} {'x':>6} "
-          f"{'cudagraph us':>16} {'x':>6} {'host us':>14}  flag")  # fmt: skip
+          f"{'cudagraph us':>16} {'x':>6} {'replay+flush us':>16} {'x':>6} {'host us':>16}  flag")  # fmt: skip
     for row in report["rows"]:
         if "us" not in row:
             print(f"{row['op']:34} ERROR {str(row.get('error', ''))[-80:]}")
@@ -224,7 +251,8 @@ def print_table(report: dict[str, Any]) -> None:
         flag = f"DISAGREES ({row['compared_with']})" if row["disagrees"] else ""
         print(f"{row['op']:34} {d.get('timing_mode') or '-':12} {_cell(d.get('median_us'), 7)} "
               f"{_cell(d.get('baseline_us'), 8)} {interval:>20} {pair('do_bench')} {_cell(x.get('do_bench'), 6, 2)} "
-              f"{pair('cudagraph')} {_cell(x.get('cudagraph'), 6, 2)} {pair('host_us')}  {flag}")  # fmt: skip
+              f"{pair('cudagraph')} {_cell(x.get('cudagraph'), 6, 2)} {pair('replay_flushed')} "
+              f"{_cell(x.get('replay_flushed'), 6, 2)} {pair('host_us')}  {flag}")  # fmt: skip
     print("(us: served kernel, then eager baseline; x: baseline / served)")
 
 

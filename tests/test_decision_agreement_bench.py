@@ -49,11 +49,12 @@ def test_the_options_follow_the_benchmarks_conventions(bench: ModuleType) -> Non
         bench.selected("softmax,nope")
 
 
-def _row(mode: str, ci: list[float], do_bench: tuple[float, float], cudagraph: tuple[float, float]) -> dict[str, Any]:
+def _row(mode: str, ci: list[float], do_bench: tuple[float, float], replayed: tuple[float, float]) -> dict[str, Any]:
     return {"op": "decode_matmul (qkv)", "decision": {"timing_mode": mode, "ci": ci, "speedup": 1.2,
                                                       "median_us": 10.0, "baseline_us": 12.0},
             "us": {"do_bench": {"served": do_bench[0], "baseline": do_bench[1]},
-                   "cudagraph": {"served": cudagraph[0], "baseline": cudagraph[1]},
+                   "cudagraph": {"served": 5.0, "baseline": 5.5},
+                   "replay_flushed": {"served": replayed[0], "baseline": replayed[1]},
                    "host_us": {"served": 8.0, "baseline": 90.0}}}  # fmt: skip
 
 
@@ -63,15 +64,16 @@ def test_a_row_is_flagged_when_the_matching_independent_speedup_is_outside_the_c
     bench.agreement(stream)
     assert stream["compared_with"] == "do_bench" and stream["disagrees"]
     assert stream["speedups"]["do_bench"] == pytest.approx(0.97)
-    # A graph-replay decision is compared with do_bench_cudagraph: 1.1x is inside its CI.
+    # A graph-replay decision is compared with the flushed graph replays: 1.1x is inside its CI.
     graph = _row("graph-replay", [1.05, 1.3], (10.0, 30.0), (10.0, 11.0))
     bench.agreement(graph)
-    assert graph["compared_with"] == "cudagraph" and not graph["disagrees"]
+    assert graph["compared_with"] == "replay_flushed" and not graph["disagrees"]
+    assert graph["speedups"]["cudagraph"] == pytest.approx(1.1) and graph["speedups"]["do_bench"] == 3.0
     # A timing that failed (an uncapturable call) gives no ratio and no flag.
     failed = _row("graph-replay", [1.05, 1.3], (10.0, 30.0), (10.0, 11.0))
-    failed["us"]["cudagraph"]["baseline"] = "RuntimeError: operation not permitted when stream is capturing"
+    failed["us"]["replay_flushed"]["baseline"] = "RuntimeError: operation not permitted when stream is capturing"
     bench.agreement(failed)
-    assert failed["speedups"]["cudagraph"] is None and not failed["disagrees"]
+    assert failed["speedups"]["replay_flushed"] is None and not failed["disagrees"]
 
 
 def test_the_table_shows_the_mode_both_ratios_and_the_flag(
