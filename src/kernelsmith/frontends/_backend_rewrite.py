@@ -72,7 +72,11 @@ def _rewrite_site(graph: fx.Graph, site: Site, val_map: dict[fx.Node, fx.Node], 
         args: list[fx.Node] = []
         for op_input in site.inputs:
             node = val_map[op_input.node]
-            if op_input.reshape is not None:
+            if op_input.derive is not None:
+                source, extra = _value(node), op_input.derive_args
+                node = graph.call_function(op_input.derive, (node, *extra))
+                _set_value(node, fake_mode, functools.partial(op_input.derive, source, *extra))
+            elif op_input.reshape is not None:
                 source, shape = _value(node), op_input.reshape
                 node = graph.call_method("reshape", (node, shape))
                 _set_value(node, fake_mode, functools.partial(torch.reshape, source, shape))

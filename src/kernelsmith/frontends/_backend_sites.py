@@ -11,7 +11,7 @@ linear + cross-entropy sites are found on request. The backend then resolves and
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,9 +30,10 @@ log = logging.getLogger("kernelsmith.frontends.backend")  # this code's logger i
 FAMILIES = ("rmsnorm", "add_rmsnorm", "layernorm", "softmax", "gelu", "gelu_tanh", "swiglu", "geglu", "cross_entropy",
             "linear_cross_entropy")
 # Families matched on request only (``decode=True``, or named in ``families``): decode-shaped
-# projections (kernelsmith.frontends.patterns.decode). Off by default: every small F.linear of any
+# projections (kernelsmith.frontends.patterns.decode) and attention over a KV cache
+# (kernelsmith.frontends.patterns.decode_attention). Off by default: every small F.linear of any
 # graph would otherwise become a site, and a decode kernel pays only where the step runs as a graph.
-DECODE_FAMILIES = ("decode_matmul",)
+DECODE_FAMILIES = ("decode_matmul", "decode_attention")
 KNOWN_FAMILIES = FAMILIES + DECODE_FAMILIES
 # Calls that are never inside an op family's region: they are its inputs.
 _HEAVY = frozenset({
@@ -54,10 +55,14 @@ MAX_REGION = 40  # nodes: more than any op family's formulation takes
 
 @dataclass(frozen=True)
 class OpInput:
-    """One input of a site's op: a graph node, reshaped on the way when ``reshape`` is set."""
+    """One input of a site's op: a graph node, reshaped on the way when ``reshape`` is set, or
+    computed from it by ``derive(value, *derive_args)`` (a function of device ops, which the
+    rewritten graph calls right before the kernel: decode attention's lengths from the positions)."""
 
     node: fx.Node
     reshape: tuple[int, ...] | None = None
+    derive: Callable[..., torch.Tensor] | None = None
+    derive_args: tuple[Any, ...] = ()
 
 
 @dataclass
@@ -222,6 +227,8 @@ def _meta(value: torch.Tensor) -> torch.Tensor:
 
 def _input_meta(op_input: OpInput) -> torch.Tensor:
     meta = _meta(_value(op_input.node))
+    if op_input.derive is not None:
+        return op_input.derive(meta, *op_input.derive_args)
     return meta if op_input.reshape is None else meta.reshape(op_input.reshape)
 
 
@@ -244,6 +251,10 @@ def find_sites(gm: fx.GraphModule, families: Iterable[str] = FAMILIES, fuse_resi
     generators: dict[torch.device, torch.Generator] = {}
     if "decode_matmul" in wanted:  # first: at decode shapes the projections are the step, and their
         sites += _decode_sites(gm, nodes, order, taken, generators)  # fused epilogues save launches
+    if "decode_attention" in wanted:
+        from kernelsmith.frontends.patterns import decode_attention
+
+        sites += decode_attention.sites(gm, order, taken, generators)
     if "linear_cross_entropy" in wanted:  # before cross_entropy, which would take the loss without its head
         sites += _linear_cross_entropy_sites(gm, nodes, order, taken, generators)
     for out in reversed(nodes):
