@@ -329,3 +329,31 @@ def test_space_sizes_are_modest() -> None:
         total = sum(len(v.space(OP.spec((8192, width), "bfloat16"))) for v in OP.variants)
         assert 30 <= total <= 160, (width, total)
     assert len({v.source_hash for v in OP.variants}) == len(OP.variants)
+
+
+# ---- Gemma's weight offset: the gradient of rmsnorm(h) * (weight + weight_offset) --------------
+
+
+@pytest.mark.parametrize("variant", [v.name for v in OP.variants])
+def test_weight_offset_reaches_every_variant(variant: str, device: str) -> None:
+    """dsum scales dy by the weight the forward used (weight + 1); dw is unchanged in form. The
+    kernels match the formula with that weight, and the same config without the offset does not."""
+    spec = OP.spec((5, 37), "float32", weight_offset=1.0)
+    dy, dh, h, w = inputs = OP.make_inputs(spec, seed=3, distribution="outliers", device=device)
+    config = OP.variant(variant).space(spec).configs()[0]
+    outs, guards = run_launcher(variant, spec, config, inputs)
+    assert_correct(spec, inputs, outs, guards, f"{variant} offset 1")
+    dsum64, dw64 = formula_fp64((dy, dh, h, w + 1.0), 1e-6)
+    close = {"rtol": 1e-4, "atol": 1e-5 * float(dsum64.abs().max())}
+    assert torch.allclose(outs[0].double(), dsum64, **close)
+    assert torch.allclose(outs[1].double(), dw64, rtol=1e-4, atol=1e-5 * float(dw64.abs().max()))
+    (plain, _), _ = run_launcher(variant, OP.spec((5, 37), "float32"), config, inputs)
+    assert not torch.allclose(plain.double(), dsum64, **close)
+
+
+def test_validate_accepts_a_weight_offset(device: str) -> None:
+    spec = OP.spec((6, 100), "bfloat16", weight_offset=1.0)
+    v = OP.variant("two_stage")
+    runs = validate(OP, spec, v.build, v.space(spec).configs()[-1], device, lambda: None)
+    assert runs == max(validation_runs(OP, spec, maybe_blind=("denormal",)))
+    assert OP.spec((6, 100), "bfloat16", weight_offset=0.0) == OP.spec((6, 100), "bfloat16")

@@ -488,3 +488,65 @@ def test_build_rejects_a_config_outside_the_space(variant: str) -> None:
     config = OP.variant(variant).space(spec).configs()[0].replace(num_warps=3)
     with pytest.raises(ValueError, match="not in the space"):
         OP.variant(variant).build(spec, config)
+
+
+# ---- Gemma's weight offset: y = rmsnorm(h) * (weight + weight_offset) ---------------------------
+
+# One column, one row of an odd width, leading dims of a width no power of two; every dtype.
+OFFSET_CASES: tuple[tuple[tuple[int, ...], str], ...] = (((7, 1), "float32"), ((1, 37), "bfloat16"),
+                                                         ((2, 3, 341), "float16"))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_weight_offset_reaches_every_variant(variant: str, device: str) -> None:
+    """Each variant with Gemma's offset against the float64 reference; the same config without
+    the offset, on the same inputs, is rejected (the offset does not hide in the tolerance)."""
+    for i, (shape, dtype) in enumerate(OFFSET_CASES):
+        spec = OP.spec(shape, dtype, weight_offset=1.0)
+        config = OP.variant(variant).space(spec).configs()[0]
+        distribution = OP.distributions[i % len(OP.distributions)]
+        inputs = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
+        outputs, guards = run_launcher(variant, spec, config, inputs)
+        assert_correct(spec, inputs, outputs, guards, f"{variant} {config} {spec.describe()} offset 1")
+        (plain_y, _), _ = run_launcher(variant, OP.spec(shape, dtype), config, inputs)
+        y64, _ = OP.reference_fp64(spec, inputs)
+        assert check_close(plain_y, y64, OP.reference(spec, inputs)[0], OP.tolerance) is not None
+
+
+def test_the_harness_accepts_a_weight_offset(device: str) -> None:
+    spec = OP.spec((9, 200), "bfloat16", weight_offset=1.0)
+    v = OP.variant("whole_row")
+    runs = validate(OP, spec, v.build, v.space(spec).configs()[-1], device, lambda: None)
+    assert {runs} == validation_runs(OP, spec)
+
+
+def test_weight_offset_reference_is_gemmas_formula(device: str) -> None:
+    spec = OP.spec((2, 3, 64), "bfloat16", weight_offset=1.0)
+    x, r, w = inputs = OP.make_inputs(spec, seed=2, device=device)
+    y, h = OP.reference(spec, inputs)
+    # transformers' Gemma decoder layer: residual + hidden_states, then GemmaRMSNorm (float32,
+    # times 1 + weight, rounded once)
+    hf = (r + x).float()
+    normed = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert torch.equal(h, r + x) and torch.equal(y, (normed * (1.0 + w.float())).type_as(x))
+    y64, h64 = OP.reference_fp64(spec, inputs)
+    hd = (r + x).double()
+    assert torch.equal(h64, hd)
+    assert torch.equal(y64, (w.double() + 1.0) * (hd * torch.rsqrt(hd.pow(2).mean(-1, keepdim=True) + 1e-6)))
+
+
+def test_weight_offset_specs_leave_other_workloads_alone(device: str) -> None:
+    x, w = torch.zeros(16, 128, dtype=torch.bfloat16), torch.zeros(128, dtype=torch.bfloat16)
+    plain = OP.spec((16, 128), "bfloat16")
+    assert OP.spec((16, 128), "bfloat16", weight_offset=0.0) == plain == OP.spec_for(x, x, w, weight_offset=0)
+    assert "weight_offset" not in plain.constants
+    gemma = OP.spec((16, 128), "bfloat16", weight_offset=1.0)
+    assert gemma.constants == {"eps": 1e-6, "weight_offset": 1.0} and OP.spec_for(x, x, w, weight_offset=1.0) == gemma
+    assert gemma.workload_hash != plain.workload_hash
+    for bad in (math.inf, math.nan):
+        with pytest.raises(UnsupportedWorkload, match="weight_offset"):
+            OP.spec((16, 128), "bfloat16", weight_offset=bad)
+    # The weight is drawn less the offset: the rows are scaled by 1 + 0.5 * N(0, 1) either way.
+    w_plain = OP.make_inputs(OP.spec((2, 256), "float32"), seed=4, device=device)[2]
+    w_gemma = OP.make_inputs(OP.spec((2, 256), "float32", weight_offset=1.0), seed=4, device=device)[2]
+    assert torch.allclose(w_gemma + 1.0, w_plain)

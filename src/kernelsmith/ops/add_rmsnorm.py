@@ -17,6 +17,12 @@ Eagerly that is an add kernel (read 2, write 1) and then RMSNorm (read 1 again, 
 ``x`` and ``residual`` are read once and ``y`` and ``h`` written once: 4 row-sized transfers
 instead of 5, and one launch instead of several. Like RMSNorm it is bound by memory bandwidth.
 
+Gemma's residual add + RMSNorm scales by ``1 + weight``: the constant ``weight_offset`` (1.0 for
+Gemma; left out of the constants when 0, so that every other workload hashes as before) is added
+to the weight in float32 right after the kernels load it, under a ``WEIGHT_OFFSET`` constexpr
+(0.0 compiles no add), as :mod:`kernelsmith.ops.rmsnorm` does. With an offset the reference is
+Gemma's: ``h = residual + x`` rounded, then ``GemmaRMSNorm(h)``, float32 rounded once.
+
 The rounding of ``h``
 ---------------------
 The model stores ``h`` in its own dtype and normalises *that* stored value. The kernels do the
@@ -96,10 +102,10 @@ from kernelsmith.ops._base import (
     Tolerance,
     UnsupportedWorkload,
     Variant,
-    check_eps,
     generator,
     tensor_specs,
 )
+from kernelsmith.ops.rmsnorm import norm_constants, weight_offset_of
 from kernelsmith.space import Space
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
@@ -152,6 +158,7 @@ def _add_rmsnorm_whole_row_kernel(
     eps,
     BLOCK_N: tl.constexpr,  # next_power_of_two(N): the whole row in one block
     EVICT_X: tl.constexpr,  # "" or "evict_first" for x and residual (each read once)
+    WEIGHT_OFFSET: tl.constexpr,  # added to the weight (Gemma: 1.0); 0.0 compiles no add
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
@@ -166,6 +173,8 @@ def _add_rmsnorm_whole_row_kernel(
 
     rstd = tl.rsqrt(tl.sum(hf * hf, axis=0) / N + eps)  # mean over the N real elements
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if WEIGHT_OFFSET != 0.0:  # resolved at compile time: no add for Llama's norm
+        w += WEIGHT_OFFSET  # in float32, after the load (Gemma's 1.0 + weight.float())
     y = hf * rstd * w  # rounded once, on the store
     tl.store(y_ptr + row * y_row_stride + cols, _to_storage(y, y_ptr), mask=mask)
 
@@ -186,6 +195,7 @@ def _add_rmsnorm_multi_row_kernel(
     eps,
     ROWS: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # next_power_of_two(N)
+    WEIGHT_OFFSET: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
@@ -203,6 +213,8 @@ def _add_rmsnorm_multi_row_kernel(
     # computed for them, multiplied by zeros and never stored.
     rstd = tl.rsqrt(tl.sum(hf * hf, axis=1) / N + eps)
     w = tl.load(w_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    if WEIGHT_OFFSET != 0.0:
+        w += WEIGHT_OFFSET
     y = hf * rstd[:, None] * w[None, :]
     tl.store(y_ptr + rows64 * y_row_stride + cols[None, :], _to_storage(y, y_ptr), mask=mask)
 
@@ -222,6 +234,7 @@ def _add_rmsnorm_looped_kernel(
     eps,
     BLOCK_N: tl.constexpr,  # columns per loop step
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of both loops (1: none)
+    WEIGHT_OFFSET: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
@@ -252,6 +265,8 @@ def _add_rmsnorm_looped_kernel(
         mask = offs < N
         hf = tl.load(h_row + offs, mask=mask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if WEIGHT_OFFSET != 0.0:
+            w += WEIGHT_OFFSET
         tl.store(y_row + offs, _to_storage(hf * rstd * w, y_ptr), mask=mask)
 
 
@@ -271,10 +286,13 @@ def _add_rmsnorm_persistent_kernel(
     eps,
     BLOCK_N: tl.constexpr,  # next_power_of_two(N)
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
+    WEIGHT_OFFSET: tl.constexpr,
 ):
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # once per program
+    if WEIGHT_OFFSET != 0.0:
+        w += WEIGHT_OFFSET
     for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
         row64 = tl.cast(row, tl.int64)  # (tl.cast: in the interpreter, row is a Python int)
         x = tl.load(x_ptr + row64 * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
@@ -312,9 +330,13 @@ def _persistent_space(spec: OpSpec) -> Space:
 
 def _variant(name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any, pipelined: bool = False
              ) -> Variant:
-    # Four row-strided tensors (x, residual, y, h); eps after N.
+    # Four row-strided tensors (x, residual, y, h); eps after N; the spec's weight offset.
     return skeleton.variant(__name__, name, summary, space, kernel, strides=4, scalars=skeleton.eps_of,
-                            pipelined=pipelined)
+                            pipelined=pipelined, constexprs_of=_weight_offset)
+
+
+def _weight_offset(spec: OpSpec) -> dict[str, Any]:
+    return {"WEIGHT_OFFSET": weight_offset_of(spec)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,15 +369,17 @@ class AddRMSNorm(OpFamily):
     )
 
     # ---- specs -------------------------------------------------------------------------------
-    def spec(self, shape: tuple[int, ...], dtype: str, eps: float = DEFAULT_EPS, **constants: Any) -> OpSpec:
+    def spec(self, shape: tuple[int, ...], dtype: str, eps: float = DEFAULT_EPS, weight_offset: float = 0.0,
+             **constants: Any) -> OpSpec:
         shape = skeleton.command_line_shape(self.name, shape, constants)
         name = dtype_name(dtype)
         x = TensorSpec(shape, name)
-        spec = OpSpec(self.name, (x, x, TensorSpec((shape[-1],), name)), {"eps": check_eps(self.name, eps)})
+        spec = OpSpec(self.name, (x, x, TensorSpec((shape[-1],), name)), norm_constants(self.name, eps, weight_offset))
         self.check_supported(spec)
         return spec
 
-    def spec_for(self, *inputs: torch.Tensor, eps: float = DEFAULT_EPS, **constants: Any) -> OpSpec:
+    def spec_for(self, *inputs: torch.Tensor, eps: float = DEFAULT_EPS, weight_offset: float = 0.0,
+                 **constants: Any) -> OpSpec:
         if constants:
             raise UnsupportedWorkload(f"add_rmsnorm: unknown constants {sorted(constants)}")
         if len(inputs) != 3 or not all(isinstance(t, torch.Tensor) for t in inputs):
@@ -377,7 +401,7 @@ class AddRMSNorm(OpFamily):
                 f"add_rmsnorm: x, residual and weight must share a dtype, not {x.dtype}, "
                 f"{residual.dtype} and {weight.dtype}")
         specs = tensor_specs(self.name, (x, residual, weight))
-        spec = OpSpec(self.name, specs, {"eps": check_eps(self.name, eps)})
+        spec = OpSpec(self.name, specs, norm_constants(self.name, eps, weight_offset))
         self.check_supported(spec)
         return spec
 
@@ -409,12 +433,16 @@ class AddRMSNorm(OpFamily):
 
     # ---- math --------------------------------------------------------------------------------
     def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """A Hugging Face Llama decoder layer's residual add and LlamaRMSNorm, verbatim in substance."""
+        """A Hugging Face Llama decoder layer's residual add and LlamaRMSNorm, verbatim in substance;
+        with a weight offset, Gemma's residual add and GemmaRMSNorm (float32, rounded once)."""
         x, residual, weight = inputs
         eps = float(spec.const("eps"))
+        offset = weight_offset_of(spec)
         h = residual + x  # in the input dtype: rounded
         hf = h.float()
         y = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
+        if offset:
+            return (y * (weight.float() + offset)).to(h.dtype), h
         return weight * y.to(h.dtype), h
 
     def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -423,7 +451,7 @@ class AddRMSNorm(OpFamily):
         x, residual, weight = inputs
         eps = float(spec.const("eps"))
         h64 = (residual + x).double()
-        y64 = weight.double() * (h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + eps))
+        y64 = (weight.double() + weight_offset_of(spec)) * (h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + eps))
         return y64, h64
 
     def make_inputs(
@@ -436,7 +464,8 @@ class AddRMSNorm(OpFamily):
         """(x, residual, weight) for ``distribution``, deterministic in ``seed``.
 
         x and residual are drawn independently at the same scale (so that h = x + residual
-        differs from either, and neither term is negligible), weight = 1 + 0.5 * N(0, 1):
+        differs from either, and neither term is negligible), weight = 1 + 0.5 * N(0, 1) less
+        the spec's weight offset (the weight rows are scaled by is drawn alike either way):
 
         - normal: N(0, 1);
         - large: 100 * N(0, 1): squares of h reach 1e5 to 1e7, past float16's range, so only a
@@ -468,7 +497,7 @@ class AddRMSNorm(OpFamily):
         else:
             raise ValueError(f"add_rmsnorm: unknown distribution {distribution!r} "
                              f"(known: {', '.join(self.distributions)})")
-        weight = 1 + 0.5 * randn(w_spec.shape)
+        weight = 1 + 0.5 * randn(w_spec.shape) - weight_offset_of(spec)
         return x.to(x_spec.torch_dtype), r.to(r_spec.torch_dtype), weight.to(w_spec.torch_dtype)
 
     def flops(self, spec: OpSpec) -> int:

@@ -25,9 +25,11 @@ outputs, so it has two upstream gradients, and the statistics are recomputed fro
 *output* ``h`` (one tensor, already rounded as the forward normalised it) rather than from ``x``
 and ``residual`` (two tensors to read and add). Inputs are ``(dy, dh, h, weight)``: ``dy``, ``dh``
 and ``h`` of shape ``(..., N)`` in the activation dtype, ``weight`` of shape ``(N,)`` in the same
-dtype; the constant ``eps`` (default 1e-6). Outputs are ``(dsum, dw)``: ``dsum`` like ``h`` in the
-activation dtype, ``dw`` of shape ``(N,)`` in float32 (a sum over all rows, accumulated in float32
-and left there; the caller casts it to the weight's dtype).
+dtype; the constants ``eps`` (default 1e-6) and, as in the forward, ``weight_offset`` (Gemma's ``1
++ weight``, added to the weight in float32 after the load; left out of the constants when 0).
+Outputs are ``(dsum, dw)``: ``dsum`` like ``h`` in the activation dtype, ``dw`` of shape ``(N,)``
+in float32 (a sum over all rows, accumulated in float32 and left there; the caller casts it to the
+weight's dtype).
 
 The kernels are :mod:`rmsnorm_backward`'s with ``h`` in place of ``x`` and one more load, ``dh``,
 added in float32 before ``dsum`` is rounded once and stored. The load comes after the row's
@@ -82,14 +84,13 @@ from kernelsmith.ops._base import (
     Tolerance,
     UnsupportedWorkload,
     Variant,
-    check_eps,
     generator,
     rows_and_width,
     tensor_specs,
 )
 from kernelsmith.ops._launch import direct_launch
 from kernelsmith.ops.add_rmsnorm import _to_storage
-from kernelsmith.ops.rmsnorm import DEFAULT_EPS
+from kernelsmith.ops.rmsnorm import DEFAULT_EPS, norm_constants, weight_offset_of
 from kernelsmith.ops.rmsnorm import OP as _RMSNORM
 from kernelsmith.ops.rmsnorm_backward import _looped_space, _looped_stats_kernel
 from kernelsmith.space import Config, Space, next_power_of_two
@@ -121,6 +122,7 @@ def _two_stage_rows_kernel(
     eps,
     BLOCK_N: tl.constexpr,  # next_power_of_two(N): the whole row in one block
     NUM_STAGES: tl.constexpr,
+    WEIGHT_OFFSET: tl.constexpr,  # added to the weight (Gemma: 1.0); 0.0 compiles no add
 ):
     """Rows pid, pid + programs, ...: dsum for each, and the sum of their dy * h * r."""
     pid = tl.program_id(0)
@@ -128,6 +130,8 @@ def _two_stage_rows_kernel(
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if WEIGHT_OFFSET != 0.0:  # g scales dy by the weight the forward used; dw does not change
+        w += WEIGHT_OFFSET
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     for i in tl.range(pid, n_rows, programs, num_stages=NUM_STAGES):
         row = tl.cast(i, tl.int64)  # 64-bit offsets (and a tensor in the interpreter)
@@ -161,6 +165,7 @@ def _looped_rows_kernel(
     N,
     BLOCK_N: tl.constexpr,  # columns per program
     NUM_STAGES: tl.constexpr,
+    WEIGHT_OFFSET: tl.constexpr,
 ):
     """Program (column block, group): dsum of the block for rows group, group + groups, ...,
     and the block's share of dw over those rows."""
@@ -169,6 +174,8 @@ def _looped_rows_kernel(
     group = tl.program_id(1)
     groups = tl.num_programs(1)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if WEIGHT_OFFSET != 0.0:  # g scales dy by the weight the forward used; dw does not change
+        w += WEIGHT_OFFSET
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     for i in tl.range(group, n_rows, groups, num_stages=NUM_STAGES):
         row = tl.cast(i, tl.int64)
@@ -210,7 +217,7 @@ def _two_stage_build(spec: OpSpec, config: Config) -> Launcher:
     programs = skeleton.groups(int(config["GROUPS"]), rows)
     eps = float(spec.const("eps"))
     meta = {"BLOCK_N": next_power_of_two(n), "NUM_STAGES": int(config["num_stages"]),
-            **skeleton.launch_options(config)}
+            "WEIGHT_OFFSET": weight_offset_of(spec), **skeleton.launch_options(config)}
     rows_kernel = direct_launch(_two_stage_rows_kernel, (programs,))
     reduce = skeleton.reducer(n, int(config["BLOCK_R"]))
 
@@ -235,7 +242,8 @@ def _looped_build(spec: OpSpec, config: Config) -> Launcher:
     groups = skeleton.groups(int(config["GROUPS"]), rows)
     block_n = int(config["BLOCK_N"])
     eps = float(spec.const("eps"))
-    meta = {"BLOCK_N": block_n, "NUM_STAGES": int(config["num_stages"]), **skeleton.launch_options(config)}
+    meta = {"BLOCK_N": block_n, "NUM_STAGES": int(config["num_stages"]), "WEIGHT_OFFSET": weight_offset_of(spec),
+            **skeleton.launch_options(config)}
     stats_kernel = direct_launch(_looped_stats_kernel, (rows,))
     rows_kernel = direct_launch(_looped_rows_kernel, (triton.cdiv(n, block_n), groups))
     reduce = skeleton.reducer(n, skeleton.LOOPED_REDUCE_ROWS)
@@ -284,16 +292,18 @@ class AddRMSNormBackward(OpFamily):
     )
 
     # ---- specs -------------------------------------------------------------------------------
-    def spec(self, shape: tuple[int, ...], dtype: str, eps: float = DEFAULT_EPS, **constants: Any) -> OpSpec:
+    def spec(self, shape: tuple[int, ...], dtype: str, eps: float = DEFAULT_EPS, weight_offset: float = 0.0,
+             **constants: Any) -> OpSpec:
         shape = skeleton.command_line_shape(self.name, shape, constants, what="h")
         name = dtype_name(dtype)
         act = TensorSpec(shape, name)
         spec = OpSpec(self.name, (act, act, act, TensorSpec((shape[-1],), name)),
-                      {"eps": check_eps(self.name, eps)})
+                      norm_constants(self.name, eps, weight_offset))
         self.check_supported(spec)
         return spec
 
-    def spec_for(self, *inputs: torch.Tensor, eps: float = DEFAULT_EPS, **constants: Any) -> OpSpec:
+    def spec_for(self, *inputs: torch.Tensor, eps: float = DEFAULT_EPS, weight_offset: float = 0.0,
+                 **constants: Any) -> OpSpec:
         if constants:
             raise UnsupportedWorkload(f"add_rmsnorm_backward: unknown constants {sorted(constants)}")
         if len(inputs) != 4 or not all(isinstance(t, torch.Tensor) for t in inputs):
@@ -305,7 +315,7 @@ class AddRMSNormBackward(OpFamily):
         if h.numel() == 0:
             raise UnsupportedWorkload("add_rmsnorm_backward: empty inputs are not supported")
         specs = tensor_specs(self.name, inputs)
-        spec = OpSpec(self.name, specs, {"eps": check_eps(self.name, eps)})
+        spec = OpSpec(self.name, specs, norm_constants(self.name, eps, weight_offset))
         self.check_supported(spec)
         return spec
 
@@ -320,12 +330,12 @@ class AddRMSNormBackward(OpFamily):
     # ---- math --------------------------------------------------------------------------------
     def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Autograd through the HF forward in the input dtype: (dsum, dw.float())."""
-        dsum, dw = _autograd(inputs, float(spec.const("eps")), None)
+        dsum, dw = _autograd(inputs, float(spec.const("eps")), weight_offset_of(spec), None)
         return dsum, dw.float()
 
     def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """The same autograd in float64 (nothing rounded): the formula of the module docstring."""
-        return _autograd(inputs, float(spec.const("eps")), torch.float64)
+        return _autograd(inputs, float(spec.const("eps")), weight_offset_of(spec), torch.float64)
 
     def make_inputs(
         self,
@@ -350,17 +360,21 @@ class AddRMSNormBackward(OpFamily):
         return 12 * spec.inputs[2].numel
 
 
-def _autograd(inputs: Sequence[torch.Tensor], eps: float, dtype: torch.dtype | None
+def _autograd(inputs: Sequence[torch.Tensor], eps: float, weight_offset: float, dtype: torch.dtype | None
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dsum, dw) by autograd through the HF forward's outputs (y, h), in ``dtype`` (None: the
-    inputs' own). ``h`` is the leaf: the add that formed it passes its gradient through unchanged."""
+    inputs' own): Llama's norm, or with a weight offset Gemma's (float32, rounded once). ``h`` is
+    the leaf: the add that formed it passes its gradient through unchanged."""
     dy, dh, h, weight = (t if dtype is None else t.to(dtype) for t in inputs)
     with torch.enable_grad():
         hg = h.detach().requires_grad_()
         wg = weight.detach().requires_grad_()
         hf = hg.float() if dtype is None else hg
         normed = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
-        y = wg * normed.to(hg.dtype)
+        if weight_offset:  # noqa: SIM108 (Gemma's forward against Llama's, each written as HF writes it)
+            y = (normed * (wg.to(normed.dtype) + weight_offset)).to(hg.dtype)
+        else:
+            y = wg * normed.to(hg.dtype)
         dsum, dw = torch.autograd.grad((y, hg), (hg, wg), (dy.detach(), dh.detach()))
     return dsum.detach(), dw.detach()
 
