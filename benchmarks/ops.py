@@ -1,13 +1,15 @@
 """Op-library benchmark: tune each op family at the PERFORMANCE.md shapes, then time the winner side
 by side with eager PyTorch, torch.compile, torch.compile max-autotune and Liger-Kernel, in one process.
 
-    python benchmarks/ops.py --out bench.json [--only rmsnorm,softmax] [--budget 50] [--train all]
+    python benchmarks/ops.py --out bench.json [--only rmsnorm,softmax] [--budget 50] [--train all] [--odd]
 
 Forward rows time the op as a user writes it (``eager``), compiled both ways, Liger's function
 where it has the op, and kernelsmith's tuned winner. ``--train`` adds training-step rows
 (forward + backward, gradients of every floating-point input): the PyTorch paths through
 autograd, Liger through its autograd functions, kernelsmith through its autograd node with the
-tuned forward and the tuned backward family. Every implementation is timed with
+tuned forward and the tuned backward family. ``--odd`` runs the odd shapes instead (ODD_WORKLOADS:
+misaligned and vocabulary-sized widths, few rows, a million narrow rows, Gemma's norms). Every
+implementation is timed with
 ``triton.testing.do_bench`` (CUDA events, L2 flushed, median). Percentages are of the measured
 copy bandwidth, bytes = each input read once + each output written once (the forward's plus the
 backward's for training rows). Prints a table and writes JSON with the date, GPU, versions and
@@ -49,6 +51,17 @@ def hf_rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Ten
 def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> Any:
     h = x + residual
     return hf_rmsnorm(h, w, eps), h
+
+
+def gemma_rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """transformers' GemmaRMSNorm.forward: float32 throughout, times (1 + weight), rounded once."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w.float())).type_as(x)
+
+
+def gemma_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor) -> Any:
+    h = x + residual
+    return gemma_rmsnorm(h, w), h
 
 
 def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -155,6 +168,22 @@ WORKLOADS = [
     Workload("add_rmsnorm", (8192, 4096), add_rmsnorm, train=True),
 ]
 
+# The odd shapes (--odd), shapes nobody tunes for: widths that are not a multiple of 8 (rows that
+# start at addresses no 16-byte vector load can use), widths just above a power of two, a
+# vocabulary-sized row too wide for one program's registers, few rows (a small workload: a few
+# programs for 132 SMs) and very many narrow rows; Gemma's (1 + weight) norms.
+_ODD_SHAPES = ((8192, 4095), (2048, 32001), (1024, 50257), (512, 128257), (8192, 4097), (8, 4096), (1 << 20, 64))
+_ODD_FAMILIES: tuple[tuple[str, Fn, dict[str, Any]], ...] = (
+    ("rmsnorm", hf_rmsnorm, {}), ("layernorm", layernorm, {"eps": 1e-5}), ("softmax", softmax, {}),
+    ("add_rmsnorm", add_rmsnorm, {}))
+ODD_WORKLOADS = [Workload(op, shape, eager, constants)
+                 for op, eager, constants in _ODD_FAMILIES for shape in _ODD_SHAPES]
+ODD_WORKLOADS += [
+    Workload("rmsnorm", (8192, 3072), gemma_rmsnorm, {"weight_offset": 1.0}),
+    Workload("add_rmsnorm", (8192, 3072), gemma_add_rmsnorm, {"weight_offset": 1.0}),
+    Workload("add_rmsnorm", (8192, 3072), gemma_add_rmsnorm, {"weight_offset": 1.0}, train=True),
+]
+
 
 def training_step(fn: Fn, inputs: Sequence[torch.Tensor]) -> Fn:
     """A closure running ``fn`` forward and backward, returning the inputs' gradients.
@@ -216,7 +245,8 @@ def run_workload(w: Workload, budget: int, db: str, copy_gbps: float, profile: b
         "compile": torch.compile(w.eager, dynamic=False),
         "max-autotune": torch.compile(w.eager, mode="max-autotune-no-cudagraphs", dynamic=False),
     }
-    peer = liger(w.op)
+    # Liger's functions here are the Llama norms: a Gemma row (weight_offset) has no peer column.
+    peer = None if w.constants.get("weight_offset") else liger(w.op)
     if peer is not None:
         impls["liger"] = peer
     kernel: Fn | None = None
@@ -302,6 +332,8 @@ def main() -> int:
     parser.add_argument("--only", default="", help="forward rows of these ops only (comma-separated; 'none': none)")
     parser.add_argument("--profile", action="store_true", help="record each implementation's device kernels")
     parser.add_argument("--train", default="", help="forward+backward rows of these ops (comma-separated, or 'all')")
+    parser.add_argument("--odd", action="store_true",
+                        help="the odd shapes (ODD_WORKLOADS) instead of the standard rows")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("benchmarks/ops.py needs a CUDA GPU", file=sys.stderr)
@@ -310,7 +342,7 @@ def main() -> int:
     report = environment(liger=_liger_version(), copy_gbps=copy_gbps)
     only = {s for s in args.only.split(",") if s}
     train = {s for s in args.train.split(",") if s}
-    for w in WORKLOADS:
+    for w in ODD_WORKLOADS if args.odd else WORKLOADS:
         wanted = (w.op in train or "all" in train) if w.train else (not only or w.op in only)
         if not wanted:
             continue
