@@ -29,8 +29,8 @@ array (the halves of a gated activation's concatenated input, at a column offset
     width (:func:`tile_shape`), so narrow rows get tall tiles without a larger space.
 
 A family writes its kernels, each a signature, the schedule's first line (a call of
-:func:`block_offsets`, :func:`tile_offsets` or :func:`tile_of`, below: the 64-bit offsets and the
-mask) and a call of its own jitted math on the block; this module writes the rest once: the
+:func:`block_offsets`, :func:`tile_offsets` or :func:`persistent_tile_offsets`, below: the
+64-bit offsets and the mask) and a call of its own jitted math on the block; this module writes the rest once: the
 spaces of each schedule and their constraints, the grids and the launchers (:func:`flat_launcher`,
 :func:`tile_launcher`) and the variants (:func:`variant`), whose source hash covers this module,
 the row-wise skeleton whose choices it shares, and the family's modules. Also the shapes of the
@@ -97,10 +97,10 @@ def tile_offsets(tile_m, tile_n, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N:
 
 
 @triton.jit
-def tile_of(tile, n_col_tiles):
-    """(tile_m, tile_n) of the ``tile``-th tile in row-major tile order (the persistent loop's)."""
+def persistent_tile_offsets(tile, n_col_tiles, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """:func:`tile_offsets` of the ``tile``-th tile in row-major tile order (the persistent loop's)."""
     tile_m = tile // n_col_tiles
-    return tile_m, tile - tile_m * n_col_tiles
+    return tile_offsets(tile_m, tile - tile_m * n_col_tiles, n_rows, n_cols, BLOCK_M, BLOCK_N)
 
 
 # ---- the choices of the spaces ---------------------------------------------------------------------

@@ -84,8 +84,8 @@ from kernelsmith.ops._elementwise import (
     block_offsets,
     bucketed_shape,
     draw,
+    persistent_tile_offsets,
     row_tail_shapes,
-    tile_of,
     tile_offsets,
 )
 from kernelsmith.ops.gelu import gelu_f32, sigmoid_f32
@@ -196,8 +196,7 @@ def _gated_persistent_kernel(
 ):
     """persistent: program pid computes tiles pid, pid + programs, ... in row-major tile order."""
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=NUM_STAGES):
-        tile_m, tile_n = tile_of(tile, n_col_tiles)
-        rows, cols, mask = tile_offsets(tile_m, tile_n, n_rows, n_cols, BLOCK_M, BLOCK_N)
+        rows, cols, mask = persistent_tile_offsets(tile, n_col_tiles, n_rows, n_cols, BLOCK_M, BLOCK_N)
         _gated_tile(a_ptr, b_ptr + b_offset, y_ptr, rows, cols, mask, a_row_stride, b_row_stride, y_row_stride,
                     ACT)  # fmt: skip
 

@@ -75,15 +75,8 @@ import triton
 import triton.language as tl
 
 from kernelsmith.ops import _elementwise as skeleton
-from kernelsmith.ops._base import (
-    FINITE_STRESS_DISTRIBUTIONS,
-    Launcher,
-    OpFamily,
-    UnsupportedWorkload,
-    Variant,
-    generator,
-)
-from kernelsmith.ops._elementwise import DISTRIBUTIONS, block_offsets, tile_of, tile_offsets
+from kernelsmith.ops._base import FINITE_STRESS_DISTRIBUTIONS, Launcher, OpFamily, UnsupportedWorkload, Variant
+from kernelsmith.ops._elementwise import DISTRIBUTIONS, block_offsets, draw, persistent_tile_offsets, tile_offsets
 from kernelsmith.ops.gated import (
     ACT_GELU,
     ACT_GELU_TANH,
@@ -201,15 +194,11 @@ def _rows_kernel(
 @triton.jit
 def _persistent_kernel(
     dy_ptr, a_ptr, b_ptr, da_ptr, db_ptr, dy_row_stride, in_row_stride, grad_row_stride, b_offset, n_rows, n_cols,
-    n_col_tiles,  # cdiv(n_cols, BLOCK_N)
-    n_tiles,  # cdiv(n_rows, BLOCK_M) * n_col_tiles
-    ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the tile loop (1: none)
+    n_col_tiles, n_tiles, ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):
-    """persistent: program pid computes tiles pid, pid + programs, ... in row-major tile order."""
+    """persistent: the forward's persistent kernel (kernelsmith.ops.gated), with the gradients' tiles."""
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=NUM_STAGES):
-        tile_m, tile_n = tile_of(tile, n_col_tiles)
-        rows, cols, mask = tile_offsets(tile_m, tile_n, n_rows, n_cols, BLOCK_M, BLOCK_N)
+        rows, cols, mask = persistent_tile_offsets(tile, n_col_tiles, n_rows, n_cols, BLOCK_M, BLOCK_N)
         _grads_tile(dy_ptr, a_ptr, b_ptr + b_offset, da_ptr, db_ptr + b_offset, rows, cols, mask,
                     dy_row_stride, in_row_stride, grad_row_stride, ACT)  # fmt: skip
 
@@ -388,8 +377,7 @@ class _GatedBackward(OpFamily):
         generator, rounded to the dtype; deterministic in the seed."""
         forward_inputs = self.forward.make_inputs(_forward_spec(spec), seed, distribution, device)
         dy_spec = spec.inputs[0]
-        g = generator(seed ^ 0x5EED_D1FF, device)
-        dy = torch.randn(dy_spec.shape, generator=g, device=device, dtype=torch.float32)
+        dy = draw(self.name, "normal", dy_spec.shape, seed ^ 0x5EED_D1FF, device)
         return (dy.to(dy_spec.torch_dtype), *forward_inputs)
 
     def flops(self, spec: OpSpec) -> int:
