@@ -13,8 +13,10 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
+import pytest
 import torch
 
+from kernelsmith._tuner_search import CEILING_MIN_EVALUATIONS
 from kernelsmith.db import open_database
 from kernelsmith.db.fingerprint import current_fingerprint
 from kernelsmith.evaluate.protocol import Candidate, EvalResult
@@ -86,3 +88,55 @@ def test_a_dead_tuners_claim_lapses_and_the_candidate_is_evaluated_here(tmp_path
         search.run("grid", budget=len(candidates), seed=0)
         assert sorted(c.key for c in evaluator.submitted) == sorted(c.key for c in candidates)
         assert len(db.trials()) == len(candidates) and search.claimed == set()
+
+
+# ---- the search stops at the copy ceiling (issue 19: search cost) ---------------------------------
+
+
+class _CeilingEvaluator(_Evaluator):
+    """Every candidate moves its bytes at ``gbps`` with a 1% interquartile range."""
+
+    def __init__(self, gbps: float) -> None:
+        super().__init__()
+        self.gbps = gbps
+
+    def submit(self, spec: Any, candidate: Candidate, **_: Any) -> Future[EvalResult]:
+        self.submitted.append(candidate)
+        future: Future[EvalResult] = Future()
+        source_hash = get_op("rmsnorm").variant(candidate.variant).source_hash
+        metrics = {"median_us": 100.0, "p25_us": 99.5, "p75_us": 100.5, "baseline_median_us": 150.0,
+                   "gbps": self.gbps}  # fmt: skip
+        future.set_result(EvalResult(candidate, "ok", metrics=metrics, source_hash=source_hash))
+        return future
+
+
+@pytest.mark.parametrize(("gbps", "stops"), [(4150.0, True), (3900.0, False)])
+def test_the_search_stops_once_its_best_is_at_the_copy_ceiling(tmp_path: Any, gbps: float, stops: bool) -> None:
+    """At 4150 GB/s against a 4200 GB/s ceiling (1.2% below, inside the 2% floor of the spread) the
+    rest of the budget could only tie: the search stops after CEILING_MIN_EVALUATIONS and says
+    why; at 3900 GB/s (7% below) it spends its whole budget."""
+    with open_database(tmp_path / "k.db") as db:
+        family = get_op("rmsnorm")
+        spec = family.spec_for(torch.randn(4, 64), torch.randn(64))
+        evaluator = _CeilingEvaluator(gbps)
+        search = _Search(family, spec, current_fingerprint("interpreter"), db, evaluator, None,  # type: ignore[arg-type]
+                         copy_gbps=4200.0)  # fmt: skip
+        budget = CEILING_MIN_EVALUATIONS + 6
+        assert len(search.candidates()) >= budget
+        search.run("random", budget=budget, seed=0)
+        if stops:
+            # the workers (2) may have been busy with one more proposal each when the rule fired
+            assert CEILING_MIN_EVALUATIONS <= search.evaluated <= CEILING_MIN_EVALUATIONS + evaluator.n_workers
+            assert "copy ceiling" in search.stopped_at_ceiling and "4150 GB/s" in search.stopped_at_ceiling
+        else:
+            assert search.evaluated == budget and search.stopped_at_ceiling == ""
+
+
+def test_no_ceiling_stop_without_a_ceiling(tmp_path: Any) -> None:
+    """In interpreter mode there is no measured ceiling: the budget is spent whatever the figures."""
+    with open_database(tmp_path / "k.db") as db:
+        family = get_op("rmsnorm")
+        spec = family.spec_for(torch.randn(4, 64), torch.randn(64))
+        search = _Search(family, spec, current_fingerprint("interpreter"), db, _CeilingEvaluator(1e9), None)  # type: ignore[arg-type]
+        search.run("random", budget=CEILING_MIN_EVALUATIONS + 2, seed=0)
+        assert search.evaluated == CEILING_MIN_EVALUATIONS + 2 and not search.stopped_at_ceiling

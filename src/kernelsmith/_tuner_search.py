@@ -45,6 +45,13 @@ FINALISTS = 3
 CLAIM_POLL_S = 0.5
 Progress = Callable[[int, int, "EvalResult | None"], None]
 REVALIDATED = "revalidated"  # the strategy name of a decision carried over from a near fingerprint
+# The search stops proposing once its best candidate moves the family's bytes at the device's
+# copy bandwidth, to within that candidate's own timing spread (its interquartile range, at least
+# CEILING_MIN_SPREAD of its median): no configuration can move the same bytes faster than a copy
+# of them, so the rest of the budget could only tie it (issue 19: search cost). Not before
+# CEILING_MIN_EVALUATIONS evaluations, so that one lucky sample does not end a search.
+CEILING_MIN_EVALUATIONS = 8
+CEILING_MIN_SPREAD = 0.02
 
 
 def _speedup(result: EvalResult) -> float:
@@ -106,6 +113,7 @@ class _Search:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.claimed: set[tuple[str, str, str]] = set()
         self.finished = threading.Event()  # ends the threads waiting on other tuners' claims
+        self.stopped_at_ceiling = ""  # why the search stopped early at the copy ceiling, if it did
 
     def candidates(self) -> list[Candidate]:
         return [Candidate(v.name, c) for v in self.family.variants for c in v.space(self.spec)]
@@ -152,6 +160,10 @@ class _Search:
         while True:
             while not exhausted and len(running) < self.evaluator.n_workers and self.evaluated + len(running) < budget:
                 if stop is not None and stop():
+                    exhausted = True
+                    break
+                if self._at_ceiling():
+                    log.info("%s: %s", self.spec.op, self.stopped_at_ceiling)
                     exhausted = True
                     break
                 proposal = strategy.propose(1)
@@ -260,6 +272,28 @@ class _Search:
         ranked = _rank(self.results)
         return ranked[0] if ranked else None
 
+    def _at_ceiling(self) -> bool:
+        """Whether the best candidate so far is at the copy ceiling, within its own noise (see
+        ``CEILING_MIN_EVALUATIONS``); sets :attr:`stopped_at_ceiling` to say so. Never in
+        interpreter mode (no ceiling) nor for a family that reports no bytes (no ``gbps``)."""
+        if self.stopped_at_ceiling:
+            return True
+        if not self.copy_gbps or self.evaluated < CEILING_MIN_EVALUATIONS:
+            return False
+        best = self.best()
+        m = best.metrics if best is not None else {}
+        gbps, median = m.get("gbps"), m.get("median_us")
+        if not gbps or not median:
+            return False
+        spread = max(CEILING_MIN_SPREAD, (float(m.get("p75_us", median)) - float(m.get("p25_us", median))) / median)
+        if gbps < self.copy_gbps * (1.0 - spread):
+            return False
+        self.stopped_at_ceiling = (
+            f"stopped after {self.evaluated} evaluations: the best candidate moves {gbps:.0f} GB/s, within its "
+            f"timing spread ({100 * spread:.1f}%) of the {self.copy_gbps:.0f} GB/s copy ceiling"
+        )
+        return True
+
     def failures(self) -> dict[str, int]:
         return dict(Counter(r.status for r in self.results if not r.ok))
 
@@ -363,6 +397,8 @@ class _Search:
             notes.append(f"{m['compile_baseline_error']}; decided against eager PyTorch only")
         if not verdict.significant and self.fp.mode != "interpreter":  # there, the note above says why
             notes.append("no candidate beat the baseline with confidence")
+        if self.stopped_at_ceiling:
+            metrics["stopped_at_ceiling"] = self.stopped_at_ceiling
         if notes:
             metrics["note"] = "; ".join(notes)
         if won:
