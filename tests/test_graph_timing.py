@@ -202,3 +202,24 @@ def test_a_confirmation_is_pinned_to_the_mode_the_re_check_used() -> None:
     assert timing.pinned_graph_replay({"timing_mode": GRAPH_REPLAY}) == "always"
     assert timing.pinned_graph_replay({"timing_mode": STREAM}) == "never"
     assert timing.pinned_graph_replay({"timing_mode": timing.HOST_CLOCK}) == "never"
+
+
+def test_the_stored_decision_records_how_its_re_check_was_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernelsmith import tuner
+    from kernelsmith.db import open_database
+    from test_compile_baseline import _Scripted  # the scripted executor of the compile-baseline tests
+
+    class Replayed(_Scripted):
+        def _result(self, candidate: Candidate, settings: TimingSettings | None) -> Any:
+            result = super()._result(candidate, settings)
+            result.metrics.update(timing_mode=GRAPH_REPLAY, timing_mode_reason="decode_matmul is a decode family")
+            return result
+
+    monkeypatch.setattr(tuner, "make_executor", lambda *a, **k: Replayed(kernel=0.5, compiled=0.5))
+    spec = get_op("softmax").spec((5, 40), "float32")
+    result = tuner.tune_spec(spec, budget=2, mode="interpreter")
+    with open_database() as db:
+        decision = db.get_decision(tuner.current_fingerprint("interpreter").hash, spec.workload_hash)
+    assert decision is not None
+    assert decision.metrics["timing_mode"] == GRAPH_REPLAY and "decode family" in decision.metrics["timing_mode_reason"]
+    assert result.timing_mode == GRAPH_REPLAY
