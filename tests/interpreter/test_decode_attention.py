@@ -53,6 +53,12 @@ CASES = [
     (1, 2, 1, 17, 40, 48, "dynamic", "float16", 16, 2),
     (2, 8, 8, 3, 17, 16, "dynamic", "bfloat16", 16, 8),
     (1, 16, 2, 1, 1000, 64, "dynamic", "float32", 128, 16),
+    # Llama-shaped groups at the head dims of Llama (64) and of some Phi/Qwen models (80, not a
+    # power of two): GQA 4:1 and MQA over caches of 1, 17 and 100 positions, 1 and 3 sequences.
+    (3, 8, 2, 1, 100, 64, "static", "float32", 32, 4),
+    (1, 8, 2, 1, 17, 80, "static", "bfloat16", 16, 2),
+    (3, 4, 1, 1, 100, 80, "static", "float16", 64, 8),
+    (3, 4, 1, 1, 1, 64, "dynamic", "float32", 16, 2),
 ]
 
 
