@@ -44,7 +44,10 @@ the halves of one), ``cross_entropy``, ``linear_cross_entropy`` (an LM head's pr
 Hugging Face's included: :mod:`kernelsmith.frontends.patterns.linear_cross_entropy`); with
 ``decode=True``, ``decode_matmul``: each ``F.linear``
 of at most 64 rows, with its residual add or SwiGLU partner
-(:mod:`kernelsmith.frontends.patterns.decode`). Not (yet): bias + activation after a linear (no such op
+(:mod:`kernelsmith.frontends.patterns.decode`), and ``decode_attention``: SDPA over a static KV
+cache with the causal mask built in the graph from the query positions (Hugging Face's
+``StaticCache``), or a maskless one-token SDPA over a cache
+(:mod:`kernelsmith.frontends.patterns.decode_attention`). Not (yet): bias + activation after a linear (no such op
 family), add + LayerNorm, RoPE written as a function, the reductions (Inductor handles those well).
 
 "Never slower than Inductor alone". A decision's speedup was measured against the eager PyTorch
@@ -161,8 +164,9 @@ class KernelsmithBackend:
     config patches and ``mode`` an Inductor mode (``"max-autotune"``). ``discover=True`` only
     records the sites and runs the graph eagerly (what :func:`kernelsmith.optimize_model` uses to
     list a model's workloads). ``decode`` also matches decode-shaped projections
-    (``decode_matmul``); ``timing`` is how the in-context comparison times graphs: ``"graph"`` as
-    replayed CUDA graphs, ``"calls"`` call by call, ``"auto"`` the way the step will run
+    (``decode_matmul``) and attention over a KV cache (``decode_attention``); ``timing`` is how
+    the in-context comparison times graphs: ``"graph"`` as replayed CUDA graphs, ``"calls"`` call
+    by call, ``"auto"`` the way the step will run
     (:func:`kernelsmith.whole_model.decode.in_context_timer`). Every site of every graph compiled
     is appended to :attr:`sites`.
     """
