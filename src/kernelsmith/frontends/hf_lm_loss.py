@@ -1,0 +1,383 @@
+"""The LM head's loss of a Hugging Face causal LM without its logits: an opt-in forward patch.
+
+Why a patch. ``LlamaForCausalLM.forward`` computes ``logits = self.lm_head(hidden_states)`` and
+returns them beside the loss. Under ``torch.compile`` the logits are then a graph output, so the
+``(tokens x vocabulary)`` product must be computed and kept whatever the loss does: a fused
+linear + cross-entropy can replace only the upcast and the loss, which adds work and saves no
+memory (the in-context training-step decision rightly says "baseline wins"). The memory is only
+saved by not returning the logits, which changes what the model returns, so it is the user's
+choice, as in Liger-Kernel's patched forwards.
+
+What :func:`fuse_lm_loss` does. It wraps the model's ``forward`` (the instance's, not the class's)
+so that when ``labels`` are given, the model is training and autograd is on, the loss is
+computed by kernelsmith's fused linear + cross-entropy (``linear_cross_entropy_fused``: the loss
+and the gradients of the hidden states, the LM head's weight and its bias, chunk by chunk, so
+the float32 logits and their gradient never exist in full) from the final hidden states and
+``lm_head.weight`` (tied to the embedding or not), with Hugging Face's causal-LM loss semantics:
+labels shifted by one (or the ``shift_labels`` given), ``ignore_index`` -100, the mean over the
+non-ignored tokens, or the sum divided by ``num_items_in_batch`` when given, and Gemma 2's
+final-logit soft-capping from ``config.final_logit_softcapping``. **The output's ``logits`` is
+then None.** Without labels, in eval mode, under ``torch.no_grad()``, with ``logits_to_keep`` not
+0, or when the call passes ``skip_logits=False``, Hugging Face's own forward runs unchanged
+(logits returned). ``skip_logits=True`` forces the fused loss (labels required), also in eval mode
+(without autograd it runs the forward-only ``linear_cross_entropy`` family).
+
+Which kernels. The first call of each shape looks up the stored winner of the family's workload
+(tuning it now within ``budget`` evaluations when ``tune=True``) and checks it on fresh inputs
+against the float64 reference, as the compile backend does for its sites; the call then carries
+that decision into ``kernelsmith::kernel`` (a ``torch.library`` custom op, so the same code runs
+eagerly and under ``torch.compile``, whose graph keeps the op opaque). Where no kernel wins (or
+the tensors are CPU tensors outside the interpreter) the op runs its PyTorch reference: the same
+loss, computed with the logits (no memory saved), which the log says once per shape. Under
+``torch.compile`` the first trace of a shape resolves outside the graph (a graph break at that
+call), and the recompile that follows holds one graph. Sizes are specialized (one decision per
+token count).
+
+Which models. Only forwards this module knows: a class from ``transformers`` named in
+:data:`KNOWN_CLASSES` whose ``forward`` is that class's own (not patched by another library, not
+overridden by a subclass), with ``model``, an ``nn.Linear`` ``lm_head`` of ``config.vocab_size``
+rows and Hugging Face's ``ForCausalLMLoss`` as its ``loss_function``. Anything else is refused:
+the model is returned unchanged and the reason is logged (:func:`refusal` returns it).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+KNOWN_CLASSES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "GemmaForCausalLM",
+    "Gemma2ForCausalLM",
+)
+IGNORE_INDEX = -100  # Hugging Face's and F.cross_entropy's default
+FORWARD_ONLY = "linear_cross_entropy"
+FUSED = "linear_cross_entropy_fused"
+_ATTRIBUTE = "_kernelsmith_lm_loss"  # the instance attribute holding the patch's state
+
+
+# ---------------------------------------------------------------------------------------------
+# Which models
+# ---------------------------------------------------------------------------------------------
+
+
+def _known_class(model: nn.Module) -> type | None:
+    for cls in type(model).__mro__:
+        if cls.__name__ in KNOWN_CLASSES and cls.__module__.startswith("transformers."):
+            return cls
+    return None
+
+
+def refusal(model: nn.Module) -> str | None:
+    """Why :func:`fuse_lm_loss` would not patch ``model`` (None: it would)."""
+    cls = _known_class(model)
+    if cls is None:
+        return (f"{type(model).__name__} is not one of the Hugging Face causal LMs whose forward kernelsmith "
+                f"knows ({', '.join(KNOWN_CLASSES)})")  # fmt: skip
+    if type(model).forward is not cls.forward:
+        return f"{type(model).__name__}.forward is not {cls.__name__}'s own (overridden or patched by another library)"
+    if "forward" in vars(model) and not hasattr(model, _ATTRIBUTE):
+        return "the model's forward is already replaced on the instance"
+    config = getattr(model, "config", None)
+    vocab = getattr(config, "vocab_size", None)
+    head = getattr(model, "lm_head", None)
+    if not isinstance(getattr(model, "model", None), nn.Module):
+        return "the model has no base model (model.model)"
+    if not isinstance(head, nn.Linear) or not isinstance(vocab, int) or head.weight.shape[0] != vocab:
+        return "the model has no nn.Linear lm_head of config.vocab_size outputs"
+    try:
+        from transformers.loss.loss_utils import ForCausalLMLoss
+    except ImportError:
+        return "this transformers has no transformers.loss.loss_utils.ForCausalLMLoss"
+    loss_function = getattr(model, "loss_function", None)
+    if getattr(loss_function, "__func__", loss_function) is not ForCausalLMLoss:
+        return (
+            f"the model's loss_function is {getattr(loss_function, '__name__', loss_function)!r}, not ForCausalLMLoss"
+        )
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The loss
+# ---------------------------------------------------------------------------------------------
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    """The fused op's loss, whose gradients it computed with the loss (for an upstream gradient
+    of 1): the backward only scales them by the upstream gradient (Liger-Kernel's form; one
+    product fewer than recomputing the logits in the backward)."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,  # type: ignore[override]
+                bias: torch.Tensor | None, constants: str, decisions: str) -> torch.Tensor:  # fmt: skip
+        from kernelsmith.frontends.torch_op import kernel_op
+
+        inputs = [hidden, weight, target] + ([bias] if bias is not None else [])
+        loss, *grads = kernel_op(FUSED, inputs, constants, decisions)
+        ctx.save_for_backward(*grads)
+        ctx.has_bias = bias is not None
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, upstream: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        grads = [g * upstream.to(g.dtype) for g in ctx.saved_tensors]
+        dbias = grads[2] if ctx.has_bias else None
+        return grads[0], grads[1], None, dbias, None, None
+
+
+def constants_json(ignore_index: int, reduction: str, softcap: float | None) -> str:
+    """The op's constants as :func:`kernelsmith.dispatch.constants_json` writes them (sorted JSON),
+    built by concatenation: Dynamo cannot trace ``json.dumps``, and this runs inside the graph."""
+    cap = str(float(softcap)) if softcap else "null"
+    return (f'{{"ignore_index": {ignore_index}, "label_smoothing": 0.0, "reduction": "{reduction}", '
+            f'"softcap": {cap}}}')  # fmt: skip
+
+
+def causal_lm_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor | None,
+    *,
+    bias: torch.Tensor | None = None,
+    softcap: float | None = None,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    ignore_index: int = IGNORE_INDEX,
+    shift_labels: torch.Tensor | None = None,
+    decisions: Callable[[list[torch.Tensor], str, str], str] | None = None,
+) -> torch.Tensor:
+    """Hugging Face's ``ForCausalLMLoss`` of ``lm_head(hidden)`` (soft-capped by ``softcap``)
+    computed by the fused linear + cross-entropy, logits never stored: ``labels`` shifted by one
+    (padded with ``ignore_index``) unless ``shift_labels`` are given, the mean over the tokens not
+    ignored, or their sum divided by ``num_items_in_batch``. ``decisions(inputs, op, constants)``
+    gives the kernel decisions the op call carries (None: the op serves the default database's
+    winner, else its PyTorch reference)."""
+    if shift_labels is None:
+        if labels is None:
+            raise ValueError("causal_lm_loss needs labels or shift_labels")
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    h = hidden.reshape(-1, hidden.shape[-1]).contiguous()
+    target = shift_labels.reshape(-1).to(device=h.device, dtype=torch.int64).contiguous()
+    reduction = "sum" if num_items_in_batch is not None else "mean"
+    constants = constants_json(int(ignore_index), reduction, softcap)
+    inputs = [h, weight, target] + ([bias] if bias is not None else [])
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (h, weight, bias) if t is not None)
+    op = FUSED if grad else FORWARD_ONLY
+    carried = decisions(inputs, op, constants) if decisions is not None else ""
+    if grad:
+        loss = _FusedLinearCrossEntropy.apply(h, weight, target, bias, constants, carried)
+    else:
+        from kernelsmith.frontends.torch_op import kernel_op
+
+        (loss,) = kernel_op(FORWARD_ONLY, inputs, constants, carried)
+    if num_items_in_batch is not None:
+        if isinstance(num_items_in_batch, torch.Tensor):
+            num_items_in_batch = num_items_in_batch.to(loss.device)
+        loss = loss / num_items_in_batch
+    return loss
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel decisions, resolved once per shape outside any graph
+# ---------------------------------------------------------------------------------------------
+
+
+class _Decisions:
+    """The decisions string each ``(op, shapes, dtypes, constants)`` call carries: the stored
+    (or freshly tuned) winner, checked on fresh inputs, or "" where the op's reference runs."""
+
+    def __init__(self, db: Any, tune: bool, budget: int, strategy: str) -> None:
+        self.db, self.tune, self.budget, self.strategy = db, tune, budget, strategy
+        self.found: dict[str, str] = {}
+        self.reasons: dict[str, str] = {}  # key -> why the reference runs there
+
+    @staticmethod
+    def key(inputs: list[torch.Tensor], op: str, constants: str) -> str:
+        shapes = ";".join("x".join(str(int(s)) for s in t.shape) + ":" + str(t.dtype) + ":" + t.device.type
+                          for t in inputs)  # fmt: skip
+        return op + "|" + shapes + "|" + constants
+
+    def __call__(self, inputs: list[torch.Tensor], op: str, constants: str) -> str:
+        key = self.key(inputs, op, constants)
+        found = self.found.get(key)
+        if found is None:
+            found = _resolve_outside_graph(self, key, inputs, op, constants)
+        return found
+
+    def resolve(self, key: str, inputs: list[torch.Tensor], op: str, constants: str) -> str:
+        from kernelsmith import dispatch
+        from kernelsmith.frontends._backend_resolve import _Resolver
+        from kernelsmith.ops import UnsupportedWorkload, get_op
+
+        mode = dispatch.mode_for(inputs)
+        decisions, reason = "", ""
+        if mode is None:
+            reason = "not CUDA tensors (set KERNELSMITH_INTERPRET=1 to run kernels on the CPU)"
+        else:
+            family = get_op(op)
+            try:
+                spec = family.spec_for(*inputs, **json.loads(constants))
+            except UnsupportedWorkload as exc:
+                spec, reason = None, str(exc)
+            if spec is not None:
+                found = _Resolver(self.db, self.tune, self.budget, self.strategy)._resolve_workload(
+                    family, spec, mode, inputs[0].device
+                )
+                if isinstance(found[0], str):
+                    reason = f"{found[0]}: {found[1]}"
+                else:
+                    decisions = dispatch.encode_decisions([found[1]], mode)
+        if reason:
+            self.reasons[key] = reason
+            log.warning("kernelsmith's fused LM loss (%s) runs its PyTorch reference, with the logits, "
+                        "for %s: %s", op, key, reason)  # fmt: skip
+        else:
+            log.info("kernelsmith's fused LM loss serves a tuned %s kernel for %s", op, key)
+        self.found[key] = decisions
+        return decisions
+
+
+# The resolutions by (db, tune, budget, strategy), shared by every patched model: a workload is
+# looked up, tuned and checked once per process (models of one size share their LM head's shapes).
+_SHARED: dict[tuple[str, bool, int, str], _Decisions] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+@torch.compiler.disable
+def _resolve_outside_graph(decisions: _Decisions, key: str, inputs: list[torch.Tensor], op: str, constants: str) -> str:
+    """:meth:`_Decisions.resolve`, never traced (database, tuning workers, a check on fresh inputs)."""
+    return decisions.resolve(key, inputs, op, constants)
+
+
+# ---------------------------------------------------------------------------------------------
+# The patch
+# ---------------------------------------------------------------------------------------------
+
+
+class _Patch:
+    """The state of one patched model: its own forward and the decisions of its shapes."""
+
+    def __init__(self, model: nn.Module, decisions: _Decisions) -> None:
+        self.original = model.forward
+        parameters = inspect.signature(self.original).parameters.values()
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        self.positional = [p.name for p in parameters if p.kind in positional]
+        self.decisions = decisions
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.logged: set[str] = set()
+
+    def _unchanged(self, why: str) -> None:
+        if why not in self.logged:
+            self.logged.add(why)
+            log.info("kernelsmith's fused LM loss is not used (the model's own forward runs): %s", why)
+
+    def forward(self, model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], skip_logits: bool | None) -> Any:
+        # The call's arguments by name (a plain dict, which Dynamo traces; Signature.bind is not).
+        arguments = dict(zip(self.positional, args, strict=False))
+        arguments.update(kwargs)
+        labels, shift_labels = arguments.get("labels"), arguments.get("shift_labels")
+        if skip_logits is None:
+            skip_logits = (
+                model.training and torch.is_grad_enabled() and (labels is not None or shift_labels is not None)
+            )
+            if not skip_logits:
+                return self.original(*args, **kwargs)
+        elif not skip_logits:
+            return self.original(*args, **kwargs)
+        if labels is None and shift_labels is None:
+            raise ValueError("skip_logits=True needs labels (or shift_labels): without them there is no loss")
+        logits_to_keep = arguments.pop("logits_to_keep", 0)
+        if not isinstance(logits_to_keep, int) or logits_to_keep != 0:
+            self._unchanged("logits_to_keep is not 0")
+            return self.original(*args, **kwargs)
+        return_dict = arguments.pop("return_dict", None)  # (the base model's output is read by name)
+        arguments.pop("labels", None)
+        outputs = model.model(**arguments)
+        head = model.lm_head
+        loss = causal_lm_loss(
+            outputs.last_hidden_state, head.weight, labels, bias=head.bias, softcap=self.softcap,
+            num_items_in_batch=arguments.get("num_items_in_batch"),
+            ignore_index=arguments.get("ignore_index", IGNORE_INDEX), shift_labels=shift_labels,
+            decisions=self.decisions,
+        )  # fmt: skip
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        fields = CausalLMOutputWithPast.__dataclass_fields__
+        rest = {k: v for k, v in outputs.items() if k in fields and k not in ("loss", "logits")}
+        result = CausalLMOutputWithPast(loss=loss, logits=None, **rest)
+        return result.to_tuple() if return_dict is False else result
+
+
+def fuse_lm_loss(
+    model: nn.Module, *, tune: bool = True, budget: int = 8, strategy: str = "auto", db: Any = None
+) -> nn.Module:
+    """Patch ``model`` (a Hugging Face causal LM this module knows) so that its training calls
+    with labels compute the loss without materializing the logits, and return ``logits=None``
+    (see the module docstring for exactly when); returns ``model`` itself.
+
+    ``tune``/``budget``/``strategy``/``db``: how the first call of each shape gets its kernel
+    (a stored winner in ``db``, else one tuned within ``budget`` evaluations when ``tune``).
+    A model this module does not know is returned unchanged, and the reason is logged
+    (:func:`refusal`). :func:`unfuse_lm_loss` undoes the patch."""
+    why = refusal(model)
+    if why is not None:
+        log.warning("kernelsmith.fuse_lm_loss leaves %s unchanged: %s", type(model).__name__, why)
+        return model
+    if hasattr(model, _ATTRIBUTE):
+        return model
+    options = (str(db), tune, budget, strategy)
+    with _SHARED_LOCK:
+        decisions = _SHARED.setdefault(options, _Decisions(db, tune, budget, strategy))
+    patch = _Patch(model, decisions)
+
+    @functools.wraps(patch.original)
+    def forward(*args: Any, skip_logits: bool | None = None, **kwargs: Any) -> Any:
+        return patch.forward(model, args, kwargs, skip_logits)
+
+    setattr(model, _ATTRIBUTE, patch)
+    model.forward = forward  # type: ignore[method-assign]
+    return model
+
+
+def is_fused(model: nn.Module) -> bool:
+    """Whether :func:`fuse_lm_loss` patched ``model``."""
+    return hasattr(model, _ATTRIBUTE)
+
+
+def unfuse_lm_loss(model: nn.Module) -> nn.Module:
+    """Undo :func:`fuse_lm_loss`: the model's own forward again (returns ``model``)."""
+    if hasattr(model, _ATTRIBUTE):
+        delattr(model, _ATTRIBUTE)
+        del model.forward
+    return model
+
+
+def fallback_reasons(model: nn.Module) -> dict[str, str]:
+    """Per call shape, why the patched model's loss ran the op's PyTorch reference (with the
+    logits) instead of a kernel; empty when every shape has a kernel (or nothing ran yet)."""
+    patch = getattr(model, _ATTRIBUTE, None)
+    return dict(patch.decisions.reasons) if patch is not None else {}
+
+
+__all__ = [
+    "KNOWN_CLASSES",
+    "causal_lm_loss",
+    "fallback_reasons",
+    "fuse_lm_loss",
+    "is_fused",
+    "refusal",
+    "unfuse_lm_loss",
+]
