@@ -87,6 +87,72 @@ def test_an_exported_program_runs_its_kernel_where_the_database_is_empty(db, tmp
     assert done.stdout.split() == ["11", "whole_row", "40", "reference"]
 
 
+def _exported_static_norm(db: str) -> tuple[Norm, torch.export.ExportedProgram]:
+    """A module calling a decorated RMSNorm, exported at a static 12 rows (the 16-row bucket has
+    a stored winner), with no gradient."""
+    store_decision(db, get_op("rmsnorm").spec_for(torch.randn(16, WIDTH), torch.ones(WIDTH), eps=1e-6))
+    model = Norm()
+    with torch.no_grad():
+        return model, torch.export.export(model, (torch.randn(12, WIDTH),))
+
+
+def test_a_static_export_under_the_interpreter_keeps_kernelsmith_kernel_and_says_why(db, caplog):
+    """A static export would hold ``kernelsmith::triton_kernel`` (the carried kernel itself,
+    which AOTInductor packages; tests/gpu/test_pt2_gpu.py), but the interpreter's kernels are not
+    compiled Triton kernels: the program holds ``kernelsmith::kernel`` with its carried decisions."""
+    from kernelsmith.frontends import triton_ops
+
+    triton_ops._logged.clear()
+    triton_ops._decided.clear()
+    with caplog.at_level(logging.INFO, logger=triton_ops.__name__):
+        _, program = _exported_static_norm(db)
+    targets = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    assert torch.ops.kernelsmith.kernel.default in targets and triton_ops.register() not in targets
+    assert any("InterpretedFunction" in r.getMessage() for r in caplog.records if r.name == triton_ops.__name__)
+
+
+def test_a_static_export_holds_the_carried_kernel_and_runs_it_where_the_database_is_empty(db, tmp_path,
+                                                                                        monkeypatch):
+    """The choice made as on a GPU (the interpreter's kernels cannot be traced into Inductor's
+    code, so :func:`triton_ops.site_decision` is told to take the op): the program holds
+    ``kernelsmith::triton_kernel`` with the winner of its shape's bucket, and a process with an
+    empty database that loads it runs that kernel (its eager call launches the interpreter's)."""
+    from kernelsmith.frontends import triton_ops
+
+    chosen: list[tuple[str, str]] = []
+
+    def site_decision(op, inputs, constants, record, mode, device, *, static, training):
+        assert static and not training
+        chosen.append((op, record.variant))
+        return dispatch.encode_decisions([record], mode)
+
+    monkeypatch.setattr(triton_ops, "site_decision", site_decision)
+    model, program = _exported_static_norm(db)
+    assert chosen == [("rmsnorm", "whole_row")]
+    (call,) = [n for n in program.graph.nodes if n.target is triton_ops.register()]
+    assert not [n for n in program.graph.nodes if n.target is torch.ops.kernelsmith.kernel.default]
+    (entry,) = dispatch.parse_decisions(call.args[3]).values()
+    assert entry.variant == "whole_row"
+    path = str(tmp_path / "norm.pt2")
+    torch.export.save(program, path)
+    torch.save(model.weight.detach(), str(tmp_path / "weight.pt"))
+    done = run_python(f"""
+        import torch
+        from kernelsmith.frontends import triton_ops
+        triton_ops.register()  # before loading a program that holds it
+        program = torch.export.load({path!r})
+        weight = torch.load({str(tmp_path / "weight.pt")!r})
+        x = torch.randn(12, {WIDTH})
+        with torch.no_grad():
+            y = program.module()(x)
+        expected = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)) * weight
+        torch.testing.assert_close(y, expected, atol=1e-5, rtol=1e-4)
+        print(*[runner.variant if runner is not None else "reference" for runner in triton_ops._RUNNERS.values()])
+    """, KERNELSMITH_DB=str(tmp_path / "empty.db"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["whole_row"]
+
+
 def test_a_cold_compile_with_a_stored_winner_emits_the_op(db):
     x = torch.randn(6, WIDTH)
     store_decision(db, get_op("softmax").spec_for(x))

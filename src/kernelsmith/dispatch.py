@@ -463,12 +463,7 @@ def _carried_runner(
     lives in a database; a variant changed since) is logged and the database is asked instead."""
     if not decisions:
         return None
-    carried = parse_decisions(decisions)
-    entry = (
-        carried.get((mode, spec.workload_hash))
-        or carried.get((mode, family.bucket(spec).workload_hash))
-        or carried.get((mode, pinned_workload(family.name)))
-    )
+    entry = carried_entry(decisions, mode, family, spec)
     if entry is None:
         return None
     try:
@@ -531,6 +526,17 @@ def parse_decisions(text: str) -> dict[tuple[str, str], DecisionRecord]:
             continue
         found[(entry["mode"], record.workload)] = record
     return found
+
+
+def carried_entry(decisions: str, mode: str, family: OpFamily, spec: OpSpec) -> DecisionRecord | None:
+    """The decision of a ``decisions`` string that serves ``spec`` measured in ``mode``: its
+    exact workload's, else its bucket's, else a config pinned for every shape; None when none."""
+    carried = parse_decisions(decisions)
+    return (
+        carried.get((mode, spec.workload_hash))
+        or carried.get((mode, family.bucket(spec).workload_hash))
+        or carried.get((mode, pinned_workload(family.name)))
+    )
 
 
 def _carried_record(entry: Any) -> DecisionRecord | None:

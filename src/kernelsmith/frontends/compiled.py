@@ -39,6 +39,7 @@ reference on their first calls (:mod:`kernelsmith.servecheck`).
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import weakref
@@ -114,7 +115,63 @@ def traced_call(state: Optimized, args: tuple[Any, ...], kwargs: dict[str, Any])
     for kind, where, reshape in bindings:
         tensor = args[where] if kind == "arg" else kwargs[where]
         inputs.append(tensor if reshape is None else tensor.reshape(reshape))
+    carried = exported_decision(op, inputs, constants, decisions)
+    if carried:  # only ever under a non-strict export, never in Dynamo's trace
+        from kernelsmith.frontends import triton_ops
+
+        return triton_ops.register()(op, inputs, constants, carried)[0]
     return KERNEL(op, inputs, constants, decisions)[0]
+
+
+def _non_strict_export() -> bool:
+    """Whether ``torch.export`` traces this call as plain Python (its default, non-strict mode),
+    not Dynamo (``torch.compile``, or a strict export), which must not run the thread below."""
+    exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+    return bool(exporting()) and not torch.compiler.is_dynamo_compiling()
+
+
+def exported_decision(op: str, inputs: list[torch.Tensor], constants: str, decisions: str) -> str:
+    """The ``decision`` of ``kernelsmith::triton_kernel`` for a call that a non-strict
+    ``torch.export`` traces with static sizes and no gradient, or "" for ``kernelsmith::kernel``.
+
+    An exported program then holds the very kernel its shape was tuned for
+    (:mod:`kernelsmith.frontends.triton_ops`), which AOTInductor compiles into its package, where
+    ``kernelsmith::kernel`` would carry the decisions as a string for kernelsmith to resolve at
+    run time. The choice is the compile backend's (:func:`triton_ops.site_decision`: compiled
+    Triton kernels, a launcher whose trace records its launches), made in a fresh thread as
+    :func:`compile_plan` is, since it traces the op's body while export's own tracer is active
+    in this one. A symbolic size (``Dim``) keeps ``kernelsmith::kernel``, whose carried
+    decisions serve every shape."""
+    from kernelsmith import dispatch
+    from kernelsmith.frontends.torch_op import concrete_meta, has_symbolic_size
+    from kernelsmith.ops import get_op
+
+    if not inputs or not _non_strict_export() or any(has_symbolic_size(t) for t in inputs):
+        return ""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        return ""  # the Triton op has no autograd formula; kernelsmith::kernel's runs the tuned backward
+    device = inputs[0].device
+    metas = [concrete_meta(t) for t in inputs]
+    box: list[str] = []
+
+    def work() -> None:
+        from kernelsmith.frontends import triton_ops
+
+        try:
+            family = get_op(op)
+            spec = family.spec_for(*metas, **json.loads(constants))
+            mode = "gpu" if device.type == "cuda" else "interpreter"
+            record = dispatch.carried_entry(decisions, mode, family, spec)
+            if record is not None:
+                box.append(triton_ops.site_decision(op, metas, constants, record, mode, device, static=True,
+                                                    training=False))
+        except Exception as exc:  # the Triton op is an optimization: kernelsmith::kernel serves
+            log.info("%s under export: kernelsmith::kernel: %s: %s", op, type(exc).__name__, exc)
+
+    thread = threading.Thread(target=work, name="kernelsmith-export-decision")
+    thread.start()
+    thread.join()
+    return box[0] if box else ""
 
 
 def compile_plan(serial: str, described: tuple[Any, ...]) -> Plan | None:

@@ -295,8 +295,7 @@ def _build(op: str, inputs: Sequence[torch.Tensor], constants: str, decision: st
     family = get_op(op)
     spec = family.spec_for(*inputs, **json.loads(constants))
     mode = mode or dispatch.mode_for(inputs)
-    carried = dispatch.parse_decisions(decision)
-    entry = carried.get((str(mode), spec.workload_hash)) or carried.get((str(mode), family.bucket(spec).workload_hash))
+    entry = dispatch.carried_entry(decision, str(mode), family, spec)
     if entry is None:
         log.info("%s(%s): the carried decision does not serve %s; the PyTorch reference runs", OP_NAME, op,
                  spec.describe())
