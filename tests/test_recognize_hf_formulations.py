@@ -194,9 +194,9 @@ def test_gemma_norm_trains_through_the_decorator(db, monkeypatch):
     torch.testing.assert_close(gw, norm.weight.grad, atol=1e-5, rtol=1e-4)
 
 
-def test_the_backend_finds_the_gemma_norm_and_leaves_its_residual_add_alone():
-    """The site is an RMSNorm with the offset; a residual add before it is not folded into
-    add_rmsnorm, which has no weight_offset constant (yet)."""
+def test_the_backend_finds_the_gemma_norm_and_folds_its_residual_add():
+    """The site is an RMSNorm with the offset; a residual add before it is folded into
+    add_rmsnorm, which takes the offset too (Gemma's residual add + norm)."""
     (cls, *_) = _gemma_classes()
     norm = cls(N, eps=EPS).to(torch.bfloat16)
     torch._dynamo.reset()
@@ -205,8 +205,8 @@ def test_the_backend_finds_the_gemma_norm_and_leaves_its_residual_add_alone():
     torch._dynamo.reset()
     h, r = _x(dtype=torch.bfloat16), _x(dtype=torch.bfloat16, seed=2)
     sites = discover(lambda h, r: norm(h + r), h, r)
-    assert [(s.op, s.constants.get("weight_offset")) for s in sites] == [("rmsnorm", 1.0)]
-    assert sites[0].residual_add is None
+    assert [(s.op, s.constants.get("weight_offset")) for s in sites] == [("add_rmsnorm", 1.0)]
+    assert sites[0].residual_add is not None and sites[0].spec.constants == {"eps": EPS, "weight_offset": 1.0}
 
 
 # ---------------------------------------------------------------------------------------------
