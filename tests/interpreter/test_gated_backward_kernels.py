@@ -1,10 +1,12 @@
-"""SwiGLU and GeGLU backward (``swiglu_backward``, ``geglu_backward``): every variant and config
-class in the Triton interpreter (both layouts, both families, both GELU formulas, three dtypes,
-odd shapes) against the float64 autograd reference, and the specs, inputs, references and spaces.
+"""SwiGLU and GeGLU backward (``swiglu_backward``, ``geglu_backward``): the kernels against the
+written-out formulas and at saturated and huge gates in the Triton interpreter, and the specs,
+inputs, references and spaces.
 
 Kernel outputs are pre-filled with NaN and followed by a NaN guard, so a kernel that skips an
 element or writes past the end is caught; results are compared with the float64 reference under
-the harness's own tolerance (``check_close``).
+the harness's own tolerance (``check_close``). Every variant's config classes on small and odd
+shapes, the harness, the two layouts computing the same function and the variants' hashes are
+the shared elementwise suite's (test_families.py).
 """
 
 from __future__ import annotations
@@ -16,9 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from kernelsmith.evaluate.errors import check_close
-from kernelsmith.evaluate.validate import validate
 from kernelsmith.ops import UnsupportedWorkload, get_op
-from kernelsmith.ops._base import Variant, tail_rows
+from kernelsmith.ops._base import tail_rows
 from kernelsmith.ops.gated import GEGLU, SWIGLU
 from kernelsmith.ops.gated_backward import (
     GEGLU_BACKWARD,
@@ -29,7 +30,7 @@ from kernelsmith.ops.gated_backward import (
 )
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
-from kernelsmith.testing.validation_runs import validation_runs
+from kernelsmith.testing.kernels import launch_guarded
 
 # (family, constants): SwiGLU, and GeGLU with each GELU formula.
 FAMILIES: dict[str, tuple[_GatedBackward, dict[str, str]]] = {
@@ -38,62 +39,17 @@ FAMILIES: dict[str, tuple[_GatedBackward, dict[str, str]]] = {
     "geglu-none": (GEGLU_BACKWARD, {"approximate": "none"}),
 }
 LAYOUTS = ("pair", "concat")
-VARIANTS = ("blocked", "rows", "persistent")
 DTYPES = ("float16", "bfloat16", "float32")
-ROWS = (1, 7, 33)
-WIDTHS = (1, 3, 341, 1000)
-# Every (rows, H) once, the dtype rotating so that each dtype meets every row count and every
-# width; then one 3-D activation.
-CASES: tuple[tuple[tuple[int, ...], str], ...] = (
-    *(((r, h), DTYPES[(i + j) % 3]) for i, r in enumerate(ROWS) for j, h in enumerate(WIDTHS)),
-    ((2, 3, 341), "bfloat16"),
-)
-GUARD = 64
-
-
-def plan(variant: Variant, specs: list[OpSpec]) -> list[tuple[OpSpec, Config]]:
-    """(spec, config) runs: each spec once, with the config that adds the most (parameter, value)
-    pairs not seen yet, then further runs until every pair of every spec's space has been seen."""
-    runs: list[tuple[OpSpec, Config]] = []
-    seen: set[tuple[str, object]] = set()
-    for spec in specs:
-        configs = variant.space(spec).configs()
-        assert configs, f"{variant.name} has no config for {spec.describe()}"
-        best = max(configs, key=lambda c: len(set(c.items()) - seen))
-        runs.append((spec, best))
-        seen |= set(best.items())
-    for spec in specs:
-        for config in variant.space(spec).configs():
-            if set(config.items()) - seen:
-                runs.append((spec, config))
-                seen |= set(config.items())
-    return runs
 
 
 def run(op: _GatedBackward, variant: str, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...]
         ) -> list[torch.Tensor]:  # fmt: skip
     """Launch into NaN-filled outputs, each followed by a NaN guard; check the guards and inputs."""
     before = [t.clone() for t in inputs]
-    outs, guards = [], []
-    for t in op.output_specs(spec):
-        buffer = torch.full((t.numel + GUARD,), math.nan, dtype=t.torch_dtype, device=inputs[0].device)
-        outs.append(buffer[: t.numel].view(t.shape))
-        guards.append(buffer[t.numel :])
-    op.variant(variant).build(spec, config)(inputs, outs)
+    outs, guards = launch_guarded(op, variant, spec, config, inputs)
     assert all(bool(torch.isnan(g).all()) for g in guards), f"{variant} {config.key} wrote past the end"
     assert all(torch.equal(t, b) for t, b in zip(inputs, before, strict=True)), f"{variant} modified its inputs"
     return outs
-
-
-def assert_matches(op: _GatedBackward, spec: OpSpec, inputs: tuple[torch.Tensor, ...], outs: list[torch.Tensor],
-                   what: str) -> None:  # fmt: skip
-    refs64 = op.reference_fp64(spec, inputs)
-    lowps = op.reference(spec, inputs)
-    assert len(outs) == len(refs64) == len(lowps)
-    for k, (out, ref64, lowp) in enumerate(zip(outs, refs64, lowps, strict=True)):
-        assert bool(torch.isfinite(out).all()), f"{what}: some elements of output {k} were never written"
-        problem = check_close(out, ref64, lowp, op.tolerance)
-        assert problem is None, f"{what} output {k}: {problem}"
 
 
 def formulas_fp64(family: str, dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor
@@ -123,28 +79,7 @@ def split(spec: OpSpec, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor,
     return inputs[0], inputs[1], inputs[2]
 
 
-# ---- every variant, every config class, odd shapes, every dtype ----------------------------------
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_every_config_class_matches_the_reference(family: str, variant: str, layout: str, device: str) -> None:
-    op, constants = FAMILIES[family]
-    specs = [op.spec(shape, dtype, layout=layout, **constants) for shape, dtype in CASES]
-    runs = plan(op.variant(variant), specs)
-    for i, (spec, config) in enumerate(runs):
-        distribution = op.distributions[i % len(op.distributions)]
-        inputs = op.make_inputs(spec, seed=i, distribution=distribution, device=device)
-        outs = run(op, variant, spec, config, inputs)
-        assert_matches(op, spec, inputs, outs, f"{family}/{variant}/{layout} {config.key} {spec.describe()} "
-                       f"{distribution}")  # fmt: skip
-    # Every value any parameter takes in these spaces was run; every shape and dtype was run.
-    tested = {(k, v) for _, c in runs for k, v in c.items()}
-    possible = {(k, v) for spec in specs for c in op.variant(variant).space(spec) for k, v in c.items()}
-    assert tested == possible
-    assert {s.inputs[0].shape for s, _ in runs} == {shape for shape, _ in CASES}
-    assert {s.inputs[0].dtype for s, _ in runs} == set(DTYPES)
+# ---- the written-out formulas, saturated gates ------------------------------------------------------
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -198,34 +133,6 @@ def test_saturated_and_huge_gates_give_finite_gradients(family: str, dtype: str,
         da, db = outs
         assert bool((da[a > 9] == 0.5).all()) and torch.equal(db[a > 9], a[a > 9])  # act' = 1, act = a
         assert bool((da[a < -100] == 0).all()) and bool((db[a < -100] == 0).all())
-
-
-def test_the_layouts_compute_the_same_function(device: str) -> None:
-    pair = GEGLU_BACKWARD.spec((6, 40), "bfloat16", approximate="none")
-    concat = GEGLU_BACKWARD.spec((6, 40), "bfloat16", layout="concat", approximate="none")
-    dy, a, b = GEGLU_BACKWARD.make_inputs(pair, seed=8, device=device)
-    x = torch.cat((a, b), dim=-1)
-    for variant in GEGLU_BACKWARD.variants:
-        config = variant.space(pair).configs()[-1]
-        assert config in variant.space(concat)
-        da, db = run(GEGLU_BACKWARD, variant.name, pair, config, (dy, a, b))
-        (dx,) = run(GEGLU_BACKWARD, variant.name, concat, config, (dy, x))
-        assert torch.equal(torch.cat((da, db), dim=-1), dx), variant.name
-
-
-@pytest.mark.parametrize(("family", "layout"), [("swiglu", "concat"), ("geglu-tanh", "pair"), ("geglu-none", "concat")])
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_validate_accepts_every_variant(variant: str, family: str, layout: str, device: str) -> None:
-    op, constants = FAMILIES[family]
-    spec = op.spec((9, 200), "bfloat16", layout=layout, **constants)
-    v = op.variant(variant)
-    config = v.space(spec).configs()[-1]
-    # pair: denormal data stresses dy, a and b (all shaped alike), and their products round to
-    # zero on every draw (each lies within 2^16 of bfloat16's smallest normal): blind, so each
-    # tail starting on it always draws once more; concat stresses dy alone (x is twice as wide)
-    always_blind = ("denormal",) if layout == "pair" else ()
-    runs = validate(op, spec, v.build, config, device, lambda: None)
-    assert runs == max(validation_runs(op, spec, always_blind))
 
 
 # ---- references and tolerance ----------------------------------------------------------------------
@@ -287,13 +194,9 @@ def test_registry_and_the_forward_families() -> None:
     assert isinstance(SWIGLU_BACKWARD, SwiGLUBackward) and isinstance(GEGLU_BACKWARD, GeGLUBackward)
     assert SWIGLU_BACKWARD.forward is SWIGLU and GEGLU_BACKWARD.forward is GEGLU
     assert SWIGLU_BACKWARD.rowwise and GEGLU_BACKWARD.backward is None
-    assert [v.name for v in SWIGLU_BACKWARD.variants] == list(VARIANTS)
-    assert SWIGLU_BACKWARD.variants is GEGLU_BACKWARD.variants
+    # (the variants' names, summaries and what their hashes cover: test_families.py)
     hashes = {v.source_hash for v in SWIGLU_BACKWARD.variants}
-    assert len(hashes) == 3 and not hashes & {v.source_hash for v in SWIGLU.variants}
-    # the hash covers gated.py and gelu.py (the activations and their derivatives) too
-    assert all(v.source_hash != Variant.source_hash.fget(v) for v in SWIGLU_BACKWARD.variants)  # type: ignore[attr-defined]
-    assert all(v.summary for v in SWIGLU_BACKWARD.variants)
+    assert not hashes & {v.source_hash for v in SWIGLU.variants}
     assert "8192x14336" in SWIGLU_BACKWARD.shape_help and "concat" in GEGLU_BACKWARD.shape_help
 
 
@@ -439,7 +342,8 @@ def test_bucket_and_validation_specs_reshape_every_input() -> None:
     assert bucket.const("approximate") == "tanh"
 
 
-# ---- inputs, roofline, spaces ------------------------------------------------------------------------
+# ---- inputs, roofline ------------------------------------------------------------------------------
+# (the spaces' sizes, budgets and refusals: test_families.py)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -474,40 +378,3 @@ def test_bytes_and_flops() -> None:
     assert GEGLU_BACKWARD.bytes_moved(GEGLU_BACKWARD.spec((3, 5), "float32", layout="concat")) == 5 * 15 * 4
     assert GEGLU_BACKWARD.flops(GEGLU_BACKWARD.spec((rows, h), "bfloat16")) == 21 * rows * h
     assert GEGLU_BACKWARD.flops(GEGLU_BACKWARD.spec((rows, h), "bfloat16", approximate="none")) == 15 * rows * h
-
-
-def test_space_sizes_are_modest() -> None:
-    for dtype in DTYPES:
-        for layout in LAYOUTS:
-            spec = SWIGLU_BACKWARD.spec((16384, 8192), dtype, layout=layout)
-            sizes = {v.name: len(v.space(spec)) for v in SWIGLU_BACKWARD.variants}
-            assert all(size >= 20 for size in sizes.values()), sizes
-            assert 100 <= sum(sizes.values()) <= 200, sizes
-
-
-@pytest.mark.parametrize("h", [1, 3, 64, 341, 1000, 4097, 14336])
-def test_every_config_respects_its_budgets(h: int) -> None:
-    for dtype in DTYPES:
-        spec = GEGLU_BACKWARD.spec((4, h), dtype, layout="concat")
-        itemsize = spec.inputs[0].torch_dtype.itemsize
-        for variant in GEGLU_BACKWARD.variants:
-            space = variant.space(spec)
-            assert len(space) > 0, (variant.name, h)
-            for config in space:
-                elements = config.get("BLOCK") or config.get("TILE") or config["BLOCK_M"] * config["BLOCK_N"]
-                assert 4 <= elements / (32 * config["num_warps"]) <= 16
-                assert ("num_stages" in config) == (variant.name == "persistent")  # only loops pipeline
-                if variant.name == "rows":
-                    assert config["BLOCK_N"] <= max(64, 1 << (h - 1).bit_length())
-                if variant.name == "persistent":
-                    assert config["PROGRAMS_PER_SM"] * config["num_warps"] <= 64
-                    in_flight = config["PROGRAMS_PER_SM"] * (config["num_stages"] - 1) * 3 * config["TILE"] * itemsize
-                    assert in_flight <= 192 * 1024
-
-
-def test_build_rejects_a_config_outside_the_space() -> None:
-    spec = SWIGLU_BACKWARD.spec((4, 100), "float32")
-    with pytest.raises(ValueError, match="not in the space"):
-        SWIGLU_BACKWARD.variant("rows").build(spec, Config(BLOCK_M=1, BLOCK_N=4096, num_warps=4))  # wider than the row
-    with pytest.raises(ValueError, match="not in the space"):
-        SWIGLU_BACKWARD.variant("blocked").build(spec, Config(BLOCK=8192, num_warps=1, EVICT=""))  # 256 a thread

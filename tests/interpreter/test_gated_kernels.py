@@ -1,27 +1,29 @@
 """The gated activation families (``swiglu``, ``geglu``) in both layouts: kernels in the Triton
-interpreter without a GPU, the harness, specs, inputs, buckets and spaces.
+interpreter without a GPU (every distribution, schedules at their edges), the tolerance, specs,
+inputs and buckets.
 
 Kernel outputs are pre-filled with NaN and followed by a NaN guard, so a kernel that skips an
 element or writes past the end is caught; results are compared with the float64 reference under
-the harness's own tolerance (``check_close``).
+the harness's own tolerance (``check_close``). Every variant's config classes on small and odd
+shapes, the harness, the two layouts computing the same function and the variants' hashes are
+the shared elementwise suite's (test_families.py), and so are the spaces' sizes, budgets and
+refusals, which the gated families share with their backwards.
 """
 
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from kernelsmith.evaluate.errors import check_close
-from kernelsmith.evaluate.validate import validate
 from kernelsmith.ops import UnsupportedWorkload
-from kernelsmith.ops._base import Variant, tail_rows
-from kernelsmith.ops.gated import GEGLU, SWIGLU, GeGLU, SwiGLU, _Gated, _persistent_tile
+from kernelsmith.ops._base import tail_rows
+from kernelsmith.ops._elementwise import tile_shape
+from kernelsmith.ops.gated import GEGLU, SWIGLU, GeGLU, SwiGLU, _Gated
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
-from kernelsmith.testing.validation_runs import validation_runs
+from kernelsmith.testing.kernels import assert_matches_fp64, run_single_output
 
 # (family, constants): SwiGLU, and GeGLU with each GELU formula.
 FAMILIES: dict[str, tuple[_Gated, dict[str, str]]] = {
@@ -30,97 +32,10 @@ FAMILIES: dict[str, tuple[_Gated, dict[str, str]]] = {
     "geglu-none": (GEGLU, {"approximate": "none"}),
 }
 LAYOUTS = ("pair", "concat")
-VARIANTS = ("blocked", "rows", "persistent")
 DTYPES = ("float16", "bfloat16", "float32")
-# Activation shapes (..., H): numel 1, 7 (as 7 columns and as 7 rows of 1), 1000, 4097 (one row
-# wider than the widest column block), 1-D, 2-D and 3-D; rows never a multiple of BLOCK_M > 1.
-SHAPES: tuple[tuple[int, ...], ...] = ((1,), (7,), (7, 1), (8, 125), (1, 4097), (2, 3, 241))
-GUARD = 64
 
 
-def plan(variant: Variant, specs: list[OpSpec]) -> list[tuple[OpSpec, Config]]:
-    """(spec, config) runs: each spec once, with the config that adds the most (parameter, value)
-    pairs not seen yet, then further runs until every pair of every spec's space has been seen."""
-    runs: list[tuple[OpSpec, Config]] = []
-    seen: set[tuple[str, object]] = set()
-    for spec in specs:
-        configs = variant.space(spec).configs()
-        assert configs, f"{variant.name} has no config for {spec.describe()}"
-        best = max(configs, key=lambda c: len(set(c.items()) - seen))
-        runs.append((spec, best))
-        seen |= set(best.items())
-    for spec in specs:
-        for config in variant.space(spec).configs():
-            if set(config.items()) - seen:
-                runs.append((spec, config))
-                seen |= set(config.items())
-    return runs
-
-
-def out_shape(spec: OpSpec) -> tuple[int, ...]:
-    (out,) = SWIGLU.output_specs(spec)
-    return out.shape
-
-
-def run(op: _Gated, variant: str, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """Launch into a NaN-filled output followed by a NaN guard; check the guard and the inputs."""
-    before = [t.clone() for t in inputs]
-    shape = out_shape(spec)
-    numel = math.prod(shape)
-    buffer = torch.full((numel + GUARD,), math.nan, dtype=inputs[0].dtype, device=inputs[0].device)
-    y = buffer[:numel].view(shape)
-    op.variant(variant).build(spec, config)(inputs, (y,))
-    assert bool(torch.isnan(buffer[numel:]).all()), f"{variant} {config.key} wrote past the end"
-    assert all(torch.equal(t, b) for t, b in zip(inputs, before, strict=True)), f"{variant} modified its inputs"
-    return y
-
-
-def assert_matches(op: _Gated, spec: OpSpec, inputs: tuple[torch.Tensor, ...], y: torch.Tensor, what: str) -> None:
-    assert bool(torch.isfinite(y).all()), f"{what}: some outputs were never written"
-    (ref64,) = op.reference_fp64(spec, inputs)
-    (lowp,) = op.reference(spec, inputs)
-    problem = check_close(y, ref64, lowp, op.tolerance)
-    assert problem is None, f"{what}: {problem}"
-
-
-# ---- every variant, every config class, small and odd shapes, every dtype ----------------------
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_every_config_class_matches_the_reference(family: str, variant: str, layout: str, device: str) -> None:
-    op, constants = FAMILIES[family]
-    specs = [op.spec(SHAPES[i % len(SHAPES)], dtype, layout=layout, **constants)
-             for i, dtype in enumerate(DTYPES * len(SHAPES))]  # fmt: skip
-    runs = plan(op.variant(variant), specs)
-    for i, (spec, config) in enumerate(runs):
-        distribution = op.distributions[i % len(op.distributions)]
-        inputs = op.make_inputs(spec, seed=i, distribution=distribution, device=device)
-        y = run(op, variant, spec, config, inputs)
-        assert_matches(op, spec, inputs, y, f"{family}/{variant}/{layout} {config.key} {spec.describe()}")
-    # Every value any parameter takes in these spaces was run, on every shape and dtype.
-    tested = {(k, v) for _, c in runs for k, v in c.items()}
-    possible = {(k, v) for spec in specs for c in op.variant(variant).space(spec) for k, v in c.items()}
-    assert tested == possible
-    assert {out_shape(s) for s, _ in runs} == set(SHAPES)
-    assert {s.inputs[0].dtype for s, _ in runs} == set(DTYPES)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_the_covered_values_are_every_choice(variant: str) -> None:
-    """Across SHAPES the spaces hold every BLOCK, tile and program count the params offer."""
-    op = SWIGLU
-    values: dict[str, set[object]] = {}
-    for shape in SHAPES:
-        for dtype in DTYPES:
-            for config in op.variant(variant).space(op.spec(shape, dtype)):
-                for k, v in config.items():
-                    values.setdefault(k, set()).add(v)
-    for param in op.variant(variant).space(op.spec((8, 4096), "bfloat16")).params:
-        missing = set(param.choices) - values[param.name]
-        assert not missing or param.name == "num_warps", (param.name, missing)
-    assert values["num_warps"] >= {2, 4, 8, 16}
+# ---- every distribution, schedules at their edges, the tolerance ---------------------------------
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -132,28 +47,28 @@ def test_every_distribution(family: str, layout: str, device: str) -> None:
         inputs = op.make_inputs(spec, seed=i, distribution=distribution, device=device)
         for variant in op.variants:
             config = variant.space(spec).configs()[-1]
-            y = run(op, variant.name, spec, config, inputs)
-            assert_matches(op, spec, inputs, y, f"{family}/{variant.name}/{layout} {distribution}")
+            y = run_single_output(op, spec, variant.name, config, inputs)
+            assert_matches_fp64(op, spec, inputs, y, f"{family}/{variant.name}/{layout} {distribution}")
 
 
 def test_persistent_programs_walk_several_tiles(device: str) -> None:
     # H = 4097 in 1024-column tiles is 5 column tiles a row; 3 rows are 15 tiles for 4 programs
     # (4 stand-in SMs, one program each), the last tile of each row 1 column wide.
     spec = SWIGLU.spec((3, 4097), "bfloat16", layout="concat")
-    assert _persistent_tile(4097, 1024) == (1, 1024)
+    assert tile_shape(4097, 1024) == (1, 1024)
     inputs = SWIGLU.make_inputs(spec, seed=2, distribution="wide", device=device)
     config = Config(PROGRAMS_PER_SM=1, TILE=1024, num_warps=4, num_stages=3)
-    y = run(SWIGLU, "persistent", spec, config, inputs)
-    assert_matches(SWIGLU, spec, inputs, y, "persistent, 4 programs for 15 tiles")
+    y = run_single_output(SWIGLU, spec, "persistent", config, inputs)
+    assert_matches_fp64(SWIGLU, spec, inputs, y, "persistent, 4 programs for 15 tiles")
 
 
 def test_persistent_tiles_follow_the_row_width() -> None:
-    assert _persistent_tile(8192, 4096) == (1, 4096)
-    assert _persistent_tile(100, 2048) == (16, 128)
-    assert _persistent_tile(1, 1024) == (64, 16)  # at least 16 columns
+    assert tile_shape(8192, 4096) == (1, 4096)
+    assert tile_shape(100, 2048) == (16, 128)
+    assert tile_shape(1, 1024) == (64, 16)  # at least 16 columns
     for h in (1, 7, 125, 4097, 11008):
         for tile in (1024, 2048, 4096):
-            m, n = _persistent_tile(h, tile)
+            m, n = tile_shape(h, tile)
             assert m * n == tile and n >= min(tile, h)
 
 
@@ -161,21 +76,8 @@ def test_rows_tiles_cover_rows_and_columns_past_the_end(device: str) -> None:
     # 17 rows in 16-row tiles and 241 columns in 64-column tiles: a 1-row and a 49-column remainder.
     spec = GEGLU.spec((17, 241), "float32", layout="concat", approximate="none")
     inputs = GEGLU.make_inputs(spec, seed=5, distribution="tails", device=device)
-    y = run(GEGLU, "rows", spec, Config(BLOCK_M=16, BLOCK_N=64, num_warps=2), inputs)
-    assert_matches(GEGLU, spec, inputs, y, "rows 16x64 on 17x241")
-
-
-def test_the_layouts_compute_the_same_function(device: str) -> None:
-    pair = SWIGLU.spec((6, 40), "float32")
-    concat = SWIGLU.spec((6, 40), "float32", layout="concat")
-    a, b = SWIGLU.make_inputs(pair, seed=8, device=device)
-    (x,) = (torch.cat((a, b), dim=-1),)
-    for variant in SWIGLU.variants:
-        config = variant.space(pair).configs()[0]
-        assert config in variant.space(concat)
-        y_pair = run(SWIGLU, variant.name, pair, config, (a, b))
-        y_concat = run(SWIGLU, variant.name, concat, config, (x,))
-        assert torch.equal(y_pair, y_concat), variant.name
+    y = run_single_output(GEGLU, spec, "rows", Config(BLOCK_M=16, BLOCK_N=64, num_warps=2), inputs)
+    assert_matches_fp64(GEGLU, spec, inputs, y, "rows 16x64 on 17x241")
 
 
 def test_the_tolerance_tells_the_gate_from_the_up_projection(device: str) -> None:
@@ -197,21 +99,7 @@ def test_the_tolerance_tells_the_gate_from_the_up_projection(device: str) -> Non
     assert check_close(F.gelu(a32, approximate="tanh") * b32, ref64, lowp, GEGLU.tolerance) is not None
 
 
-# ---- the harness ---------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("family", "layout"),
-                         [("swiglu", "pair"), ("swiglu", "concat"), ("geglu-tanh", "concat"), ("geglu-none", "pair")])
-def test_one_config_of_each_variant_passes_the_harness(family: str, layout: str, device: str) -> None:
-    op, constants = FAMILIES[family]
-    spec = op.spec((9, 200), "bfloat16", layout=layout, **constants)
-    for variant in op.variants:
-        config = variant.space(spec).configs()[-1]
-        # denormal data is blind on every draw, not some: a and b both lie within 2^16 of
-        # bfloat16's smallest normal, so act(a) * b rounds to zero and a zeros output passes;
-        # the tail that starts on it always draws the next distribution too
-        runs = validate(op, spec, variant.build, config, device, lambda: None)
-        assert runs == max(validation_runs(op, spec, maybe_blind=("denormal",))), (variant.name, runs)
+# ---- validation specs and buckets ---------------------------------------------------------------
 
 
 def test_validation_specs_and_buckets_reshape_every_input() -> None:
@@ -373,53 +261,3 @@ def test_distributions_have_their_shape(device: str) -> None:
     # pair and concat draw the same a and b
     pa, pb = SWIGLU.make_inputs(SWIGLU.spec((64, 512), "float32"), seed=0, distribution="wide", device=device)
     assert torch.equal(pa, halves["wide"][0]) and torch.equal(pb, halves["wide"][1])
-
-
-# ---- spaces --------------------------------------------------------------------------------------
-
-
-def test_space_sizes_are_modest() -> None:
-    for dtype in DTYPES:
-        for layout in LAYOUTS:
-            spec = SWIGLU.spec((16384, 8192), dtype, layout=layout)
-            sizes = {v.name: len(v.space(spec)) for v in SWIGLU.variants}
-            assert all(size >= 20 for size in sizes.values()), sizes
-            assert 130 <= sum(sizes.values()) <= 200, sizes
-
-
-@pytest.mark.parametrize("h", [1, 3, 64, 125, 4097, 11008])
-def test_every_config_respects_its_budgets(h: int) -> None:
-    for dtype in DTYPES:
-        spec = GEGLU.spec((4, h), dtype, layout="concat")
-        itemsize = spec.inputs[0].torch_dtype.itemsize
-        for variant in GEGLU.variants:
-            space = variant.space(spec)
-            assert len(space) > 0, (variant.name, h)
-            for config in space:
-                elements = config.get("BLOCK") or config.get("TILE") or config["BLOCK_M"] * config["BLOCK_N"]
-                assert 4 <= elements / (32 * config["num_warps"]) <= 32
-                assert ("num_stages" in config) == (variant.name == "persistent")  # only loops pipeline
-                if variant.name == "rows":
-                    assert config["BLOCK_N"] <= max(64, 1 << (h - 1).bit_length())
-                if variant.name == "persistent":
-                    assert config["PROGRAMS_PER_SM"] * config["num_warps"] <= 64
-                    in_flight = config["PROGRAMS_PER_SM"] * (config["num_stages"] - 1) * 2 * config["TILE"] * itemsize
-                    assert in_flight <= 192 * 1024
-
-
-def test_build_rejects_a_config_outside_the_space() -> None:
-    spec = SWIGLU.spec((4, 100), "float32")
-    with pytest.raises(ValueError, match="not in the space"):
-        SWIGLU.variant("rows").build(spec, Config(BLOCK_M=1, BLOCK_N=4096, num_warps=4))  # wider than the row
-    with pytest.raises(ValueError, match="not in the space"):
-        SWIGLU.variant("blocked").build(spec, Config(BLOCK=256, num_warps=4))
-
-
-def test_variants_are_described() -> None:
-    assert [v.name for v in SWIGLU.variants] == list(VARIANTS)
-    assert SWIGLU.variants is GEGLU.variants
-    hashes = {v.source_hash for v in SWIGLU.variants}
-    assert len(hashes) == 3
-    # the hash covers the activation code in kernelsmith.ops.gelu too
-    assert all(v.source_hash != Variant.source_hash.fget(v) for v in SWIGLU.variants)  # type: ignore[attr-defined]
-    assert all(v.summary for v in SWIGLU.variants)

@@ -1,9 +1,12 @@
 """The GELU families (``gelu``, exact, and ``gelu_tanh``): kernels in the Triton interpreter
-without a GPU, the harness, specs, inputs and spaces.
+without a GPU (every distribution, schedules at their edges, extreme inputs, the polynomial erf),
+specs, inputs and spaces.
 
 Kernel outputs are pre-filled with NaN and followed by a NaN guard, so a kernel that skips an
 element or writes past the end is caught; results are compared with the float64 reference under
 the harness's own tolerance (``check_close``: a few times PyTorch's error in the same dtype).
+Every variant's config classes on small and odd shapes, the harness and the variants' hashes are
+the shared elementwise suite's (test_families.py).
 """
 
 from __future__ import annotations
@@ -17,77 +20,17 @@ import torch.nn.functional as F
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import validate
 from kernelsmith.ops import UnsupportedWorkload
-from kernelsmith.ops._base import Variant, tail_rows
-from kernelsmith.ops.gelu import GELU, GELU_TANH, ODD_TAIL, Gelu, GeluTanh, _Gelu
+from kernelsmith.ops._base import tail_rows
+from kernelsmith.ops.gelu import GELU, GELU_TANH, ODD_TAIL, Gelu, GeluTanh
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
-from kernelsmith.testing.validation_runs import validation_runs
+from kernelsmith.testing.kernels import assert_matches_fp64, run_single_output
 
 FAMILIES = {"gelu": GELU, "gelu_tanh": GELU_TANH}
 DTYPES = ("float16", "bfloat16", "float32")
-# numel 1, 7, 1000 and 4097, 1-D, 2-D and 3-D.
-SHAPES: tuple[tuple[int, ...], ...] = ((1,), (7,), (8, 125), (17, 241), (2, 4, 125))
-GUARD = 64
 
 
-def plan(variant: Variant, specs: list[OpSpec]) -> list[tuple[OpSpec, Config]]:
-    """(spec, config) runs: each spec once, with the config that adds the most (parameter, value)
-    pairs not seen yet, then further runs until every pair of every spec's space has been seen."""
-    runs: list[tuple[OpSpec, Config]] = []
-    seen: set[tuple[str, object]] = set()
-    for spec in specs:
-        configs = variant.space(spec).configs()
-        assert configs, f"{variant.name} has no config for {spec.describe()}"
-        best = max(configs, key=lambda c: len(set(c.items()) - seen))
-        runs.append((spec, best))
-        seen |= set(best.items())
-    for spec in specs:
-        for config in variant.space(spec).configs():
-            if set(config.items()) - seen:
-                runs.append((spec, config))
-                seen |= set(config.items())
-    return runs
-
-
-def run(op: _Gelu, variant: str, spec: OpSpec, config: Config, x: torch.Tensor) -> torch.Tensor:
-    """Launch into a NaN-filled output followed by a NaN guard; check the guard and the input."""
-    before = x.clone()
-    buffer = torch.full((x.numel() + GUARD,), math.nan, dtype=x.dtype, device=x.device)
-    y = buffer[: x.numel()].view(x.shape)
-    op.variant(variant).build(spec, config)((x,), (y,))
-    assert bool(torch.isnan(buffer[x.numel():]).all()), f"{variant} {config.key} wrote past the end"
-    assert torch.equal(x, before), f"{variant} {config.key} modified its input"
-    return y
-
-
-def assert_matches(op: _Gelu, spec: OpSpec, x: torch.Tensor, y: torch.Tensor, what: str) -> None:
-    assert bool(torch.isfinite(y).all()), f"{what}: some outputs were never written"
-    (ref64,) = op.reference_fp64(spec, (x,))
-    (lowp,) = op.reference(spec, (x,))
-    problem = check_close(y, ref64, lowp, op.tolerance)
-    assert problem is None, f"{what}: {problem}"
-
-
-# ---- every variant, every config class, small and odd shapes, every dtype ----------------------
-
-
-@pytest.mark.parametrize("variant", ["blocked", "multi_block", "persistent"])
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_every_config_class_matches_the_reference(family: str, variant: str, device: str) -> None:
-    op = FAMILIES[family]
-    specs = [op.spec(SHAPES[i % len(SHAPES)], dtype) for i, dtype in enumerate(DTYPES * len(SHAPES))]
-    runs = plan(op.variant(variant), specs)
-    for i, (spec, config) in enumerate(runs):
-        distribution = op.distributions[i % len(op.distributions)]
-        (x,) = op.make_inputs(spec, seed=i, distribution=distribution, device=device)
-        y = run(op, variant, spec, config, x)
-        assert_matches(op, spec, x, y, f"{family}/{variant} {config.key} {spec.describe()} {distribution}")
-    # Every value any parameter takes in these spaces was run, on every shape and dtype.
-    tested = {(k, v) for _, c in runs for k, v in c.items()}
-    possible = {(k, v) for spec in specs for c in op.variant(variant).space(spec) for k, v in c.items()}
-    assert tested == possible
-    assert {s.inputs[0].shape for s, _ in runs} == set(SHAPES)
-    assert {s.inputs[0].dtype for s, _ in runs} == set(DTYPES)
+# ---- every distribution, schedules at their edges, special values ---------------------------------
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -99,8 +42,8 @@ def test_every_distribution_in_every_dtype(family: str, dtype: str, device: str)
         config = variant.space(spec).configs()[0]
         for distribution in op.distributions:
             (x,) = op.make_inputs(spec, seed=7, distribution=distribution, device=device)
-            y = run(op, variant.name, spec, config, x)
-            assert_matches(op, spec, x, y, f"{family}/{variant.name} {dtype} {distribution}")
+            y = run_single_output(op, spec, variant.name, config, (x,))
+            assert_matches_fp64(op, spec, (x,), y, f"{family}/{variant.name} {dtype} {distribution}")
 
 
 def test_persistent_programs_walk_several_blocks(device: str) -> None:
@@ -109,16 +52,17 @@ def test_persistent_programs_walk_several_blocks(device: str) -> None:
     spec = GELU_TANH.spec((4097,), "float32")
     (x,) = GELU_TANH.make_inputs(spec, seed=3, distribution="wide", device=device)
     config = Config(PROGRAMS_PER_SM=1, BLOCK=1024, num_warps=4, num_stages=2)
-    y = run(GELU_TANH, "persistent", spec, config, x)
-    assert_matches(GELU_TANH, spec, x, y, "persistent, 4 programs for 5 blocks")
+    y = run_single_output(GELU_TANH, spec, "persistent", config, (x,))
+    assert_matches_fp64(GELU_TANH, spec, (x,), y, "persistent, 4 programs for 5 blocks")
 
 
 def test_multi_block_masks_whole_blocks_past_the_end(device: str) -> None:
     # 300 elements, 8 blocks of 256 per program: block 0 full, block 1 partial, blocks 2..7 empty.
     spec = GELU.spec((300,), "bfloat16")
     (x,) = GELU.make_inputs(spec, seed=4, device=device)
-    y = run(GELU, "multi_block", spec, Config(BLOCK=256, ITEMS=8, num_warps=1, num_stages=3, FAST_ERF=False), x)
-    assert_matches(GELU, spec, x, y, "multi_block ITEMS=8 on 300 elements")
+    config = Config(BLOCK=256, ITEMS=8, num_warps=1, num_stages=3, FAST_ERF=False)
+    y = run_single_output(GELU, spec, "multi_block", config, (x,))
+    assert_matches_fp64(GELU, spec, (x,), y, "multi_block ITEMS=8 on 300 elements")
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
@@ -127,8 +71,8 @@ def test_no_overflow_at_extreme_inputs(device: str) -> None:
     x = torch.tensor([-1e4, -100.0, -11.0, -3.0, 0.0, 3.0, 11.0, 100.0, 1e4], device=device)
     for op in FAMILIES.values():
         spec = op.spec_for(x)
-        y = run(op, "blocked", spec, op.variant("blocked").space(spec).configs()[0], x)
-        assert_matches(op, spec, x, y, f"{op.name} at extreme inputs")
+        y = run_single_output(op, spec, "blocked", op.variant("blocked").space(spec).configs()[0], (x,))
+        assert_matches_fp64(op, spec, (x,), y, f"{op.name} at extreme inputs")
         assert float(y[0]) == 0.0 and float(y[-1]) == 1e4 and float(y[4]) == 0.0
 
 
@@ -139,8 +83,9 @@ def test_the_two_formulas_are_told_apart(device: str) -> None:
     assert spec_exact.workload_hash != spec_tanh.workload_hash
     (x,) = GELU.make_inputs(spec_exact, seed=1, device=device)
     config = GELU.variant("blocked").space(spec_exact).configs()[0]
-    y_exact = run(GELU, "blocked", spec_exact, config, x)
-    y_tanh = run(GELU_TANH, "blocked", spec_tanh, GELU_TANH.variant("blocked").space(spec_tanh).configs()[0], x)
+    y_exact = run_single_output(GELU, spec_exact, "blocked", config, (x,))
+    config_tanh = GELU_TANH.variant("blocked").space(spec_tanh).configs()[0]
+    y_tanh = run_single_output(GELU_TANH, spec_tanh, "blocked", config_tanh, (x,))
     exact64, tanh64 = GELU.reference_fp64(spec_exact, (x,))[0], GELU_TANH.reference_fp64(spec_tanh, (x,))[0]
     exact32, tanh32 = GELU.reference(spec_exact, (x,))[0], GELU_TANH.reference(spec_tanh, (x,))[0]
     assert check_close(y_exact, exact64, exact32, GELU.tolerance) is None
@@ -150,19 +95,6 @@ def test_the_two_formulas_are_told_apart(device: str) -> None:
 
 
 # ---- the harness ---------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_one_config_of_each_variant_passes_the_harness(family: str, device: str) -> None:
-    op = FAMILIES[family]
-    spec = op.spec((5, 200), "bfloat16")
-    for variant in op.variants:
-        config = variant.space(spec).configs()[-1]  # the largest blocks
-        # the target on every distribution of the family, each tail on one, two runs apiece; the
-        # tail drawing spikes also draws the next when a spike is positive (gelu(x) is then about
-        # x where x dominates the row, so the identity canary passes: blind)
-        runs = validate(op, spec, variant.build, config, device, lambda: None)
-        assert runs in validation_runs(op, spec, maybe_blind=("spikes",)), (variant.name, runs)
 
 
 def test_validation_specs() -> None:
@@ -351,20 +283,12 @@ def test_build_rejects_a_config_outside_the_space() -> None:
         GELU.variant("persistent").build(spec, Config(BLOCK=1024, num_warps=4))
 
 
-def test_variants_are_described() -> None:
-    assert [v.name for v in GELU.variants] == ["blocked", "multi_block", "persistent"]
-    assert GELU.variants is GELU_TANH.variants
-    assert len({v.source_hash for v in GELU.variants}) == 3
-    assert all(v.summary for v in GELU.variants)
-
-
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 @pytest.mark.parametrize("variant", ["blocked", "multi_block", "persistent"])
 def test_polynomial_erf_passes_the_harness(variant: str, dtype: str, device: str) -> None:
     """FAST_ERF (Abramowitz & Stegun erf) is a search choice of the exact form: the full
     validation (every distribution, tails and extremes included) decides whether it is close
     enough; it must be, in every dtype, for the search to have a real choice."""
-    from kernelsmith.evaluate.validate import validate
 
     spec = GELU.spec((7, 333), dtype)
     space = GELU.variant(variant).space(spec)
@@ -376,6 +300,6 @@ def test_polynomial_erf_at_extreme_inputs(device: str) -> None:
     x = torch.tensor([-1e4, -100.0, -11.0, -3.0, -1e-3, 0.0, 1e-3, 3.0, 11.0, 100.0, 1e4], device=device)
     spec = GELU.spec_for(x)
     config = next(c for c in GELU.variant("blocked").space(spec).configs() if c["FAST_ERF"])
-    y = run(GELU, "blocked", spec, config, x)
+    y = run_single_output(GELU, spec, "blocked", config, (x,))
     assert torch.isfinite(y).all()
-    assert_matches(GELU, spec, x, y, "polynomial erf at extreme inputs")
+    assert_matches_fp64(GELU, spec, (x,), y, "polynomial erf at extreme inputs")

@@ -273,8 +273,9 @@ def _flat(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> tu
 
 
 def _launcher(kernel: Any) -> Callable[[OpSpec, Config], Launcher]:
-    """The launcher of ``kernel`` at a config: APPROX from the family; FAST_ERF is the exact
-    form's config's (the tanh form compiles the libdevice-free path, FAST_ERF off)."""
+    """The launcher of ``kernel`` at a config: APPROX from the family; FAST_ERF from the exact
+    form's config (the skeleton passes a config's parameters on), off for the tanh form, whose
+    spaces have none."""
     return lambda spec, config: skeleton.flat_launcher(
         kernel, spec.inputs[0].numel, config, _flat, APPROX=_approx(spec), FAST_ERF=False)
 
