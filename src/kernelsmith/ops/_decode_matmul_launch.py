@@ -16,10 +16,10 @@ import triton
 
 from kernelsmith.ops._base import Launcher
 from kernelsmith.ops._decode_matmul_kernels import _decode_gemv_kernel, _decode_split_k_kernel, _zero_kernel
+from kernelsmith.ops._elementwise import checked, multiprocessor_count
 from kernelsmith.ops._launch import direct_launch
 from kernelsmith.ops._matmul_kernels import _matmul_split_k_reduce_kernel
 from kernelsmith.ops._matmul_launch import SHARED_MEMORY_BUDGET, _Geometry, _geometry, _operands, _reduce_tile
-from kernelsmith.ops.gelu import checked, multiprocessor_count
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
 from kernelsmith.spec import OpSpec
 

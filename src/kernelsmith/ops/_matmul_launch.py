@@ -16,6 +16,7 @@ import torch
 import triton
 
 from kernelsmith.ops._base import Launcher
+from kernelsmith.ops._elementwise import checked, multiprocessor_count
 from kernelsmith.ops._launch import direct_launch, tensor_descriptor_class
 from kernelsmith.ops._launch import tma_available as tma_descriptors_here
 from kernelsmith.ops._matmul_kernels import (
@@ -29,7 +30,6 @@ from kernelsmith.ops._matmul_kernels import (
     _matmul_tiled_kernel,
     _matmul_tma_kernel,
 )
-from kernelsmith.ops.gelu import checked, multiprocessor_count
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
 from kernelsmith.spec import OpSpec
 

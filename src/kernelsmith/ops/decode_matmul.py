@@ -123,6 +123,10 @@ bfloat16 blocks are widened to float32 before a dot there (``UPCAST``), as the m
 Front door: ``kernelsmith tune decode_matmul --shape 1x2048x2048 --epilogue residual``. The
 ``@kernelsmith.optimize`` pattern for ``F.linear`` still routes every product to ``matmul``; the
 whole-step capture (issue 13, items 3-4) is what calls the fused forms.
+
+Where the code is: this module holds the family (specs, the reference, inputs, the roofline
+model); the kernels are in :mod:`kernelsmith.ops._decode_matmul_kernels`, the fusions of a spec,
+the spaces and the launchers in :mod:`kernelsmith.ops._decode_matmul_launch`.
 """
 
 from __future__ import annotations
