@@ -98,7 +98,7 @@ def _exported_static_norm(db: str) -> tuple[Norm, torch.export.ExportedProgram]:
 
 def test_a_static_export_under_the_interpreter_keeps_kernelsmith_kernel_and_says_why(db, caplog):
     """A static export would hold ``kernelsmith::triton_kernel`` (the carried kernel itself,
-    which AOTInductor packages; tests/gpu/test_pt2_gpu.py), but the interpreter's kernels are not
+    which AOTInductor packages; tests/gpu/test_triton_ops_gpu.py), but the interpreter's kernels are not
     compiled Triton kernels: the program holds ``kernelsmith::kernel`` with its carried decisions."""
     from kernelsmith.frontends import triton_ops
 

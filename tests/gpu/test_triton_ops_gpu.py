@@ -4,8 +4,9 @@ The compile backend calls a static inference site with a stored winner through t
 ``torch.library.triton_op`` (:mod:`kernelsmith.frontends.triton_ops`); Inductor then traces the
 op's body down to its ``wrap_triton`` launch, so the variant's kernel appears in Inductor's own
 generated code and no ``kernelsmith::kernel`` call remains. A program exported with the op (the
-backend's decision carried in it) compiles with ``aoti_compile_and_package`` into a package that
-runs in a process which never imports kernelsmith and whose database is empty.
+backend's decision carried in it, or a decorated function exported at a static shape, whose
+program holds the op with its shape's winner) compiles with ``aoti_compile_and_package`` into a
+package that runs in a process which never imports kernelsmith and whose database is empty.
 
 The winner is stored as a GPU tuning run would store it (kernelsmith.testing.decisions: the
 first variant with a config at the bucket, that config), so no search runs.
@@ -23,12 +24,14 @@ import pytest
 import torch
 from torch import nn
 
+import kernelsmith
 from kernelsmith import dispatch
 from kernelsmith.db import DecisionRecord
 from kernelsmith.frontends import backend as ks_backend
 from kernelsmith.frontends import triton_ops
 from kernelsmith.ops import get_op
 from kernelsmith.testing.decisions import store_kernel_decisions
+from test_decorator import hf_rmsnorm
 
 pytestmark = pytest.mark.gpu
 EPS = 1e-6
@@ -116,6 +119,15 @@ def test_aot_inductor_packages_the_kernel_and_runs_without_kernelsmith(db, tmp_p
         program = torch.export.export(program_module, (x,))
         expected = module(x)
     assert any(n.target is triton_ops.OP for n in program.graph.nodes)  # export keeps the op whole
+    out = _packaged_without_kernelsmith(program, kernel_name, x, tmp_path)
+    torch.testing.assert_close(out, expected.cpu(), rtol=1e-4, atol=1e-4)
+
+
+def _packaged_without_kernelsmith(
+    program: torch.export.ExportedProgram, kernel_name: str, x: torch.Tensor, tmp_path
+) -> torch.Tensor:
+    """``program`` compiled by AOTInductor into a package holding ``kernel_name``, run on ``x`` in
+    a process that never imports kernelsmith and whose database is empty: its output."""
     package = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "norm.pt2"))
     with zipfile.ZipFile(package) as archive:  # the kernel is in the package, not looked up at run time
         assert any(kernel_name.encode() in archive.read(name) for name in archive.namelist()
@@ -136,7 +148,35 @@ def test_aot_inductor_packages_the_kernel_and_runs_without_kernelsmith(db, tmp_p
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "KERNELSMITH_DB": str(tmp_path / "empty.db")})
     assert done.returncode == 0, done.stderr
-    out = torch.load(tmp_path / "out.pt")
+    return torch.load(tmp_path / "out.pt")
+
+
+class DecoratedNorm(nn.Module):
+    """Hugging Face's RMSNorm formulation through ``@kernelsmith.optimize`` (database only)."""
+
+    def __init__(self, norm: RMSNorm) -> None:
+        super().__init__()
+        self.weight = norm.weight
+        self.norm = kernelsmith.optimize(hf_rmsnorm, mode="db")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x, self.weight, EPS)
+
+
+def test_a_static_export_of_a_decorated_function_holds_the_kernel_and_packages_it(db, tmp_path):
+    """``torch.export`` of a decorated function at a static shape with a stored winner holds
+    ``kernelsmith::triton_kernel`` (not ``kernelsmith::kernel``, which resolves its decisions in
+    Python at run time), so AOTInductor compiles the tuned kernel into the package."""
+    module, x = _module_and_input()
+    kernel_name = _stored_winner(db, module, x)
+    decorated = DecoratedNorm(module).eval()
+    with torch.no_grad():
+        program = torch.export.export(decorated, (x,))
+        expected = module(x)
+    targets = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    assert triton_ops.OP in targets, "KERNELSMITH_LOG=info says why kernelsmith::kernel was kept"
+    assert torch.ops.kernelsmith.kernel.default not in targets
+    out = _packaged_without_kernelsmith(program, kernel_name, x, tmp_path)
     torch.testing.assert_close(out, expected.cpu(), rtol=1e-4, atol=1e-4)
 
 
