@@ -270,3 +270,24 @@ def test_unfuse_restores_the_models_forward(db) -> None:
     assert not hf_lm_loss.is_fused(model) and "forward" not in vars(model)
     ids = _ids()
     assert model(input_ids=ids, labels=ids).logits is not None
+
+
+# ---- optimize_model(skip_logits=True) ------------------------------------------------------------
+
+
+@pytest.mark.slow  # profiling, discovery and compiling a model in the interpreter: minutes on two cores
+def test_optimize_model_skip_logits_patches_the_model_and_reports_it(db) -> None:
+    from kernelsmith.whole_model.optimize import optimize_model
+
+    model = _llama()
+    ids = _ids()
+    try:
+        compiled, report = optimize_model(model, example_kwargs={"input_ids": ids, "labels": ids}, train=True,
+                                          budget=0, db=db, skip_logits=True, compare=False)  # fmt: skip
+        assert report["skip_logits"]["patched"] and report["skip_logits"]["refusal"] is None
+        assert report["skip_logits"]["fallbacks"] == {}
+        out = compiled(input_ids=ids, labels=ids)
+        assert out.logits is None and torch.isfinite(out.loss)
+    finally:
+        unfuse_lm_loss(model)
+        torch._dynamo.reset()

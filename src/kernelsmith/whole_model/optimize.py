@@ -74,6 +74,7 @@ PLAN_FAMILIES: dict[str, tuple[str, ...]] = {
     "linear_cross_entropy": ("cross_entropy", "log_softmax"),  # (the head's GEMM is a matmul row)
 }
 MIN_EVALUATIONS = 4  # a search shorter than this is hardly a search
+FUSED_LOSS_BUDGET = 8  # evaluations for skip_logits' one fused-loss workload (tuned at its first call)
 IMPROVEMENT = 0.01  # a best time this much better counts as progress (patience)
 GAIN_SPEEDUPS = (2.0, 3.0)  # expected gain at 2x; the "could it matter at all" test at 3x
 
@@ -192,6 +193,7 @@ def optimize_model(
     ray_address: str | None = None,
     force_retune: bool | None = None,
     require_tuned: bool | None = None,
+    skip_logits: bool = False,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Profile ``model(*example_inputs)``, tune its top workloads within the budget, compile it.
 
@@ -218,6 +220,15 @@ def optimize_model(
     its peak memory against none, kept where the step is not slower or where ``memory`` (a
     :class:`~kernelsmith.whole_model.train_step.MemoryObjective`) accepts its memory saving; the
     report's ``train_step`` says what each kept family saves.
+
+    ``skip_logits=True`` (for Hugging Face causal LMs trained with ``labels``) first patches
+    ``model`` itself with :func:`kernelsmith.hf.fuse_lm_loss`: its training calls with labels then
+    compute the loss through the fused linear + cross-entropy and return ``logits=None`` (the
+    memory of the logits is saved only by not returning them); its kernel is tuned on the first
+    such call within ``min(budget, FUSED_LOSS_BUDGET)`` evaluations (not counted in the report's
+    ``evaluations``). The report's ``skip_logits`` says whether the model was patched (or why not)
+    and where the loss ran the op's PyTorch reference instead of a kernel (``fallbacks``).
+    ``kernelsmith.hf.unfuse_lm_loss`` undoes the patch.
     """
     if budget < 0:
         raise ValueError(f"budget must be a count of evaluations >= 0, not {budget}")
@@ -242,6 +253,9 @@ def optimize_model(
         "train": train,
         "note": _mode_note(mode),
     }
+
+    if skip_logits:
+        report["skip_logits"] = _fuse_lm_loss(model, db, strategy, budget, mode)
 
     def tell(stage: str, message: str = "", **fields: Any) -> None:
         log.info("%s: %s", stage, message)
@@ -284,8 +298,23 @@ def optimize_model(
         peak_memory_bytes=plan.peak_memory_bytes,
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     )
+    if skip_logits:
+        from kernelsmith.frontends.hf_lm_loss import fallback_reasons
+
+        report["skip_logits"]["fallbacks"] = fallback_reasons(model)
     tell("done", f"{len(replaced)} of {len(backend.sites)} sites replaced, {allowance.spent} evaluations")
     return compiled, report
+
+
+def _fuse_lm_loss(model: nn.Module, db: Any, strategy: str, budget: int, mode: str | None) -> dict[str, Any]:
+    """``optimize_model(skip_logits=True)``: the model patched by :func:`kernelsmith.hf.fuse_lm_loss`
+    (its kernel tuned on its first training call), or why not."""
+    from kernelsmith.frontends.hf_lm_loss import fuse_lm_loss, is_fused, refusal
+
+    why = refusal(model)
+    fused_budget = min(budget, FUSED_LOSS_BUDGET)
+    fuse_lm_loss(model, tune=mode is not None and fused_budget > 0, budget=fused_budget, strategy=strategy, db=db)
+    return {"patched": is_fused(model), "refusal": why, "budget": fused_budget}
 
 
 def _mode_note(mode: str | None) -> str:
