@@ -22,7 +22,12 @@ from kernelsmith.space import Config, next_power_of_two
 from kernelsmith.spec import OpSpec
 from kernelsmith.testing.kernels import covering_configs
 
-VARIANTS = [v.name for v in OP.variants]
+# The four schedules, covered config by config; the realigned variants (aligned_row, split_row),
+# whose interpreted programs are slower, run one config per class on their own odd shapes, and
+# join the cheap tests (ALL_VARIANTS).
+REALIGNED = ("aligned_row", "split_row")
+VARIANTS = [v.name for v in OP.variants if v.name not in REALIGNED]
+ALL_VARIANTS = [v.name for v in OP.variants]
 DTYPES = ("float16", "bfloat16", "float32")
 
 
@@ -119,7 +124,7 @@ def _smallest_block(variant: str, spec: OpSpec) -> Config:
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_masked_prefix(variant: str, device: str) -> None:
     """Rows starting with -inf (masked attention scores): online's rescale must not make NaN.
 
@@ -138,7 +143,7 @@ def test_masked_prefix(variant: str, device: str) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # -inf - (-inf) is computed on purpose
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_fully_masked_row_is_nan_like_torch(variant: str, device: str) -> None:
     spec = OP.spec((3, 100), "float32")
     (x,) = OP.make_inputs(spec, seed=3, distribution="normal", device=device)
@@ -164,7 +169,7 @@ def test_one_config_is_right_for_every_validation_spec(variant: str, device: str
         assert_close_to_reference(y, spec, x, f"{variant} {config.key} {spec.describe()}")
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_launcher_is_reusable(variant: str, device: str) -> None:
     """A launcher holds no state from one call to the next: new inputs, new outputs."""
     spec = OP.spec((6, 50), "float16")
@@ -179,7 +184,7 @@ def test_launcher_is_reusable(variant: str, device: str) -> None:
     assert not torch.equal(results[0], results[1])
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_launcher_issues_no_torch_compute(variant: str, device: str) -> None:
     """The harness watches candidates with a dispatch mode: a launcher may only take views."""
     spec = OP.spec((2, 3, 100), "bfloat16")
@@ -208,6 +213,7 @@ def test_build_rejects_a_config_outside_the_space(variant: str) -> None:
 def test_space_sizes_are_modest(width: int) -> None:
     spec = OP.spec((8192, width), "bfloat16")
     sizes = {v.name: len(v.space(spec)) for v in OP.variants}
+    assert sizes.pop("aligned_row") == 0  # Triton proves these rows aligned: whole_row is the same kernel
     assert all(size > 0 for size in sizes.values()), sizes
     assert 100 <= sum(sizes.values()) <= 250, sizes
 
@@ -216,6 +222,9 @@ def test_space_sizes_are_modest(width: int) -> None:
 def test_tiny_rows_have_a_config_in_every_variant(width: int) -> None:
     spec = OP.spec((5, width), "float16")
     for v in OP.variants:
+        if v.name == "aligned_row" and width % 16 == 0:
+            assert len(v.space(spec)) == 0  # rows Triton proves aligned
+            continue
         assert len(v.space(spec)) > 0, (v.name, width)
     warps = sorted({c["num_warps"] for c in OP.variant("whole_row").space(spec)})
     assert warps == ([1] if width <= 32 else [1, 2])  # at least one value a thread
@@ -430,7 +439,7 @@ def test_scale_reaches_every_variant(variant: str, device: str) -> None:
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_scale_keeps_a_masked_prefix_at_zero(variant: str, device: str) -> None:
     # -inf scores stay -inf under a positive scale: online's guard still holds, the row is right.
     spec = OP.spec((5, 300), "float32", scale=0.125)
@@ -442,7 +451,7 @@ def test_scale_keeps_a_masked_prefix_at_zero(variant: str, device: str) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the stress data holds inf: inf - inf is NaN
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_validate_accepts_every_variant_with_a_scale(variant: str, device: str) -> None:
     from kernelsmith.evaluate.validate import validate
     from kernelsmith.testing.validation_runs import validation_runs
@@ -480,3 +489,50 @@ def test_scale_reference_and_inputs(device: str) -> None:
     # of about +40 a row), so the data tells a missing or doubled scale apart.
     unscaled = OP.make_inputs(OP.spec((4, 33), "bfloat16"), seed=0, distribution="outliers", device=device)[0]
     torch.testing.assert_close((x.float() * 2.0), unscaled.float(), rtol=1e-2, atol=1e-2)
+
+
+# ---- realigned rows (aligned_row) and rows split across programs (split_row) ------------------
+
+# (rows, width, dtype, distribution, scale): widths 1, 7, 33, 1000 and 4097 (none a multiple of
+# 16), 1 and 3 rows, every dtype (ALIGN = 4 and 8), a negative scale (the padding set back to -inf).
+REALIGNED_CASES = [
+    ((1, 1), "float32", "normal", 1.0),
+    ((3, 7), "bfloat16", "outliers", 1.0),
+    ((3, 33), "float16", "uniform", -1.3),
+    ((1, 1000), "bfloat16", "large", 1.0),
+    ((3, 1000), "float16", "outliers", 0.5),
+    ((1, 4097), "float32", "normal", 1.0),
+]
+
+
+def _one_config(variant: str, spec: OpSpec) -> Config:
+    """aligned_row: its first config; split_row: the widest chunks that still cut the row (at
+    4097 columns, a second chunk that the head and tail can leave empty), few programs either way."""
+    configs = OP.variant(variant).space(spec).configs()
+    return max(configs, key=lambda c: (c["BLOCK_N"], -c["num_warps"])) if variant == "split_row" else configs[0]
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("variant", REALIGNED)
+def test_realigned_variants_match_the_reference(variant: str, device: str) -> None:
+    for i, (shape, dtype, distribution, scale) in enumerate(REALIGNED_CASES):
+        spec = OP.spec(shape, dtype, scale=scale)
+        config = _one_config(variant, spec)
+        (x,) = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
+        y = run_variant(variant, spec, config, x)
+        assert_close_to_reference(y, spec, x, f"{variant} {config.key} {spec.describe()} scale {scale:g}")
+
+
+@pytest.mark.parametrize("variant", REALIGNED)
+def test_realigned_variants_at_unaligned_addresses(variant: str, device: str) -> None:
+    """x and y 2 and 6 bytes past an aligned address (views at a storage offset): the pieces
+    assume an aligned base only for speed, never for which elements they cover."""
+    spec = OP.spec((3, 1000), "bfloat16")
+    (x,) = OP.make_inputs(spec, seed=7, device=device)
+    x_moved = torch.empty(x.numel() + 1, dtype=x.dtype, device=device)[1:].view(x.shape)
+    x_moved.copy_(x)
+    buffer = torch.full((x.numel() + 3 + 64,), float("nan"), dtype=x.dtype, device=device)
+    y = buffer[3: 3 + x.numel()].view(x.shape)
+    OP.variant(variant).build(spec, _one_config(variant, spec))((x_moved,), (y,))
+    assert bool(torch.isnan(buffer[:3]).all()) and bool(torch.isnan(buffer[3 + x.numel():]).all())
+    assert_close_to_reference(y, spec, x, f"{variant} at unaligned addresses")

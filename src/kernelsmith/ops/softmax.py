@@ -248,6 +248,103 @@ def _softmax_persistent_kernel(
         tl.store(y_ptr + row64 * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _softmax_aligned_row_kernel(
+    x_ptr,
+    y_ptr,
+    n_cols,
+    scale,
+    BLOCK_N: tl.constexpr,
+    EVICT_X: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    ALIGN: tl.constexpr,  # elements in 16 bytes
+):
+    """whole_row on a row cut into an aligned body and a head and tail (``skeleton.row_pieces``),
+    so that the body's loads and stores are 16-byte vectors whatever the width."""
+    row_start = tl.program_id(0).to(tl.int64) * n_cols
+    body, body_mask, edge, edge_mask = skeleton.row_pieces(row_start, n_cols, 0, BLOCK_N, ALIGN)
+    x = tl.load(x_ptr + body, mask=body_mask, other=float("-inf"), eviction_policy=EVICT_X)
+    x = _scaled(x.to(tl.float32), body_mask, scale, HAS_SCALE)
+    x_edge = _scaled(tl.load(x_ptr + edge, mask=edge_mask, other=float("-inf")).to(tl.float32), edge_mask, scale,
+                     HAS_SCALE)
+    m = tl.maximum(tl.max(x, axis=0), tl.max(x_edge, axis=0))
+    p = tl.exp(x - m)
+    p_edge = tl.exp(x_edge - m)
+    total = tl.sum(p, axis=0) + tl.sum(p_edge, axis=0)
+    tl.store(y_ptr + body, (p / total).to(y_ptr.dtype.element_ty), mask=body_mask)
+    tl.store(y_ptr + edge, (p_edge / total).to(y_ptr.dtype.element_ty), mask=edge_mask)
+
+
+@triton.jit
+def _split_chunk(x_ptr, row_start, n_cols, chunk, scale, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr,
+                 HAS_SCALE: tl.constexpr):
+    """One chunk of a split row, loaded and scaled: (body, its mask, its values, the same for the
+    edge)."""
+    body, body_mask, edge, edge_mask = skeleton.row_pieces(row_start, n_cols, chunk, BLOCK_N, ALIGN)
+    x = _scaled(tl.load(x_ptr + body, mask=body_mask, other=float("-inf")).to(tl.float32), body_mask, scale,
+                HAS_SCALE)
+    x_edge = _scaled(tl.load(x_ptr + edge, mask=edge_mask, other=float("-inf")).to(tl.float32), edge_mask, scale,
+                     HAS_SCALE)
+    return body, body_mask, x, edge, edge_mask, x_edge
+
+
+@triton.jit
+def _softmax_split_stats_kernel(
+    x_ptr,
+    partial_ptr,  # (rows, chunks, 2) float32: each chunk's max m and sum of exp(x - m)
+    n_cols,
+    scale,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    ALIGN: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+):
+    """split_row, first launch: one chunk's max and its sum of exponentials relative to it. A
+    chunk can be empty (the head and tail went to chunk 0) or -inf throughout (a masked prefix)
+    where the row is not: its max is then -inf and its sum 0, the exponentials taken relative to
+    0 instead of -inf (exp(-inf - 0) = 0, where exp(-inf - -inf) would be NaN)."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    _, _, x, _, _, x_edge = _split_chunk(x_ptr, row * n_cols, n_cols, chunk, scale, BLOCK_N, ALIGN, HAS_SCALE)
+    m = tl.maximum(tl.max(x, axis=0), tl.max(x_edge, axis=0))
+    shift = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.sum(tl.exp(x - shift), axis=0) + tl.sum(tl.exp(x_edge - shift), axis=0)
+    at = partial_ptr + (row * tl.num_programs(1) + chunk) * 2
+    tl.store(at, m)
+    tl.store(at + 1, total)
+
+
+@triton.jit
+def _softmax_split_apply_kernel(
+    x_ptr,
+    y_ptr,
+    partial_ptr,
+    n_cols,
+    scale,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    ALIGN: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+):
+    """split_row, second launch: the row's max and sum from its chunks' (each chunk's sum rescaled
+    to the row max, as the online kernel rescales its running sum), then the chunk's
+    probabilities from x again."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    chunks = tl.num_programs(1)
+    lanes = tl.arange(0, SPLITS)
+    at = partial_ptr + (row * chunks + lanes) * 2
+    maxes = tl.load(at, mask=lanes < chunks, other=float("-inf"))
+    sums = tl.load(at + 1, mask=lanes < chunks, other=0.0)
+    m = tl.max(maxes, axis=0)
+    total = tl.sum(sums * tl.exp(maxes - m), axis=0)  # a row -inf throughout: NaN, as torch.softmax
+    row_start = row * n_cols
+    body, body_mask, x, edge, edge_mask, x_edge = _split_chunk(x_ptr, row_start, n_cols, chunk, scale, BLOCK_N,
+                                                               ALIGN, HAS_SCALE)
+    tl.store(y_ptr + body, (tl.exp(x - m) / total).to(y_ptr.dtype.element_ty), mask=body_mask)
+    tl.store(y_ptr + edge, (tl.exp(x_edge - m) / total).to(y_ptr.dtype.element_ty), mask=edge_mask)
+
+
 # =================================================================================================
 # Spaces (the launchers are the skeleton's: kernelsmith.ops._rowwise)
 #
@@ -274,24 +371,41 @@ def _persistent_space(spec: OpSpec) -> Space:
     return skeleton.persistent_space(spec, skeleton.REDUCTION_WARPS, in_registers=1, pipelined=1)
 
 
+def _aligned_row_space(spec: OpSpec) -> Space:
+    return skeleton.aligned_row_space(spec, skeleton.REDUCTION_WARPS)
+
+
+def _split_row_space(spec: OpSpec) -> Space:
+    return skeleton.split_row_space(spec, skeleton.REDUCTION_WARPS)
+
+
 def scale_of(spec: OpSpec) -> float:
     """The constant x is multiplied by: ``scale`` of the spec, 1.0 when it has none."""
     return float(spec.constants.get("scale", 1.0))
 
 
-def _variant(name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any, pipelined: bool = False
-             ) -> Variant:
+def _variant(name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any, pipelined: bool = False,
+             aligned: bool = False) -> Variant:
     """A variant launching ``kernel`` through the skeleton's launcher, with the spec's scale as the
-    kernel's ``scale`` argument and ``HAS_SCALE`` constexpr (``skeleton.variant`` gives a family's
-    constexprs one value for every workload; this one is the workload's own)."""
+    kernel's ``scale`` argument and ``HAS_SCALE`` constexpr; ``aligned``: the kernel takes no row
+    strides and ``ALIGN`` (aligned_row)."""
 
-    def build(spec: OpSpec, config: Config) -> Launcher:
-        skeleton.checked("softmax", space(spec), config)
-        scale = scale_of(spec)
-        return skeleton.launcher(kernel, spec, config, strides=2, scalars=(scale,), pipelined=pipelined,
-                                 HAS_SCALE=scale != 1.0)
+    def constexprs(spec: OpSpec) -> dict[str, Any]:
+        own: dict[str, Any] = {"HAS_SCALE": scale_of(spec) != 1.0}
+        return {**own, "ALIGN": skeleton.alignment(spec)} if aligned else own
 
-    return Variant(name, summary, space, build, modules=(skeleton.__name__,))
+    return skeleton.variant(__name__, name, summary, space, kernel, strides=0 if aligned else 2,
+                            scalars=lambda spec: (scale_of(spec),), pipelined=pipelined, constexprs_of=constexprs)
+
+
+def _split_row_build(spec: OpSpec, config: Config) -> Launcher:
+    skeleton.checked("softmax", _split_row_space(spec), config)
+    scalars, constexprs = (scale_of(spec),), (("HAS_SCALE", scale_of(spec) != 1.0),)
+    stats = skeleton.SplitKernel(_softmax_split_stats_kernel, lambda inputs, outputs, partial: (inputs[0], partial),
+                                 scalars, constexprs)
+    apply = skeleton.SplitKernel(_softmax_split_apply_kernel,
+                                 lambda inputs, outputs, partial: (inputs[0], outputs[0], partial), scalars, constexprs)
+    return skeleton.split_row_launcher(spec, config, stats, apply, n_stats=2)
 
 
 # =================================================================================================
@@ -320,6 +434,11 @@ class Softmax(OpFamily):
                  _multi_row_space, _softmax_multi_row_kernel),
         _variant("persistent", "whole rows in registers, a fixed grid of programs striding over the rows",
                  _persistent_space, _softmax_persistent_kernel, pipelined=True),
+        _variant("aligned_row", "whole_row with each row's 16-byte-aligned body apart from its head and tail, "
+                 "for widths whose rows Triton cannot prove aligned", _aligned_row_space, _softmax_aligned_row_kernel,
+                 aligned=True),
+        Variant("split_row", "(row, chunk) programs: chunk max and sum, then each chunk's probabilities; for wide "
+                "rows and few rows", _split_row_space, _split_row_build, modules=(skeleton.__name__,)),
     )
 
     # ---- specs -----------------------------------------------------------------------------------
