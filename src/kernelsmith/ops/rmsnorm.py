@@ -47,6 +47,16 @@ Variants (every one computes the same thing; they differ in how work is split):
     This saves the weight reload and the program start-up of ``whole_row`` and lets the compiler
     pipeline the next row's load behind the current row's maths (``num_stages``).
 
+``aligned_row``
+    ``whole_row`` on a row cut into a 16-byte-aligned body (vector loads and stores) and a short
+    head and tail, for widths that are not a multiple of 16, whose rows Triton cannot prove
+    aligned (and, for widths not a multiple of 8, are not): see the skeleton's section on them.
+``split_row``
+    ``(row, chunk)`` programs and two launches: chunk sums of squares into a float32 scratch,
+    then each chunk normalised with the row's rstd (the chunks' sums added in one fixed order).
+    For rows too wide for one program and for few rows, where one program a row leaves most
+    multiprocessors idle; it reads ``x`` twice (the second time from L2 on small workloads).
+
 ``num_stages`` only matters to kernels with a loop (the compiler software-pipelines loops), so
 ``whole_row`` and ``multi_row`` offer the single value 1 instead of tripling their spaces with
 configs that compile to the same code.

@@ -56,6 +56,14 @@ The variants
     multiprocessor, each walking rows ``pid, pid + programs, ...``. Fewer, longer programs pay
     the program start-up once and let the compiler pipeline the next row's load (``num_stages``)
     under the current row's arithmetic; the Triton tutorial's fused softmax is built this way.
+``aligned_row``
+    The whole-row kernel on a row cut into a 16-byte-aligned body (vector loads and stores) and a
+    short head and tail, for widths that are not a multiple of 16 (rows Triton cannot prove
+    aligned): see the row-wise skeleton's section on them.
+``split_row``
+    ``(row, chunk)`` programs and two launches: each chunk's max and sum of exponentials, then
+    each chunk's probabilities with the row's max and sum (the chunks' sums rescaled to the row
+    max, as ``online`` rescales its running sum). For vocabulary-sized rows and for few rows.
 
 Each variant has a small config space (about 150 configs in all for a 1k-8k wide row, fewer for
 narrower or wider rows): warp counts, block shapes and, for the two kernels with a loop, the
