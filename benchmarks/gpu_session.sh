@@ -33,6 +33,9 @@
 #               train-2x2048 and train-4x4096: one batch each (the two rows together may outlast one command)
 #   spaces      benchmarks/record_space.py $SPACES           (SPACES_TIMEOUT, default 400 s)
 #   strategies  benchmarks/strategies.py $STRATEGY_WORKLOADS (STRATEGIES_TIMEOUT, default 300 s)
+#   scale-out   benchmarks/scale_out.py $SCALE_OUT_ARGS     (SCALE_OUT_TIMEOUT, default 3000 s; two GPUs):
+#               tuning throughput on 1 GPU against 2 and the Ray executor (issue 17); --only rmsnorm --budgets 50
+#               for one row (~3 runs of a search each)
 #   model       kernelsmith optimize $OPTIMIZE_ARGS, then verify --max-autotune, on $MODEL $MODEL_ARGS
 #                                                            (MODEL_TIMEOUT, default 400 s)
 #
@@ -93,6 +96,8 @@ step() {  # step NAME: one step, its log in $RESULTS/NAME.log, then a marker $RE
               --budget ${MODEL_BUDGET:-60} ${OPTIMIZE_ARGS:-} --out $RESULTS/model-optimize.json && python3 -m kernelsmith verify $MODEL \
               $MODEL_ARGS --seeds 1 --max-autotune --json > $RESULTS/model-verify.json; \
               tail -c 3000 $RESULTS/model-verify.json") ;;
+    scale-out) timeout "${SCALE_OUT_TIMEOUT:-3000}" python3 benchmarks/scale_out.py --out "$RESULTS/scale_out.json" \
+                 ${SCALE_OUT_ARGS:-} ;;
     *) echo "unknown step $name" ;;
   esac > "$RESULTS/$name.log" 2>&1
   echo "=== $name: exit $? after $((SECONDS - started)) s"
