@@ -291,3 +291,25 @@ def test_optimize_model_skip_logits_patches_the_model_and_reports_it(db) -> None
     finally:
         unfuse_lm_loss(model)
         torch._dynamo.reset()
+
+
+# ---- the training-step table's row ---------------------------------------------------------------
+
+
+def test_the_side_by_side_steps_have_a_fused_loss_row(db, monkeypatch) -> None:
+    """``compare_executions(fused_loss=...)``: the patched model's step agrees with eager's and the
+    patch is undone afterwards; a model the patch does not know gets the row, skipped, saying why."""
+    from kernelsmith.whole_model import train_step as ts
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)  # (the row's own compile is not under test)
+    model, ids = _llama(), _ids()
+    results = ts.compare_executions(model, (), {"input_ids": ids, "labels": ids}, liger=False, warmup=0,
+                                    iterations=1, fused_loss={"db": db, "tune": False})  # fmt: skip
+    by = {r.name: r for r in results}
+    assert list(by) == ["eager", "torch.compile", "kernelsmith", ts.FUSED_LOSS_ROW, "liger"]
+    assert by[ts.FUSED_LOSS_ROW].agrees, by[ts.FUSED_LOSS_ROW]
+    assert by[ts.FUSED_LOSS_ROW].loss_rel < 1e-5
+    assert not hf_lm_loss.is_fused(model)
+    plain = nn.Sequential(nn.Linear(4, 4))
+    results = ts.compare_executions(plain, (torch.randn(2, 4),), liger=False, warmup=0, iterations=1, fused_loss={})
+    assert "not one of the Hugging Face causal LMs" in {r.name: r.skipped for r in results}[ts.FUSED_LOSS_ROW]

@@ -305,6 +305,7 @@ def decide_training_step(
 # Executions side by side (verify --train)
 # ---------------------------------------------------------------------------------------------
 
+FUSED_LOSS_ROW = "kernelsmith (fused loss, no logits)"  # kernelsmith.hf.fuse_lm_loss, compiled
 LOSS_RTOL = 1e-3  # loss agreement with eager, relative
 GRAD_RTOL = 1e-2  # gradient-norm agreement with eager, relative
 
@@ -371,19 +372,24 @@ def compare_executions(
     loss_rtol: float = LOSS_RTOL,
     grad_rtol: float = GRAD_RTOL,
     compile_backend: str = "inductor",
+    fused_loss: Mapping[str, Any] | None = None,
 ) -> list[Execution]:
     """The training step of ``model(*args, **kwargs)`` run eagerly, under ``torch.compile``, as
-    ``kernelsmith`` (the optimized callable, when given) and patched by Liger-Kernel (when
-    installed and ``liger``; last, since its patch changes the model, undone afterwards): time and
-    peak memory per step, and each one's loss and gradient norm against eager's. The model is in
-    training mode meanwhile; its gradients are cleared afterwards. ``compile_backend`` is the
-    torch.compile column's backend (Inductor; a CPU smoke run may take a cheaper one)."""
+    ``kernelsmith`` (the optimized callable, when given), as :data:`FUSED_LOSS_ROW` (when
+    ``fused_loss`` is given: the model patched by :func:`kernelsmith.hf.fuse_lm_loss` with these
+    options and compiled by ``compile_backend``; its output's logits are None; undone afterwards)
+    and patched by Liger-Kernel (when installed and ``liger``; last, since its patch changes the
+    model, undone afterwards): time and peak memory per step, and each one's loss and gradient
+    norm against eager's. The model is in training mode meanwhile; its gradients are cleared
+    afterwards. ``compile_backend`` is the torch.compile column's backend (Inductor; a CPU smoke
+    run may take a cheaper one)."""
     was_training = model.training
     model.train()
     try:
         return _compare(
-            model, args, kwargs, kernelsmith, liger, warmup, iterations, loss_rtol, grad_rtol, compile_backend
-        )
+            model, args, kwargs, kernelsmith, liger, warmup, iterations, loss_rtol, grad_rtol, compile_backend,
+            fused_loss,
+        )  # fmt: skip
     finally:
         model.train(was_training)
         for p in model.parameters():
@@ -392,7 +398,10 @@ def compare_executions(
 
 def _compare(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | None,
              kernelsmith: Callable[..., Any] | None, liger: bool, warmup: int, iterations: int, loss_rtol: float,
-             grad_rtol: float, compile_backend: str) -> list[Execution]:  # fmt: skip
+             grad_rtol: float, compile_backend: str,
+             fused_loss: Mapping[str, Any] | None) -> list[Execution]:  # fmt: skip
+    from kernelsmith.frontends import hf_lm_loss
+
     params = [p for p in model.parameters() if p.requires_grad]
     device = next((p.device for p in params), torch.device("cpu"))
     runs: list[tuple[str, Callable[[], Callable[..., Any]] | str]] = [
@@ -400,14 +409,29 @@ def _compare(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | 
         ("torch.compile", lambda: torch.compile(model, backend=compile_backend)),
         ("kernelsmith", (lambda: kernelsmith) if kernelsmith is not None else "no optimized model was given"),
     ]
+    if fused_loss is not None:
+        options = dict(fused_loss)
+
+        def fused() -> Callable[..., Any]:
+            return torch.compile(hf_lm_loss.fuse_lm_loss(model, **options), backend=compile_backend)
+
+        refused = hf_lm_loss.refusal(model)
+        runs.append((FUSED_LOSS_ROW, refused if refused is not None else fused))
     results: list[Execution] = []
-    for name, make in runs:
-        if isinstance(make, str):
-            results.append(Execution(name, skipped=make))
-            continue
-        torch._dynamo.reset()
-        step = train_step(make(), params, args, kwargs)
-        results.append(Execution(name, measure_step(name, step, params, device, warmup=warmup, iterations=iterations)))
+    try:
+        for name, make in runs:
+            if isinstance(make, str):
+                results.append(Execution(name, skipped=make))
+                continue
+            torch._dynamo.reset()
+            step = train_step(make(), params, args, kwargs)
+            # The fused loss's first calls resolve its kernel and run the serve checks (float64
+            # references): warm-up steps, never timed ones.
+            first = _serve_checked_calls() + 1 if name == FUSED_LOSS_ROW else 0
+            measure = measure_step(name, step, params, device, warmup=max(warmup, first), iterations=iterations)
+            results.append(Execution(name, measure))
+    finally:
+        hf_lm_loss.unfuse_lm_loss(model)
     if not liger:
         results.append(Execution("liger", skipped="not asked for"))
     else:
@@ -433,6 +457,14 @@ def _compare(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | 
     return results
 
 
+def _serve_checked_calls() -> int:
+    """How many first calls of a served kernel are checked (kernelsmith.servecheck)."""
+    from kernelsmith.servecheck import CheckPolicy
+
+    policy = CheckPolicy.resolve()
+    return policy.first if policy.enabled else 0
+
+
 def format_bytes(value: int | None) -> str:
     """``12.34 GiB`` (or ``-`` when not measured)."""
     if value is None:
@@ -441,6 +473,7 @@ def format_bytes(value: int | None) -> str:
 
 
 __all__ = [
+    "FUSED_LOSS_ROW",
     "GRAD_RTOL",
     "LOSS_RTOL",
     "NOT_MEASURED",
