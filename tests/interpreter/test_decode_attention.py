@@ -59,6 +59,10 @@ CASES = [
     (1, 8, 2, 1, 17, 80, "static", "bfloat16", 16, 2),
     (3, 4, 1, 1, 100, 80, "static", "float16", 64, 8),
     (3, 4, 1, 1, 1, 64, "dynamic", "float32", 16, 2),
+    # generate()'s boolean mask over a static cache: left padding, holes, 1 and 3 new tokens.
+    (3, 8, 2, 1, 17, 64, "masked", "float32", 16, 4),
+    (1, 4, 1, 3, 100, 80, "masked", "bfloat16", 32, 8),
+    (2, 8, 8, 1, 1, 16, "masked", "float16", 16, 2),
 ]
 
 
@@ -69,7 +73,7 @@ def test_matches_float64_on_small_and_odd_shapes(case: tuple, variant: str, devi
     spec = OP.spec((b, h, cache_len, d), dtype, kv_heads=hk, q_len=q_len, cache=cache)
     cfg = config(variant, block_n, splits)
     assert cfg in OP.variant(variant).space(spec) or block_n < 32  # (the pruned space keeps BLOCK_N >= 32)
-    for distribution in ("uneven", "peaked") if cache == "static" else ("full",):
+    for distribution in ("uneven", "peaked") if cache in ("static", "masked") else ("full",):
         inputs = OP.make_inputs(spec, seed=7, distribution=distribution, device=device)
         assert_matches(spec, inputs, run(spec, variant, cfg, inputs), f"{variant} {distribution} {spec.describe()}")
 
@@ -124,7 +128,7 @@ def test_splits_are_bitwise_reproducible(device: str) -> None:
     assert torch.equal(first, run(spec, "split_kv", cfg, inputs))
 
 
-@pytest.mark.parametrize("cache", ("static", "dynamic"))
+@pytest.mark.parametrize("cache", ("static", "dynamic", "masked"))
 def test_one_config_of_each_variant_passes_the_harness(cache: str, device: str) -> None:
     spec = OP.spec((2, 4, 24, 16), "bfloat16", kv_heads=2, cache=cache)
     for variant in OP.variants:
@@ -146,6 +150,40 @@ def test_the_harness_rejects_a_kernel_that_reads_past_the_length(device: str) ->
         validate(OP, spec, build, config("single_pass", 32), device, lambda: None)
 
 
+def test_the_harness_rejects_a_kernel_that_ignores_the_mask(device: str) -> None:
+    """A kernel attending by the causal rule alone, not the mask's padding and holes, is caught."""
+    spec = OP.spec((2, 4, 24, 16), "float32", kv_heads=2, cache="masked")
+    dynamic = OP.spec((2, 4, 24, 16), "float32", kv_heads=2, cache="dynamic")
+
+    def build(s: OpSpec, c: Config):  # type: ignore[no-untyped-def]
+        inner = OP.variant("single_pass").build(OP._resized(dynamic, s.inputs[0].shape[0], s.inputs[1].shape[2]), c)
+        return lambda inputs, outputs: inner(inputs[:3], outputs)
+
+    with pytest.raises(Rejected):
+        validate(OP, spec, build, config("single_pass", 32), device, lambda: None)
+
+
+def test_a_masked_row_sees_exactly_its_mask(device: str) -> None:
+    """Left padding and a hole: the output is the softmax over the marked positions alone, which
+    hold ordinary values while every other position holds stale ones."""
+    spec = OP.spec((2, 4, 40, 16), "float32", kv_heads=1, cache="masked")
+    q, k, v, _ = OP.make_inputs(spec, seed=3, distribution="full", device=device)
+    mask = torch.zeros(2, 1, 1, 40, dtype=torch.bool, device=device)
+    mask[0, ..., 5:31] = True
+    mask[0, ..., 17] = False
+    mask[1, ..., :40] = True
+    k, v = k.clone(), v.clone()
+    k[0, :, ~mask[0, 0, 0]] = 30.0
+    v[0, :, ~mask[0, 0, 0]] = STALE_VALUE
+    y = run(spec, "split_kv", config("split_kv", 16, 4), (q, k, v, mask))
+    seen = mask[0, 0, 0]
+    expected = (
+        torch.softmax(q[0].double() @ k[0, :, seen].double().transpose(-1, -2) / 4.0, -1) @ v[0, :, seen].double()
+    )
+    torch.testing.assert_close(y[0].double(), expected, rtol=1e-4, atol=1e-4)
+    assert float(y[0].abs().max()) < 10.0  # no stale value leaked in
+
+
 # ---- specs ---------------------------------------------------------------------------------------
 
 
@@ -159,6 +197,10 @@ def test_specs_of_hugging_face_caches() -> None:
     lengths = torch.zeros(2, dtype=torch.int32)
     assert OP.spec_for(q, k, k, lengths).inputs[3].dtype == "int32"
     assert OP.spec_for(q, k, k).const("cache") == "dynamic"
+    mask = torch.ones(1, 1, 1, 1024, dtype=torch.bool).expand(2, 1, 1, 1024)  # a broadcast view
+    assert OP.spec_for(q, k, k, mask).const("cache") == "masked"
+    masked = OP.spec((3, 32, 1000, 64), "bf16", kv_heads=8, cache="masked")
+    assert [t.shape for t in OP.bucket(masked).inputs[1:]] == [(4, 8, 1024, 64), (4, 8, 1024, 64), (4, 1, 1, 1024)]
     # a growing dynamic cache is one bucket per power of two; tails at other lengths and batches
     dyn = OP.spec((3, 32, 1000, 64), "bf16", kv_heads=8, cache="dynamic")
     assert OP.bucket(dyn).inputs[1].shape == (4, 8, 1024, 64)
@@ -181,9 +223,11 @@ def test_specs_of_hugging_face_caches() -> None:
                              torch.zeros(1)), "lengths"),
         (lambda: OP.spec_for(torch.zeros(1, 4, 1, 16), torch.zeros(1, 4, 16, 16), torch.zeros(1, 4, 16, 16),
                              cache="static"), "4 tensors"),
+        (lambda: OP.spec_for(torch.zeros(1, 4, 1, 16), torch.zeros(1, 4, 16, 16), torch.zeros(1, 4, 16, 16),
+                             torch.ones(1, 4, 1, 16, dtype=torch.bool)), "the mask must be bool of shape"),
     ],
     ids=["heads", "tokens-past-cache", "head-dim", "too-many-rows", "unknown-cache", "transposed-cache",
-         "float-lengths", "static-without-lengths"],
+         "float-lengths", "static-without-lengths", "per-head-mask"],
 )  # fmt: skip
 def test_refuses_what_it_does_not_know(make, match: str) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(UnsupportedWorkload, match=match):
@@ -206,7 +250,12 @@ def test_spaces_do_not_depend_on_batch_or_length() -> None:
 def real_compiler_cases() -> list[tuple[DecodeAttention, str, OpSpec, Config]]:
     """Both variants at each dtype and cache, the smallest and largest blocks of their spaces."""
     cases = []
-    for dtype, cache, q_len in (("bfloat16", "static", 1), ("float32", "dynamic", 3), ("float16", "static", 2)):
+    for dtype, cache, q_len in (
+        ("bfloat16", "static", 1),
+        ("float32", "dynamic", 3),
+        ("float16", "static", 2),
+        ("bfloat16", "masked", 3),
+    ):
         spec = OP.spec((2, 32, 64, 128), dtype, kv_heads=8, q_len=q_len, cache=cache)
         for variant in OP.variants:
             configs = sorted(variant.space(spec, prune=False).configs(), key=lambda c: (c["BLOCK_N"], c.key))  # type: ignore[call-arg]

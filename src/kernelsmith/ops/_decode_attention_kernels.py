@@ -44,12 +44,14 @@ def _sequence_length(len_ptr, b, L, Q_LEN: tl.constexpr, HAS_LENGTHS: tl.constex
 
 @triton.jit
 def _attend(q, token, k_ptr, v_ptr, k_base, v_base, k_ss, v_ss, start, end, length, qk_scale,
+            mask_ptr, m_base, m_ss, m_sl,
             Q_LEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr,
-            BLOCK_N: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):  # fmt: skip
+            BLOCK_N: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
     """Online softmax of the query block over cache positions [start, end): (acc [BLOCK_Q,
     BLOCK_D] unnormalized, m running max in log2 units, l sum of 2^(s - m)). Row r sees the
-    positions below ``length - Q_LEN + token + 1``."""
-    limit = length - Q_LEN + token + 1  # [BLOCK_Q]: keys each row may see
+    positions below ``length - Q_LEN + token + 1`` or, ``MASKED``, those its row of the boolean
+    mask (at ``mask_ptr + m_base``, token stride ``m_ss``, position stride ``m_sl``) marks."""
+    limit = length - Q_LEN + token + 1  # [BLOCK_Q]: keys each row may see (unless MASKED)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     if UPCAST:
@@ -66,7 +68,12 @@ def _attend(q, token, k_ptr, v_ptr, k_base, v_base, k_ss, v_ss, start, end, leng
         if UPCAST:
             k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") if IEEE else tl.dot(q, tl.trans(k))
-        s = tl.where(n[None, :] < limit[:, None], s * qk_scale, float("-inf"))
+        if MASKED:  # the mask alone (past the range it loads False)
+            m_offsets = m_base + token.to(tl.int64)[:, None] * m_ss + n.to(tl.int64)[None, :] * m_sl
+            visible = tl.load(mask_ptr + m_offsets, mask=n_ok[None, :], other=0) != 0
+        else:
+            visible = n[None, :] < limit[:, None]
+        s = tl.where(visible, s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
         alpha = tl.exp2(m_i - shift)
@@ -87,14 +94,16 @@ def _attend(q, token, k_ptr, v_ptr, k_base, v_base, k_ss, v_ss, start, end, leng
 @triton.jit
 def _decode_attn_kernel(
     q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, acc_ptr, ml_ptr,
-    qk_scale, H, Hk, L, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
+    qk_scale, H, Hk, L, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, m_sb, m_ss, m_sl,
     SPLITS: tl.constexpr, Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LENGTHS: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr, MASKED: tl.constexpr,
 ):  # fmt: skip
     """Program (bh, split): sequence bh // Hk, key/value head bh % Hk, the split-th of SPLITS
     ranges of the sequence's length. SPLITS == 1 normalizes and stores o; otherwise the partials
-    go to acc_ptr ([bh, split, row, d], float32) and ml_ptr ([2, bh, split, row]: m then l)."""
+    go to acc_ptr ([bh, split, row, d], float32) and ml_ptr ([2, bh, split, row]: m then l).
+    ``MASKED``: len_ptr is the boolean (B, 1, Q_LEN, L) mask (batch stride m_sb), every position
+    is scanned and the mask says which each row sees."""
     ROWS: tl.constexpr = GROUP * Q_LEN
     bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -110,7 +119,8 @@ def _decode_attn_kernel(
     k_base = b.to(tl.int64) * k_sb + kvh.to(tl.int64) * k_sh
     v_base = b.to(tl.int64) * v_sb + kvh.to(tl.int64) * v_sh
     acc, m_i, l_i = _attend(q, token, k_ptr, v_ptr, k_base, v_base, k_ss, v_ss, start, end, length, qk_scale,
-                            Q_LEN, HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_N, IEEE, UPCAST)  # fmt: skip
+                            len_ptr, b.to(tl.int64) * m_sb, m_ss, m_sl,
+                            Q_LEN, HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_N, IEEE, UPCAST, MASKED)  # fmt: skip
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     r = tl.arange(0, BLOCK_Q)

@@ -28,7 +28,8 @@ class _Dims:
     cache_len: int  # L: the cache tensors' length (max_cache_len for a static cache)
     head_dim: int
     itemsize: int
-    has_lengths: bool
+    has_lengths: bool  # a static cache's (B,) lengths
+    masked: bool = False  # a boolean (B, 1, Sq, L) mask instead (every position scanned)
 
     @property
     def group(self) -> int:
@@ -51,7 +52,9 @@ class _Dims:
 def _dims(spec: OpSpec) -> _Dims:
     q, k = spec.inputs[0], spec.inputs[1]
     b, h, sq, d = q.shape
-    return _Dims(b, h, k.shape[1], sq, k.shape[2], d, q.torch_dtype.itemsize, len(spec.inputs) == 4)
+    fourth = spec.inputs[3].dtype if len(spec.inputs) == 4 else None
+    return _Dims(b, h, k.shape[1], sq, k.shape[2], d, q.torch_dtype.itemsize, fourth not in (None, "bool"),
+                 fourth == "bool")  # fmt: skip
 
 
 BLOCKS_N = (16, 32, 64, 128, 256)
@@ -107,7 +110,7 @@ def _launcher(spec: OpSpec, config: Config, splits: int) -> Launcher:
     shape = {"Q_LEN": dims.q_len, "GROUP": dims.group, "HEAD_DIM": dims.head_dim, "BLOCK_D": dims.block_d,
              "BLOCK_Q": dims.block_q, "HAS_LENGTHS": dims.has_lengths}  # fmt: skip
     flags = {**shape, "BLOCK_N": int(config["BLOCK_N"]), "IEEE": dtype == "float32",
-             "UPCAST": _interpreted() and dtype == "bfloat16"}  # fmt: skip
+             "UPCAST": _interpreted() and dtype == "bfloat16", "MASKED": dims.masked}  # fmt: skip
     launch_kwargs = {"num_warps": int(config["num_warps"]), "num_stages": int(config["num_stages"])}
     qk_scale = float(spec.const("scale")) * LOG2E
     kernel = direct_launch(_decode_attn_kernel, (programs, splits))
@@ -116,7 +119,8 @@ def _launcher(spec: OpSpec, config: Config, splits: int) -> Launcher:
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         q, k, v = inputs[0], inputs[1], inputs[2]
-        lengths = inputs[3] if dims.has_lengths else q  # (never read without lengths)
+        lengths = inputs[3] if len(inputs) == 4 else q  # the lengths or the mask (never read without)
+        mask_strides = (lengths.stride(0), lengths.stride(2), lengths.stride(3)) if dims.masked else (0, 0, 0)
         o = outputs[0]
         acc = ml = o  # unused by one pass
         if splits > 1:  # every element the combine reads is written first
@@ -124,7 +128,8 @@ def _launcher(spec: OpSpec, config: Config, splits: int) -> Launcher:
             ml = o.new_empty((2, partial_rows), dtype=torch.float32)
         kernel(q, k, v, lengths, o, acc, ml, qk_scale, dims.heads, dims.kv_heads, dims.cache_len,
                q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-               v.stride(0), v.stride(1), v.stride(2), SPLITS=splits, **flags, **launch_kwargs)  # fmt: skip
+               v.stride(0), v.stride(1), v.stride(2), *mask_strides, SPLITS=splits, **flags,
+               **launch_kwargs)  # fmt: skip
         if splits > 1:
             combine(acc, ml, lengths, o, dims.heads, dims.kv_heads, dims.cache_len, SPLITS=splits, **shape,
                     num_warps=4)  # fmt: skip

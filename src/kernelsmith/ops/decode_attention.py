@@ -29,6 +29,11 @@ Inputs ``(q, k_cache, v_cache[, lengths])``, output ``o`` shaped like ``q``:
       never read. Sequences of a batch may have different lengths.
   ``"dynamic"`` (``DynamicCache``: the tensors grow by ``Sq`` positions a step)
       every position is valid: the length of every sequence is ``L``; no ``lengths`` input.
+  ``"masked"`` (a static cache under the boolean mask ``generate()`` prepares)
+      ``mask`` (``(B, 1, Sq, L)``, bool, any non-negative strides: a broadcast view is fine)
+      says which positions each new token sees, padding and all; every position of the cache
+      is scanned (nothing says where the valid ones end), the causal rule below does not apply
+      (the mask is the whole rule), and a row that sees nothing is 0, as torch's SDPA gives.
 
 - The ``Sq`` query tokens are the *last* ``Sq`` positions of their sequence: query ``i`` sits at
   position ``len - Sq + i`` and attends keys ``0 .. len - Sq + i`` (causal, bottom-right aligned,
@@ -50,15 +55,16 @@ does the reference; :func:`check_lengths` is the host-side check for callers tha
 The kernels
 -----------
 (In :mod:`kernelsmith.ops._decode_attention_kernels`; their spaces and launchers in
-:mod:`kernelsmith.ops._decode_attention_launch`.) A program owns one (sequence, key/value head) and a range of cache positions. Its ``GROUP * Sq``
-query rows (the query heads sharing that key/value head, each with its ``Sq`` tokens) are one
-``[BLOCK_Q, D]`` block, ``BLOCK_Q`` the rows padded to a power of two of at least 16 (``tl.dot``'s
-smallest block): every key and value block ``[BLOCK_N, D]`` is loaded once for all the heads of the
-group (4 in Llama-3 at 32 over 8 heads), which is the whole point of grouping. The scores are a
-``tl.dot`` on the tensor cores, the softmax is the online (FlashAttention) one in float32 and in
-base-2 units (``scale * log2(e)`` folded into the scores), the loads of the next blocks are
-pipelined by the compiler (``num_stages``: loads feeding a dot are), and cache offsets are 64-bit
-(a cache of 8 x 8 x 32768 x 128 has 2**28 elements per tensor, and batch strides multiply).
+:mod:`kernelsmith.ops._decode_attention_launch`.) A program owns one (sequence, key/value head)
+and a range of cache positions. Its ``GROUP * Sq`` query rows (the query heads sharing that
+key/value head, each with its ``Sq`` tokens) are one ``[BLOCK_Q, D]`` block, ``BLOCK_Q`` the rows
+padded to a power of two of at least 16 (``tl.dot``'s smallest block): every key and value block
+``[BLOCK_N, D]`` is loaded once for all the heads of the group (4 in Llama-3 at 32 over 8 heads),
+which is the whole point of grouping. The scores are a ``tl.dot`` on the tensor cores, the softmax
+is the online (FlashAttention) one in float32 and in base-2 units (``scale * log2(e)`` folded into
+the scores), the loads of the next blocks are pipelined by the compiler (``num_stages``: loads
+feeding a dot are), and cache offsets are 64-bit (a cache of 8 x 8 x 32768 x 128 has 2**28
+elements per tensor, and batch strides multiply).
 
 ``single_pass``
     One program per (sequence, key/value head) walks all the sequence's positions and writes the
@@ -100,7 +106,7 @@ from kernelsmith.ops._decode_attention_launch import _dims, _single_build, _sing
 from kernelsmith.space import next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
-CACHES = ("static", "dynamic")
+CACHES = ("static", "dynamic", "masked")
 LENGTH_DTYPES = ("int32", "int64")
 MAX_HEAD_DIM = 256
 MAX_ROWS = 128  # GROUP * Sq rows one program holds; more is prefill-like (use the attention family)
@@ -138,6 +144,8 @@ def _lengths(spec: OpSpec, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
 def _visible(spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(the boolean (B, 1, Sq, L) mask of the keys each query row sees, the (B,) bad sequences)."""
     dims = _dims(spec)
+    if dims.masked:
+        return inputs[3].bool(), torch.zeros(dims.batch, dtype=torch.bool, device=inputs[0].device)
     lengths = _lengths(spec, inputs)
     device = inputs[0].device
     limit = lengths[:, None] - dims.q_len + torch.arange(dims.q_len, device=device)[None, :] + 1  # (B, Sq)
@@ -162,8 +170,8 @@ class DecodeAttention(OpFamily):
                "per-sequence lengths, or dynamic), GQA/MQA, flash-decoding split over the cache length")  # fmt: skip
     shape_help = (
         "BxHxLxD: batch, query heads, cache length (max_cache_len for a static cache), head dim, e.g. "
-        "1x32x1024x64; constants: kv_heads (default H), q_len (new tokens, default 1), cache=static|dynamic "
-        "(static takes a lengths tensor), scale (default 1/sqrt(D))"
+        "1x32x1024x64; constants: kv_heads (default H), q_len (new tokens, default 1), "
+        "cache=static|dynamic|masked (static takes a lengths tensor, masked a boolean mask), scale (default 1/sqrt(D))"
     )
     # full: every sequence fills the cache (what the bytes model assumes; timed); uneven: lengths
     # from q_len to L, the positions past each length stale (see STALE_KEY); peaked: full, with
@@ -190,7 +198,8 @@ class DecodeAttention(OpFamily):
         scale: float | None = None,
         **constants: Any,
     ) -> OpSpec:
-        """``shape`` is ``(B, H, L, D)``; a static cache adds an int64 ``lengths`` of ``(B,)``.
+        """``shape`` is ``(B, H, L, D)``; a static cache adds an int64 ``lengths`` of ``(B,)``, a
+        masked one a boolean mask of ``(B, 1, Sq, L)``.
 
         >>> [str(t) for t in OP.spec((2, 32, 1024, 64), "bf16", kv_heads=8).inputs]
         ['2x32x1x64:bfloat16', '2x8x1024x64:bfloat16', '2x8x1024x64:bfloat16', '2:int64']
@@ -207,6 +216,8 @@ class DecodeAttention(OpFamily):
                    TensorSpec((b, hk, cache_len, d), name), TensorSpec((b, hk, cache_len, d), name)]  # fmt: skip
         if _cache_kind(cache) == "static":
             tensors.append(TensorSpec((b,), "int64"))
+        elif cache == "masked":
+            tensors.append(TensorSpec((b, 1, q_len, cache_len), "bool"))
         spec = OpSpec(self.name, tuple(tensors), {"cache": cache, "scale": _scale(scale, d)})
         self.check_supported(spec)
         return spec
@@ -219,10 +230,11 @@ class DecodeAttention(OpFamily):
             raise UnsupportedWorkload(f"decode_attention: unknown constants {sorted(constants)}")
         if len(inputs) not in (3, 4) or not all(isinstance(t, torch.Tensor) for t in inputs):
             raise UnsupportedWorkload("decode_attention takes (q, k_cache, v_cache[, lengths]) tensors")
-        kind = "static" if len(inputs) == 4 else "dynamic"
+        kind = "dynamic" if len(inputs) == 3 else "masked" if inputs[3].dtype == torch.bool else "static"
         if cache is not None and _cache_kind(cache) != kind:
-            raise UnsupportedWorkload(f"decode_attention: a {cache} cache takes "
-                                      f"{'4' if cache == 'static' else '3'} tensors, not {len(inputs)}")  # fmt: skip
+            fourth = {"static": ", lengths", "masked": ", mask"}.get(str(cache), "")
+            raise UnsupportedWorkload(f"decode_attention: a {cache} cache takes {3 if not fourth else 4} tensors "
+                                      f"(q, k_cache, v_cache{fourth}), not {len(inputs)}")  # fmt: skip
         if inputs[0].dim() != 4:
             raise UnsupportedWorkload(f"decode_attention: q must be 4-D (B, H, Sq, D), not {inputs[0].dim()}-D")
         try:
@@ -243,7 +255,7 @@ class DecodeAttention(OpFamily):
         scale = spec.const("scale")
         if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale):
             raise UnsupportedWorkload(f"decode_attention: scale must be a finite number, not {scale!r}")
-        wanted = 4 if kind == "static" else 3
+        wanted = 3 if kind == "dynamic" else 4
         if len(spec.inputs) != wanted:
             raise UnsupportedWorkload(f"decode_attention: a {kind} cache takes {wanted} inputs, not {len(spec.inputs)}")
         q, k, v = spec.inputs[:3]
@@ -285,6 +297,13 @@ class DecodeAttention(OpFamily):
                                           f"({dims.batch},), not {lengths}")  # fmt: skip
             if not lengths.is_contiguous:
                 raise UnsupportedWorkload("decode_attention: lengths must be contiguous")
+        if kind == "masked":
+            mask = spec.inputs[3]
+            if mask.shape != (dims.batch, 1, dims.q_len, dims.cache_len) or mask.dtype != "bool":
+                raise UnsupportedWorkload(f"decode_attention: the mask must be bool of shape ({dims.batch}, 1, "
+                                          f"{dims.q_len}, {dims.cache_len}), not {mask}")  # fmt: skip
+            if any(s < 0 for s in mask.strides):
+                raise UnsupportedWorkload("decode_attention: negative strides are not supported")
 
     def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
         q = spec.inputs[0]
@@ -303,7 +322,9 @@ class DecodeAttention(OpFamily):
         tensors = [_resized_tensor(q, (batch, *q.shape[1:])),
                    _resized_tensor(k, (batch, k.shape[1], cache_len, k.shape[3])),
                    _resized_tensor(v, (batch, v.shape[1], cache_len, v.shape[3]))]  # fmt: skip
-        if len(spec.inputs) == 4:
+        if _dims(spec).masked:
+            tensors.append(TensorSpec((batch, 1, q.shape[2], cache_len), "bool"))
+        elif len(spec.inputs) == 4:
             tensors.append(TensorSpec((batch,), spec.inputs[3].dtype))
         return OpSpec(spec.op, tuple(tensors), dict(spec.constants))
 
@@ -337,7 +358,7 @@ class DecodeAttention(OpFamily):
         dims = _dims(spec)
         q, k, v = inputs[:3]
         mask, bad = _visible(spec, inputs)
-        attn_mask = None if not dims.has_lengths and dims.q_len == 1 else mask
+        attn_mask = None if not dims.has_lengths and not dims.masked and dims.q_len == 1 else mask
         kwargs: dict[str, Any] = {"attn_mask": attn_mask, "scale": float(spec.const("scale"))}
         if dims.group > 1:
             kwargs["enable_gqa"] = True  # (torch >= 2.5; kernelsmith needs 2.11)
@@ -377,7 +398,7 @@ class DecodeAttention(OpFamily):
         for t, factor in zip(spec.inputs[:3], (spread, spread, 1.0), strict=True):
             x = torch.randn(t.shape, generator=g, device=device, dtype=torch.float32) * factor
             tensors.append(torch.empty_strided(t.shape, t.strides, dtype=t.torch_dtype, device=device).copy_(x))
-        if not dims.has_lengths:
+        if not dims.has_lengths and not dims.masked:
             return tuple(tensors)
         lengths = torch.full((dims.batch,), dims.cache_len, dtype=torch.int64, device=device)
         if distribution == "uneven":
@@ -387,15 +408,39 @@ class DecodeAttention(OpFamily):
             if dims.batch > 1:
                 lengths[-1] = dims.q_len
         stale = torch.arange(dims.cache_len, device=device)[None, :] >= lengths[:, None]  # (B, L)
+        fourth = lengths.to(spec.inputs[3].torch_dtype)
+        if dims.masked:
+            mask = _padded_causal_mask(dims, lengths, g, holes=distribution == "uneven")
+            stale = ~mask.any(dim=2)[:, 0]  # positions no new token sees
+            fourth = torch.empty_strided(mask.shape, spec.inputs[3].strides, dtype=torch.bool, device=device)
+            fourth.copy_(mask)
         k, v = tensors[1], tensors[2]
         k.masked_fill_(stale[:, None, :, None], STALE_KEY)
         v.masked_fill_(stale[:, None, :, None], STALE_VALUE)
-        return (*tensors, lengths.to(spec.inputs[3].torch_dtype))
+        return (*tensors, fourth)
 
     def flops(self, spec: OpSpec) -> int:
         """Two products of 2 flops a multiply-add per (query row, cached key): the full cache."""
         dims = _dims(spec)
         return 4 * dims.batch * dims.heads * dims.q_len * dims.cache_len * dims.head_dim
+
+
+def _padded_causal_mask(dims: Any, lengths: torch.Tensor, g: torch.Generator, holes: bool) -> torch.Tensor:
+    """A ``generate()``-like (B, 1, Sq, L) mask: sequence ``b`` left-padded by a random count
+    (none with ``holes`` off), each new token seeing the positions from the padding up to its own;
+    with ``holes``, a fifth of those hidden at random besides (any mask is the rule), never a
+    token's own position, so no row sees nothing."""
+    device = lengths.device
+    keys = torch.arange(dims.cache_len, device=device)
+    own = lengths[:, None] - dims.q_len + torch.arange(dims.q_len, device=device)[None, :]  # (B, Sq)
+    pad = torch.zeros_like(lengths)
+    if holes:
+        pad = (torch.rand(lengths.shape, generator=g, device=device) * (lengths - dims.q_len + 1)).long()
+    mask = (keys[None, None, :] >= pad[:, None, None]) & (keys[None, None, :] <= own[:, :, None])
+    if holes:
+        hidden = torch.rand(mask.shape, generator=g, device=device) < 0.2
+        mask &= ~hidden | (keys[None, None, :] == own[:, :, None])
+    return mask[:, None]
 
 
 def _positive(name: str, value: Any) -> int:
