@@ -112,7 +112,8 @@ def test_the_commands_take_keyword_inputs_and_verify_train_compares_the_steps(hf
     assert data["verify"]["ok"]
     assert "output.loss" in [c["name"] for c in data["verify"]["checks"]]
     steps = {s["name"]: s for s in data["train_steps"]}
-    assert list(steps) == ["eager", "torch.compile", "kernelsmith", "liger"]
+    assert list(steps) == ["eager", "torch.compile", "kernelsmith", "kernelsmith (fused loss, no logits)", "liger"]
+    assert "no fused-loss kernel served" in steps["kernelsmith (fused loss, no logits)"]["note"]  # none stored
     assert steps["torch.compile"]["agrees"] and steps["kernelsmith"]["agrees"]
     assert steps["kernelsmith"]["measure"]["peak_bytes"] is None  # a CPU
     result = runner.invoke(app, ["verify", "--hf-config", hf_dir, "--keyword-inputs", "tokens"])

@@ -183,7 +183,7 @@ def verify(
             report["train_steps"] = _train_steps(
                 plain, optimized, keyword_names, inputs_fn(seed_list[0]),
                 warmup if warmup is not None else defaults["warmup"],
-                rounds if rounds is not None else defaults["rounds"],
+                rounds if rounds is not None else defaults["rounds"], db,
             )  # fmt: skip
         return report
 
@@ -208,9 +208,18 @@ def _status(text: str) -> Any:
 
 
 def _train_steps(
-    model: Any, optimized: Any, names: tuple[str, ...], inputs: tuple[Any, ...], warmup: int, iterations: int
+    model: Any,
+    optimized: Any,
+    names: tuple[str, ...],
+    inputs: tuple[Any, ...],
+    warmup: int,
+    iterations: int,
+    db: str | None = None,
 ) -> list[dict[str, Any]]:
-    """``verify --train``'s executions side by side (kernelsmith.whole_model.train_step.compare_executions)."""
+    """``verify --train``'s executions side by side (kernelsmith.whole_model.train_step.compare_executions).
+    With ``labels`` among the keyword inputs, the row of the model patched by
+    ``kernelsmith.hf.fuse_lm_loss`` too (its fused-loss kernel stored in ``db``; without one the
+    row runs the op's reference and its note says so)."""
     from kernelsmith.whole_model.train_step import compare_executions
 
     if not names:
@@ -221,7 +230,10 @@ def _train_steps(
         def step_fn(**given: Any) -> Any:  # the optimized model takes them positionally, in `names` order
             return optimized(*(given[n] for n in names))
 
-    executions = compare_executions(model, args, keywords, kernelsmith=step_fn, warmup=warmup, iterations=iterations)
+    fused_loss = {"db": db, "tune": False} if "labels" in names else None  # (verify tunes nothing)
+    executions = compare_executions(
+        model, args, keywords, kernelsmith=step_fn, warmup=warmup, iterations=iterations, fused_loss=fused_loss
+    )
     return [e.to_dict() for e in executions]
 
 
@@ -245,7 +257,7 @@ def _print_train_steps(report: dict[str, Any]) -> None:
             table.add_row(e["name"], "-", "-", "-", "-", e["skipped"])
             continue
         measured_peak = measured_peak or m["peak_bytes"] is not None
-        agrees = "yes" if e["agrees"] else "[red]NO[/red]"
+        agrees = ("yes" if e["agrees"] else "[red]NO[/red]") + (f" ({e['note']})" if e.get("note") else "")
         table.add_row(e["name"], f"{m['median_ms']:.2f}", format_bytes(m["peak_bytes"]), f"{e['loss_rel']:.1e}",
                       f"{e['grad_rel']:.1e}", agrees)  # fmt: skip
     out.print(table)

@@ -366,8 +366,9 @@ def unfuse_lm_loss(model: nn.Module) -> nn.Module:
 
 
 def fallback_reasons(model: nn.Module) -> dict[str, str]:
-    """Per call shape, why the patched model's loss ran the op's PyTorch reference (with the
-    logits) instead of a kernel; empty when every shape has a kernel (or nothing ran yet)."""
+    """Per call shape resolved with this model's options (shared by the models patched with the
+    same options in this process), why the loss ran the op's PyTorch reference (with the logits)
+    instead of a kernel; empty when every shape has a kernel (or nothing ran yet)."""
     patch = getattr(model, _ATTRIBUTE, None)
     return dict(patch.decisions.reasons) if patch is not None else {}
 

@@ -320,6 +320,7 @@ class Execution:
     loss_rel: float | None = None  # |loss - eager's| / |eager's|
     grad_rel: float | None = None  # |grad norm - eager's| / eager's
     agrees: bool | None = None
+    note: str = ""  # what the reader must know about a measured row (a fused loss that ran its reference)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -429,7 +430,7 @@ def _compare(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | 
             # references): warm-up steps, never timed ones.
             first = _serve_checked_calls() + 1 if name == FUSED_LOSS_ROW else 0
             measure = measure_step(name, step, params, device, warmup=max(warmup, first), iterations=iterations)
-            results.append(Execution(name, measure))
+            results.append(Execution(name, measure, note=_fallback_note(model) if name == FUSED_LOSS_ROW else ""))
     finally:
         hf_lm_loss.unfuse_lm_loss(model)
     if not liger:
@@ -455,6 +456,18 @@ def _compare(model: nn.Module, args: Sequence[Any], kwargs: Mapping[str, Any] | 
         r.grad_rel = abs(r.measure.grad_norm - eager.grad_norm) / max(eager.grad_norm, 1e-30)
         r.agrees = r.loss_rel <= loss_rtol and r.grad_rel <= grad_rtol
     return results
+
+
+def _fallback_note(model: nn.Module) -> str:
+    """Why the fused-loss row's op ran its PyTorch reference (logits materialized), or ""."""
+    from kernelsmith.frontends.hf_lm_loss import fallback_reasons
+
+    reasons = sorted(set(fallback_reasons(model).values()))
+    return (
+        f"no fused-loss kernel served (the op's reference ran, with the logits): {'; '.join(reasons)}"
+        if reasons
+        else ""
+    )
 
 
 def _serve_checked_calls() -> int:
