@@ -18,10 +18,11 @@ import torch.nn.functional as F
 
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import TorchOpWatch, validate
-from kernelsmith.ops import UnsupportedWorkload, cross_entropy_backward, get_op
+from kernelsmith.ops import UnsupportedWorkload, _cross_entropy_launch, get_op
 from kernelsmith.ops._base import OpFamily, tail_rows
+from kernelsmith.ops._cross_entropy_launch import _SCALE_ONE, _SCALE_PER_ROW, _SCALE_SCALAR, _Plan
 from kernelsmith.ops.cross_entropy import OP as FORWARD
-from kernelsmith.ops.cross_entropy_backward import _SCALE_ONE, _SCALE_PER_ROW, _SCALE_SCALAR, FUSED, OP, _Plan
+from kernelsmith.ops.cross_entropy_backward import FUSED, OP
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec, TensorSpec
 from kernelsmith.testing.validation_runs import validation_runs
@@ -201,7 +202,7 @@ def test_kernels_match_an_independent_formula(variant: str, device: str) -> None
 def test_the_mean_count_loops_over_many_row_blocks(variant: str, device: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The "mean" count walks the targets in blocks of 1024 rows on a GPU; 16 here, so that 67
     rows take five steps with a ragged last one."""
-    monkeypatch.setattr(cross_entropy_backward, "_REDUCE_BLOCK", 16)
+    monkeypatch.setattr(_cross_entropy_launch, "_REDUCE_BLOCK", 16)
     spec = OP.spec((67, 20), "bfloat16", label_smoothing=0.1)
     inputs = OP.make_inputs(spec, seed=5, distribution="large", device=device)
     outs = run_launcher(OP, variant, spec, OP.variant(variant).space(spec).configs()[-1], inputs)

@@ -153,9 +153,9 @@ def test_reduction_over_many_row_blocks(variant: str, reduction: str, device: st
     """The final reduction loops over rows in blocks (1024 rows on a GPU; 16 here, so that 67
     rows take five steps with a ragged last one); split_vocab's combine then runs several
     programs (64 rows each) that write per-row losses for it."""
-    from kernelsmith.ops import cross_entropy
+    from kernelsmith.ops import _cross_entropy_launch
 
-    monkeypatch.setattr(cross_entropy, "_REDUCE_BLOCK", 16)
+    monkeypatch.setattr(_cross_entropy_launch, "_REDUCE_BLOCK", 16)
     spec = OP.spec((67, 20), "bfloat16", reduction=reduction, label_smoothing=0.1)
     inputs = OP.make_inputs(spec, seed=5, distribution="large", device=device)
     out = run_variant(variant, spec, OP.variant(variant).space(spec).configs()[-1], inputs)
@@ -334,7 +334,7 @@ def test_a_config_stays_valid_for_every_validation_spec(rows: int, vocab: int) -
 
 
 def test_split_chunks_cover_the_vocabulary_in_whole_blocks() -> None:
-    from kernelsmith.ops.cross_entropy import _split_layout
+    from kernelsmith.ops._cross_entropy_launch import _split_layout
 
     for vocab in (1, 3, 1000, 50257, 128256):
         for splits in (2, 8, 64):

@@ -33,8 +33,8 @@ raises an error instead; the forward's loss is NaN for it too).
 
 Each kernel computes ``p[j] = exp(x[j] - m) / s`` from the forward's row statistics: the row max
 ``m`` and ``s = sum_j exp(x[j] - m)`` (which never overflow), found in a first walk over the row
-(:func:`kernelsmith.ops.cross_entropy._ce_online_stats`, imported) or with the whole row in
-registers, then writes
+(:func:`kernelsmith.ops._cross_entropy_kernels._ce_online_stats`, the forward's) or with the
+whole row in registers, then writes
 
     dlogits[j] = (exp(x[j] - m) / s - eps / V - [j == t] (1 - eps)) * scale
 
@@ -66,7 +66,7 @@ The variants (shared by both ops)
     vocabulary; reads the logits twice (the second read may hit in L2).
 ``split_vocab``
     For few rows and a huge vocabulary: a ``(R, chunks)`` grid reduces each chunk of
-    ``~V / SPLITS`` columns to its max and sum (the forward's own phase-1 kernel, imported);
+    ``~V / SPLITS`` columns to its max and sum (the forward's own phase-1 kernel);
     then a second ``(R, chunks)`` grid, each program first combining its row's chunk statistics
     (a few dozen numbers) and then writing its chunk of the gradient (chunk 0 also writes the
     fused loss). Two launches, plus the "mean" count (and the fused loss's reduction).
@@ -76,6 +76,10 @@ The variants (shared by both ops)
 
 The config spaces are the forward's spaces for the same logits: the same loops and blocks, the
 same register and warp budgets.
+
+Layout: this module is the two families (specs, references, inputs); the kernels of all three
+cross-entropy ops are in :mod:`kernelsmith.ops._cross_entropy_kernels`, their spaces and
+launchers in :mod:`kernelsmith.ops._cross_entropy_launch`.
 """
 
 from __future__ import annotations
@@ -84,445 +88,53 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import triton
-import triton.language as tl
 
-from kernelsmith.ops._base import (
-    FINITE_STRESS_DISTRIBUTIONS,
-    Launcher,
-    OpFamily,
-    UnsupportedWorkload,
-    Variant,
-    generator,
-)
-from kernelsmith.ops._launch import direct_launch
-from kernelsmith.ops.cross_entropy import (
-    _AUX_WARPS,
-    _REDUCE_BLOCK,
-    _ce_online_stats,
-    _ce_row_loss,
-    _ce_split_partial_kernel,
-    _checked,
+from kernelsmith.ops._base import FINITE_STRESS_DISTRIBUTIONS, OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._cross_entropy_launch import (
+    BACKWARD_NAME,
+    FUSED_NAME,
+    _forward_spec,
+    _grad_online_row_build,
+    _grad_split_vocab_build,
+    _grad_whole_row_build,
     _online_row_space,
-    _reducer,
-    _split_layout,
     _split_vocab_space,
     _whole_row_space,
 )
 from kernelsmith.ops.cross_entropy import OP as _FORWARD
-from kernelsmith.space import Config, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec
 
-# How a gradient kernel finds a row's scale (the SCALE constexpr).
-_SCALE_SCALAR = 0  # one float32 for every row: dloss ("sum") or the "mean" scratch
-_SCALE_PER_ROW = 1  # dloss[row] ("none")
-_SCALE_ONE = 2  # an upstream gradient of 1 (the fused op's "sum" and "none")
-
-# =================================================================================================
-# Kernels
-#
-# The forward's conventions: a (R, V) logits matrix with unit column stride, its row stride and
-# the gradient's passed explicitly; 64-bit row offsets, 32-bit column offsets; masked logit lanes
-# load -inf (exp(-inf) = 0); every value converted to float32 right after its load.
-# =================================================================================================
-
-
-@triton.jit
-def _ceb_mean_scale_kernel(
-    dloss_ptr,  # the 0-d float32 upstream gradient (unused when UNIT)
-    t_ptr,
-    scale_ptr,  # (1,) float32 scratch: dloss / n_valid
-    n_rows,
-    ignore_index,
-    UNIT: tl.constexpr,  # an upstream gradient of 1 (the fused op)
-    BLOCK_R: tl.constexpr,
-):
-    """The "mean" scale ``dloss / n_valid`` (one program; an exact integer count)."""
-    offs0 = tl.arange(0, BLOCK_R)
-    count = tl.zeros([BLOCK_R], tl.int32)
-    for start in tl.range(0, n_rows, BLOCK_R):
-        offs = start + offs0
-        mask = offs < n_rows
-        target = tl.load(t_ptr + offs, mask=mask, other=0)
-        count += (mask & (target != ignore_index)).to(tl.int32)
-    n_valid = tl.maximum(tl.sum(count, axis=0), 1)  # 0 only when no row will read the scale
-    upstream = 1.0 if UNIT else tl.load(dloss_ptr).to(tl.float32)
-    tl.store(scale_ptr, upstream / n_valid.to(tl.float32))
-
-
-@triton.jit
-def _ceb_row_factors(scale_ptr, row, target, valid, m, s, n_cols, smoothing, SCALE: tl.constexpr):
-    """What a row's gradient needs: ``(shift, inv_s, off, on, t32, scale)`` such that
-
-        dlogits[j] = (exp(x[j] - shift) * inv_s - off - (on if j == t32 else 0)) * scale
-
-    with ``inv_s = 1 / s``, ``off = eps / V`` and ``on = 1 - eps``. The scale multiplies last,
-    so that a gradient that is exactly 0 (a vocabulary of one: ``(1 - eps) - (1 - eps)``) stays
-    exactly 0, as PyTorch computes it. An ignored row gets zeros for every factor (its loads
-    are masked to -inf and exp(-inf - 0) = 0: +0 everywhere, and nothing computes NaN); an
-    out-of-range target a NaN scale.
-    """
-    if SCALE == 0:
-        scale = tl.load(scale_ptr).to(tl.float32)
-    elif SCALE == 1:
-        scale = tl.load(scale_ptr + row).to(tl.float32)
-    else:
-        scale = 1.0
-    in_range = (target >= 0) & (target < n_cols)
-    scale = tl.where(valid, tl.where(in_range, scale, float("nan")), 0.0)
-    shift = tl.where(valid, m, 0.0)
-    inv_s = tl.where(valid, 1.0 / tl.where(valid, s, 1.0), 0.0)
-    off = tl.where(valid, smoothing / n_cols, 0.0)
-    on = tl.where(valid, 1.0 - smoothing, 0.0)
-    t32 = tl.where(in_range, target, -1).to(tl.int32)  # never equal to a column when out of range
-    return shift, inv_s, off, on, t32, scale
-
-
-@triton.jit
-def _ceb_target_logit(x_row, target, valid, n_cols):
-    """``x[t]`` in one scalar load (the fused loss); NaN for an out-of-range target."""
-    in_range = (target >= 0) & (target < n_cols)
-    x_t = tl.load(x_row + tl.where(in_range, target, 0), mask=valid & in_range, other=float("nan"))
-    return x_t.to(tl.float32)
-
-
-@triton.jit
-def _ceb_online_row_kernel(
-    x_ptr,
-    t_ptr,
-    scale_ptr,  # see SCALE
-    dx_ptr,
-    loss_ptr,  # LOSS: (R,) float32 per-row losses (the output or a scratch); else unused
-    x_row_stride,
-    dx_row_stride,
-    n_cols,
-    ignore_index,
-    smoothing,
-    BLOCK_V: tl.constexpr,  # columns per loop step
-    SCALE: tl.constexpr,  # 0: scale_ptr[0]; 1: scale_ptr[row]; 2: 1
-    LOSS: tl.constexpr,  # also write the row's loss (the fused op)
-    SMOOTH: tl.constexpr,  # LOSS and label_smoothing > 0: also sum the logits (for the loss)
-    NUM_STAGES: tl.constexpr,
-    softcap=1.0,  # CAP: the soft-cap c of logits x = c tanh(u / c) (linear + cross-entropy)
-    CAP: tl.constexpr = False,  # the gradient with respect to u: times dx / du = 1 - (x / c)**2
-):
-    """One row's statistics (and loss), then its gradient; ``dx_ptr`` may be ``x_ptr`` (each
-    element is read before it is written, by the same program)."""
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * x_row_stride
-    dx_row = dx_ptr + row * dx_row_stride
-    target = tl.load(t_ptr + row)
-    valid = target != ignore_index
-    n_read = tl.where(valid, n_cols, 0)  # an ignored row reads nothing
-
-    # Pass 1: the row's statistics (and its loss).
-    m, s, sum_x = _ce_online_stats(x_row, 0, n_read, n_cols, BLOCK_V, SMOOTH, NUM_STAGES)
-    if LOSS:
-        x_t = _ceb_target_logit(x_row, target, valid, n_cols)
-        tl.store(loss_ptr + row, _ce_row_loss(m, s, x_t, sum_x, n_cols, smoothing, valid, SMOOTH))
-
-    # Pass 2: the gradient, every column (zeros for an ignored row).
-    shift, inv_s, off, on, t32, scale = _ceb_row_factors(scale_ptr, row, target, valid, m, s, n_cols, smoothing, SCALE)
-    cols = tl.arange(0, BLOCK_V)
-    for start in tl.range(0, n_cols, BLOCK_V, num_stages=NUM_STAGES):
-        offs = start + cols
-        x = tl.load(x_row + offs, mask=offs < n_read, other=float("-inf")).to(tl.float32)
-        g = (tl.exp(x - shift) * inv_s - off - tl.where(offs == t32, on, 0.0)) * scale
-        if CAP:
-            xc = tl.where(offs < n_read, x, 0.0) / softcap
-            g = g * (1.0 - xc * xc)
-        tl.store(dx_row + offs, g.to(dx_ptr.dtype.element_ty), mask=offs < n_cols)
-
-
-@triton.jit
-def _ceb_whole_row_kernel(
-    x_ptr,
-    t_ptr,
-    scale_ptr,
-    dx_ptr,
-    loss_ptr,
-    x_row_stride,
-    dx_row_stride,
-    n_cols,
-    ignore_index,
-    smoothing,
-    BLOCK_V: tl.constexpr,  # next_power_of_two(V): the whole row in one block
-    SCALE: tl.constexpr,
-    LOSS: tl.constexpr,
-    SMOOTH: tl.constexpr,
-    EVICT_X: tl.constexpr,  # "" or "evict_first": the logits are read once
-):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * x_row_stride
-    target = tl.load(t_ptr + row)
-    valid = target != ignore_index
-
-    cols = tl.arange(0, BLOCK_V)
-    # An ignored row loads nothing. (A bound rather than `& valid`: the interpreter turns a
-    # scalar-and-vector `&` into an int32 mask that tl.load rejects.)
-    mask = cols < tl.where(valid, n_cols, 0)
-    x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy=EVICT_X).to(tl.float32)
-    m = tl.max(x, axis=0)
-    e = tl.exp(x - tl.where(valid, m, 0.0))  # an ignored row is all -inf: exp(-inf - 0) = 0
-    s = tl.sum(e, axis=0)
-    if LOSS:
-        sum_x = 0.0
-        if SMOOTH:
-            sum_x = tl.sum(tl.where(mask, x, 0.0), axis=0)
-        x_t = _ceb_target_logit(x_row, target, valid, n_cols)
-        tl.store(loss_ptr + row, _ce_row_loss(m, s, x_t, sum_x, n_cols, smoothing, valid, SMOOTH))
-
-    _, inv_s, off, on, t32, scale = _ceb_row_factors(scale_ptr, row, target, valid, m, s, n_cols, smoothing, SCALE)
-    g = (e * inv_s - off - tl.where(cols == t32, on, 0.0)) * scale
-    tl.store(dx_ptr + row * dx_row_stride + cols, g.to(dx_ptr.dtype.element_ty), mask=cols < n_cols)
-
-
-@triton.jit
-def _ceb_split_grad_kernel(
-    x_ptr,
-    t_ptr,
-    stats_ptr,  # the forward's phase-1 scratch: (2 or 3, R, n_chunks) chunk max, sum (, sum of x)
-    scale_ptr,
-    dx_ptr,
-    loss_ptr,
-    x_row_stride,
-    dx_row_stride,
-    n_cols,
-    n_chunks,
-    chunk_cols,  # columns per chunk, a multiple of BLOCK_V
-    plane_stride,  # R * n_chunks
-    ignore_index,
-    smoothing,
-    BLOCK_V: tl.constexpr,
-    CHUNKS: tl.constexpr,  # next_power_of_two(n_chunks)
-    SCALE: tl.constexpr,
-    LOSS: tl.constexpr,
-    SMOOTH: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-):
-    """Program (row, chunk): combine the row's chunk statistics, then write the chunk's gradient."""
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    x_row = x_ptr + row * x_row_stride
-    dx_row = dx_ptr + row * dx_row_stride
-    target = tl.load(t_ptr + row)
-    valid = target != ignore_index
-
-    # Each chunk's sum was taken against its own max: rescale it to the row's. (Chunks that saw
-    # only -inf, an ignored row's, and the padding have m_c = -inf and s_c = 0: they add 0.)
-    chunks = tl.arange(0, CHUNKS)
-    at = row * n_chunks + chunks
-    chunk_mask = chunks < n_chunks
-    m_c = tl.load(stats_ptr + at, mask=chunk_mask, other=float("-inf"))
-    s_c = tl.load(stats_ptr + plane_stride + at, mask=chunk_mask, other=0.0)
-    m = tl.max(m_c, axis=0)
-    s = tl.sum(s_c * tl.exp(m_c - tl.where(valid, m, 0.0)), axis=0)
-    if LOSS:  # every chunk's program has the row's statistics; chunk 0's writes the loss
-        sum_x = 0.0
-        if SMOOTH:
-            sum_x = tl.sum(tl.load(stats_ptr + 2 * plane_stride + at, mask=chunk_mask, other=0.0), axis=0)
-        x_t = _ceb_target_logit(x_row, target, valid, n_cols)
-        loss = _ce_row_loss(m, s, x_t, sum_x, n_cols, smoothing, valid, SMOOTH)
-        tl.store(loss_ptr + row, loss, mask=chunk == 0)
-
-    shift, inv_s, off, on, t32, scale = _ceb_row_factors(scale_ptr, row, target, valid, m, s, n_cols, smoothing, SCALE)
-    n_read = tl.where(valid, n_cols, 0)
-    cols = tl.arange(0, BLOCK_V)
-    lo = chunk * chunk_cols
-    hi = tl.minimum(lo + chunk_cols, n_cols)
-    for start in tl.range(lo, hi, BLOCK_V, num_stages=NUM_STAGES):
-        offs = start + cols
-        x = tl.load(x_row + offs, mask=offs < n_read, other=float("-inf")).to(tl.float32)
-        g = (tl.exp(x - shift) * inv_s - off - tl.where(offs == t32, on, 0.0)) * scale
-        tl.store(dx_row + offs, g.to(dx_ptr.dtype.element_ty), mask=offs < n_cols)
+# Where the variants' code lives (kernelsmith.ops._cross_entropy_kernels, the launchers' module
+# and this one): each variant's source hash covers all three (Variant.modules).
+_MODULES = ("kernelsmith.ops._cross_entropy_kernels", __name__)
 
 
 # =================================================================================================
-# Spaces and builders
-#
-# Both ops share them: a spec's last two inputs are always (logits, target), and its op name
-# tells the fused op (which also writes the loss, for an upstream gradient of 1) from the
-# backward. A launcher takes strides, allocates its float32 scratch with ``new_empty`` (the
-# harness allocates the outputs and forbids any other torch op in a launcher) and launches.
-# =================================================================================================
-
-BACKWARD_NAME = "cross_entropy_backward"
-FUSED_NAME = "cross_entropy_fused"
-
-
-def _forward_spec(spec: OpSpec) -> OpSpec:
-    """The forward's spec for the same logits, targets and constants."""
-    return OpSpec(_FORWARD.name, spec.inputs[-2:], dict(spec.constants))
-
-
-def _online_space(spec: OpSpec) -> Space:
-    return _online_row_space(_forward_spec(spec))
-
-
-def _split_space(spec: OpSpec) -> Space:
-    return _split_vocab_space(_forward_spec(spec))
-
-
-def _whole_space(spec: OpSpec) -> Space:
-    return _whole_row_space(_forward_spec(spec))
-
-
-class _Plan:
-    """What every launcher of one spec shares: the shape, the constants, how the scale is found
-    (the SCALE constexpr and, for "mean", the count kernel), and the fused loss's reduction."""
-
-    def __init__(self, spec: OpSpec) -> None:
-        logits = spec.inputs[-2]
-        self.rows, self.vocab = logits.shape
-        self.reduction = str(spec.const("reduction"))
-        self.ignore_index = int(spec.const("ignore_index"))
-        self.smoothing = float(spec.const("label_smoothing"))
-        self.fused = spec.op == FUSED_NAME
-        # The kernels' SMOOTH: also sum the logits, which only the fused loss needs.
-        self.loss_smooth = self.fused and self.smoothing > 0
-        if self.reduction == "mean":
-            self.scale_mode = _SCALE_SCALAR
-        elif self.fused:
-            self.scale_mode = _SCALE_ONE
-        else:
-            self.scale_mode = _SCALE_PER_ROW if self.reduction == "none" else _SCALE_SCALAR
-        self._count = direct_launch(_ceb_mean_scale_kernel, (1,)) if self.reduction == "mean" else None
-        self._count_block = min(_REDUCE_BLOCK, next_power_of_two(self.rows))
-        # The fused "mean"/"sum" loss: the forward's reduction over per-row losses.
-        self.reduce = _reducer(_forward_spec(spec)) if self.fused else None
-
-    def prepare(
-        self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One call's tensors, ``(logits, target, dlogits, scale, losses, loss)``, after
-        launching the "mean" count. ``scale`` is what the gradient kernels read as scale_ptr
-        (the count's scratch, or dloss); ``losses`` is where the fused kernels write per-row
-        losses (the output for "none", else a scratch that ``finish`` reduces into ``loss``).
-        Pointers a kernel does not read are the gradient itself."""
-        if self.fused:
-            logits, target = inputs
-            loss, dlogits = outputs
-            dloss = dlogits
-        else:
-            dloss, logits, target = inputs
-            (dlogits,) = outputs
-            loss = dlogits
-        scale = dloss
-        if self._count is not None:
-            scale = dlogits.new_empty((1,), dtype=torch.float32)
-            self._count(
-                dloss, target, scale, self.rows, self.ignore_index,
-                UNIT=self.fused, BLOCK_R=self._count_block, num_warps=_AUX_WARPS,
-            )  # fmt: skip
-        losses = dlogits
-        if self.fused:
-            losses = loss if self.reduce is None else dlogits.new_empty((self.rows,), dtype=torch.float32)
-        return logits, target, dlogits, scale, losses, loss
-
-    def finish(self, target: torch.Tensor, losses: torch.Tensor, loss: torch.Tensor) -> None:
-        """The fused "mean"/"sum": the forward's reduction of the per-row losses into the loss."""
-        if self.reduce is not None:
-            self.reduce(losses, target, loss)
-
-
-# ---- online_row ----------------------------------------------------------------------------------
-
-
-def _online_row_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_online_space(spec), config)
-    plan = _Plan(spec)
-    block, num_warps, num_stages = config["BLOCK_V"], config["num_warps"], config["num_stages"]
-    kernel = direct_launch(_ceb_online_row_kernel, (plan.rows,))
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        logits, target, dlogits, scale, losses, loss = plan.prepare(inputs, outputs)
-        kernel(
-            logits, target, scale, dlogits, losses, logits.stride(0), dlogits.stride(0), plan.vocab,
-            plan.ignore_index, plan.smoothing, BLOCK_V=block, SCALE=plan.scale_mode, LOSS=plan.fused,
-            SMOOTH=plan.loss_smooth, NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages,
-        )  # fmt: skip
-        plan.finish(target, losses, loss)
-
-    return launch
-
-
-# ---- split_vocab ---------------------------------------------------------------------------------
-
-
-def _split_vocab_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_split_space(spec), config)
-    plan = _Plan(spec)
-    rows, vocab = plan.rows, plan.vocab
-    block, num_warps, num_stages = config["BLOCK_V"], config["num_warps"], config["num_stages"]
-    chunk_cols, n_chunks = _split_layout(vocab, config["SPLITS"], block)
-    planes = 3 if plan.loss_smooth else 2
-    plane_stride = rows * n_chunks
-    partial = direct_launch(_ce_split_partial_kernel, (rows, n_chunks))
-    grad = direct_launch(_ceb_split_grad_kernel, (rows, n_chunks))
-    chunks_p2 = next_power_of_two(n_chunks)
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        logits, target, dlogits, scale, losses, loss = plan.prepare(inputs, outputs)
-        stats = dlogits.new_empty((planes, rows, n_chunks), dtype=torch.float32)
-        partial(
-            logits, target, stats, logits.stride(0), vocab, n_chunks, chunk_cols, plane_stride, plan.ignore_index,
-            BLOCK_V=block, SMOOTH=plan.loss_smooth, NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages,
-        )  # fmt: skip
-        grad(
-            logits, target, stats, scale, dlogits, losses, logits.stride(0), dlogits.stride(0), vocab, n_chunks,
-            chunk_cols, plane_stride, plan.ignore_index, plan.smoothing, BLOCK_V=block, CHUNKS=chunks_p2,
-            SCALE=plan.scale_mode, LOSS=plan.fused, SMOOTH=plan.loss_smooth, NUM_STAGES=num_stages,
-            num_warps=num_warps, num_stages=num_stages,
-        )  # fmt: skip
-        plan.finish(target, losses, loss)
-
-    return launch
-
-
-# ---- whole_row -----------------------------------------------------------------------------------
-
-
-def _whole_row_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_whole_space(spec), config)
-    plan = _Plan(spec)
-    block = next_power_of_two(plan.vocab)
-    num_warps, evict_x = config["num_warps"], str(config["EVICT_X"])
-    kernel = direct_launch(_ceb_whole_row_kernel, (plan.rows,))
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        logits, target, dlogits, scale, losses, loss = plan.prepare(inputs, outputs)
-        kernel(
-            logits, target, scale, dlogits, losses, logits.stride(0), dlogits.stride(0), plan.vocab,
-            plan.ignore_index, plan.smoothing, BLOCK_V=block, SCALE=plan.scale_mode, LOSS=plan.fused,
-            SMOOTH=plan.loss_smooth, EVICT_X=evict_x, num_warps=num_warps,
-        )  # fmt: skip
-        plan.finish(target, losses, loss)
-
-    return launch
-
-
-# =================================================================================================
-# The op families
+# The op families (the kernels are in _cross_entropy_kernels.py, the spaces and launchers in
+# _cross_entropy_launch.py)
 # =================================================================================================
 
 _VARIANTS = (
     Variant(
         "online_row",
         "one program per row: an online max/sum pass over BLOCK_V-column steps, then a gradient pass",
-        _online_space,
-        _online_row_build,
+        _online_row_space,
+        _grad_online_row_build,
+        _MODULES,
     ),
     Variant(
         "split_vocab",
         "(row, chunk) programs: chunk statistics, then each chunk combines its row's and writes its gradient",
-        _split_space,
-        _split_vocab_build,
+        _split_vocab_space,
+        _grad_split_vocab_build,
+        _MODULES,
     ),
     Variant(
         "whole_row",
         "one program per row, the whole row in registers: one read, one write (vocabulary up to 65536)",
-        _whole_space,
-        _whole_row_build,
+        _whole_row_space,
+        _grad_whole_row_build,
+        _MODULES,
     ),
 )
 

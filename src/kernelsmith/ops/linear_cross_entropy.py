@@ -52,8 +52,10 @@ import triton
 import triton.language as tl
 
 from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator, tail_rows
+from kernelsmith.ops._cross_entropy_kernels import _ce_row_loss
+from kernelsmith.ops._cross_entropy_launch import CROSS_ENTROPY_MODULES, _checked, _reducer
 from kernelsmith.ops._launch import direct_launch
-from kernelsmith.ops.cross_entropy import _ce_row_loss, _checked, _checked_constants, _reducer
+from kernelsmith.ops.cross_entropy import _checked_constants
 from kernelsmith.ops.matmul import INTERPRETED, _dot
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
@@ -536,6 +538,7 @@ class LinearCrossEntropy(OpFamily):
             "(logits stay in registers), SPLITS programs per row block, then a combine",
             _online_lse_space,
             _online_lse_build,
+            modules=CROSS_ENTROPY_MODULES,
         ),
     )
 

@@ -65,15 +65,16 @@ from kernelsmith.ops._base import (
     Variant,
     generator,
 )
-from kernelsmith.ops._launch import direct_launch
-from kernelsmith.ops.cross_entropy import _REDUCE_BLOCK, _checked, _reducer
-from kernelsmith.ops.cross_entropy_backward import (
-    _SCALE_ONE,
+from kernelsmith.ops._cross_entropy_kernels import _ceb_mean_scale_kernel, _ceb_online_row_kernel
+from kernelsmith.ops._cross_entropy_launch import (
+    _REDUCE_BLOCK,
     _SCALE_PER_ROW,
-    _SCALE_SCALAR,
-    _ceb_mean_scale_kernel,
-    _ceb_online_row_kernel,
+    CROSS_ENTROPY_MODULES,
+    _checked,
+    _reducer,
+    scale_mode,
 )
+from kernelsmith.ops._launch import direct_launch
 from kernelsmith.ops.linear_cross_entropy import (
     OP as _FORWARD,
 )
@@ -227,12 +228,7 @@ class _Plan:
         self.block_v = int(config["BLOCK_V"])
         self.dw_scratch = config["DW_ACC"] == "float32" and dtype_of(spec).dtype != "float32"
         self.db_scratch = dtype_of(spec).dtype != "float32"
-        if self.reduction == "mean":
-            self.scale_mode = _SCALE_SCALAR
-        elif self.fused:
-            self.scale_mode = _SCALE_ONE
-        else:
-            self.scale_mode = _SCALE_PER_ROW if self.reduction == "none" else _SCALE_SCALAR
+        self.scale_mode = scale_mode(self.reduction, self.fused)
         self.count = direct_launch(_ceb_mean_scale_kernel, (1,)) if self.reduction == "mean" else None
         self.count_block = min(_REDUCE_BLOCK, next_power_of_two(self.t))
         self.reduce = _reducer(cross_entropy_spec(spec)) if self.fused else None
@@ -314,6 +310,7 @@ _VARIANTS = (
         "then dh = g @ W and dW (+)= g.T @ h (db from the same tiles)",
         _chunked_space,
         _chunked_build,
+        modules=CROSS_ENTROPY_MODULES,
     ),
 )
 
