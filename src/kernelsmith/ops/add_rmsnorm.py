@@ -78,6 +78,14 @@ Variants (the same split of work as :mod:`kernelsmith.ops.rmsnorm`)
     programs, ...``; the weight is loaded once per program, and ``num_stages`` pipelines the next
     rows' loads behind the current row's arithmetic.
 
+``aligned_row``
+    ``whole_row`` on a row cut into a 16-byte-aligned body (vector loads and stores) and a short
+    head and tail, for widths that are not a multiple of 16 (rows Triton cannot prove aligned).
+``split_row``
+    ``(row, chunk)`` programs and two launches: the first stores ``h`` and each chunk's sum of
+    squares, the second re-reads ``h`` and writes ``y`` with the row's rstd. For rows too wide
+    for one program and for few rows (see the row-wise skeleton's section on both).
+
 ``num_stages`` appears only in the spaces of the two variants with a loop, and is given both to
 ``tl.range`` and at launch (Triton 3.6 leaves a loop without a matrix product unpipelined when it
 is only a launch option).
@@ -98,6 +106,7 @@ import triton.language as tl
 
 from kernelsmith.ops import _rowwise as skeleton
 from kernelsmith.ops._base import (
+    Launcher,
     OpFamily,
     Tolerance,
     UnsupportedWorkload,
@@ -105,8 +114,8 @@ from kernelsmith.ops._base import (
     generator,
     tensor_specs,
 )
-from kernelsmith.ops.rmsnorm import norm_constants, weight_offset_of
-from kernelsmith.space import Space
+from kernelsmith.ops.rmsnorm import _scaled, norm_constants, weight_offset_of
+from kernelsmith.space import Config, Space
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
 DEFAULT_EPS = 1e-6
@@ -304,6 +313,102 @@ def _add_rmsnorm_persistent_kernel(
         tl.store(y_ptr + row64 * y_row_stride + cols, _to_storage(hf * rstd * w, y_ptr), mask=mask)
 
 
+@triton.jit
+def _add_pieces(x_ptr, r_ptr, h_ptr, row_start, N, chunk, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr,
+                EVICT_X: tl.constexpr):
+    """One chunk of a realigned row (``skeleton.row_pieces``): ``h = round(x + residual)``
+    stored, and returned in float32 with the pieces' offsets and masks."""
+    body, body_mask, edge, edge_mask = skeleton.row_pieces(row_start, N, chunk, BLOCK_N, ALIGN)
+    x = tl.load(x_ptr + body, mask=body_mask, other=0.0, eviction_policy=EVICT_X)
+    r = tl.load(r_ptr + body, mask=body_mask, other=0.0, eviction_policy=EVICT_X)
+    h = _to_storage(x.to(tl.float32) + r.to(tl.float32), h_ptr)
+    tl.store(h_ptr + body, h, mask=body_mask)
+    x_edge = tl.load(x_ptr + edge, mask=edge_mask, other=0.0)
+    r_edge = tl.load(r_ptr + edge, mask=edge_mask, other=0.0)
+    h_edge = _to_storage(x_edge.to(tl.float32) + r_edge.to(tl.float32), h_ptr)
+    tl.store(h_ptr + edge, h_edge, mask=edge_mask)
+    return body, body_mask, h.to(tl.float32), edge, edge_mask, h_edge.to(tl.float32)
+
+
+@triton.jit
+def _store_normalised(y_ptr, w_ptr, hf, offsets, mask, row_start, rstd, WEIGHT_OFFSET: tl.constexpr):
+    """y at ``offsets`` (one piece of a realigned row): ``h * rstd * (weight + offset)``."""
+    y = _scaled(hf, w_ptr, offsets - row_start, mask, rstd, WEIGHT_OFFSET)
+    tl.store(y_ptr + offsets, _to_storage(y, y_ptr), mask=mask)
+
+
+@triton.jit
+def _add_rmsnorm_aligned_row_kernel(
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    y_ptr,
+    h_ptr,
+    N,
+    eps,
+    BLOCK_N: tl.constexpr,
+    EVICT_X: tl.constexpr,
+    WEIGHT_OFFSET: tl.constexpr,
+    ALIGN: tl.constexpr,  # elements in 16 bytes
+):
+    """whole_row on a row cut into an aligned body and a head and tail, so that the body's loads
+    and stores are 16-byte vectors whatever the width."""
+    row_start = tl.program_id(0).to(tl.int64) * N
+    body, body_mask, hf, edge, edge_mask, hf_edge = _add_pieces(x_ptr, r_ptr, h_ptr, row_start, N, 0, BLOCK_N,
+                                                                ALIGN, EVICT_X)
+    rstd = tl.rsqrt((tl.sum(hf * hf, axis=0) + tl.sum(hf_edge * hf_edge, axis=0)) / N + eps)
+    _store_normalised(y_ptr, w_ptr, hf, body, body_mask, row_start, rstd, WEIGHT_OFFSET)
+    _store_normalised(y_ptr, w_ptr, hf_edge, edge, edge_mask, row_start, rstd, WEIGHT_OFFSET)
+
+
+@triton.jit
+def _add_rmsnorm_split_stats_kernel(
+    x_ptr,
+    r_ptr,
+    h_ptr,
+    partial_ptr,  # (rows, chunks) float32: each chunk's sum of squares of h
+    N,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    ALIGN: tl.constexpr,
+):
+    """split_row, first launch: h of one chunk of one row, stored, and its sum of squares."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    _, _, hf, _, _, hf_edge = _add_pieces(x_ptr, r_ptr, h_ptr, row * N, N, chunk, BLOCK_N, ALIGN, "")
+    total = tl.sum(hf * hf, axis=0) + tl.sum(hf_edge * hf_edge, axis=0)
+    tl.store(partial_ptr + row * tl.num_programs(1) + chunk, total)
+
+
+@triton.jit
+def _add_rmsnorm_split_apply_kernel(
+    h_ptr,
+    w_ptr,
+    y_ptr,
+    partial_ptr,
+    N,
+    eps,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    ALIGN: tl.constexpr,
+    WEIGHT_OFFSET: tl.constexpr,
+):
+    """split_row, second launch: the row's rstd from its chunks' sums (one fixed order), then the
+    chunk's y from the rounded h the first launch stored (one tensor re-read, as looped does)."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    chunks = tl.num_programs(1)
+    lanes = tl.arange(0, SPLITS)
+    sums = tl.load(partial_ptr + row * chunks + lanes, mask=lanes < chunks, other=0.0)
+    rstd = tl.rsqrt(tl.sum(sums, axis=0) / N + eps)
+    row_start = row * N
+    body, body_mask, edge, edge_mask = skeleton.row_pieces(row_start, N, chunk, BLOCK_N, ALIGN)
+    hf = tl.load(h_ptr + body, mask=body_mask, other=0.0).to(tl.float32)
+    _store_normalised(y_ptr, w_ptr, hf, body, body_mask, row_start, rstd, WEIGHT_OFFSET)
+    hf_edge = tl.load(h_ptr + edge, mask=edge_mask, other=0.0).to(tl.float32)
+    _store_normalised(y_ptr, w_ptr, hf_edge, edge, edge_mask, row_start, rstd, WEIGHT_OFFSET)
+
+
 # ---------------------------------------------------------------------------------------------
 # Spaces (the launchers are the skeleton's: kernelsmith.ops._rowwise)
 #
@@ -328,15 +433,38 @@ def _persistent_space(spec: OpSpec) -> Space:
     return skeleton.persistent_space(spec, skeleton.NORM_WARPS, in_registers=3, pipelined=2)
 
 
-def _variant(name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any, pipelined: bool = False
-             ) -> Variant:
-    # Four row-strided tensors (x, residual, y, h); eps after N; the spec's weight offset.
-    return skeleton.variant(__name__, name, summary, space, kernel, strides=4, scalars=skeleton.eps_of,
-                            pipelined=pipelined, constexprs_of=_weight_offset)
+def _aligned_row_space(spec: OpSpec) -> Space:
+    return skeleton.aligned_row_space(spec, skeleton.NORM_WARPS, in_flight=2)
+
+
+def _split_row_space(spec: OpSpec) -> Space:
+    return skeleton.split_row_space(spec, skeleton.NORM_WARPS, in_flight=2)
 
 
 def _weight_offset(spec: OpSpec) -> dict[str, Any]:
     return {"WEIGHT_OFFSET": weight_offset_of(spec)}
+
+
+def _aligned(spec: OpSpec) -> dict[str, Any]:
+    return {"WEIGHT_OFFSET": weight_offset_of(spec), "ALIGN": skeleton.alignment(spec)}
+
+
+def _variant(name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any, pipelined: bool = False,
+             strides: int = 4, constexprs_of: Callable[[OpSpec], dict[str, Any]] = _weight_offset) -> Variant:
+    # Four row-strided tensors (x, residual, y, h; none for aligned_row); eps after N; the spec's
+    # weight offset.
+    return skeleton.variant(__name__, name, summary, space, kernel, strides=strides, scalars=skeleton.eps_of,
+                            pipelined=pipelined, constexprs_of=constexprs_of)
+
+
+def _split_row_build(spec: OpSpec, config: Config) -> Launcher:
+    skeleton.checked("add_rmsnorm", _split_row_space(spec), config)
+    stats = skeleton.SplitKernel(_add_rmsnorm_split_stats_kernel,
+                                 lambda inputs, outputs, partial: (inputs[0], inputs[1], outputs[1], partial))
+    apply = skeleton.SplitKernel(_add_rmsnorm_split_apply_kernel,
+                                 lambda inputs, outputs, partial: (outputs[1], inputs[2], outputs[0], partial),
+                                 skeleton.eps_of(spec), tuple(_weight_offset(spec).items()))
+    return skeleton.split_row_launcher(spec, config, stats, apply, n_stats=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,6 +494,11 @@ class AddRMSNorm(OpFamily):
                  _looped_space, _add_rmsnorm_looped_kernel, pipelined=True),
         _variant("persistent", "PROGRAMS_PER_SM programs per SM walk the rows, weight loaded once",
                  _persistent_space, _add_rmsnorm_persistent_kernel, pipelined=True),
+        _variant("aligned_row", "whole_row with each row's 16-byte-aligned body apart from its head and tail, "
+                 "for widths whose rows Triton cannot prove aligned", _aligned_row_space,
+                 _add_rmsnorm_aligned_row_kernel, strides=0, constexprs_of=_aligned),
+        Variant("split_row", "(row, chunk) programs: h stored and chunk sums of squares, then each chunk's y from "
+                "h; for wide rows and few rows", _split_row_space, _split_row_build, modules=(skeleton.__name__,)),
     )
 
     # ---- specs -------------------------------------------------------------------------------
