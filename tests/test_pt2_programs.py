@@ -130,7 +130,8 @@ def test_a_static_export_holds_the_carried_kernel_and_runs_it_where_the_database
     model, program = _exported_static_norm(db)
     assert chosen == [("rmsnorm", "whole_row")]
     (call,) = [n for n in program.graph.nodes if n.target is triton_ops.register()]
-    assert not [n for n in program.graph.nodes if n.target is torch.ops.kernelsmith.kernel.default]
+    others = {str(n.target) for n in program.graph.nodes if n.op == "call_function" and n is not call}
+    assert others <= {"<built-in function getitem>"}, others  # no kernelsmith::kernel, nothing of the choice
     (entry,) = dispatch.parse_decisions(call.args[3]).values()
     assert entry.variant == "whole_row"
     path = str(tmp_path / "norm.pt2")

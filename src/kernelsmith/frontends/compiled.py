@@ -143,7 +143,7 @@ def exported_decision(op: str, inputs: list[torch.Tensor], constants: str, decis
     in this one. A symbolic size (``Dim``) keeps ``kernelsmith::kernel``, whose carried
     decisions serve every shape."""
     from kernelsmith import dispatch
-    from kernelsmith.frontends.torch_op import concrete_meta, has_symbolic_size
+    from kernelsmith.frontends.torch_op import has_symbolic_size
     from kernelsmith.ops import get_op
 
     if not inputs or not _non_strict_export() or any(has_symbolic_size(t) for t in inputs):
@@ -151,13 +151,14 @@ def exported_decision(op: str, inputs: list[torch.Tensor], constants: str, decis
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
         return ""  # the Triton op has no autograd formula; kernelsmith::kernel's runs the tuned backward
     device = inputs[0].device
-    metas = [concrete_meta(t) for t in inputs]
+    layouts = [(tuple(t.shape), t.stride(), t.dtype) for t in inputs]  # plain ints: the sizes are static
     box: list[str] = []
 
-    def work() -> None:
+    def work() -> None:  # no tracer here: the meta tensors below are not recorded in the program
         from kernelsmith.frontends import triton_ops
 
         try:
+            metas = [torch.empty_strided(shape, stride, dtype=dtype, device="meta") for shape, stride, dtype in layouts]
             family = get_op(op)
             spec = family.spec_for(*metas, **json.loads(constants))
             mode = "gpu" if device.type == "cuda" else "interpreter"
