@@ -431,11 +431,13 @@ def row_pieces(row_start, N, chunk, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
     ``chunk * BLOCK_N`` on (aligned, hinted); ``edge``: ``2 * ALIGN`` lanes, the head then the
     tail, masked off except in chunk 0. Every element of the row is in exactly one unmasked lane
     of the row's chunks, when they are ``cdiv(N, BLOCK_N)`` (the body is at most N long)."""
-    head = tl.minimum((ALIGN - row_start % ALIGN) % ALIGN, N)  # elements before the first aligned one
-    body_len = tl.multiple_of((N - head) // ALIGN * ALIGN, ALIGN)
+    to_aligned = (ALIGN - row_start % ALIGN) % ALIGN  # elements before the first aligned one
+    head = tl.minimum(to_aligned, N)  # (a row shorter than that is all head)
+    body_len = tl.multiple_of(tl.maximum(N - to_aligned, 0) // ALIGN * ALIGN, ALIGN)
     first = chunk * BLOCK_N  # the chunk's first body element
     lanes = tl.arange(0, BLOCK_N)
-    body_start = tl.multiple_of(row_start + head + first, ALIGN)
+    # Aligned even where the body is empty: the hint is true of every program.
+    body_start = tl.multiple_of(row_start + to_aligned + first, ALIGN)
     body = tl.max_contiguous(tl.multiple_of(body_start + lanes, ALIGN), BLOCK_N)
     body_mask = lanes < body_len - first
     edge_lanes = tl.arange(0, 2 * ALIGN)
