@@ -17,8 +17,12 @@ its own file: test_gelu_kernels.py, test_gated_kernels.py, test_gated_backward_k
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import torch
@@ -316,3 +320,31 @@ def test_variants_are_described(op: OpFamily, sibling: OpFamily, names: tuple[st
         assert inspect.getmodule(v.build) is _elementwise
         assert set(v.modules) == {type(op).__module__, "kernelsmith.ops._rowwise", *uses}
         assert v.source_hash != Variant(v.name, v.summary, v.space, v.build).source_hash
+
+
+# ---- the real compiler ---------------------------------------------------------------------------
+
+
+def real_compiler_cases() -> list[tuple[OpFamily, str, OpSpec, Config]]:
+    """Every family, layout and variant, the first and last configs of its space (the smallest
+    and largest blocks; for GELU's exact form, each erf), the dtype rotating over the families."""
+    cases = []
+    for i, f in enumerate(FAMILIES.values()):
+        for layout in f.layouts:
+            spec = f.spec((7, 241), DTYPES[i % len(DTYPES)], layout)
+            for variant in f.op.variants:
+                configs = variant.space(spec).configs()
+                cases += [(f.op, variant.name, spec, c) for c in {configs[0], configs[-1]}]
+    return cases
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the other tests compile for real")
+def test_every_variant_compiles_under_the_real_triton_compiler() -> None:
+    """The interpreter accepts what the compiler may not (module docstring of real_compiler.py):
+    every kernel, as its launchers launch it, is lowered to Triton IR by the real front end."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    helper = Path(__file__).with_name("real_compiler.py")
+    done = subprocess.run([sys.executable, str(helper), "test_families:real_compiler_cases"],
+                          env=env, capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-6000:]
+    assert "lowered" in done.stdout and ", 0 failed" in done.stdout, done.stdout

@@ -29,12 +29,13 @@ array (the halves of a gated activation's concatenated input, at a column offset
     width (:func:`tile_shape`), so narrow rows get tall tiles without a larger space.
 
 A family writes its kernels, each a signature, the schedule's first line (a call of
-:func:`block_offsets`, :func:`tile_offsets` or :func:`persistent_tile_offsets`, below: the
-64-bit offsets and the mask) and a call of its own jitted math on the block; this module writes the rest once: the
-spaces of each schedule and their constraints, the grids and the launchers (:func:`flat_launcher`,
-:func:`tile_launcher`) and the variants (:func:`variant`), whose source hash covers this module,
-the row-wise skeleton whose choices it shares, and the family's modules. Also the shapes of the
-elementwise families' validation and buckets, and the activation distributions they draw from.
+:func:`block_offsets` or :func:`span_offsets`, :func:`tile_offsets` or
+:func:`persistent_tile_offsets`, below: the 64-bit offsets and the mask) and a call of its own
+jitted math on the block; this module writes the rest once: the spaces of each schedule and their
+constraints, the grids and the launchers (:func:`flat_launcher`, :func:`tile_launcher`) and the
+variants (:func:`variant`), whose source hash covers this module, the row-wise skeleton whose
+choices it shares, and the family's modules. Also the shapes of the elementwise families'
+validation and buckets, and the activation distributions they draw from.
 
 Kernel conventions (what the launchers pass). A kernel takes, in order: the tensors (and, for the
 tile schedules, row strides and column offsets) that the family's ``operands(inputs, outputs)``
@@ -71,16 +72,22 @@ from kernelsmith.spec import OpSpec
 
 
 @triton.jit
+def span_offsets(start, n, BLOCK: tl.constexpr):
+    """The offsets of the BLOCK elements from ``start`` (a 64-bit element index) of a flat array
+    of ``n``, and their mask (partial at the end, empty past it)."""
+    offs = start + tl.arange(0, BLOCK)
+    return offs, offs < n
+
+
+@triton.jit
 def block_offsets(block, n, BLOCK: tl.constexpr):
-    """The offsets of block ``block`` (BLOCK elements) of a flat array of ``n``, and their mask.
+    """:func:`span_offsets` of block ``block`` (of BLOCK elements).
 
     The block index is widened to 64 bits before it is multiplied, so that tensors of more than
     2**31 elements are addressed correctly (tl.cast, not .to(): in the interpreter a loop
-    variable is a plain Python int). Only the last block is partial; blocks wholly past ``n``
-    are wholly masked.
+    variable is a plain Python int).
     """
-    offs = tl.cast(block, tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    return offs, offs < n
+    return span_offsets(tl.cast(block, tl.int64) * BLOCK, n, BLOCK)
 
 
 @triton.jit

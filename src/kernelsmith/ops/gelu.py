@@ -94,6 +94,7 @@ from kernelsmith.ops._elementwise import (  # noqa: F401 (checked, multiprocesso
     draw,
     multiprocessor_count,
     row_tail_shapes,
+    span_offsets,
 )
 from kernelsmith.space import Config, Param, Space
 from kernelsmith.spec import OpSpec, TensorSpec
@@ -231,9 +232,9 @@ def _gelu_multi_block_kernel(
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the block loop (1: none)
 ):
     """multi_block: one program computes ITEMS consecutive blocks, one per loop step."""
-    first = tl.program_id(0).to(tl.int64) * ITEMS
+    start = tl.program_id(0).to(tl.int64) * (BLOCK * ITEMS)
     for i in tl.range(0, ITEMS, num_stages=NUM_STAGES):
-        offs, mask = block_offsets(first + i, n, BLOCK)
+        offs, mask = span_offsets(start + i * BLOCK, n, BLOCK)  # i * BLOCK < 2**16: start widens the sum
         _gelu_block(x_ptr, y_ptr, offs, mask, APPROX, FAST_ERF, "")
 
 
