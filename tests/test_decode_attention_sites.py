@@ -143,21 +143,31 @@ def test_hf_cache_position_past_the_end_fails_as_eager_does(hf_llama, tmp_path, 
             compiled(token, past_key_values=cache, use_cache=True)
 
 
-def test_hf_generate_s_prepared_mask_is_left_to_the_original_code(hf_llama, caplog):
-    """generate() builds its 4-D mask (padding included) outside the compiled step and passes it in:
-    its contents are known only at run time, so the attention is not a decode_attention site."""
+def test_hf_generate_with_padding_serves_its_prepared_mask_with_eager_tokens(hf_llama, tmp_path, monkeypatch):
+    """generate() builds its 4-D boolean mask (the padding included) outside the compiled step and
+    passes it in: the attention is a site of the masked layout, which reads that mask, and a
+    left-padded batch generates eager's tokens."""
     from kernelsmith.whole_model import decode
 
-    probe = ks_backend.KernelsmithBackend(discover=True, families=("decode_attention",))
     ids, mask = decode.prompt_batch(128, 2, 5, torch.device("cpu"), ragged=True)
+    assert not bool(mask.all())  # a padded batch
+    eager, _ = decode.hf_generate(hf_llama, ids, mask, 3, "eager")
+    db = str(tmp_path / "k.db")
+    probe = ks_backend.KernelsmithBackend(discover=True, families=("decode_attention",))
     torch._dynamo.reset()
-    with caplog.at_level(logging.DEBUG, logger="kernelsmith.frontends.backend"):
-        decode.hf_generate(hf_llama, ids, mask, 2, "kernelsmith", probe)
-    assert probe.sites == []
-    assert "attention_mask" in caplog.text and "besides the query positions" in caplog.text
+    decode.hf_generate(hf_llama, ids, mask, 2, "kernelsmith", probe)
+    assert {(s.op, s.spec.const("cache")) for s in probe.sites} == {("decode_attention", "masked")}
+    store_kernel_decisions(db, [s.spec for s in probe.sites])
+    seen = record_inductor(monkeypatch)
+    torch._dynamo.reset()
+    backend = ks_backend.KernelsmithBackend(db=db, families=("decode_attention",))
+    served, _ = decode.hf_generate(hf_llama, ids, mask, 3, "kernelsmith", backend)
+    assert {s.status for s in backend.sites} == {"replaced"}, [(s.status, s.reason) for s in backend.sites]
+    assert any(kernel_ops(gm).count("decode_attention") == 2 for gm in seen)
+    assert torch.equal(served.tokens, eager.tokens)
 
 
-def test_a_mask_passed_in_is_left_to_the_original_code(caplog):
+def test_a_mask_passed_in_is_read_by_the_masked_layout():
     mask = torch.ones(2, 1, 1, CACHE_LEN, dtype=torch.bool)
     mask[1, :, :, :2] = False  # left padding
 
@@ -165,7 +175,8 @@ def test_a_mask_passed_in_is_left_to_the_original_code(caplog):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, scale=0.25)
 
     inputs = (torch.randn(2, 4, 1, 16), torch.randn(2, 4, CACHE_LEN, 16), torch.randn(2, 4, CACHE_LEN, 16), mask)
-    assert "the mask depends on l_attention_mask_ besides the query positions" in refusal(caplog, step, *inputs)
+    sites = attention_sites(step, *inputs)
+    assert [(s.spec.const("cache"), str(s.spec.inputs[3])) for s in sites] == [("masked", "2x1x1x17:bool")]
 
 
 # ---- plain modules --------------------------------------------------------------------------------
@@ -183,10 +194,11 @@ class StaticDecoder(nn.Module):
         self.register_buffer("v_cache", torch.zeros(batch, kv_heads, cache_len, head_dim))
 
     def forward(self, q, k, v, offset, valid=None):
-        positions = torch.arange(self.q_len) + offset
+        device = self.k_cache.device
+        positions = torch.arange(self.q_len, device=device) + offset
         self.k_cache.index_copy_(2, positions, k)
         self.v_cache.index_copy_(2, positions, v)
-        keys = torch.arange(self.k_cache.shape[2])[None, None, None, :]
+        keys = torch.arange(self.k_cache.shape[2], device=device)[None, None, None, :]
         query = positions[None, None, :, None]
         if self.mask == "causal":
             mask = keys <= query
@@ -224,11 +236,22 @@ def test_a_plain_static_cache_decoder_is_a_site(batch, heads, kv_heads, head_dim
     assert k.shape == (batch, kv_heads, cache_len, head_dim)
 
 
-def test_a_served_plain_decoder_matches_eager_at_every_offset(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("mask", "cache"), [("causal", "static"), ("padding", "masked"), ("hides-own-position", "masked")]
+)
+def test_a_served_plain_decoder_matches_eager_at_every_offset(tmp_path, monkeypatch, mask, cache):
+    """The positions' causal prefix is a static cache's lengths; a padding mask, or one that is not
+    that prefix (a position hidden from itself), is read as it is (broadcast from (1, 1, 1, L))."""
     batch, heads, kv_heads, head_dim, cache_len = 3, 8, 2, 16, 17
-    eager = StaticDecoder(batch, heads, kv_heads, head_dim, cache_len)
-    served = StaticDecoder(batch, heads, kv_heads, head_dim, cache_len)
-    sites = attention_sites(served, *decoder_inputs(batch, heads, kv_heads, head_dim, 1, 0))
+    eager = StaticDecoder(batch, heads, kv_heads, head_dim, cache_len, mask=mask)
+    served = StaticDecoder(batch, heads, kv_heads, head_dim, cache_len, mask=mask)
+    valid = torch.ones(batch, cache_len, dtype=torch.bool)
+    valid[1, :4] = False  # left padding
+    valid[2, 7] = False  # a hole
+    sites = attention_sites(served, *decoder_inputs(batch, heads, kv_heads, head_dim, 1, 0), valid)
+    assert [s.spec.const("cache") for s in sites] == [cache]
+    with torch.no_grad():
+        eager(*decoder_inputs(batch, heads, kv_heads, head_dim, 1, 0), valid)  # the row discovery wrote
     db = str(tmp_path / "k.db")
     store_kernel_decisions(db, [s.spec for s in sites])
     seen = record_inductor(monkeypatch)
@@ -236,9 +259,9 @@ def test_a_served_plain_decoder_matches_eager_at_every_offset(tmp_path, monkeypa
     backend = ks_backend.KernelsmithBackend(db=db, families=("decode_attention",))
     compiled = torch.compile(served, backend=backend)
     with torch.no_grad():
-        for offset in range(cache_len):  # a cache filling up one position a step, to its last position
+        for offset in range(5, cache_len):  # a cache filling up one position a step, to its last position
             inputs = decoder_inputs(batch, heads, kv_heads, head_dim, 1, offset)
-            torch.testing.assert_close(compiled(*inputs), eager(*inputs), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(compiled(*inputs, valid), eager(*inputs, valid), rtol=1e-5, atol=1e-5)
     assert kernel_ops(seen[0]) == ["decode_attention"]
 
 
@@ -250,48 +273,41 @@ def test_a_dynamic_cache_without_a_mask_is_a_site():
     assert [(s.op, s.spec.const("cache"), len(s.spec.inputs)) for s in sites] == [("decode_attention", "dynamic", 3)]
 
 
-@pytest.mark.parametrize(
-    ("mask", "reason"),
-    [("hides-own-position", "does not compute decode_attention"), ("padding", "the mask depends on l_valid_"),
-     ("additive", "the mask is not boolean")],
-)  # fmt: skip
-def test_masks_that_are_not_a_causal_prefix_of_positions_stay_the_original_code(caplog, mask, reason):
-    decoder = StaticDecoder(2, 4, 2, 16, CACHE_LEN, mask=mask)
-    inputs = decoder_inputs(2, 4, 2, 16, 1, 5)
-    valid = torch.ones(2, CACHE_LEN, dtype=torch.bool)
-    valid[1, :3] = False
-    assert reason in refusal(caplog, decoder, *inputs, valid)
+def test_additive_masks_stay_the_original_code(caplog):
+    decoder = StaticDecoder(2, 4, 2, 16, CACHE_LEN, mask="additive")
+    assert "the mask is not boolean" in refusal(caplog, decoder, *decoder_inputs(2, 4, 2, 16, 1, 5))
 
 
-def test_per_sequence_lengths_and_other_layouts_stay_the_original_code(caplog):
-
+def test_per_sequence_lengths_are_a_mask_and_other_layouts_stay_the_original_code(caplog):
     def ragged(q, k, v, lengths):  # sequences of different lengths: the mask reads a (B,) tensor
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=torch.arange(CACHE_LEN)[None, None, None, :] < lengths[:, None, None, None]
         )
 
+    def given_positions(q, k, v, positions):  # positions an input: nothing says they are consecutive
+        keys = torch.arange(CACHE_LEN)[None, None, None, :]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keys <= (positions + 0)[None, None, :, None])
+
     def causal_flag(q, k, v):  # torch's is_causal aligns top-left: the query would see key 0 only
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    def three_tokens_unmasked(q, k, v):  # every new token sees every position: not causal decoding
+    def unmasked(q, k, v):  # every new token sees every position: not causal decoding
         return F.scaled_dot_product_attention(q, k, v)
 
-    def given_positions(q, k, v, positions):  # positions an input: nothing says they are consecutive
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=torch.arange(CACHE_LEN)[None, None, None, :] <= (positions + 0)[None, None, :, None]
-        )
-
-    def odd_head_dim(q, k, v):  # a head dim the kernels do not take (not a multiple of 16)
-        return F.scaled_dot_product_attention(q, k, v)
+    def per_head(q, k, v, mask):  # a mask per head: a layout the kernels do not read
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
     q, kv = torch.randn(2, 4, 1, 16), torch.randn(2, 4, CACHE_LEN, 16)
-    assert "l_lengths_ besides the query positions" in refusal(caplog, ragged, q, kv, kv, torch.tensor([3, 9]))
-    assert "is_causal" in refusal(caplog, causal_flag, q, kv, kv)
     q3 = torch.randn(2, 4, 3, 16)
-    assert "no mask over 3 new tokens" in refusal(caplog, three_tokens_unmasked, q3, kv, kv)
-    assert "not arange(3) + an offset" in refusal(caplog, given_positions, q3, kv, kv, torch.tensor([4, 6, 5]))
+    assert [s.spec.const("cache") for s in attention_sites(ragged, q, kv, kv, torch.tensor([3, 9]))] == ["masked"]
+    given = attention_sites(given_positions, q3, kv, kv, torch.tensor([4, 6, 5]))
+    assert [s.spec.const("cache") for s in given] == ["masked"]  # read as a mask, not as lengths
+    assert "is_causal" in refusal(caplog, causal_flag, q, kv, kv)
+    assert "no mask over 3 new tokens" in refusal(caplog, unmasked, q3, kv, kv)
+    heads_mask = torch.ones(2, 4, 1, CACHE_LEN, dtype=torch.bool)
+    assert "is not (B | 1, 1, Sq | 1, L)" in refusal(caplog, per_head, q, kv, kv, heads_mask)
     q24, kv24 = torch.randn(1, 2, 1, 24), torch.randn(1, 2, 5, 24)
-    assert "head dimension must be a multiple of 16" in refusal(caplog, odd_head_dim, q24, kv24, kv24)
+    assert "head dimension must be a multiple of 16" in refusal(caplog, unmasked, q24, kv24, kv24)
 
 
 def test_lengths_come_from_the_last_position_on_the_device():

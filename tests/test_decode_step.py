@@ -63,7 +63,9 @@ def test_decode_projections_are_sites_with_their_fused_epilogues(llama):
     ]  # fmt: skip
     swiglu = next(s for s in sites if s.op == "decode_matmul" and s.spec.const("epilogue") == "swiglu")
     assert [t.shape for t in swiglu.spec.inputs] == [(BATCH, 1, 64), (176, 64), (176, 64)]
-    assert {s.op for s in sites} == {"decode_matmul", "rmsnorm"}  # the norms are sites of their own
+    # The norms are sites of their own; the attention reads the decoder's valid-positions mask (masked layout).
+    assert {s.op for s in sites} == {"decode_matmul", "rmsnorm", "decode_attention"}
+    assert [s.spec.const("cache") for s in sites if s.op == "decode_attention"] == ["masked"]
 
 
 def test_decode_matching_is_opt_in(llama):

@@ -163,6 +163,15 @@ def test_the_harness_rejects_a_kernel_that_ignores_the_mask(device: str) -> None
         validate(OP, spec, build, config("single_pass", 32), device, lambda: None)
 
 
+def test_a_broadcast_mask_is_read_in_place(device: str) -> None:
+    """One mask for every sequence, a stride-0 view (as the backend passes a (1, 1, 1, L) mask)."""
+    q, k = torch.zeros(3, 4, 1, 16), torch.zeros(3, 2, 40, 16)
+    spec = OP.spec_for(q, k, k, torch.ones(1, 1, 1, 40, dtype=torch.bool).expand(3, 1, 1, 40))
+    inputs = OP.make_inputs(spec, seed=5, distribution="uneven", device=device)
+    assert inputs[3].stride(0) == 0 and not bool(inputs[3].all())
+    assert_matches(spec, inputs, run(spec, "split_kv", config("split_kv", 16, 4), inputs), "broadcast mask")
+
+
 def test_a_masked_row_sees_exactly_its_mask(device: str) -> None:
     """Left padding and a hole: the output is the softmax over the marked positions alone, which
     hold ordinary values while every other position holds stale ones."""

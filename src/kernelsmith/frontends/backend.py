@@ -45,8 +45,8 @@ Hugging Face's included: :mod:`kernelsmith.frontends.patterns.linear_cross_entro
 ``decode=True``, ``decode_matmul``: each ``F.linear``
 of at most 64 rows, with its residual add or SwiGLU partner
 (:mod:`kernelsmith.frontends.patterns.decode`), and ``decode_attention``: SDPA over a static KV
-cache with the causal mask built in the graph from the query positions (Hugging Face's
-``StaticCache``), or a maskless one-token SDPA over a cache
+cache (Hugging Face's ``StaticCache``; the causal mask of the query positions, or a boolean mask
+such as ``generate()``'s), or a maskless one-token SDPA over a cache
 (:mod:`kernelsmith.frontends.patterns.decode_attention`). Not (yet): bias + activation after a linear (no such op
 family), add + LayerNorm, RoPE written as a function, the reductions (Inductor handles those well).
 

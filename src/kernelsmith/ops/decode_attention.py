@@ -411,9 +411,14 @@ class DecodeAttention(OpFamily):
         fourth = lengths.to(spec.inputs[3].torch_dtype)
         if dims.masked:
             mask = _padded_causal_mask(dims, lengths, g, holes=distribution == "uneven")
-            stale = ~mask.any(dim=2)[:, 0]  # positions no new token sees
-            fourth = torch.empty_strided(mask.shape, spec.inputs[3].strides, dtype=torch.bool, device=device)
-            fourth.copy_(mask)
+            strides = spec.inputs[3].strides
+            for dim in (d for d, stride in enumerate(strides) if stride == 0):  # a broadcast view: one mask
+                mask = mask.narrow(dim, 0, 1)
+            if 0 in strides:
+                fourth = mask.contiguous().expand(spec.inputs[3].shape)
+            else:
+                fourth = torch.empty_strided(mask.shape, strides, dtype=torch.bool, device=device).copy_(mask)
+            stale = ~fourth.any(dim=2)[:, 0]  # positions no new token sees
         k, v = tensors[1], tensors[2]
         k.masked_fill_(stale[:, None, :, None], STALE_KEY)
         v.masked_fill_(stale[:, None, :, None], STALE_VALUE)

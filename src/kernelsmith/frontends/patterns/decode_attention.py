@@ -32,23 +32,27 @@ How a site is found (:func:`sites`), for each SDPA call:
    ``cumulative_length`` incremented in place before the attention) such that the mask depends
    on ``P`` and constants only; for ``Sq > 1``, ``P`` must be ``arange(Sq) + x`` (consecutive
    positions). The mask's nodes stay in the graph (Hugging Face computes one mask for every
-   layer; Inductor drops it once no attention uses it);
-4. **the check**: the nodes from ``P`` to the SDPA's output, run as a module of their own on
-   random ``q`` and caches and on ``P = arange(Sq) + o`` for the first, a middle and the last
-   offset the cache allows, the positions past each length filled with the family's stale keys
-   and values, must compute the family's op as well as PyTorch does (the same check as every
-   other site). A mask that shows a stale position, hides a valid one, or is not a causal prefix
-   fails it, whatever its spelling.
+   layer; Inductor drops it once no attention uses it). Where there is no such ``P``, or the
+   check below fails for it, a boolean mask of shape ``(B | 1, 1, Sq | 1, L)`` is the *masked*
+   layout's input as it is (broadcast by :func:`broadcast_mask`): the kernels read it and scan the
+   whole cache. That is ``generate()``'s case: it prepares its 4-D mask, padding included,
+   outside the compiled step and passes it in; and a padding mask or per-sequence lengths built
+   in the graph;
+4. **the check**: the graph's nodes from the site's inputs to the SDPA's output, run as a module
+   of their own on random ``q`` and caches, must compute the family's op as well as PyTorch does
+   (the same check as every other site): for a static cache on ``P = arange(Sq) + o`` at the
+   first, a middle and the last offset the cache allows, the positions past each length filled
+   with the family's stale keys and values (a mask that shows a stale position, hides a valid one
+   or is not a causal prefix fails, whatever its spelling, and falls back to being read as a
+   mask); for a masked one on a random mask.
 
-Refused (the original code runs): a mask that depends on another input of the graph (a padding
-mask: ``generate()`` prepares its 4-D mask outside the compiled step and passes it in, and the
-built-in decoder's ``valid`` positions; sequences of different lengths are expressed so), a mask
-that is not the positions' causal prefix (the check), additive float masks (a layout the family
-does not know), a ``q`` or positions tensor mutated before the attention, and whatever the
-family's ``spec_for`` refuses (head dim, too many rows per key/value head, strides). A position
-past the cache's end cannot be seen without reading ``P`` on the host: there the cache write
-before the attention (``index_copy_``) fails first, as in eager, and the kernels write NaN rather
-than read past the cache (the family's guard).
+Refused (the original code runs): additive float masks and boolean ones of another shape (per
+head: layouts the family does not know), ``is_causal=True``, several new tokens without a mask,
+an input mutated before the attention, and whatever the family's ``spec_for`` refuses (head dim,
+too many rows per key/value head, strides). A position past the cache's end cannot be seen
+without reading ``P`` on the host: there the cache write before the attention (``index_copy_``)
+fails first, as in eager, and the kernels write NaN rather than read past the cache (the
+family's guard).
 """
 
 from __future__ import annotations
@@ -138,26 +142,38 @@ def _site(gm: fx.GraphModule, sdpa: fx.Node, order: dict[fx.Node, int], taken: s
     key, value = (_operand(args.get(role), sdpa, heads, bool(gqa), taken) for role in ("key", "value"))
     region = [*key.views, *value.views, sdpa]
     mask = args.get("attn_mask")
-    positions, mask_nodes = (None, []) if mask is None else _positions(mask, q_len, order)
     if mask is None and q_len != 1:
         raise Refused(f"no mask over {q_len} new tokens: each would see every position (not causal decoding)")
-    for node in (q_node, positions):
-        if node is not None and any(_mutates(u) and u.args[:1] == (node,) for u in node.users):
-            raise Refused(f"{node.name} is changed in place before the attention reads it")
-    inputs = [OpInput(q_node), OpInput(key.cache), OpInput(value.cache)]
-    if positions is not None:
-        inputs.append(OpInput(positions, derive=lengths_from_positions, derive_args=(batch,)))
-    constants: dict[str, Any] = {"cache": "static" if positions is not None else "dynamic",
-                                 "scale": None if scale is None else float(scale)}  # fmt: skip
-    family = get_op(OP)
-    metas = [_meta_of(i) for i in inputs]
+    operands = [OpInput(q_node), OpInput(key.cache), OpInput(value.cache)]
+    if mask is None:
+        return _checked_site(gm, sdpa, region, [], operands, "dynamic", scale, order, generators)
     try:
-        spec = family.spec_for(*metas, **constants)
+        positions, mask_nodes = _positions(mask, q_len, order)
+        lengths = OpInput(positions, derive=lengths_from_positions, derive_args=(batch,))
+        return _checked_site(gm, sdpa, region, mask_nodes, [*operands, lengths], "static", scale, order, generators)
+    except Refused as why:  # not the positions' causal prefix: the mask itself, where the kernels can read it
+        read = _mask_input(mask, (batch, 1, q_len, _value(key.cache).shape[2]), why)
+        return _checked_site(gm, sdpa, region, [], [*operands, read], "masked", scale, order, generators)
+
+
+def _checked_site(gm: fx.GraphModule, sdpa: fx.Node, region: list[fx.Node], mask_nodes: list[fx.Node],
+                  inputs: list[OpInput], kind: str, scale: Any, order: dict[fx.Node, int],
+                  generators: dict[torch.device, torch.Generator]) -> Site:  # fmt: skip
+    """The site of layout ``kind`` on ``inputs``, its spec from the family and the check passed."""
+    caches = {inputs[1].node, inputs[2].node}  # written in place before the attention, by design
+    for op_input in inputs:
+        node = op_input.node
+        if node not in caches and any(_mutates(u) and u.args[:1] == (node,) for u in node.users):
+            raise Refused(f"{node.name} is changed in place before the attention reads it")
+    constants: dict[str, Any] = {"cache": kind, "scale": None if scale is None else float(scale)}
+    try:
+        spec = get_op(OP).spec_for(*(_meta_of(i) for i in inputs), **constants)
     except UnsupportedWorkload as exc:
         raise Refused(str(exc)) from None
     constants["scale"] = spec.const("scale")
     nodes = sorted({*region, *mask_nodes}, key=order.__getitem__)
-    _check(gm, nodes, inputs, spec, generators)
+    _check(gm, nodes, inputs, spec, kind, generators)
+    q = _value(inputs[0].node)
     return Site(OP, sdpa, [n for n in nodes if n in region], inputs, constants, spec, bool(q.requires_grad))
 
 
@@ -207,6 +223,28 @@ def _operand(node: Any, sdpa: fx.Node, heads: int, gqa: bool, taken: set[fx.Node
     if value.dim() != 4 or not _static(value) or (value.shape[1] != heads and not gqa):
         raise Refused(f"{node.name} is not a (B, H, L, D) cache (or fewer heads with enable_gqa)")
     return _Operand(node, ())
+
+
+def broadcast_mask(mask: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The mask as the ``(B, 1, Sq, L)`` view the masked layout reads (stride 0 where it broadcasts)."""
+    return mask.expand(shape)
+
+
+def _mask_input(mask: fx.Node, shape: tuple[int, ...], why: Refused) -> OpInput:
+    """The boolean mask as the masked layout's input (broadcast to ``shape`` on the way), or the
+    refusal ``why`` when the kernels cannot read it either."""
+    value = _value(mask)
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.bool or value.dim() != 4 or not _static(value):
+        raise why
+    if (
+        value.shape[1] != 1
+        or value.shape[3] != shape[3]
+        or any(n not in (1, want) for n, want in zip(value.shape, shape, strict=True))
+    ):
+        raise Refused(f"{why}; and the mask's shape {tuple(value.shape)} is not (B | 1, 1, Sq | 1, L) = {shape}")
+    if tuple(value.shape) == shape:
+        return OpInput(mask)
+    return OpInput(mask, derive=broadcast_mask, derive_args=(shape,))
 
 
 def _inserts_dim_2(index: tuple[Any, ...]) -> bool:
@@ -281,10 +319,11 @@ def _meta_of(op_input: OpInput) -> torch.Tensor:
     return _input_meta(op_input)
 
 
-def _check(gm: fx.GraphModule, nodes: list[fx.Node], inputs: list[OpInput], spec: OpSpec,
+def _check(gm: fx.GraphModule, nodes: list[fx.Node], inputs: list[OpInput], spec: OpSpec, kind: str,
            generators: dict[torch.device, torch.Generator]) -> None:  # fmt: skip
-    """Step 4 of the module docstring: the region from the positions to the output computes the
-    family's op at the first, a middle and the last offset, or the site is refused."""
+    """Step 4 of the module docstring: the graph's nodes from the inputs to the attention compute
+    the family's op (a static cache: at the first, a middle and the last offset; a masked one: on
+    a random mask), or the site is refused."""
     from kernelsmith.frontends.decorator import _differs_from_op
 
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
@@ -295,32 +334,37 @@ def _check(gm: fx.GraphModule, nodes: list[fx.Node], inputs: list[OpInput], spec
         raise Refused(f"the attention also reads {', '.join(extra)}")
     module = _region_module(gm, nodes, outside)
     family = get_op(OP)
-    q, k = spec.inputs[0], spec.inputs[1]
-    q_len, cache_len = q.shape[2], k.shape[2]
+    q_len, cache_len = spec.inputs[0].shape[2], spec.inputs[1].shape[2]
     device = _value(inputs[0].node).device
     generator = generators.setdefault(device, torch.Generator(device=device))
     generator.manual_seed(0)
-    offsets = dict.fromkeys((0, (cache_len - q_len) // 2, cache_len - q_len)) if len(inputs) == 4 else {0: None}
+    offsets = dict.fromkeys((0, (cache_len - q_len) // 2, cache_len - q_len)) if kind == "static" else [0]
     for offset in offsets:
-        tensors = [_random(_value(i.node), generator) for i in inputs[:3]]
-        if len(inputs) == 4:
-            positions = torch.arange(q_len, device=device) + offset
-            dtype = _value(inputs[3].node).dtype
-            tensors.append(positions.to(dtype).reshape(_value(inputs[3].node).shape))
+        first: dict[fx.Node, torch.Tensor] = {}  # k and v may be one tensor (one node): one sample
+        tensors = [first.setdefault(i.node, _random(_value(i.node), generator)) for i in inputs[:3]]
+        if kind == "static":
+            positions = _value(inputs[3].node)
+            tensors.append((torch.arange(q_len, device=device) + offset).to(positions.dtype).reshape(positions.shape))
             stale = torch.arange(cache_len, device=device) >= offset + q_len
             tensors[1][:, :, stale] = STALE_KEY
             tensors[2][:, :, stale] = STALE_VALUE
+        elif kind == "masked":  # random, with each row's last position seen (no row sees nothing)
+            shape = tuple(_value(inputs[3].node).shape)
+            last = torch.tensor([shape[3] - 1], device=device)
+            tensors.append((torch.rand(shape, generator=generator, device=device) < 0.5).index_fill_(3, last, True))
         by_node = dict(zip(sources, tensors, strict=True))
+        bound = tuple(
+            t if i.derive is None else i.derive(t, *i.derive_args) for i, t in zip(inputs, tensors, strict=True)
+        )
         try:
             with torch.no_grad():
                 produced = module(*(by_node[n] for n in outside))
-                lengths = [lengths_from_positions(tensors[3], q.shape[0])] if len(inputs) == 4 else []
-                bound = (*tensors[:3], *lengths)
                 problem = _differs_from_op(family, spec, bound, produced)
         except Exception as exc:  # a region that cannot run on random inputs is not a site
             problem = f"{type(exc).__name__}: {exc}"
         if problem:
-            raise Refused(f"at offset {offset} the attention does not compute decode_attention: {problem}")
+            where = f"at offset {offset}" if kind == "static" else "on a random mask" if kind == "masked" else "here"
+            raise Refused(f"{where} the attention does not compute decode_attention: {problem}")
 
 
 def _random(value: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -329,4 +373,4 @@ def _random(value: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.empty_strided(tuple(value.shape), value.stride(), dtype=value.dtype, device=value.device).copy_(data)
 
 
-__all__ = ["OP", "lengths_from_positions", "sites"]
+__all__ = ["OP", "broadcast_mask", "lengths_from_positions", "sites"]
