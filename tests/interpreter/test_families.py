@@ -295,6 +295,23 @@ def test_gated_build_rejects_a_config_outside_the_space(op: OpFamily, blocked: C
         op.variant("blocked").build(spec, blocked)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("op", [SWIGLU, SWIGLU_BACKWARD], ids=["gated", "gated_backward"])
+def test_gated_make_inputs_is_deterministic_by_seed(op: OpFamily, layout: str, device: str) -> None:
+    spec = op.spec((2, 5, 48), "bfloat16", layout=layout)
+    for distribution in op.distributions:
+        first = op.make_inputs(spec, seed=11, distribution=distribution, device=device)
+        again = op.make_inputs(spec, seed=11, distribution=distribution, device=device)
+        other = op.make_inputs(spec, seed=12, distribution=distribution, device=device)
+        assert all(torch.equal(p, q) for p, q in zip(first, again, strict=True))
+        assert not any(torch.equal(p, q) for p, q in zip(first, other, strict=True))
+        assert [tuple(t.shape) for t in first] == [t.shape for t in spec.inputs]
+        assert all(t.dtype == torch.bfloat16 and t.is_contiguous() for t in first)
+        assert all(t.device.type == torch.device(device).type for t in first)
+    with pytest.raises(ValueError, match="distribution"):
+        op.make_inputs(spec, seed=0, distribution="cauchy", device=device)
+
+
 # ---- variants ------------------------------------------------------------------------------------
 
 

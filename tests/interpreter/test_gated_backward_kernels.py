@@ -348,16 +348,11 @@ def test_bucket_and_validation_specs_reshape_every_input() -> None:
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_make_inputs_extends_the_forwards(layout: str, device: str) -> None:
+    # (that they are deterministic by seed, shaped and typed: test_families.py)
     spec = SWIGLU_BACKWARD.spec((2, 5, 48), "bfloat16", layout=layout)
     forward = SWIGLU.spec((2, 5, 48), "bfloat16", layout=layout)
     for distribution in SWIGLU_BACKWARD.distributions:
         first = SWIGLU_BACKWARD.make_inputs(spec, seed=11, distribution=distribution, device=device)
-        again = SWIGLU_BACKWARD.make_inputs(spec, seed=11, distribution=distribution, device=device)
-        other = SWIGLU_BACKWARD.make_inputs(spec, seed=12, distribution=distribution, device=device)
-        assert all(torch.equal(p, q) for p, q in zip(first, again, strict=True))
-        assert not any(torch.equal(p, q) for p, q in zip(first, other, strict=True))
-        assert [tuple(t.shape) for t in first] == [t.shape for t in spec.inputs]
-        assert all(t.dtype == torch.bfloat16 and t.is_contiguous() for t in first)
         # a and b as the forward draws them; dy from its own stream, N(0, 1)
         forward_inputs = SWIGLU.make_inputs(forward, seed=11, distribution=distribution, device=device)
         assert all(torch.equal(p, q) for p, q in zip(first[1:], forward_inputs, strict=True))
@@ -365,8 +360,6 @@ def test_make_inputs_extends_the_forwards(layout: str, device: str) -> None:
         assert not torch.equal(first[0], a)
     (dy, *_) = SWIGLU_BACKWARD.make_inputs(SWIGLU_BACKWARD.spec((64, 512), "float32"), seed=0, device=device)
     assert 0.9 < float(dy.std()) < 1.1 and abs(float(dy.mean())) < 0.05
-    with pytest.raises(ValueError, match="distribution"):
-        SWIGLU_BACKWARD.make_inputs(spec, seed=0, distribution="cauchy", device=device)
 
 
 def test_bytes_and_flops() -> None:
