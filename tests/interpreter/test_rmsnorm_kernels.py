@@ -361,6 +361,9 @@ def test_spaces_are_non_empty_and_valid(width: int) -> None:
         if variant.name == "aligned_row" and width % 16 == 0:
             assert len(space) == 0  # Triton proves these rows aligned: whole_row is the same kernel
             continue
+        if variant.name == "split_row" and width <= 4096:
+            assert len(space) == 0  # rows of at most 8 KB are not split
+            continue
         assert len(space) > 0, f"{variant.name} has no config at width {width}"
         for config in space:
             assert space.violations(config) == []
@@ -490,10 +493,17 @@ def test_weight_offset_inputs_scale_rows_alike(device: str) -> None:
 
 # ---- realigned rows (aligned_row) and rows split across programs (split_row) ------------------
 
-# (rows, width, dtype, weight offset): widths 1, 7, 33, 1000 and 4097 (none a multiple of 16, so
-# that aligned_row has configs), 1 and 3 rows, every dtype (ALIGN = 4 and 8), Gemma's offset.
-REALIGNED_CASES = ((1, 1, "float32", 0.0), (3, 7, "bfloat16", 1.0), (3, 33, "float16", 0.0),
-                   (1, 1000, "bfloat16", 0.0), (3, 1000, "float16", 1.0), (1, 4097, "float32", 0.0))
+# (rows, width, dtype, weight offset), 1 and 3 rows, every dtype (ALIGN = 4 and 8), Gemma's
+# offset. aligned_row: widths 1, 7, 33, 1000 and 4097 (none a multiple of 16); split_row: rows of
+# more than 8 KB (SPLIT_MIN_ROW_BYTES), just above 4096 and 2048 elements (narrower ones are
+# covered by the test of the pieces alone, test_rowwise_pieces.py).
+REALIGNED_CASES = {
+    "aligned_row": ((1, 1, "float32", 0.0), (3, 7, "bfloat16", 1.0), (3, 33, "float16", 0.0),
+                    (1, 1000, "bfloat16", 0.0), (3, 1000, "float16", 1.0), (1, 4097, "float32", 0.0)),
+    "split_row": ((1, 4097, "bfloat16", 0.0), (3, 4100, "float16", 1.0), (1, 2049, "float32", 0.0),
+                  (3, 2051, "float32", 1.0)),
+}
+ODD = {"aligned_row": (3, 1000), "split_row": (3, 4097)}  # a bfloat16 shape each variant has configs for
 
 
 def one_config(variant: str, spec: OpSpec) -> Config:
@@ -508,7 +518,7 @@ def one_config(variant: str, spec: OpSpec) -> Config:
 
 @pytest.mark.parametrize("variant", REALIGNED)
 def test_realigned_variants_match_the_reference(variant: str, device: str) -> None:
-    for i, (rows, width, dtype, offset) in enumerate(REALIGNED_CASES):
+    for i, (rows, width, dtype, offset) in enumerate(REALIGNED_CASES[variant]):
         spec = OP.spec((rows, width), dtype, weight_offset=offset)
         config = one_config(variant, spec)
         distribution = OP.distributions[i % len(OP.distributions)]
@@ -522,7 +532,7 @@ def test_realigned_variants_at_unaligned_addresses(variant: str, device: str) ->
     """Tensors that start 2 and 6 bytes past an aligned address (views at a storage offset, as a
     slice of a bigger buffer is): the pieces assume an aligned base only for speed, never for
     which elements they cover."""
-    spec = OP.spec((3, 1000), "bfloat16")
+    spec = OP.spec(ODD[variant], "bfloat16")
     x, w = OP.make_inputs(spec, seed=7, device=device)
     x_moved = torch.empty(x.numel() + 1, dtype=x.dtype, device=device)[1:].view(x.shape)
     x_moved.copy_(x)
@@ -534,13 +544,13 @@ def test_realigned_variants_at_unaligned_addresses(variant: str, device: str) ->
 
 
 def test_split_row_sums_many_chunks(device: str) -> None:
-    # 1000 columns in chunks of 64: 16 (row, chunk) programs a row, the last chunk partly masked.
-    spec = OP.spec((2, 1000), "bfloat16")
-    config = Config(BLOCK_N=64, num_warps=1)
+    # 4097 columns in chunks of 256: 17 (row, chunk) programs a row, the last chunk partly masked.
+    spec = OP.spec((1, 4097), "bfloat16")
+    config = Config(BLOCK_N=256, num_warps=1)
     assert config in OP.variant("split_row").space(spec)
     inputs = OP.make_inputs(spec, seed=5, distribution="large", device=device)
     out, guard = run_launcher("split_row", spec, config, inputs)
-    assert_correct(spec, inputs, out, guard, "split_row BLOCK_N=64")
+    assert_correct(spec, inputs, out, guard, "split_row BLOCK_N=256")
 
 
 @pytest.mark.parametrize("variant", REALIGNED)
@@ -548,7 +558,7 @@ def test_validate_accepts_the_realigned_variants(variant: str, device: str) -> N
     from kernelsmith.evaluate.validate import validate
     from kernelsmith.testing.validation_runs import validation_runs
 
-    spec = OP.spec((3, 100), "bfloat16", weight_offset=1.0)
+    spec = OP.spec((3, 100) if variant == "aligned_row" else (2, 2049), "float32", weight_offset=1.0)
     v = OP.variant(variant)
     runs = validate(OP, spec, v.build, one_config(variant, spec), device, lambda: None)
     assert runs in validation_runs(OP, spec)
@@ -562,9 +572,11 @@ def test_realigned_spaces() -> None:
         assert aligned.space(spec).configs() == OP.variant("whole_row").space(spec).configs()
     assert len(aligned.space(OP.spec((8, 4096), "bfloat16"))) == 0
     assert len(aligned.space(OP.spec((8, MAX_WHOLE_ROW + 3), "bfloat16"))) == 0
-    # split_row: any width, rows wider than a program holds included, two to MAX_SPLITS chunks.
+    # split_row: rows of more than 8 KB, those wider than a program holds included, two to
+    # MAX_SPLITS chunks.
     for width in (4097, 50257, 128257, 1 << 20):
         configs = split.space(OP.spec((8, width), "bfloat16")).configs()
         assert configs, width
         assert all(2 <= math.ceil(width / c["BLOCK_N"]) <= 1024 for c in configs), width
-    assert {c["BLOCK_N"] for c in split.space(OP.spec((8, 40), "bfloat16"))} == {64}
+    assert len(split.space(OP.spec((8, 4096), "bfloat16"))) == 0
+    assert len(split.space(OP.spec((8, 2048), "float32"))) == 0 < len(split.space(OP.spec((8, 2049), "float32")))

@@ -24,10 +24,11 @@ from kernelsmith.testing.kernels import covering_configs
 
 # The four schedules, covered config by config; the realigned variants (aligned_row, split_row),
 # whose interpreted programs are slower, run one config per class on their own odd shapes, and
-# join the cheap tests (ALL_VARIANTS).
+# aligned_row joins the cheap tests (ALL_VARIANTS: split_row has no configs for their narrow rows,
+# and has its own below).
 REALIGNED = ("aligned_row", "split_row")
 VARIANTS = [v.name for v in OP.variants if v.name not in REALIGNED]
-ALL_VARIANTS = [v.name for v in OP.variants]
+ALL_VARIANTS = [*VARIANTS, "aligned_row"]
 DTYPES = ("float16", "bfloat16", "float32")
 
 
@@ -214,6 +215,8 @@ def test_space_sizes_are_modest(width: int) -> None:
     spec = OP.spec((8192, width), "bfloat16")
     sizes = {v.name: len(v.space(spec)) for v in OP.variants}
     assert sizes.pop("aligned_row") == 0  # Triton proves these rows aligned: whole_row is the same kernel
+    if width <= 4096:
+        assert sizes.pop("split_row") == 0  # rows of at most 8 KB are not split
     assert all(size > 0 for size in sizes.values()), sizes
     assert 100 <= sum(sizes.values()) <= 250, sizes
 
@@ -222,8 +225,8 @@ def test_space_sizes_are_modest(width: int) -> None:
 def test_tiny_rows_have_a_config_in_every_variant(width: int) -> None:
     spec = OP.spec((5, width), "float16")
     for v in OP.variants:
-        if v.name == "aligned_row" and width % 16 == 0:
-            assert len(v.space(spec)) == 0  # rows Triton proves aligned
+        if (v.name == "aligned_row" and width % 16 == 0) or v.name == "split_row":
+            assert len(v.space(spec)) == 0  # rows Triton proves aligned; rows of at most 8 KB
             continue
         assert len(v.space(spec)) > 0, (v.name, width)
     warps = sorted({c["num_warps"] for c in OP.variant("whole_row").space(spec)})
@@ -493,16 +496,18 @@ def test_scale_reference_and_inputs(device: str) -> None:
 
 # ---- realigned rows (aligned_row) and rows split across programs (split_row) ------------------
 
-# (rows, width, dtype, distribution, scale): widths 1, 7, 33, 1000 and 4097 (none a multiple of
-# 16), 1 and 3 rows, every dtype (ALIGN = 4 and 8), a negative scale (the padding set back to -inf).
-REALIGNED_CASES = [
-    ((1, 1), "float32", "normal", 1.0),
-    ((3, 7), "bfloat16", "outliers", 1.0),
-    ((3, 33), "float16", "uniform", -1.3),
-    ((1, 1000), "bfloat16", "large", 1.0),
-    ((3, 1000), "float16", "outliers", 0.5),
-    ((1, 4097), "float32", "normal", 1.0),
-]
+# (shape, dtype, distribution, scale): 1 and 3 rows, every dtype (ALIGN = 4 and 8), a negative
+# scale (the padding set back to -inf). aligned_row: widths 1, 7, 33, 1000 and 4097 (none a
+# multiple of 16); split_row: rows of more than 8 KB, just above 4096 and 2048 elements (narrower
+# ones are covered by the test of the pieces alone, test_rowwise_pieces.py).
+REALIGNED_CASES = {
+    "aligned_row": [((1, 1), "float32", "normal", 1.0), ((3, 7), "bfloat16", "outliers", 1.0),
+                    ((3, 33), "float16", "uniform", -1.3), ((1, 1000), "bfloat16", "large", 1.0),
+                    ((3, 1000), "float16", "outliers", 0.5), ((1, 4097), "float32", "normal", 1.0)],
+    "split_row": [((1, 4097), "bfloat16", "large", 1.0), ((3, 4100), "float16", "uniform", -1.3),
+                  ((1, 2049), "float32", "outliers", 0.5), ((3, 2051), "float32", "normal", 1.0)],
+}
+ODD = {"aligned_row": (3, 1000), "split_row": (3, 4097)}  # a bfloat16 shape each variant has configs for
 
 
 def _one_config(variant: str, spec: OpSpec) -> Config:
@@ -515,7 +520,7 @@ def _one_config(variant: str, spec: OpSpec) -> Config:
 @pytest.mark.filterwarnings("error::RuntimeWarning")
 @pytest.mark.parametrize("variant", REALIGNED)
 def test_realigned_variants_match_the_reference(variant: str, device: str) -> None:
-    for i, (shape, dtype, distribution, scale) in enumerate(REALIGNED_CASES):
+    for i, (shape, dtype, distribution, scale) in enumerate(REALIGNED_CASES[variant]):
         spec = OP.spec(shape, dtype, scale=scale)
         config = _one_config(variant, spec)
         (x,) = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
@@ -527,7 +532,7 @@ def test_realigned_variants_match_the_reference(variant: str, device: str) -> No
 def test_realigned_variants_at_unaligned_addresses(variant: str, device: str) -> None:
     """x and y 2 and 6 bytes past an aligned address (views at a storage offset): the pieces
     assume an aligned base only for speed, never for which elements they cover."""
-    spec = OP.spec((3, 1000), "bfloat16")
+    spec = OP.spec(ODD[variant], "bfloat16")
     (x,) = OP.make_inputs(spec, seed=7, device=device)
     x_moved = torch.empty(x.numel() + 1, dtype=x.dtype, device=device)[1:].view(x.shape)
     x_moved.copy_(x)
@@ -536,3 +541,36 @@ def test_realigned_variants_at_unaligned_addresses(variant: str, device: str) ->
     OP.variant(variant).build(spec, _one_config(variant, spec))((x_moved,), (y,))
     assert bool(torch.isnan(buffer[:3]).all()) and bool(torch.isnan(buffer[3 + x.numel():]).all())
     assert_close_to_reference(y, spec, x, f"{variant} at unaligned addresses")
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_split_row_masked_prefix_and_empty_chunks(device: str) -> None:
+    """Rows of 4097 in chunks of 1024: a -inf prefix fills chunks 0-2 (their max is -inf where the
+    row's is not), and the head and tail may leave the fifth chunk empty; neither makes a NaN."""
+    spec = OP.spec((2, 4097), "float32")
+    (x,) = OP.make_inputs(spec, seed=2, device=device)
+    x[:, :3500] = float("-inf")
+    y = run_variant("split_row", spec, Config(BLOCK_N=1024, num_warps=4), x)
+    assert_close_to_reference(y, spec, x, "split_row masked prefix")
+    assert torch.all(y[:, :3500] == 0)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # -inf - (-inf) is computed on purpose
+def test_split_row_fully_masked_row_is_nan_like_torch(device: str) -> None:
+    spec = OP.spec((3, 2049), "float32")
+    (x,) = OP.make_inputs(spec, seed=3, device=device)
+    x[1] = float("-inf")
+    y = run_variant("split_row", spec, _one_config("split_row", spec), x)
+    assert torch.isnan(y[1]).all()
+    assert_close_to_reference(y, spec, x, "split_row")  # and the other rows are right
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the stress data holds inf: inf - inf is NaN
+def test_validate_accepts_split_row_with_a_scale(device: str) -> None:
+    """The harness on split_row (no torch compute, poisoned outputs, stress data, tails)."""
+    from kernelsmith.evaluate.validate import validate
+    from kernelsmith.testing.validation_runs import validation_runs
+
+    spec = OP.spec((2, 2049), "float32", scale=1 / 0.7)
+    runs = validate(OP, spec, OP.variant("split_row").build, _one_config("split_row", spec), device, lambda: None)
+    assert runs in validation_runs(OP, spec)
