@@ -62,9 +62,12 @@ def test_decode_projections_are_sites_with_their_fused_epilogues(llama):
         ("decode_matmul", "none"),  # the LM head
     ]  # fmt: skip
     swiglu = next(s for s in sites if s.op == "decode_matmul" and s.spec.const("epilogue") == "swiglu")
-    assert [t.shape for t in swiglu.spec.inputs] == [(BATCH, 1, 64), (176, 64), (176, 64)]
-    # The norms are sites of their own; the attention reads the decoder's valid-positions mask (masked layout).
-    assert {s.op for s in sites} == {"decode_matmul", "rmsnorm", "decode_attention"}
+    assert [t.shape for t in swiglu.spec.inputs] == [(BATCH, 1, 64), (176, 64), (176, 64), (64,)]  # ..., gamma
+    # Every norm feeds projections only, so q, k, v, gate/up and the LM head recompute it in their
+    # prologue (test_decode_prologue); the attention reads the decoder's valid-positions mask (masked layout).
+    assert [s.spec.constants.get("prologue") for s in sites if s.op == "decode_matmul"] == [
+        "rmsnorm", "rmsnorm", "rmsnorm", None, "rmsnorm", None, "rmsnorm"]  # fmt: skip
+    assert {s.op for s in sites} == {"decode_matmul", "decode_attention"}
     assert [s.spec.const("cache") for s in sites if s.op == "decode_attention"] == ["masked"]
 
 

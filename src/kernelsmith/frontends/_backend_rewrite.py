@@ -45,8 +45,21 @@ def rewrite(gm: fx.GraphModule, sites: Sequence[Site]) -> fx.GraphModule:
     fake_mode = _fake_mode(gm)
     for site in sites:
         _rewrite_site(graph, site, val_map, fake_mode)
+    _erase_dead_prologues(graph, sites, val_map)
     graph.lint()
     return fx.GraphModule(gm, graph, class_name=type(gm).__name__)
+
+
+def _erase_dead_prologues(graph: fx.Graph, sites: Sequence[Site], val_map: dict[fx.Node, fx.Node]) -> None:
+    """The nodes of an RMSNorm that projections recompute in their prologue, erased once nothing
+    reads them (a projection left to the original code still does, and keeps them)."""
+    erased: set[fx.Node] = set()
+    for site in sites:
+        for node in reversed(site.prologue):  # outputs first, so an erased user frees its inputs
+            copy = val_map[node]
+            if copy not in erased and not copy.users:
+                graph.erase_node(copy)
+                erased.add(copy)
 
 
 def _fake_mode(gm: fx.GraphModule) -> Any:

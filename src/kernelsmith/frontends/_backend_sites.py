@@ -83,6 +83,9 @@ class Site:
     spec: OpSpec
     needs_grad: bool = False
     residual_add: fx.Node | None = None  # add_rmsnorm: the sum node the op replaces too
+    # decode_matmul with prologue="rmsnorm": the norm's nodes, recomputed by the op and erased by
+    # the rewrite once no user is left (kernelsmith.frontends.patterns.decode, "RMSNorm prologues")
+    prologue: list[fx.Node] = field(default_factory=list)
     status: str = "found"
     reason: str = ""
     speedup: float | None = None
@@ -351,6 +354,13 @@ def _decode_sites(
     (:mod:`kernelsmith.frontends.patterns.decode`)."""
     from kernelsmith.frontends.patterns import decode
 
+    norms: dict[fx.Node, Site] = {}  # RMSNorms whose every user is a decode projection: prologue candidates
+    for x in decode.prologue_norms(gm, taken):
+        for region in reversed(_levels(x, taken)):
+            norm = _recognize_region(gm, x, region, nodes, order, {"rmsnorm"}, generators)
+            if norm is not None:
+                norms[x] = norm
+                break
     found: list[Site] = []
     for candidates in decode.candidate_regions(gm, taken):
         for out, region in candidates:
@@ -362,6 +372,14 @@ def _decode_sites(
                 log.debug("%s is not a decode projection: %s", out.name, routed)
                 break
             site.op, site.spec = decode.OP, routed
+            norm = norms.get(site.inputs[0].node)
+            if norm is not None:
+                fused = decode.with_prologue(gm, site, norm, nodes, order, generators)
+                if isinstance(fused, str):
+                    log.debug("%s keeps its norm %s: %s", out.name, norm.output.name, fused)
+                else:
+                    site = fused
+                    taken |= set(norm.region)
             found.append(site)
             taken |= region
             break

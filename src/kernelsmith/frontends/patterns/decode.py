@@ -20,10 +20,41 @@ things the backend needs besides the matmul pattern:
   down projections), the product alone. A region holds only nodes no other site took (an
   ``add_rmsnorm`` site keeps the residual add it folded in) and nodes whose every user is in the
   region, except its output;
+- :func:`prologue_norms` and :func:`with_prologue`: the RMSNorm before a projection, folded
+  into its prologue (below);
 - :func:`decode_spec`: the routing rule. A matmul match whose weight is stored as ``nn.Linear``
   stores it (layout ``"linear"``) and whose ``x`` has at most ``MAX_M`` rows is a
   ``decode_matmul`` workload; anything else (``x @ w`` with a ``(K, N)`` weight, more rows, a
   dtype the family does not take) is left to Inductor and cuBLAS, with the family's reason.
+
+RMSNorm prologues
+-----------------
+In a decoder layer the ``input_layernorm`` feeds q, k and v, and the
+``post_attention_layernorm`` feeds gate and up: one RMSNorm, several projections. The family
+recomputes the norm in each projection's prologue (``prologue="rmsnorm"``: one row of ``K``
+elements a sequence, nothing next to the ``N x K`` weight it streams), so the norm needs no kernel
+of its own once every projection reading it is served. The region rules stay as they are: each
+projection's site keeps its own region (the product, its SwiGLU partner or residual add), and the
+norm is a *region input duplicated per projection*: the site reads the norm's input ``x`` and
+``gamma`` instead of the normed row, the norm's nodes are listed in :attr:`Site.prologue
+<kernelsmith.frontends._backend_sites.Site.prologue>`, and the rewrite erases them once no user
+is left. This reads better than one region covering the norm and all its projections (a site
+with several outputs), and it degrades by itself: where one projection is not served (not tuned,
+slower in context) the norm keeps computing its row for that one, and the others still recompute
+it. The norm's nodes are taken (no ``rmsnorm`` site of their own) only when a projection takes the
+prologue. Each fused site is checked like any other: the norm's nodes and the projection's, run
+as one module on random inputs, against the family's reference.
+
+Folded where (:func:`prologue_norms`): the node ``x`` of a decode-shaped ``F.linear(x, w)`` whose
+users are all decode-shaped ``F.linear`` calls taking it as ``x`` (q, k, v; gate and up), and
+which the rmsnorm pattern recognizes as an RMSNorm of one input. Not folded, with the norm left as
+it is (an ``rmsnorm`` site of its own, and the projections served without a prologue): a norm
+whose output has any other user (a returned value, an ``x @ w`` product, a slice as before Hugging
+Face's LM head), prefill shapes (more than ``MAX_M`` rows: no decode site at all), a weight not
+stored as ``nn.Linear`` (``x @ w``: not a decode site), and Gemma's ``x * (1 + weight)`` (the
+prologue has no weight offset). A residual add before the norm (``h = a + b; rmsnorm(h)``, what
+``add_rmsnorm`` folds elsewhere) stays a node of the graph: its sum is the next residual, so only
+the norm is folded, and the projections read ``h``.
 
 The backend then checks each region exactly as it checks its other sites (the region run on
 random inputs through :func:`~kernelsmith.frontends.recognize.recognize`, its output compared
@@ -35,6 +66,8 @@ where masks matter, is not touched here.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import operator
 from collections.abc import Iterator
@@ -42,9 +75,20 @@ from collections.abc import Iterator
 import torch
 from torch import fx
 
+from kernelsmith.frontends._backend_sites import (
+    Site,
+    _input_meta,
+    _moves_across_barrier,
+    _region_inputs,
+    _region_module,
+    _sample,
+    _value,
+)
 from kernelsmith.ops import UnsupportedWorkload, get_op
 from kernelsmith.ops.decode_matmul import MAX_M
 from kernelsmith.spec import OpSpec
+
+log = logging.getLogger("kernelsmith.frontends.backend")  # the backend's logger: this is its site finding
 
 OP = "decode_matmul"
 
@@ -56,12 +100,6 @@ _ADDS = frozenset({"add", "__add__"})
 def _name(node: fx.Node) -> str:
     target = node.target
     return target if isinstance(target, str) else getattr(target, "__name__", str(target))
-
-
-def _value(node: object) -> object:
-    if not isinstance(node, fx.Node):
-        return None
-    return node.meta.get("example_value", node.meta.get("val"))
 
 
 def _is_call(node: object, names: frozenset[str]) -> bool:
@@ -133,6 +171,70 @@ def candidate_regions(gm: fx.GraphModule, taken: set[fx.Node]) -> Iterator[list[
         yield candidates
 
 
+def prologue_norms(gm: fx.GraphModule, taken: set[fx.Node]) -> Iterator[fx.Node]:
+    """The nodes that could be an RMSNorm folded into projections' prologues: each ``x`` of a
+    decode-shaped ``F.linear`` whose users are all decode-shaped ``F.linear`` calls taking it as
+    their ``x`` (whether it *is* an RMSNorm is the rmsnorm pattern's to say)."""
+    seen: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        x = node.args[0] if node not in taken and decode_rows(node) is not None else None
+        if not isinstance(x, fx.Node) or x in seen or x in taken:
+            continue
+        seen.add(x)
+        if all(decode_rows(u) is not None and u.args[0] is x and x not in u.args[1:] for u in x.users):
+            yield x
+        else:
+            log.debug("%s is read by more than decode projections: no RMSNorm prologue", x.name)
+
+
+def with_prologue(
+    gm: fx.GraphModule,
+    site: Site,
+    norm: Site,
+    nodes: list[fx.Node],
+    order: dict[fx.Node, int],
+    generators: dict[torch.device, torch.Generator],
+) -> Site | str:
+    """``site`` (a ``decode_matmul`` site whose ``x`` is ``norm``'s output) computing the norm in
+    its prologue, checked on random inputs against the family's reference; or why not."""
+    from kernelsmith.frontends.decorator import _differs_from_op
+
+    if norm.op != "rmsnorm" or norm.status != "found":
+        return f"the norm is not a servable rmsnorm ({norm.status}: {norm.reason})"
+    if norm.constants.get("weight_offset", 0.0):
+        return "Gemma's x * (1 + weight): the decode_matmul prologue has no weight offset"
+    x, gamma = norm.inputs
+    if x.reshape is not None or site.inputs[0].reshape is not None:
+        return "the norm's input or the product's x is reshaped on the way"
+    constants = {**site.constants, "prologue": "rmsnorm", "eps": norm.constants["eps"]}
+    inputs = [x, *site.inputs[1:], gamma]
+    spec = decode_spec([_input_meta(i) for i in inputs], constants)
+    if isinstance(spec, str):
+        return spec
+    region = sorted({*norm.region, *site.region}, key=order.__getitem__)
+    if region[-1] is not site.output:
+        return "the product comes before the end of its norm"
+    if _moves_across_barrier(nodes, order[region[0]], order[site.output], region):
+        return "an in-place op or a side effect lies between the norm and the product"
+    outside = _region_inputs(region, order)
+    if set(outside) != {i.node for i in inputs}:
+        return "the norm and the product read more than the fused op's inputs"
+    device = _value(x.node).device
+    generator = generators.setdefault(device, torch.Generator(device=device))
+    generator.manual_seed(0)
+    samples = {n: _sample(_value(n), generator) for n in outside}
+    bound = tuple(samples[i.node] if i.reshape is None else samples[i.node].reshape(i.reshape) for i in inputs)
+    try:
+        with torch.no_grad():
+            produced = _region_module(gm, region, outside)(*(samples[n] for n in outside))
+            problem = _differs_from_op(get_op(OP), spec, bound, produced)
+    except Exception as exc:  # a region that cannot run on random inputs: not this site
+        problem = f"{type(exc).__name__}: {exc}"
+    if problem:
+        return f"the norm and the product do not compute the fused op: {problem}"
+    return dataclasses.replace(site, inputs=inputs, constants=constants, spec=spec, prologue=list(norm.region))
+
+
 def decode_spec(inputs: list[torch.Tensor], constants: dict[str, object]) -> OpSpec | str:
     """The ``decode_matmul`` spec of a recognized ``matmul`` site (its inputs as meta tensors,
     strides kept, and the match's constants), or why it is none: the family's own reason
@@ -143,4 +245,4 @@ def decode_spec(inputs: list[torch.Tensor], constants: dict[str, object]) -> OpS
         return str(exc)
 
 
-__all__ = ["OP", "candidate_regions", "decode_rows", "decode_spec"]
+__all__ = ["OP", "candidate_regions", "decode_rows", "decode_spec", "prologue_norms", "with_prologue"]
