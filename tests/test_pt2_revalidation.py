@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._dynamo.testing
 
+import kernelsmith
 from kernelsmith import dispatch, tuner
 from kernelsmith.db import Fingerprint, open_database
 from kernelsmith.frontends import backend as ks_backend
@@ -44,6 +46,7 @@ def db_path(tmp_path, monkeypatch) -> str:
     assert old.near(_here()) and old.hash != _here().hash
     _plant_bucket(path, old)
     dispatch._RUNNERS.clear()
+    dispatch._NEAR_TRIED.clear()
     torch._dynamo.reset()
     return path
 
@@ -72,6 +75,20 @@ def test_the_backend_serves_a_revalidated_record_of_an_older_driver(executors: _
     assert kernel_ops(seen[-1]) == ["softmax"]
     torch.testing.assert_close(out, torch.softmax(X, dim=-1), rtol=1e-5, atol=1e-6)
     assert executors[0].submitted and _revalidated_here(db_path)
+
+
+def test_a_cold_compile_of_a_decorated_function_carries_a_revalidated_record(executors: _Made, db_path,  # noqa: F811
+                                                                             monkeypatch):
+    """Decorate-then-compile after the upgrade: the compile plan finds no winner under this
+    fingerprint, re-validates the near fingerprint's (every bucket it tuned) and carries it."""
+    calls = spy_runners(monkeypatch)
+    fn = kernelsmith.optimize(last_dim_softmax, mode="db", db=db_path)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("eager")
+    out = torch.compile(fn, backend=counter, fullgraph=True)(X)  # no eager call first
+    torch.testing.assert_close(out, torch.softmax(X, dim=-1), rtol=1e-5, atol=1e-6)
+    (graph,) = counter.graphs
+    assert kernel_ops(graph) == ["softmax"]
+    assert executors[0].submitted and calls and _revalidated_here(db_path)
 
 
 def test_a_record_that_does_not_revalidate_is_not_served_by_the_op(db_path, monkeypatch):

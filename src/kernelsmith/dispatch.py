@@ -559,10 +559,12 @@ def pinned_workload(op: str) -> str:
 
 
 def carried_winners(
-    db: Database, family: OpFamily, spec: OpSpec, mode: str, compare_dtypes: bool = True
+    db: Database, family: OpFamily, spec: OpSpec, mode: str, compare_dtypes: bool = True,
+    fingerprint: str | None = None,
 ) -> list[DecisionRecord]:
     """Every stored winner a graph can carry for ``family`` with ``spec``'s constants (and input
-    dtypes) on this machine in ``mode``: one per tuned workload, each call's shape picks one."""
+    dtypes) on this machine in ``mode`` (or under ``fingerprint``): one per tuned workload, each
+    call's shape picks one."""
     wanted = json.loads(json.dumps(spec.to_dict()))  # the form stored specs have (lists, not tuples)
     dtypes = [t["dtype"] for t in wanted["inputs"]]
 
@@ -571,8 +573,35 @@ def carried_winners(
             return False
         return not compare_dtypes or [t.get("dtype") for t in stored.get("inputs", [])] == dtypes
 
-    records = db.decisions(current_fingerprint(mode).hash, family.name)
+    records = db.decisions(fingerprint or current_fingerprint(mode).hash, family.name)
     return [r for r in records if embeddable(r, family) and same(r.spec)]
+
+
+# (fingerprint, workload) pairs whose near fingerprint's records this process re-validated, or
+# tried to: a record that does not re-validate is not tried again at every trace.
+_NEAR_TRIED: set[tuple[str, str]] = set()
+_NEAR_LOCK = threading.Lock()
+
+
+def revalidate_near_winners(db: Database, family: OpFamily, spec: OpSpec, mode: str) -> None:
+    """Re-validate here (:func:`lookup_or_revalidate`) every winner :func:`carried_winners` would
+    find for ``spec`` under a *near* fingerprint (another driver build or kernelsmith release)
+    for a workload this fingerprint has no decision for, once per process: a graph made after an
+    upgrade then carries the winners of every bucket tuned before it, as the eager decorator
+    serves them bucket by bucket. One tuner carry-over (a harness evaluation and a re-timing)
+    per workload, once per upgrade."""
+    fp = current_fingerprint(mode)
+    here = {r.workload for r in db.decisions(fp.hash, family.name)}
+    for other in db.fingerprints():
+        if not fp.near(other):
+            continue
+        for record in carried_winners(db, family, spec, mode, fingerprint=other.hash):
+            key = (fp.hash, record.workload)
+            with _NEAR_LOCK:
+                if record.workload in here or key in _NEAR_TRIED:
+                    continue
+                _NEAR_TRIED.add(key)
+            lookup_or_revalidate(db, mode, family, OpSpec.from_dict(record.spec))
 
 
 def embeddable(decision: DecisionRecord, family: OpFamily) -> bool:

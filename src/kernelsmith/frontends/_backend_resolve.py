@@ -96,9 +96,9 @@ class _Resolver:
         if self.tune:
             self._runner(site, family, site.spec, mode, device)  # tunes the example shape's bucket
         try:
-            if not self.tune:  # a near fingerprint's record of the example shape's bucket, re-validated here
-                self._decision(family, family.bucket(site.spec), mode)
             with open_database(self.db) as db:
+                # after an upgrade: the winners tuned before it, re-validated here
+                dispatch.revalidate_near_winners(db, family, site.spec, mode)
                 records = dispatch.carried_winners(db, family, site.spec, mode)
                 if records and site.needs_grad and family.backward is not None:
                     backward = get_op(family.backward)

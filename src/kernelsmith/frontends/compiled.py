@@ -235,6 +235,7 @@ def _plan(state: Optimized, described: tuple[Any, ...]) -> Plan | None:
 
 def _make_plan(state: Optimized, described: tuple[Any, ...]) -> Plan:
     from kernelsmith import dispatch
+    from kernelsmith.db import open_database
     from kernelsmith.frontends.decorator import _differs_from_op
     from kernelsmith.frontends.recognize import recognize
     from kernelsmith.ops import UnsupportedWorkload, get_op
@@ -270,6 +271,10 @@ def _make_plan(state: Optimized, described: tuple[Any, ...]) -> Plan:
     if needs_grad and family.backward is None:
         raise _NoPlan(f"inputs require grad and {match.op} has no backward family")
     records = state.carried_decisions(family, spec, mode, inputs if needs_grad else None)
+    if not any(r.op == family.name for r in records) and state.config is None:
+        with open_database(state.db) as db:  # after an upgrade: the winners tuned before it, re-validated here
+            dispatch.revalidate_near_winners(db, family, spec, mode)
+        records = state.carried_decisions(family, spec, mode, inputs if needs_grad else None)
     if not any(r.op == family.name for r in records):
         raise _NoPlan(f"no {match.op} kernel with these constants and dtypes is stored or pinned")
     bindings = tuple(
