@@ -25,7 +25,9 @@ from kernelsmith.spec import OpSpec
 from kernelsmith.testing.kernels import covering_configs
 from kernelsmith.testing.validation_runs import validation_runs
 
-VARIANTS = [v.name for v in OP.variants]
+# The four schedules, covered config by config; aligned_row (the realigned rows, whose interpreted
+# programs are slower) runs one config per class on its own odd shapes at the end.
+VARIANTS = [v.name for v in OP.variants if v.name != "aligned_row"]
 DTYPES = ("float16", "bfloat16", "float32")
 WIDTHS = (1, 3, 341, 1000)
 GUARD = 64  # NaN elements after the output: a kernel writing past its end overwrites them
@@ -461,6 +463,7 @@ def test_spaces_are_non_empty_and_valid(width: int) -> None:
                 "welford": False,
                 "multi_row": block_n > 8192,
                 "persistent": block_n + block_n * AFFINE_PARAMS[affine] // 2 > 16384,
+                "aligned_row": block_n > 16384 or width % 16 == 0,  # rows Triton proves aligned
             }[variant.name]
             assert (len(space) == 0) == expected_empty, (variant.name, width, affine)
             for config in space:
@@ -475,6 +478,7 @@ def test_space_sizes_are_modest(shape: tuple[int, int]) -> None:
         for affine in AFFINE:
             spec = OP.spec(shape, dtype, affine=affine)
             sizes = {v.name: len(v.space(spec)) for v in OP.variants}
+            assert sizes.pop("aligned_row") == 0  # Triton proves these rows aligned: two_pass is the same kernel
             assert all(size > 0 for size in sizes.values()), sizes
             assert 100 <= sum(sizes.values()) <= 250, (shape, dtype, affine, sizes)
     assert len({v.source_hash for v in OP.variants}) == len(OP.variants)
@@ -495,3 +499,49 @@ def test_block_limits() -> None:
     with_params = OP.variant("persistent").space(OP.spec((2, 8192), "fp16"))
     without = OP.variant("persistent").space(OP.spec((2, 8192), "fp16", affine="none"))
     assert min(c["num_warps"] for c in with_params) > min(c["num_warps"] for c in without)
+
+
+# ---- realigned rows (aligned_row) -----------------------------------------------------------------
+
+# (rows, width, dtype, affine): widths 1, 7, 33, 1000 and 4097 (none a multiple of 16), 1 and 3
+# rows, every dtype (ALIGN = 4 and 8), every affine form.
+REALIGNED_CASES = ((1, 1, "float32", "weight_bias"), (3, 7, "bfloat16", "none"), (3, 33, "float16", "weight"),
+                   (3, 1000, "bfloat16", "weight_bias"), (1, 4097, "float32", "weight_bias"))
+
+
+def test_aligned_row_matches_the_reference_and_two_pass_statistics(device: str) -> None:
+    for i, (rows, width, dtype, affine) in enumerate(REALIGNED_CASES):
+        spec = OP.spec((rows, width), dtype, affine=affine)
+        config = OP.variant("aligned_row").space(spec).configs()[0]
+        distribution = OP.distributions[i % len(OP.distributions)]
+        inputs = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
+        out, guard = run_launcher("aligned_row", spec, config, inputs)
+        assert_correct(spec, inputs, out, guard, f"aligned_row {config} {spec.describe()} {distribution}")
+        # With statistics (a training forward): y and the row statistics of two_pass, whose math it is.
+        stats = [torch.full(t.shape, math.nan, dtype=t.torch_dtype, device=device) for t in stats_output_specs(spec)]
+        build_with_stats("aligned_row", spec, config)(inputs, stats)
+        two_pass = [torch.full_like(t, math.nan) for t in stats]
+        build_with_stats("two_pass", spec, OP.variant("two_pass").space(spec).configs()[0])(inputs, two_pass)
+        assert torch.equal(stats[0], out)
+        for mine, theirs in zip(stats[1:], two_pass[1:], strict=True):
+            torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-6)
+
+
+def test_aligned_row_at_unaligned_addresses(device: str) -> None:
+    """x 2 bytes past an aligned address (a view at a storage offset): the pieces assume an
+    aligned base only for speed, never for which elements they cover."""
+    spec = OP.spec((3, 1000), "bfloat16")
+    x, *params = OP.make_inputs(spec, seed=7, device=device)
+    moved = torch.empty(x.numel() + 1, dtype=x.dtype, device=device)[1:].view(x.shape).copy_(x)
+    out, guard = run_launcher("aligned_row", spec, OP.variant("aligned_row").space(spec).configs()[0],
+                              (moved, *params))
+    assert_correct(spec, (x, *params), out, guard, "aligned_row at unaligned addresses")
+
+
+def test_validate_accepts_aligned_row(device: str) -> None:
+    from kernelsmith.evaluate.validate import validate
+
+    spec = OP.spec((3, 100), "bfloat16")
+    v = OP.variant("aligned_row")
+    runs = validate(OP, spec, v.build, v.space(spec).configs()[-1], device, lambda: None)
+    assert runs in validation_runs(OP, spec)

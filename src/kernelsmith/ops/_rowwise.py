@@ -460,10 +460,11 @@ def row_pieces(row_start, N, chunk, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
     return body, body_mask, edge, edge_mask
 
 
-def aligned_row_space(spec: OpSpec, warps: Warps, in_flight: int = 1, stages: tuple[int, ...] = ()) -> Space:
+def aligned_row_space(spec: OpSpec, warps: Warps, in_flight: int = 1, stages: tuple[int, ...] = (),
+                      max_row: int = MAX_WHOLE_ROW) -> Space:
     """:func:`whole_row_space` for rows whose alignment Triton cannot prove (empty for the others:
     see the section above)."""
-    space = whole_row_space(spec, warps, in_flight, stages)
+    space = whole_row_space(spec, warps, in_flight, stages, max_row)
     return Space(space.params, [_alignment_unproven(spec), *space.constraints])
 
 

@@ -75,6 +75,12 @@ The variants
     bias once and walks rows ``pid, pid + programs, ...`` with the two-pass math, so that the
     program start-up and the parameter loads are paid once, and the compiler can pipeline the
     next row's load behind the current row's arithmetic (``num_stages``).
+``aligned_row``
+    ``two_pass`` on a row cut into a 16-byte-aligned body (vector loads and stores) and a short
+    head and tail, for widths that are not a multiple of 16, whose rows Triton cannot prove
+    aligned (see the row-wise skeleton's section on them). (The skeleton's ``split_row`` is not
+    offered here yet: its statistics would be each chunk's count, mean and ``M2``, merged with
+    Chan's formula.)
 
 ``num_stages`` is a parameter of the kernels with a loop (``welford``, ``persistent``) only: the
 compiler software-pipelines loops, so the loop-free kernels would compile to the same code for
@@ -189,6 +195,47 @@ def _layernorm_two_pass_kernel(
 
     y = _affine(xc * rstd, w_ptr, b_ptr, cols, mask, HAS_WEIGHT, HAS_BIAS)  # float32, rounded once
     tl.store(y_ptr + row * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    if STORE_STATS:
+        tl.store(mean_ptr + row, shift + mean_d)
+        tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def _layernorm_aligned_row_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    N,
+    eps,
+    BLOCK_N: tl.constexpr,
+    EVICT_X: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    STORE_STATS: tl.constexpr,
+    ALIGN: tl.constexpr,  # elements in 16 bytes
+):
+    """two_pass on a row cut into an aligned body and a head and tail (``skeleton.row_pieces``),
+    so that the body's loads and stores are 16-byte vectors whatever the width: the same shift,
+    mean and centred variance, each a sum over both pieces."""
+    row = tl.program_id(0).to(tl.int64)
+    row_start = row * N
+    body, body_mask, edge, edge_mask = skeleton.row_pieces(row_start, N, 0, BLOCK_N, ALIGN)
+    shift = tl.load(x_ptr + row_start).to(tl.float32)
+    x = tl.load(x_ptr + body, mask=body_mask, other=0.0, eviction_policy=EVICT_X).to(tl.float32)
+    x_edge = tl.load(x_ptr + edge, mask=edge_mask, other=0.0).to(tl.float32)
+    d = tl.where(body_mask, x - shift, 0.0)
+    d_edge = tl.where(edge_mask, x_edge - shift, 0.0)
+    mean_d = (tl.sum(d, axis=0) + tl.sum(d_edge, axis=0)) / N
+    xc = tl.where(body_mask, d - mean_d, 0.0)
+    xc_edge = tl.where(edge_mask, d_edge - mean_d, 0.0)
+    rstd = tl.rsqrt((tl.sum(xc * xc, axis=0) + tl.sum(xc_edge * xc_edge, axis=0)) / N + eps)
+    y = _affine(xc * rstd, w_ptr, b_ptr, body - row_start, body_mask, HAS_WEIGHT, HAS_BIAS)
+    tl.store(y_ptr + body, y.to(y_ptr.dtype.element_ty), mask=body_mask)
+    y_edge = _affine(xc_edge * rstd, w_ptr, b_ptr, edge - row_start, edge_mask, HAS_WEIGHT, HAS_BIAS)
+    tl.store(y_ptr + edge, y_edge.to(y_ptr.dtype.element_ty), mask=edge_mask)
     if STORE_STATS:
         tl.store(mean_ptr + row, shift + mean_d)
         tl.store(rstd_ptr + row, rstd)
@@ -420,12 +467,17 @@ def _persistent_space(spec: OpSpec) -> Space:
                                      max_row=_WHOLE_ROW_MAX_BLOCK, held=held)
 
 
+def _aligned_row_space(spec: OpSpec) -> Space:
+    return skeleton.aligned_row_space(spec, skeleton.LAYERNORM_WARPS, max_row=_WHOLE_ROW_MAX_BLOCK)
+
+
 # variant -> its kernel, its space, and whether the kernel takes NUM_STAGES (it has a loop).
 _KERNELS: dict[str, tuple[Any, Callable[[OpSpec], Space], bool]] = {
     "two_pass": (_layernorm_two_pass_kernel, _two_pass_space, False),
     "welford": (_layernorm_welford_kernel, _welford_space, True),
     "multi_row": (_layernorm_multi_row_kernel, _multi_row_space, False),
     "persistent": (_layernorm_persistent_kernel, _persistent_space, True),
+    "aligned_row": (_layernorm_aligned_row_kernel, _aligned_row_space, False),
 }
 
 
@@ -442,8 +494,11 @@ def _launcher(variant: str, spec: OpSpec, config: Config, save_stats: bool) -> L
         mean, rstd = (outputs[1], outputs[2]) if save_stats else (y, y)
         return x, w, b, y, mean, rstd
 
-    return skeleton.launcher(kernel, spec, config, strides=2, scalars=skeleton.eps_of(spec), pipelined=pipelined,
-                             operands=operands, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias, STORE_STATS=save_stats)
+    # aligned_row addresses rows from N (no row strides) and takes ALIGN.
+    aligned = {"ALIGN": skeleton.alignment(spec)} if variant == "aligned_row" else {}
+    return skeleton.launcher(kernel, spec, config, strides=0 if aligned else 2, scalars=skeleton.eps_of(spec),
+                             pipelined=pipelined, operands=operands, HAS_WEIGHT=has_weight, HAS_BIAS=has_bias,
+                             STORE_STATS=save_stats, **aligned)
 
 
 def _variant(name: str, summary: str) -> Variant:
@@ -497,6 +552,8 @@ class LayerNorm(OpFamily):
         _variant("multi_row", "ROWS rows per program as one [ROWS, BLOCK_N] block (narrow rows)"),
         _variant("persistent",
                  "whole rows in registers, a fixed grid of programs striding over the rows, parameters loaded once"),
+        _variant("aligned_row", "two_pass with each row's 16-byte-aligned body apart from its head and tail, for "
+                 "widths whose rows Triton cannot prove aligned"),
     )
 
     # ---- specs -----------------------------------------------------------------------------------
