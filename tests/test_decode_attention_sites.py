@@ -95,7 +95,7 @@ def test_hf_static_cache_attention_is_a_site_per_layer(hf_llama):
     assert len(sites[0].region) == 7
 
 
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("batch", [1, pytest.param(3, marks=pytest.mark.slow)])  # ~25 s each
 def test_hf_decoding_with_the_served_kernel_gives_eager_tokens_and_logits(hf_llama, tmp_path, monkeypatch, batch):
     ids = torch.randint(0, 128, (batch, 5), generator=torch.Generator().manual_seed(2))
     eager_tokens, eager_logits = decode_steps(hf_llama, hf_llama, ids, 4)
@@ -119,6 +119,7 @@ def test_hf_decoding_with_the_served_kernel_gives_eager_tokens_and_logits(hf_lla
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # ~20-25 s: a compile and two interpreted steps
 def test_hf_cache_position_past_the_end_fails_as_eager_does(hf_llama, tmp_path, monkeypatch):
     """The cache write before the attention refuses a position past the cache, served or not: the
     kernel never attends a cache that does not hold the token."""
