@@ -22,16 +22,23 @@ then None.** Without labels, in eval mode, under ``torch.no_grad()``, with ``log
 (logits returned). ``skip_logits=True`` forces the fused loss (labels required), also in eval mode
 (without autograd it runs the forward-only ``linear_cross_entropy`` family).
 
-Which kernels. The first call of each shape looks up the stored winner of the family's workload
+Which kernels. The first call of each shape (per process and set of options: models patched
+alike share their resolutions) looks up the stored winner of the family's workload
 (tuning it now within ``budget`` evaluations when ``tune=True``) and checks it on fresh inputs
 against the float64 reference, as the compile backend does for its sites; the call then carries
 that decision into ``kernelsmith::kernel`` (a ``torch.library`` custom op, so the same code runs
 eagerly and under ``torch.compile``, whose graph keeps the op opaque). Where no kernel wins (or
 the tensors are CPU tensors outside the interpreter) the op runs its PyTorch reference: the same
 loss, computed with the logits (no memory saved), which the log says once per shape. Under
-``torch.compile`` the first trace of a shape resolves outside the graph (a graph break at that
-call), and the recompile that follows holds one graph. Sizes are specialized (one decision per
-token count).
+``torch.compile`` the resolution runs while Dynamo traces (``torch.compiler.assume_constant_result``:
+it takes shapes and dtypes, never tensor data, and its result, the decisions string, is a constant
+of the graph), so the forward stays one graph. Sizes are specialized (one decision per token
+count). The targets are not checked against the vocabulary on the host (a check would synchronize
+every step): a label outside ``[0, V)`` that is not ``ignore_index`` makes the loss NaN, where
+Hugging Face's forward raises.
+
+Why no variant that writes bf16 logits as well: it would save only their float32 copies and add
+a ``(tokens x vocabulary)`` write; a caller who needs the logits runs the model's own forward.
 
 Which models. Only forwards this module knows: a class from ``transformers`` named in
 :data:`KNOWN_CLASSES` whose ``forward`` is that class's own (not patched by another library, not
@@ -75,7 +82,7 @@ _ATTRIBUTE = "_kernelsmith_lm_loss"  # the instance attribute holding the patch'
 # ---------------------------------------------------------------------------------------------
 
 
-def _known_class(model: nn.Module) -> type | None:
+def _known_class(model: nn.Module) -> type[nn.Module] | None:
     for cls in type(model).__mro__:
         if cls.__name__ in KNOWN_CLASSES and cls.__module__.startswith("transformers."):
             return cls
@@ -195,47 +202,44 @@ def causal_lm_loss(
 # ---------------------------------------------------------------------------------------------
 
 
+Meta = tuple[tuple[int, ...], str]  # an input's shape and dtype name ("torch.bfloat16")
+
+
 class _Decisions:
-    """The decisions string each ``(op, shapes, dtypes, constants)`` call carries: the stored
-    (or freshly tuned) winner, checked on fresh inputs, or "" where the op's reference runs."""
+    """The decisions string each ``(op, shapes, dtypes, device, constants)`` call carries: the
+    stored (or freshly tuned) winner, checked on fresh inputs, or "" where the op's reference runs.
+    One per set of options (:data:`_SHARED`), so that a traced call can name it by constants."""
 
     def __init__(self, db: Any, tune: bool, budget: int, strategy: str) -> None:
         self.db, self.tune, self.budget, self.strategy = db, tune, budget, strategy
+        self.options = (str(db), tune, budget, strategy)
         self.found: dict[str, str] = {}
         self.reasons: dict[str, str] = {}  # key -> why the reference runs there
 
-    @staticmethod
-    def key(inputs: list[torch.Tensor], op: str, constants: str) -> str:
-        shapes = ";".join("x".join(str(int(s)) for s in t.shape) + ":" + str(t.dtype) + ":" + t.device.type
-                          for t in inputs)  # fmt: skip
-        return op + "|" + shapes + "|" + constants
-
-    def __call__(self, inputs: list[torch.Tensor], op: str, constants: str) -> str:
-        key = self.key(inputs, op, constants)
-        found = self.found.get(key)
-        if found is None:
-            found = _resolve_outside_graph(self, key, inputs, op, constants)
-        return found
-
-    def resolve(self, key: str, inputs: list[torch.Tensor], op: str, constants: str) -> str:
+    def resolve(self, op: str, constants: str, metas: tuple[Meta, ...], device: torch.device) -> str:
         from kernelsmith import dispatch
         from kernelsmith.frontends._backend_resolve import _Resolver
         from kernelsmith.ops import UnsupportedWorkload, get_op
 
-        mode = dispatch.mode_for(inputs)
+        key = _key(op, constants, metas, device.type)
+        if key in self.found:
+            return self.found[key]
+        mode = dispatch.mode_for([torch.empty(0, device=device)])
         decisions, reason = "", ""
         if mode is None:
             reason = "not CUDA tensors (set KERNELSMITH_INTERPRET=1 to run kernels on the CPU)"
         else:
             family = get_op(op)
+            # Meta tensors: the spec needs shapes and dtypes only (and a traced call has no data).
+            inputs = [torch.empty(shape, dtype=getattr(torch, dtype.split(".")[-1]), device="meta")
+                      for shape, dtype in metas]  # fmt: skip
             try:
                 spec = family.spec_for(*inputs, **json.loads(constants))
             except UnsupportedWorkload as exc:
                 spec, reason = None, str(exc)
             if spec is not None:
-                found = _Resolver(self.db, self.tune, self.budget, self.strategy)._resolve_workload(
-                    family, spec, mode, inputs[0].device
-                )
+                resolver = _Resolver(self.db, self.tune, self.budget, self.strategy)
+                found = resolver._resolve_workload(family, spec, mode, device)
                 if isinstance(found[0], str):
                     reason = f"{found[0]}: {found[1]}"
                 else:
@@ -256,10 +260,20 @@ _SHARED: dict[tuple[str, bool, int, str], _Decisions] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-@torch.compiler.disable
-def _resolve_outside_graph(decisions: _Decisions, key: str, inputs: list[torch.Tensor], op: str, constants: str) -> str:
-    """:meth:`_Decisions.resolve`, never traced (database, tuning workers, a check on fresh inputs)."""
-    return decisions.resolve(key, inputs, op, constants)
+def _key(op: str, constants: str, metas: tuple[Meta, ...], device_type: str) -> str:
+    """A call's resolution key (plain string joins: it is computed inside traced code too)."""
+    shapes = ";".join("x".join(str(s) for s in shape) + ":" + dtype for shape, dtype in metas)
+    return op + "|" + shapes + "|" + device_type + "|" + constants
+
+
+@torch.compiler.assume_constant_result
+def _resolved(options: tuple[str, bool, int, str], op: str, constants: str, metas: tuple[Meta, ...],
+              device_type: str, device_index: int | None) -> str:  # fmt: skip
+    """:meth:`_Decisions.resolve` for the options' resolutions. Its arguments are constants and
+    its result is one too: Dynamo runs it while tracing (database, tuning workers, a check on fresh
+    inputs: never traced) and puts the string in the graph, so no graph break."""
+    device = torch.device(device_type, device_index) if device_index is not None else torch.device(device_type)
+    return _SHARED[options].resolve(op, constants, metas, device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,6 +292,14 @@ class _Patch:
         self.decisions = decisions
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         self.logged: set[str] = set()
+        self.used: set[str] = set()  # the resolution keys of this model's calls
+
+    def carried(self, inputs: list[torch.Tensor], op: str, constants: str) -> str:
+        """The decisions this call carries (resolved once per key, shared with models patched alike)."""
+        metas = tuple((tuple(int(s) for s in t.shape), str(t.dtype)) for t in inputs)
+        device = inputs[0].device
+        self.used.add(_key(op, constants, metas, device.type))
+        return _resolved(self.decisions.options, op, constants, metas, device.type, device.index)
 
     def _unchanged(self, why: str) -> None:
         if why not in self.logged:
@@ -305,13 +327,14 @@ class _Patch:
             return self.original(*args, **kwargs)
         return_dict = arguments.pop("return_dict", None)  # (the base model's output is read by name)
         arguments.pop("labels", None)
-        outputs = model.model(**arguments)
-        head = model.lm_head
+        base: Any = model.model  # (checked by refusal(): a module, and an nn.Linear head)
+        head: Any = model.lm_head
+        outputs = base(**arguments)
         loss = causal_lm_loss(
             outputs.last_hidden_state, head.weight, labels, bias=head.bias, softcap=self.softcap,
             num_items_in_batch=arguments.get("num_items_in_batch"),
             ignore_index=arguments.get("ignore_index", IGNORE_INDEX), shift_labels=shift_labels,
-            decisions=self.decisions,
+            decisions=self.carried,
         )  # fmt: skip
         from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -366,11 +389,12 @@ def unfuse_lm_loss(model: nn.Module) -> nn.Module:
 
 
 def fallback_reasons(model: nn.Module) -> dict[str, str]:
-    """Per call shape resolved with this model's options (shared by the models patched with the
-    same options in this process), why the loss ran the op's PyTorch reference (with the logits)
-    instead of a kernel; empty when every shape has a kernel (or nothing ran yet)."""
+    """Per call shape of this model's, why its loss ran the op's PyTorch reference (with the
+    logits) instead of a kernel; empty when every shape has a kernel (or nothing ran yet)."""
     patch = getattr(model, _ATTRIBUTE, None)
-    return dict(patch.decisions.reasons) if patch is not None else {}
+    if patch is None:
+        return {}
+    return {key: why for key, why in patch.decisions.reasons.items() if key in patch.used}
 
 
 __all__ = [
