@@ -95,7 +95,7 @@ def test_hf_generate_reduce_overhead_with_decode_attention_gives_eager_tokens(tm
     torch._dynamo.reset()
     decode.hf_generate(model, ids, mask, 2, "kernelsmith", probe)
     attention = [s for s in probe.sites if s.op == "decode_attention"]
-    assert [s.spec.const("cache") for s in attention] == ["masked", "masked"]  # generate()'s prepared mask
+    assert attention and {s.spec.const("cache") for s in attention} == {"masked"}  # generate()'s prepared mask
     store_kernel_decisions(db, [s.spec for s in probe.sites], mode="gpu")
     backend = decode.kernelsmith_backend(db=db, compare=False)
     report = decode.verify_decode(model, batch=2, prompt_len=12, new_tokens=16, ragged=True,
