@@ -113,9 +113,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
+from kernelsmith.ops import _layernorm_kernels
 from kernelsmith.ops import _rowwise as skeleton
 from kernelsmith.ops._base import (
     Launcher,
@@ -127,6 +126,13 @@ from kernelsmith.ops._base import (
     generator,
     rows_and_width,
 )
+from kernelsmith.ops._layernorm_kernels import (
+    _layernorm_aligned_row_kernel,
+    _layernorm_multi_row_kernel,
+    _layernorm_persistent_kernel,
+    _layernorm_two_pass_kernel,
+    _layernorm_welford_kernel,
+)
 from kernelsmith.space import Config, Constraint, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
@@ -134,283 +140,7 @@ DEFAULT_EPS = 1e-5  # torch.nn.LayerNorm's default
 AFFINE = ("weight_bias", "weight", "none")  # which of weight and bias the op applies
 AFFINE_PARAMS = {"weight_bias": 2, "weight": 1, "none": 0}  # how many parameter tensors follow x
 
-# =================================================================================================
-# Kernels
-#
-# x and y are (rows, N) matrices with unit column stride; their row strides are passed
-# explicitly. weight and bias are contiguous (N,) vectors. mean_ptr and rstd_ptr are float32
-# (rows,) vectors, written only when STORE_STATS is set (otherwise they are placeholders).
-# =================================================================================================
-
-
-@triton.jit
-def _affine(xhat, w_ptr, b_ptr, cols, mask, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """xhat * weight[cols] + bias[cols] in float32, each part only when the op has it.
-
-    ``cols`` and ``mask`` have the shape the parameters should broadcast as (``[BLOCK_N]`` for
-    one row, ``[1, BLOCK_N]`` for a block of rows)."""
-    y = xhat
-    if HAS_WEIGHT:
-        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    return y
-
-
-@triton.jit
-def _layernorm_two_pass_kernel(
-    x_ptr,
-    w_ptr,
-    b_ptr,
-    y_ptr,
-    mean_ptr,
-    rstd_ptr,
-    x_row_stride,
-    y_row_stride,
-    N,
-    eps,
-    BLOCK_N: tl.constexpr,  # next_power_of_two(N): the whole row in one block
-    EVICT_X: tl.constexpr,  # "" or "evict_first": x is read once, so it need not stay in L2
-    HAS_WEIGHT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    STORE_STATS: tl.constexpr,
-):
-    """One program normalises one row held entirely in registers (BLOCK_N >= N)."""
-    row = tl.program_id(0).to(tl.int64)  # 64-bit, so that row * stride cannot overflow
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < N
-
-    x_row = x_ptr + row * x_row_stride
-    x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy=EVICT_X).to(tl.float32)
-    # Shift the row by its first element (see the module docstring): d = x - x[0], with the
-    # padding lanes zeroed so that they add nothing to the sums below.
-    shift = tl.load(x_row).to(tl.float32)
-    d = tl.where(mask, x - shift, 0.0)
-    # Pass 1 (over registers): the mean of the N real elements (divide by N, not BLOCK_N).
-    mean_d = tl.sum(d, axis=0) / N
-    # Pass 2: the variance of the centred values, sum((x - mean)^2) / N: they are small even
-    # when the mean is large, so nothing cancels. (Padding lanes re-zeroed: -mean_d there.)
-    xc = tl.where(mask, d - mean_d, 0.0)
-    rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / N + eps)
-
-    y = _affine(xc * rstd, w_ptr, b_ptr, cols, mask, HAS_WEIGHT, HAS_BIAS)  # float32, rounded once
-    tl.store(y_ptr + row * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-    if STORE_STATS:
-        tl.store(mean_ptr + row, shift + mean_d)
-        tl.store(rstd_ptr + row, rstd)
-
-
-@triton.jit
-def _layernorm_aligned_row_kernel(
-    x_ptr,
-    w_ptr,
-    b_ptr,
-    y_ptr,
-    mean_ptr,
-    rstd_ptr,
-    N,
-    eps,
-    BLOCK_N: tl.constexpr,
-    EVICT_X: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    STORE_STATS: tl.constexpr,
-    ALIGN: tl.constexpr,  # elements in 16 bytes
-):
-    """two_pass on a row cut into an aligned body and a head and tail (``skeleton.row_pieces``),
-    so that the body's loads and stores are 16-byte vectors whatever the width: the same shift,
-    mean and centred variance, each a sum over both pieces."""
-    row = tl.program_id(0).to(tl.int64)
-    row_start = row * N
-    body, body_mask, edge, edge_mask = skeleton.row_pieces(row_start, N, 0, BLOCK_N, ALIGN)
-    shift = tl.load(x_ptr + row_start).to(tl.float32)
-    x = tl.load(x_ptr + body, mask=body_mask, other=0.0, eviction_policy=EVICT_X).to(tl.float32)
-    x_edge = tl.load(x_ptr + edge, mask=edge_mask, other=0.0).to(tl.float32)
-    d = tl.where(body_mask, x - shift, 0.0)
-    d_edge = tl.where(edge_mask, x_edge - shift, 0.0)
-    mean_d = (tl.sum(d, axis=0) + tl.sum(d_edge, axis=0)) / N
-    xc = tl.where(body_mask, d - mean_d, 0.0)
-    xc_edge = tl.where(edge_mask, d_edge - mean_d, 0.0)
-    rstd = tl.rsqrt((tl.sum(xc * xc, axis=0) + tl.sum(xc_edge * xc_edge, axis=0)) / N + eps)
-    y = _affine(xc * rstd, w_ptr, b_ptr, body - row_start, body_mask, HAS_WEIGHT, HAS_BIAS)
-    tl.store(y_ptr + body, y.to(y_ptr.dtype.element_ty), mask=body_mask)
-    y_edge = _affine(xc_edge * rstd, w_ptr, b_ptr, edge - row_start, edge_mask, HAS_WEIGHT, HAS_BIAS)
-    tl.store(y_ptr + edge, y_edge.to(y_ptr.dtype.element_ty), mask=edge_mask)
-    if STORE_STATS:
-        tl.store(mean_ptr + row, shift + mean_d)
-        tl.store(rstd_ptr + row, rstd)
-
-
-@triton.jit
-def _layernorm_welford_kernel(
-    x_ptr,
-    w_ptr,
-    b_ptr,
-    y_ptr,
-    mean_ptr,
-    rstd_ptr,
-    x_row_stride,
-    y_row_stride,
-    N,
-    eps,
-    BLOCK_N: tl.constexpr,  # columns per loop step; N need not be a multiple of it
-    NUM_STAGES: tl.constexpr,  # software-pipelining depth of both loops (1: none)
-    HAS_WEIGHT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    STORE_STATS: tl.constexpr,
-):
-    """One program normalises one row: a Welford pass for the statistics, then a normalising
-    pass, both over column blocks of BLOCK_N."""
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * x_row_stride
-    y_row = y_ptr + row * y_row_stride
-    cols = tl.arange(0, BLOCK_N)
-
-    # The statistics are those of d = x - x[0], the row shifted by its first element (see the
-    # module docstring); the variance is the same, the mean is x[0] + mean(d).
-    shift = tl.load(x_row).to(tl.float32)
-
-    # Pass 1: lane j sees columns j, j + BLOCK_N, j + 2 * BLOCK_N, ... and keeps Welford's
-    # running statistics of their d values:
-    #     n     <- n + 1
-    #     delta  = d - mean
-    #     mean  <- mean + delta / n
-    #     M2    <- M2 + delta * (d - mean_new)     (M2 = sum of squared deviations from the mean)
-    # A lane is masked only in the last block (the row's tail), so every lane still running has
-    # seen exactly one value a block: n is the block count, the same for all lanes, and 1 / n is
-    # one scalar division a block rather than one a value.
-    lane_mean = tl.zeros([BLOCK_N], dtype=tl.float32)
-    lane_m2 = tl.zeros([BLOCK_N], dtype=tl.float32)
-    blocks = tl.full([], 0.0, tl.float32)
-    for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
-        offs = start + cols
-        mask = offs < N
-        d = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) - shift
-        blocks += 1.0
-        delta = d - lane_mean
-        updated_mean = lane_mean + delta * (1.0 / blocks)
-        lane_m2 = tl.where(mask, lane_m2 + delta * (d - updated_mean), lane_m2)
-        lane_mean = tl.where(mask, updated_mean, lane_mean)
-
-    # Merge the lanes (Chan, Golub & LeVeque): with n_j values in lane j,
-    #     mean = sum_j n_j * mean_j / N
-    #     M2   = sum_j M2_j + sum_j n_j * (mean_j - mean)^2
-    # (the pairwise update M2_a + M2_b + delta^2 n_a n_b / n, applied to all lanes at once).
-    # Both sums are of same-signed terms, so again nothing cancels. Lane j holds N // BLOCK_N
-    # values, plus one if it is among the first N % BLOCK_N lanes; lanes that saw nothing (n_j =
-    # 0, when N < BLOCK_N) contribute nothing.
-    full_blocks = N // BLOCK_N
-    lane_n = (full_blocks + (cols < N - full_blocks * BLOCK_N).to(tl.int32)).to(tl.float32)
-    mean_d = tl.sum(lane_n * lane_mean, axis=0) / N
-    spread = lane_mean - mean_d
-    m2 = tl.sum(lane_m2, axis=0) + tl.sum(lane_n * spread * spread, axis=0)
-    rstd = tl.rsqrt(m2 / N + eps)
-
-    # Pass 2: read the row again (now mostly from L2), normalise, store.
-    for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
-        offs = start + cols
-        mask = offs < N
-        d = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) - shift
-        # (Padding lanes are zeroed: their value could overflow float16, harmless but noisy.)
-        xhat = tl.where(mask, d - mean_d, 0.0) * rstd
-        y = _affine(xhat, w_ptr, b_ptr, offs, mask, HAS_WEIGHT, HAS_BIAS)
-        tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-    if STORE_STATS:
-        tl.store(mean_ptr + row, shift + mean_d)
-        tl.store(rstd_ptr + row, rstd)
-
-
-@triton.jit
-def _layernorm_multi_row_kernel(
-    x_ptr,
-    w_ptr,
-    b_ptr,
-    y_ptr,
-    mean_ptr,
-    rstd_ptr,
-    x_row_stride,
-    y_row_stride,
-    n_rows,
-    N,
-    eps,
-    ROWS: tl.constexpr,  # rows per program
-    BLOCK_N: tl.constexpr,  # next_power_of_two(N)
-    HAS_WEIGHT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    STORE_STATS: tl.constexpr,
-):
-    """One program normalises ROWS consecutive rows as a [ROWS, BLOCK_N] block."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK_N)
-    row_mask = rows < n_rows  # the last program may run past the final row
-    col_mask = cols < N
-    mask = row_mask[:, None] & col_mask[None, :]
-
-    rows64 = rows.to(tl.int64)
-    x_rows = x_ptr + rows64 * x_row_stride  # [ROWS] pointers to each row's first element
-    x = tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    # The shifted two-pass recipe of two_pass, one shift, mean and variance per row (reductions
-    # along axis 1). Rows past the end load zeros: variance 0, rstd = 1/sqrt(eps); never stored.
-    shift = tl.load(x_rows, mask=row_mask, other=0.0).to(tl.float32)
-    d = tl.where(mask, x - shift[:, None], 0.0)
-    mean_d = tl.sum(d, axis=1) / N
-    xc = tl.where(mask, d - mean_d[:, None], 0.0)
-    rstd = tl.rsqrt(tl.sum(xc * xc, axis=1) / N + eps)
-
-    # The parameters are shared by the block's rows: loaded once as [1, BLOCK_N], broadcast.
-    y = _affine(xc * rstd[:, None], w_ptr, b_ptr, cols[None, :], col_mask[None, :], HAS_WEIGHT, HAS_BIAS)
-    tl.store(y_ptr + rows64[:, None] * y_row_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
-    if STORE_STATS:
-        tl.store(mean_ptr + rows64, shift + mean_d, mask=row_mask)
-        tl.store(rstd_ptr + rows64, rstd, mask=row_mask)
-
-
-@triton.jit
-def _layernorm_persistent_kernel(
-    x_ptr,
-    w_ptr,
-    b_ptr,
-    y_ptr,
-    mean_ptr,
-    rstd_ptr,
-    x_row_stride,
-    y_row_stride,
-    n_rows,
-    N,
-    eps,
-    BLOCK_N: tl.constexpr,  # next_power_of_two(N)
-    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
-    HAS_WEIGHT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    STORE_STATS: tl.constexpr,
-):
-    """A fixed grid of programs; each loads the parameters once, then normalises rows
-    pid, pid + num_programs, pid + 2 * num_programs, ... (a grid-stride loop)."""
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < N
-    if HAS_WEIGHT:
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-
-    for row in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
-        row64 = tl.cast(row, tl.int64)  # (tl.cast: in the interpreter, row is a Python int)
-        x_row = x_ptr + row64 * x_row_stride
-        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-        shift = tl.load(x_row).to(tl.float32)  # the shifted two-pass recipe of two_pass
-        d = tl.where(mask, x - shift, 0.0)
-        mean_d = tl.sum(d, axis=0) / N
-        xc = tl.where(mask, d - mean_d, 0.0)
-        rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / N + eps)
-        y = xc * rstd
-        if HAS_WEIGHT:
-            y = y * w
-        if HAS_BIAS:
-            y = y + b
-        tl.store(y_ptr + row64 * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-        if STORE_STATS:
-            tl.store(mean_ptr + row64, shift + mean_d)
-            tl.store(rstd_ptr + row64, rstd)
+# The kernels are in kernelsmith.ops._layernorm_kernels.
 
 
 # =================================================================================================
@@ -505,7 +235,8 @@ def _variant(name: str, summary: str) -> Variant:
     def build(spec: OpSpec, config: Config) -> Launcher:
         return _launcher(name, spec, config, save_stats=False)
 
-    return Variant(name, summary, _KERNELS[name][1], build, modules=(skeleton.__name__,))
+    # The source hash covers the kernels' module and the skeleton's as well as this one.
+    return Variant(name, summary, _KERNELS[name][1], build, modules=(skeleton.__name__, _layernorm_kernels.__name__))
 
 
 # ---- with statistics (for a training forward and the backward) -----------------------------------
