@@ -176,7 +176,9 @@ def causal_lm_loss(
         if labels is None:
             raise ValueError("causal_lm_loss needs labels or shift_labels")
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
-    h = hidden.reshape(-1, hidden.shape[-1]).contiguous()
+    # The op takes h in W's dtype (F.linear would refuse a mix outside autocast; under autocast
+    # the hidden states and a float32 head are both float32).
+    h = hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype).contiguous()
     target = shift_labels.reshape(-1).to(device=h.device, dtype=torch.int64).contiguous()
     reduction = "sum" if num_items_in_batch is not None else "mean"
     constants = constants_json(int(ignore_index), reduction, softcap)
