@@ -24,10 +24,13 @@ pytestmark = pytest.mark.gpu
 SIZES = {"hidden": 256, "intermediate": 704, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 1000}
 
 
-@pytest.mark.parametrize("epilogue", ["none", "residual", "swiglu"])
-def test_every_decode_matmul_variant_launches_inside_a_capture(epilogue):
+@pytest.mark.parametrize(("epilogue", "prologue"), [
+    ("none", "none"), ("residual", "none"), ("swiglu", "none"),
+    ("none", "rmsnorm"), ("swiglu", "rmsnorm"),  # the backend's RMSNorm prologues: q, k, v; gate/up
+])  # fmt: skip
+def test_every_decode_matmul_variant_launches_inside_a_capture(epilogue, prologue):
     family = get_op("decode_matmul")
-    spec = family.spec((2, 768, 512), "bf16", epilogue=epilogue)
+    spec = family.spec((2, 768, 512), "bf16", epilogue=epilogue, prologue=prologue)
     bucket = family.bucket(spec)
     for variant in family.variants:
         configs = variant.space(bucket).configs()
@@ -67,7 +70,10 @@ def test_a_captured_kernelsmith_step_replays_what_eager_computes(tmp_path):
     valid = torch.ones(batch, cache, dtype=torch.bool, device="cuda")
     inputs = (torch.tensor([[7], [9]], device="cuda"), torch.tensor([40], device="cuda"), valid)
     db = str(tmp_path / "k.db")
-    store_kernel_decisions(db, [s.spec for s in _sites(decoder, inputs)], mode="gpu")
+    sites = _sites(decoder, inputs)
+    # q, k, v, gate/up and the LM head recompute their norm in the prologue (2 layers: 2 x 4 + 1)
+    assert [s.spec.constants.get("prologue") for s in sites].count("rmsnorm") == 9
+    store_kernel_decisions(db, [s.spec for s in sites], mode="gpu")
     torch._dynamo.reset()
     backend = decode.kernelsmith_backend(db=db, compare=False)
     with torch.no_grad():
@@ -109,4 +115,6 @@ def test_hf_generate_reduce_overhead_with_decode_kernels_gives_eager_tokens(tmp_
                                   variants=("eager", "kernelsmith"), backend=backend)  # fmt: skip
     assert report.ok, report.to_dict()
     assert {s.status for s in backend.sites if s.op == "decode_matmul"} == {"replaced"}
+    # q, k, v and gate/up of both layers took their norm in the prologue (the final norm stays)
+    assert [s.spec.constants.get("prologue") for s in backend.sites].count("rmsnorm") == 8
     assert report.rows[1].tokens_per_s and report.copy_gbps
