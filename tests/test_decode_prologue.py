@@ -151,6 +151,19 @@ def test_prefill_rows_fold_nothing():
     assert [s.op for s in sites] == ["rmsnorm"]
 
 
+def test_a_norm_the_rmsnorm_pattern_refuses_is_not_folded():
+    """``mean(-1)`` then ``unsqueeze`` (no keepdim) is refused by the rmsnorm pattern: nothing
+    to recompute, so the product is served without a prologue and the norm's nodes stay."""
+    weight, q = 1 + 0.1 * torch.randn(HIDDEN), nn.Linear(HIDDEN, 16, bias=False)
+
+    def fn(x):
+        return q(x * torch.rsqrt(x.pow(2).mean(-1).unsqueeze(-1) + 1e-6) * weight)
+
+    sites = decode_sites(fn, torch.randn(1, HIDDEN))
+    assert prologues(sites) == [("none", "none")] and [s.op for s in sites] == ["decode_matmul"]
+    assert not sites[0].prologue
+
+
 def test_gemma_s_offset_norm_is_not_folded():
     """The decode prologue has no weight offset: Gemma's norm stays an rmsnorm site (with its
     offset) and the projections are served without a prologue."""
