@@ -55,10 +55,15 @@ from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Varia
 from kernelsmith.ops._cross_entropy_kernels import _ce_row_loss
 from kernelsmith.ops._cross_entropy_launch import CROSS_ENTROPY_MODULES, _checked, _reducer
 from kernelsmith.ops._launch import direct_launch
+from kernelsmith.ops._matmul_kernels import INTERPRETED, _dot
 from kernelsmith.ops.cross_entropy import _checked_constants
-from kernelsmith.ops.matmul import INTERPRETED, _dot
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
+
+# What the variants' source hash covers besides this module: the cross-entropy row kernels and
+# launchers they reuse and matmul's product helper (_dot) their tiles call, so that a change in
+# any of them invalidates stored decisions (the backward and fused families add this module).
+LCE_MODULES = (*CROSS_ENTROPY_MODULES, "kernelsmith.ops._matmul_kernels")
 
 NAME = "linear_cross_entropy"
 
@@ -538,7 +543,7 @@ class LinearCrossEntropy(OpFamily):
             "(logits stay in registers), SPLITS programs per row block, then a combine",
             _online_lse_space,
             _online_lse_build,
-            modules=CROSS_ENTROPY_MODULES,
+            modules=LCE_MODULES,
         ),
     )
 

@@ -69,16 +69,13 @@ from kernelsmith.ops._cross_entropy_kernels import _ceb_mean_scale_kernel, _ceb_
 from kernelsmith.ops._cross_entropy_launch import (
     _REDUCE_BLOCK,
     _SCALE_PER_ROW,
-    CROSS_ENTROPY_MODULES,
     _checked,
     _reducer,
     scale_mode,
 )
 from kernelsmith.ops._launch import direct_launch
 from kernelsmith.ops.linear_cross_entropy import (
-    OP as _FORWARD,
-)
-from kernelsmith.ops.linear_cross_entropy import (
+    LCE_MODULES,
     TILE_M,
     command_line_spec,
     constants_of,
@@ -96,6 +93,9 @@ from kernelsmith.ops.linear_cross_entropy import (
     tile_constraints,
     tile_flags,
     tile_params,
+)
+from kernelsmith.ops.linear_cross_entropy import (
+    OP as _FORWARD,
 )
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec
@@ -310,7 +310,7 @@ _VARIANTS = (
         "then dh = g @ W and dW (+)= g.T @ h (db from the same tiles)",
         _chunked_space,
         _chunked_build,
-        modules=CROSS_ENTROPY_MODULES,
+        modules=(*LCE_MODULES, "kernelsmith.ops.linear_cross_entropy"),
     ),
 )
 
