@@ -357,6 +357,8 @@ def _decode_sites(
     norms: dict[fx.Node, Site] = {}  # RMSNorms whose every user is a decode projection: prologue candidates
     for x in decode.prologue_norms(gm, taken):
         for region in reversed(_levels(x, taken)):
+            if not any(_target_name(n) in _CHARACTERISTIC for n in region):
+                break  # nor will a smaller region hold a norm
             norm = _recognize_region(gm, x, region, nodes, order, {"rmsnorm"}, generators)
             if norm is not None:
                 norms[x] = norm
