@@ -56,6 +56,14 @@ prologue has no weight offset). A residual add before the norm (``h = a + b; rms
 ``add_rmsnorm`` folds elsewhere) stays a node of the graph: its sum is the next residual, so only
 the norm is folded, and the projections read ``h``.
 
+Two fusions of the family are not matched here. Gemma's norm would need a ``weight_offset`` in
+the prologue (the rmsnorm family has one, the decode kernels do not). RoPE in the epilogue
+(``epilogue="rope"``, ``rope=(heads, kv_heads)``) rotates a *fused* QKV output of ``(heads + 2
+kv_heads) x D`` columns (Phi-3's ``qkv_proj``); Llama's separate q and k projections are no such
+output (``kv_heads`` must be positive and the columns must split so), and matching Phi-3's split,
+views and ``apply_rotary_pos_emb`` would take a site whose kernel replaces the product and whose
+rotated q and k are then read through the graph's own slices: not built yet.
+
 The backend then checks each region exactly as it checks its other sites (the region run on
 random inputs through :func:`~kernelsmith.frontends.recognize.recognize`, its output compared
 with the family's reference) and serves it only where a stored decision says the kernel wins.
