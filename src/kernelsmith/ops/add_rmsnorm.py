@@ -498,7 +498,8 @@ class AddRMSNorm(OpFamily):
                  "for widths whose rows Triton cannot prove aligned", _aligned_row_space,
                  _add_rmsnorm_aligned_row_kernel, strides=0, constexprs_of=_aligned),
         Variant("split_row", "(row, chunk) programs: h stored and chunk sums of squares, then each chunk's y from "
-                "h; for wide rows and few rows", _split_row_space, _split_row_build, modules=(skeleton.__name__,)),
+                "h; for wide rows and few rows", _split_row_space, _split_row_build,
+                modules=(skeleton.__name__, "kernelsmith.ops.rmsnorm")),  # split_row runs rmsnorm's _scaled
     )
 
     # ---- specs -------------------------------------------------------------------------------

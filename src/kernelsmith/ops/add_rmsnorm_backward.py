@@ -266,9 +266,9 @@ def _looped_build(spec: OpSpec, config: Config) -> Launcher:
 # ---------------------------------------------------------------------------------------------
 
 
-# The variants also run rmsnorm_backward's looped statistics kernel and space, and the skeleton's
-# spaces and share sum: their source hashes cover those modules too.
-_MODULES = ("kernelsmith.ops.rmsnorm_backward", "kernelsmith.ops._rowwise")
+# The variants also run rmsnorm_backward's looped statistics kernel and space, add_rmsnorm's _to_storage
+# (the rounding of the stores) and the skeleton's spaces and share sum: their hashes cover those modules.
+_MODULES = ("kernelsmith.ops.rmsnorm_backward", "kernelsmith.ops._rowwise", "kernelsmith.ops.add_rmsnorm")
 
 
 class AddRMSNormBackward(OpFamily):
