@@ -8,7 +8,9 @@ Each numbered rule of DESIGN.md ("The harness must be impossible to fool") maps 
    are ``torch.empty``); every run is paired with one on fresh random values, so an element never
    written cannot hold the right answer in both. The references are computed before the
    candidate runs, from clones of the inputs.
-2. Inputs are compared bit for bit with their clones after the run.
+2. Inputs are compared bit for bit with their clones after the run; the few a family declares
+   written (a decode step's KV cache, :meth:`OpFamily.written_inputs`) with the state its
+   :meth:`OpFamily.reference_written` gives, computed before the candidate runs.
 3. Tolerances scale with the reference, and *canaries* (zeros, a constant, the input itself)
    must fail the same tolerance on the same data, else the check could not tell them apart.
 4. Every run draws a fresh secret seed; several shapes (the target and tails such as 1 and an
@@ -395,11 +397,65 @@ def _canary_problem(
     return None
 
 
+def expected_inputs(op: OpFamily | None, spec: OpSpec | None, before: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Rule 2: every input's state after a correct call, from clones ``before`` of the state before it.
+
+    An input is expected unchanged (its clone), except those the *family* declares written
+    (:meth:`OpFamily.written_inputs`), whose state is the family's :meth:`OpFamily.reference_written`.
+    Asked of the family in the worker before the candidate runs: nothing a candidate does can
+    widen the declaration or change the expectation of its own call.
+    """
+    expected = list(before)
+    written = op.written_inputs(spec) if op is not None and spec is not None else ()
+    if written:
+        states = op.reference_written(spec, before)  # type: ignore[union-attr, arg-type]
+        if len(states) != len(written):
+            raise ValueError(f"{op.name}: reference_written gave {len(states)} tensors for inputs {written}")  # type: ignore[union-attr]
+        for i, state in zip(written, states, strict=True):
+            expected[i] = state
+    return expected
+
+
+def input_problem(
+    inputs: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], written: Sequence[int] = ()
+) -> tuple[str, str] | None:
+    """None when every input is bit for bit in its expected state, else (failure kind, message).
+
+    An input the op does not write that changed is a "cheat" (rule 2), checked first; a written
+    one left in the wrong state is a wrong answer ("validate"): a row stored elsewhere or wrongly,
+    or one the op must write left stale.
+    """
+    order = [i for i in range(len(inputs)) if i not in written] + [i for i in written]
+    for i in order:
+        t, want = inputs[i], expected[i]
+        if torch.equal(_bits(t), _bits(want)):
+            continue
+        if i not in written:
+            return "cheat", f"the candidate modified its inputs (input {i}, which the op does not write)"
+        wrong = int((_bits(t) != _bits(want)).sum())
+        return "validate", (f"the candidate left input {i}, which the op writes, wrong in {wrong} elements "
+                            "(a row written elsewhere or wrongly, or one it must write left stale)")  # fmt: skip
+    return None
+
+
 def run_checked(
-    launcher: Launcher, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor], synchronize: Callable[[], None]
+    launcher: Launcher,
+    inputs: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
+    synchronize: Callable[[], None],
+    op: OpFamily | None = None,
+    spec: OpSpec | None = None,
 ) -> None:
-    """One candidate call under the rule 2, 6, 7 and 10 checks; raises Rejected."""
-    clones = [t.clone() for t in inputs]
+    """One candidate call under the rule 2, 6, 7 and 10 checks; raises Rejected.
+
+    With ``op`` and ``spec``, the inputs the family declares written must be left in the state its
+    :meth:`~OpFamily.reference_written` gives from their state before *this* call (so a repeated
+    call on the same inputs is checked against the same state, the write being idempotent);
+    without them, or for a family that writes nothing, every input must be left unchanged.
+    A wrong written input is a "validate" failure (a wrong answer), any other change a "cheat".
+    """
+    written = op.written_inputs(spec) if op is not None and spec is not None else ()
+    clones = expected_inputs(op, spec, [t.clone() for t in inputs])
     snapshots = [_Snapshot.of(t) for t in outputs]
     threads_before = threading.active_count()
     starts_before = _ThreadStarts.count
@@ -415,9 +471,9 @@ def run_checked(
     if watch.issued:
         ops = ", ".join(sorted(set(watch.issued)))
         raise Rejected("cheat", f"the candidate computed with PyTorch instead of its kernel: {ops}")
-    for t, clone in zip(inputs, clones, strict=True):
-        if not torch.equal(_bits(t), _bits(clone)):
-            raise Rejected("cheat", "the candidate modified its inputs")
+    problem = input_problem(inputs, clones, written)
+    if problem:
+        raise Rejected(*problem)
     for t, snap in zip(outputs, snapshots, strict=True):
         problem = snap.problem(t)
         if problem:
@@ -472,8 +528,10 @@ def validate(
             pristine = [t.clone() for t in inputs]
             refs64 = op.reference_fp64(vspec, pristine)
             lowps = op.reference(vspec, pristine)
-            run_checked(launcher, inputs, first, synchronize)
-            run_checked(launcher, inputs, second, synchronize)
+            # (a family that writes inputs writes the same rows again in the second run: the call is
+            # idempotent there, and each run is checked against the state its own start implies)
+            run_checked(launcher, inputs, first, synchronize, op, vspec)
+            run_checked(launcher, inputs, second, synchronize, op, vspec)
             where = f"{vspec.describe()} ({distribution} inputs)"
             for k, (out, out2) in enumerate(zip(first, second, strict=True)):
                 problem = _rerun_problem(out, out2, fills)

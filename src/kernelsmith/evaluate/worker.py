@@ -18,7 +18,7 @@ import logging
 import secrets
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -42,7 +42,16 @@ from kernelsmith.evaluate.protocol import (
     encode_ready,
     encode_reply,
 )
-from kernelsmith.evaluate.validate import Rejected, allocate_outputs, prefill_, run_checked, seal_harness, validate
+from kernelsmith.evaluate.validate import (
+    Rejected,
+    allocate_outputs,
+    expected_inputs,
+    input_problem,
+    prefill_,
+    run_checked,
+    seal_harness,
+    validate,
+)
 from kernelsmith.ops import get_op
 from kernelsmith.ops._base import Launcher, OpFamily
 from kernelsmith.space import Space
@@ -171,7 +180,7 @@ def _compile(
         launcher = build(vspec, config)
         inputs = [torch.empty_strided(t.shape, t.strides, dtype=t.torch_dtype, device=device).zero_()
                   for t in vspec.inputs]
-        run_checked(launcher, inputs, allocate_outputs(op, vspec, device), synchronize)
+        run_checked(launcher, inputs, allocate_outputs(op, vspec, device), synchronize, op, vspec)
 
 
 COMPILE_UNAVAILABLE = "torch.compile baseline unavailable"
@@ -202,6 +211,21 @@ def _compiled_reference(
         log.warning("%s: %s", COMPILE_UNAVAILABLE, exc)
         return None, f"{COMPILE_UNAVAILABLE}: {type(exc).__name__}: {exc}"[:200]
     return lambda tensors: compiled(*tensors), ""
+
+
+def _written_state_problem(
+    op: OpFamily, spec: OpSpec, sets: Sequence[Sequence[torch.Tensor]], pre_call: Sequence[Sequence[torch.Tensor]]
+) -> str | None:
+    """Rule 2 after timing, for a family that writes inputs: None when every input set is in the
+    state one call from its pre-call state gives (written inputs as the family's
+    ``reference_written``, the others unchanged), else what is wrong."""
+    written = op.written_inputs(spec)
+    for s, (inputs, before) in enumerate(zip(sets, pre_call, strict=True)):
+        expected = expected_inputs(op, spec, [t.clone() for t in before])
+        problem = input_problem(inputs, expected, written)
+        if problem:
+            return f"input set {s} was left in a wrong state while timing: {problem[1]}"
+    return None
 
 
 def _time(
@@ -276,10 +300,16 @@ def _time(
             first = timing.interleaved_gpu(runners, n_sets, rounds // 2, settings.warmup_ms, flusher)
         else:
             first = timing.interleaved_cpu(runners, n_sets, rounds // 2)
+        # A family that writes inputs (a KV cache) leaves them written by the first half; the
+        # refill resets them to a fresh pre-call state, which is kept to check the second half.
+        writes = op.written_inputs(spec)
+        pre_call: list[Sequence[torch.Tensor]] = []
         for k in range(n_sets):
             fresh = op.make_inputs(spec, secrets.randbits(62), distribution, device)
             for t, f in zip(sets[k], fresh, strict=True):
                 t.copy_(f)
+            if writes:
+                pre_call.append(fresh)
         prefill_(t for per_candidate in outs for out_set in per_candidate for t in out_set)
         if gpu:
             second = timing.interleaved_gpu(runners, n_sets, rounds - rounds // 2, 0.0, flusher)
@@ -287,14 +317,23 @@ def _time(
         else:
             second = timing.interleaved_cpu(runners, n_sets, rounds - rounds // 2)
         # Rule 5's check runs on the device too: inside the lock, like all device work.
+        # Written inputs: every implementation timed wrote the same rows at the same place
+        # (idempotent), so each set must now be in the one state its refill implies; which
+        # implementation broke that cannot be told apart on shared sets, so none is trusted.
+        wrong_state = _written_state_problem(op, spec, sets, pre_call) if writes else None
         for s, inputs in enumerate(sets):
+            inputs = list(pre_call[s]) if writes else inputs  # the references start from the pre-call state
             refs64, lowps = op.reference_fp64(spec, inputs), op.reference(spec, inputs)
             for i in kept:
                 for out, ref64, lowp in zip(outs[i][s], refs64, lowps, strict=True):
                     reason = errors.check_close(out, ref64, lowp, op.tolerance)
                     if reason and i not in stale:
                         stale[i] = reason
+            for i in kept:
+                if wrong_state and i not in stale:
+                    stale[i] = wrong_state
         sets.clear()  # drop every full-size tensor before handing the memory back
+        pre_call.clear()
         outs.clear()
         runners.clear()  # and the captured graphs with their memory pools
         del refs64, lowps

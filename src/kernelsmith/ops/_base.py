@@ -239,6 +239,35 @@ class OpFamily:
     def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
 
+    # ---- inputs the op writes (rule 2) -------------------------------------------------------
+    def written_inputs(self, spec: OpSpec) -> tuple[int, ...]:
+        """Indices of the inputs a call of this op writes in place; none by default.
+
+        Rule 2 rejects a candidate that changes any input, which is right for almost every op. A
+        few ops are defined by a write: a decode step stores the new token's keys and values into
+        the KV cache (Hugging Face's ``StaticCache.update``) and attends over it, and fusing the
+        two is the point of the kernel. Such a family declares the inputs here and gives their
+        state after the call in :meth:`reference_written`; the harness then compares those inputs
+        bit for bit with that state, and every other input with its clone, as before. The
+        declaration is the family's (trusted code in the worker), never a kernel file's: the
+        harness asks for it, and for the expected state, before the candidate runs.
+
+        A call must be idempotent on its written inputs (writing the same rows at the same place
+        twice leaves the same state), so that the harness's repeated runs on one input set (rule
+        9's rerun, the timing rounds, graph replays) each start from a state whose expected
+        successor is the same.
+        """
+        return ()
+
+    def reference_written(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The state of each of :meth:`written_inputs` (in that order) after one call on ``inputs``.
+
+        Computed exactly (a write is a copy, so the candidate must match it bit for bit) into new
+        tensors: ``inputs`` are the harness's clones of the state before the call and must not
+        change. Only called when :meth:`written_inputs` is not empty.
+        """
+        raise NotImplementedError(f"{self.name} declares written inputs but not their expected state")
+
     def make_inputs(
         self, spec: OpSpec, seed: int, distribution: str = "normal", device: str | torch.device = "cuda"
     ) -> tuple[torch.Tensor, ...]:
