@@ -343,15 +343,17 @@ def test_variants_are_described(op: OpFamily, sibling: OpFamily, names: tuple[st
 
 
 def real_compiler_cases() -> list[tuple[OpFamily, str, OpSpec, Config]]:
-    """Every family, layout and variant, the first and last configs of its space (the smallest
-    and largest blocks; for GELU's exact form, each erf), the dtype rotating over the families."""
+    """Every family, layout and variant at the first config of its space (the smallest blocks),
+    and GELU's exact form also at the last (the polynomial erf); the dtype rotating over the
+    families. Every kernel and constexpr branch of the skeleton and the families' math is lowered."""
     cases = []
     for i, f in enumerate(FAMILIES.values()):
         for layout in f.layouts:
             spec = f.spec((7, 241), DTYPES[i % len(DTYPES)], layout)
             for variant in f.op.variants:
                 configs = variant.space(spec).configs()
-                cases += [(f.op, variant.name, spec, c) for c in {configs[0], configs[-1]}]
+                picked = {configs[0], configs[-1]} if f.op is GELU else {configs[0]}
+                cases += [(f.op, variant.name, spec, c) for c in picked]
     return cases
 
 
