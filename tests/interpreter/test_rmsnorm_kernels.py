@@ -437,7 +437,10 @@ def test_other_weight_offsets_and_eps(device: str) -> None:
         spec = OP.spec((5, 24), "float32", eps=1e-3, weight_offset=offset)
         inputs = OP.make_inputs(spec, seed=2, device=device)
         for variant in OP.variants:
-            out, guard = run_launcher(variant.name, spec, variant.space(spec).configs()[0], inputs)
+            configs = variant.space(spec).configs()
+            if not configs:  # split_row: rows of at most 8 KB
+                continue
+            out, guard = run_launcher(variant.name, spec, configs[0], inputs)
             assert_correct(spec, inputs, out, guard, f"{variant.name} offset {offset}")
 
 
