@@ -34,12 +34,40 @@ def _group_rows(q_ptr, bh, H, Hk, q_sb, q_sh, q_ss,
 
 
 @triton.jit
-def _sequence_length(len_ptr, b, L, Q_LEN: tl.constexpr, HAS_LENGTHS: tl.constexpr):
-    """(the valid length clamped into [0, L], whether lengths[b] was out of range [Q_LEN, L])."""
-    length = tl.load(len_ptr + b).to(tl.int64) if HAS_LENGTHS else tl.cast(L, tl.int64)
-    bad = (length < Q_LEN) | (length > L)
-    length = tl.minimum(tl.maximum(length, 0), L)
+def _sequence_length(len_ptr, b, L, Q_LEN: tl.constexpr, HAS_LENGTHS: tl.constexpr, WRITE_KV: tl.constexpr):
+    """(the valid length clamped into [0, L], whether lengths[b] was out of range [Q_LEN, L]).
+
+    ``WRITE_KV``: ``len_ptr`` is the new token's cache position (one for the batch, as Hugging
+    Face's ``cache_position``); the cache holds the ``position`` past tokens before it, which is
+    the length returned, and a position outside [0, L) is bad."""
+    if WRITE_KV:
+        position = tl.load(len_ptr).to(tl.int64)
+        bad = (position < 0) | (position >= L)
+        length = tl.minimum(tl.maximum(position, 0), L)
+    else:
+        length = tl.load(len_ptr + b).to(tl.int64) if HAS_LENGTHS else tl.cast(L, tl.int64)
+        bad = (length < Q_LEN) | (length > L)
+        length = tl.minimum(tl.maximum(length, 0), L)
     return length, bad
+
+
+@triton.jit
+def _attend_new_row(q, acc, m_i, l_i, kn_ptr, vn_ptr, kn_base, vn_base, qk_scale,
+                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """The new token's own key and value (not yet in the cache: read from ``k_new``/``v_new``)
+    folded into the online softmax state of the query block. Returns (acc, m, l, k row, v row)."""
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    k = tl.load(kn_ptr + kn_base + d, mask=d_ok, other=0.0)
+    v = tl.load(vn_ptr + vn_base + d, mask=d_ok, other=0.0)
+    s = tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], 1) * qk_scale  # [BLOCK_Q]
+    m_new = tl.maximum(m_i, s)
+    alpha = tl.exp2(m_i - m_new)  # 0 for a row that saw no cached key (m_i = -inf)
+    p = tl.exp2(s - m_new)
+    l_i = l_i * alpha + p
+    pv = p.to(v.dtype).to(tl.float32)  # the value product in the cache's precision, as _attend
+    acc = acc * alpha[:, None] + pv[:, None] * v.to(tl.float32)[None, :]
+    return acc, m_new, l_i, k, v
 
 
 @triton.jit
@@ -93,17 +121,22 @@ def _attend(q, token, k_ptr, v_ptr, k_base, v_base, k_ss, v_ss, start, end, leng
 
 @triton.jit
 def _decode_attn_kernel(
-    q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, acc_ptr, ml_ptr,
+    q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, acc_ptr, ml_ptr, kn_ptr, vn_ptr,
     qk_scale, H, Hk, L, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, m_sb, m_ss, m_sl,
+    kn_sb, kn_sh, vn_sb, vn_sh,
     SPLITS: tl.constexpr, Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LENGTHS: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr, MASKED: tl.constexpr,
+    IEEE: tl.constexpr, UPCAST: tl.constexpr, MASKED: tl.constexpr, WRITE_KV: tl.constexpr = False,
 ):  # fmt: skip
     """Program (bh, split): sequence bh // Hk, key/value head bh % Hk, the split-th of SPLITS
     ranges of the sequence's length. SPLITS == 1 normalizes and stores o; otherwise the partials
     go to acc_ptr ([bh, split, row, d], float32) and ml_ptr ([2, bh, split, row]: m then l).
     ``MASKED``: len_ptr is the boolean (B, 1, Q_LEN, L) mask (batch stride m_sb), every position
-    is scanned and the mask says which each row sees."""
+    is scanned and the mask says which each row sees.
+    ``WRITE_KV`` (one new token): len_ptr is its cache position; the splits cover the cached past
+    [0, position), and the last split alone adds the new key and value (``kn_ptr``/``vn_ptr``,
+    (B, Hk, 1, D)) from registers and stores them into the cache at the position: no program
+    reads the row being written."""
     ROWS: tl.constexpr = GROUP * Q_LEN
     bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -111,7 +144,7 @@ def _decode_attn_kernel(
     kvh = bh % Hk
     q, token, r_ok, head = _group_rows(q_ptr, bh, H, Hk, q_sb, q_sh, q_ss, Q_LEN, GROUP, HEAD_DIM, BLOCK_D,
                                        BLOCK_Q)  # fmt: skip
-    length, bad = _sequence_length(len_ptr, b, L, Q_LEN, HAS_LENGTHS)
+    length, bad = _sequence_length(len_ptr, b, L, Q_LEN, HAS_LENGTHS, WRITE_KV)
     # Each split takes a whole number of blocks of this sequence's own length.
     per_split = tl.cdiv(tl.cdiv(length, SPLITS), BLOCK_N) * BLOCK_N
     start = split * per_split
@@ -123,6 +156,14 @@ def _decode_attn_kernel(
                             Q_LEN, HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_N, IEEE, UPCAST, MASKED)  # fmt: skip
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
+    if WRITE_KV and split == SPLITS - 1:
+        kn_base = b.to(tl.int64) * kn_sb + kvh.to(tl.int64) * kn_sh
+        vn_base = b.to(tl.int64) * vn_sb + kvh.to(tl.int64) * vn_sh
+        acc, m_i, l_i, k_row, v_row = _attend_new_row(q, acc, m_i, l_i, kn_ptr, vn_ptr, kn_base, vn_base,
+                                                      qk_scale, HEAD_DIM, BLOCK_D)  # fmt: skip
+        write_ok = d < tl.where(bad, 0, HEAD_DIM)  # a position outside the cache writes nothing
+        tl.store(k_ptr + k_base + length * k_ss + d, k_row, mask=write_ok)
+        tl.store(v_ptr + v_base + length * v_ss + d, v_row, mask=write_ok)
     r = tl.arange(0, BLOCK_Q)
     store_ok = r_ok[:, None] & d_ok[None, :]
     if SPLITS == 1:
@@ -142,7 +183,7 @@ def _decode_attn_kernel(
 def _decode_attn_combine_kernel(
     acc_ptr, ml_ptr, len_ptr, o_ptr, H, Hk, L,
     SPLITS: tl.constexpr, Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, HAS_LENGTHS: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, HAS_LENGTHS: tl.constexpr, WRITE_KV: tl.constexpr = False,
 ):  # fmt: skip
     """Program bh merges the SPLITS partials of its GROUP * Q_LEN rows, in split order."""
     ROWS: tl.constexpr = GROUP * Q_LEN
@@ -167,7 +208,7 @@ def _decode_attn_combine_kernel(
         total += w * tl.load(ml_ptr + plane + rows, mask=r_ok, other=0.0)
         out += w[:, None] * tl.load(acc_ptr + rows[:, None] * HEAD_DIM + d[None, :], mask=ok, other=0.0)
     out = out / tl.where(total == 0.0, 1.0, total)[:, None]
-    _, bad = _sequence_length(len_ptr, b, L, Q_LEN, HAS_LENGTHS)
+    _, bad = _sequence_length(len_ptr, b, L, Q_LEN, HAS_LENGTHS, WRITE_KV)
     out = tl.where(bad, float("nan"), out)
     head = kvh * GROUP + r // Q_LEN
     o_rows = (b.to(tl.int64) * H + head) * Q_LEN + r % Q_LEN

@@ -30,6 +30,7 @@ class _Dims:
     itemsize: int
     has_lengths: bool  # a static cache's (B,) lengths
     masked: bool = False  # a boolean (B, 1, Sq, L) mask instead (every position scanned)
+    write_kv: bool = False  # k_new, v_new and the cache position instead: the kernel writes the new rows
 
     @property
     def group(self) -> int:
@@ -54,7 +55,7 @@ def _dims(spec: OpSpec) -> _Dims:
     b, h, sq, d = q.shape
     fourth = spec.inputs[3].dtype if len(spec.inputs) == 4 else None
     return _Dims(b, h, k.shape[1], sq, k.shape[2], d, q.torch_dtype.itemsize, fourth not in (None, "bool"),
-                 fourth == "bool")  # fmt: skip
+                 fourth == "bool", bool(spec.constants.get("write_kv", False)))  # fmt: skip
 
 
 BLOCKS_N = (16, 32, 64, 128, 256)
@@ -108,7 +109,7 @@ def _launcher(spec: OpSpec, config: Config, splits: int) -> Launcher:
     programs = dims.batch * dims.kv_heads
     dtype = spec.inputs[0].dtype
     shape = {"Q_LEN": dims.q_len, "GROUP": dims.group, "HEAD_DIM": dims.head_dim, "BLOCK_D": dims.block_d,
-             "BLOCK_Q": dims.block_q, "HAS_LENGTHS": dims.has_lengths}  # fmt: skip
+             "BLOCK_Q": dims.block_q, "HAS_LENGTHS": dims.has_lengths, "WRITE_KV": dims.write_kv}  # fmt: skip
     flags = {**shape, "BLOCK_N": int(config["BLOCK_N"]), "IEEE": dtype == "float32",
              "UPCAST": _interpreted() and dtype == "bfloat16", "MASKED": dims.masked}  # fmt: skip
     launch_kwargs = {"num_warps": int(config["num_warps"]), "num_stages": int(config["num_stages"])}
@@ -120,15 +121,19 @@ def _launcher(spec: OpSpec, config: Config, splits: int) -> Launcher:
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         q, k, v = inputs[0], inputs[1], inputs[2]
         lengths = inputs[3] if len(inputs) == 4 else q  # the lengths or the mask (never read without)
+        k_new = v_new = q  # (never read without write_kv)
+        if dims.write_kv:  # (q, k_cache, v_cache, k_new, v_new, cache_position)
+            k_new, v_new, lengths = inputs[3], inputs[4], inputs[5]
+        new_strides = (k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1))
         mask_strides = (lengths.stride(0), lengths.stride(2), lengths.stride(3)) if dims.masked else (0, 0, 0)
         o = outputs[0]
         acc = ml = o  # unused by one pass
         if splits > 1:  # every element the combine reads is written first
             acc = o.new_empty((partial_rows, dims.head_dim), dtype=torch.float32)
             ml = o.new_empty((2, partial_rows), dtype=torch.float32)
-        kernel(q, k, v, lengths, o, acc, ml, qk_scale, dims.heads, dims.kv_heads, dims.cache_len,
+        kernel(q, k, v, lengths, o, acc, ml, k_new, v_new, qk_scale, dims.heads, dims.kv_heads, dims.cache_len,
                q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-               v.stride(0), v.stride(1), v.stride(2), *mask_strides, SPLITS=splits, **flags,
+               v.stride(0), v.stride(1), v.stride(2), *mask_strides, *new_strides, SPLITS=splits, **flags,
                **launch_kwargs)  # fmt: skip
         if splits > 1:
             combine(acc, ml, lengths, o, dims.heads, dims.kv_heads, dims.cache_len, SPLITS=splits, **shape,

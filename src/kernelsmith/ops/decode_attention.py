@@ -39,6 +39,20 @@ Inputs ``(q, k_cache, v_cache[, lengths])``, output ``o`` shaped like ``q``:
   position ``len - Sq + i`` and attends keys ``0 .. len - Sq + i`` (causal, bottom-right aligned,
   which is what Hugging Face's mask at ``cache_position`` is). With ``Sq = 1`` that is every valid key.
 - ``scale`` multiplies the scores (default ``1 / sqrt(D)``).
+- The constant ``write_kv=True`` (a static cache, one new token) fuses Hugging Face's cache
+  update into the op: the inputs are ``(q, k_cache, v_cache, k_new, v_new, cache_position)``,
+  ``k_new``/``v_new`` the new token's key and value ``(B, Hk, 1, D)`` (any strides with a unit one
+  along ``D``), ``cache_position`` ``(1,)`` int32/int64 on the device (shared by the batch, as
+  ``StaticCache.update``'s ``cache_position``). The op stores the new rows into both caches at
+  that position, in place (``index_copy_`` along the length, as the update does), and attends
+  over positions ``0 .. position``. The kernels' programs read the past ``[0, position)`` from the
+  cache and the new token's own key and value from ``k_new``/``v_new`` (one program per
+  (sequence, key/value head) adds them and stores them): no program reads a row another writes,
+  and the position is read on the device, so the step stays CUDA-graph capturable. A position
+  outside ``[0, L)`` writes nothing and gives NaN. The family declares the caches written
+  (:meth:`DecodeAttention.written_inputs`): the harness checks them bit for bit against
+  ``index_copy_``, every other input unchanged (rule 2). Writing the same rows at the same
+  position again leaves the same cache, so repeated calls (validation's rerun, timing) agree.
 
 Math, for query row ``(b, h, i)`` with ``n = len - Sq + i + 1`` visible keys and ``g = h // (H / Hk)``::
 
@@ -107,6 +121,7 @@ from kernelsmith.space import next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
 CACHES = ("static", "dynamic", "masked")
+WRITE_KV_INPUTS = 6  # (q, k_cache, v_cache, k_new, v_new, cache_position)
 LENGTH_DTYPES = ("int32", "int64")
 MAX_HEAD_DIM = 256
 MAX_ROWS = 128  # GROUP * Sq rows one program holds; more is prefill-like (use the attention family)
@@ -136,6 +151,8 @@ def check_lengths(lengths: torch.Tensor, q_len: int, cache_len: int) -> None:
 
 def _lengths(spec: OpSpec, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
     dims = _dims(spec)
+    if dims.write_kv:  # the position's past and the new token
+        return (inputs[5].to(torch.int64) + 1).expand(dims.batch)
     if dims.has_lengths:
         return inputs[3].to(torch.int64)
     return torch.full((dims.batch,), dims.cache_len, dtype=torch.int64, device=inputs[0].device)
@@ -157,6 +174,19 @@ def _visible(spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor
 
 def _poison_bad(out: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
     return torch.where(bad[:, None, None, None], torch.full_like(out, math.nan), out)
+
+
+def _write_new_rows(spec: OpSpec, inputs: Sequence[torch.Tensor], k: torch.Tensor, v: torch.Tensor) -> None:
+    """``write_kv``: Hugging Face's ``StaticCache.update`` into ``k`` and ``v`` (in place): the new
+    rows ``index_copy_``-ed at the cache position, and nothing written for a position outside the
+    cache (the index is clamped and the old row written back, without a host sync)."""
+    k_new, v_new, position = inputs[3], inputs[4], inputs[5].to(torch.int64)
+    cache_len = k.shape[2]
+    bad = (position < 0) | (position >= cache_len)
+    index = position.clamp(0, cache_len - 1)
+    for cache, new in ((k, k_new), (v, v_new)):
+        kept = torch.where(bad[None, None, :, None], cache.index_select(2, index), new.to(cache.dtype))
+        cache.index_copy_(2, index, kept)
 
 
 # =================================================================================================
@@ -196,10 +226,13 @@ class DecodeAttention(OpFamily):
         q_len: int = 1,
         cache: str = "static",
         scale: float | None = None,
+        write_kv: bool = False,
         **constants: Any,
     ) -> OpSpec:
         """``shape`` is ``(B, H, L, D)``; a static cache adds an int64 ``lengths`` of ``(B,)``, a
-        masked one a boolean mask of ``(B, 1, Sq, L)``.
+        masked one a boolean mask of ``(B, 1, Sq, L)``; ``write_kv`` (a static cache) takes the
+        new ``k_new``, ``v_new`` of ``(B, Hk, 1, D)`` and an int64 ``cache_position`` of ``(1,)``
+        instead of the lengths.
 
         >>> [str(t) for t in OP.spec((2, 32, 1024, 64), "bf16", kv_heads=8).inputs]
         ['2x32x1x64:bfloat16', '2x8x1024x64:bfloat16', '2x8x1024x64:bfloat16', '2:int64']
@@ -214,11 +247,18 @@ class DecodeAttention(OpFamily):
         name = dtype_name(dtype)
         tensors = [TensorSpec((b, h, _positive("q_len", q_len), d), name),
                    TensorSpec((b, hk, cache_len, d), name), TensorSpec((b, hk, cache_len, d), name)]  # fmt: skip
-        if _cache_kind(cache) == "static":
+        extra: dict[str, Any] = {}
+        if write_kv is True:
+            extra["write_kv"] = True
+            tensors += [TensorSpec((b, hk, q_len, d), name), TensorSpec((b, hk, q_len, d), name),
+                        TensorSpec((1,), "int64")]  # fmt: skip
+        elif write_kv is not False:
+            raise UnsupportedWorkload(f"decode_attention: write_kv must be True or False, not {write_kv!r}")
+        elif _cache_kind(cache) == "static":
             tensors.append(TensorSpec((b,), "int64"))
         elif cache == "masked":
             tensors.append(TensorSpec((b, 1, q_len, cache_len), "bool"))
-        spec = OpSpec(self.name, tuple(tensors), {"cache": cache, "scale": _scale(scale, d)})
+        spec = OpSpec(self.name, tuple(tensors), {"cache": cache, "scale": _scale(scale, d), **extra})
         self.check_supported(spec)
         return spec
 
@@ -226,8 +266,11 @@ class DecodeAttention(OpFamily):
         """The spec of ``(q, k_cache, v_cache, lengths)`` (a static cache) or ``(q, k_cache, v_cache)``
         (a dynamic one); ``cache`` may be given, and must then agree."""
         cache = constants.pop("cache", None)
+        write_kv = constants.pop("write_kv", len(inputs) == WRITE_KV_INPUTS)
         if constants:
             raise UnsupportedWorkload(f"decode_attention: unknown constants {sorted(constants)}")
+        if write_kv is True:
+            return self._write_kv_spec_for(inputs, cache, scale)
         if len(inputs) not in (3, 4) or not all(isinstance(t, torch.Tensor) for t in inputs):
             raise UnsupportedWorkload("decode_attention takes (q, k_cache, v_cache[, lengths]) tensors")
         kind = "dynamic" if len(inputs) == 3 else "masked" if inputs[3].dtype == torch.bool else "static"
@@ -245,17 +288,38 @@ class DecodeAttention(OpFamily):
         self.check_supported(spec)
         return spec
 
+    def _write_kv_spec_for(self, inputs: Sequence[torch.Tensor], cache: Any, scale: float | None) -> OpSpec:
+        """The spec of ``(q, k_cache, v_cache, k_new, v_new, cache_position)`` (``write_kv``)."""
+        if len(inputs) != WRITE_KV_INPUTS or not all(isinstance(t, torch.Tensor) for t in inputs):
+            raise UnsupportedWorkload("decode_attention with write_kv takes (q, k_cache, v_cache, k_new, v_new, "
+                                      "cache_position) tensors")  # fmt: skip
+        if cache not in (None, "static"):
+            raise UnsupportedWorkload(f"decode_attention: write_kv needs a static cache, not {cache!r}")
+        if inputs[0].dim() != 4:
+            raise UnsupportedWorkload(f"decode_attention: q must be 4-D (B, H, Sq, D), not {inputs[0].dim()}-D")
+        try:
+            tensors = tuple(TensorSpec.of(t) for t in inputs)
+        except ValueError as err:
+            raise UnsupportedWorkload(f"decode_attention: {err}") from None
+        constants = {"cache": "static", "scale": _scale(scale, inputs[0].shape[-1]), "write_kv": True}
+        spec = OpSpec(self.name, tensors, constants)
+        self.check_supported(spec)
+        return spec
+
     def check_supported(self, spec: OpSpec) -> None:
         """Everything but the lengths' values (see the module docstring): the layout, the dtypes,
         the group fitting one program."""
-        if set(spec.constants) != {"cache", "scale"}:
-            raise UnsupportedWorkload(f"decode_attention: constants must be cache and scale, not "
+        write_kv = spec.constants.get("write_kv", False)
+        if set(spec.constants) - {"write_kv"} != {"cache", "scale"} or write_kv not in (True, False):
+            raise UnsupportedWorkload(f"decode_attention: constants must be cache and scale (and write_kv), not "
                                       f"{sorted(spec.constants)}")  # fmt: skip
+        if write_kv is True:
+            self._check_write_kv(spec)
         kind = _cache_kind(spec.const("cache"))
         scale = spec.const("scale")
         if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale):
             raise UnsupportedWorkload(f"decode_attention: scale must be a finite number, not {scale!r}")
-        wanted = 3 if kind == "dynamic" else 4
+        wanted = WRITE_KV_INPUTS if write_kv else 3 if kind == "dynamic" else 4
         if len(spec.inputs) != wanted:
             raise UnsupportedWorkload(f"decode_attention: a {kind} cache takes {wanted} inputs, not {len(spec.inputs)}")
         q, k, v = spec.inputs[:3]
@@ -290,7 +354,7 @@ class DecodeAttention(OpFamily):
                                           "nothing broadcast)")  # fmt: skip
         if any(s < 0 for t in (q, k, v) for s in t.strides):
             raise UnsupportedWorkload("decode_attention: negative strides are not supported")
-        if kind == "static":
+        if kind == "static" and not write_kv:
             lengths = spec.inputs[3]
             if lengths.shape != (dims.batch,) or lengths.dtype not in LENGTH_DTYPES:
                 raise UnsupportedWorkload(f"decode_attention: lengths must be int32 or int64 of shape "
@@ -304,6 +368,39 @@ class DecodeAttention(OpFamily):
                                           f"{dims.q_len}, {dims.cache_len}), not {mask}")  # fmt: skip
             if any(s < 0 for s in mask.strides):
                 raise UnsupportedWorkload("decode_attention: negative strides are not supported")
+
+    def _check_write_kv(self, spec: OpSpec) -> None:
+        """``write_kv``'s own layout: a static cache, one new token, k_new and v_new shaped
+        (B, Hk, 1, D) in the caches' dtype with a unit stride along D, a (1,) integer position."""
+        if spec.constants["cache"] != "static":
+            raise UnsupportedWorkload(f"decode_attention: write_kv needs a static cache, not "
+                                      f"{spec.constants['cache']!r}")  # fmt: skip
+        if len(spec.inputs) != WRITE_KV_INPUTS:
+            raise UnsupportedWorkload(f"decode_attention: write_kv takes {WRITE_KV_INPUTS} inputs, not "
+                                      f"{len(spec.inputs)}")  # fmt: skip
+        q, k, _, k_new, v_new, position = spec.inputs
+        if len(q.shape) != 4 or q.shape[2] != 1:
+            raise UnsupportedWorkload(f"decode_attention: write_kv takes one new token (q of (B, H, 1, D)), not {q}")
+        if len(k.shape) != 4:
+            raise UnsupportedWorkload("decode_attention: k_cache must be 4-D (B, Hk, L, D)")
+        wanted = (k.shape[0], k.shape[1], 1, k.shape[3])
+        for label, t in (("k_new", k_new), ("v_new", v_new)):
+            if t.shape != wanted or t.dtype != k.dtype or t.strides[3] != 1 or any(s < 0 for s in t.strides):
+                raise UnsupportedWorkload(f"decode_attention: {label} {t} must be {k.dtype} of shape {wanted} with a "
+                                          "unit stride along D")  # fmt: skip
+        if position.shape != (1,) or position.dtype not in LENGTH_DTYPES:
+            raise UnsupportedWorkload(f"decode_attention: cache_position must be int32 or int64 of shape (1,), "
+                                      f"not {position}")  # fmt: skip
+
+    def written_inputs(self, spec: OpSpec) -> tuple[int, ...]:
+        """``write_kv`` writes the new rows into both caches (inputs 1 and 2); otherwise nothing."""
+        return (1, 2) if _dims(spec).write_kv else ()
+
+    def reference_written(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The caches after Hugging Face's update: clones with the new rows ``index_copy_``-ed in."""
+        k, v = inputs[1].clone(), inputs[2].clone()
+        _write_new_rows(spec, inputs, k, v)
+        return [k, v]
 
     def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
         q = spec.inputs[0]
@@ -324,6 +421,10 @@ class DecodeAttention(OpFamily):
                    _resized_tensor(v, (batch, v.shape[1], cache_len, v.shape[3]))]  # fmt: skip
         if _dims(spec).masked:
             tensors.append(TensorSpec((batch, 1, q.shape[2], cache_len), "bool"))
+        elif _dims(spec).write_kv:
+            k_new, v_new, position = spec.inputs[3:]
+            tensors += [_resized_tensor(k_new, (batch, *k_new.shape[1:])),
+                        _resized_tensor(v_new, (batch, *v_new.shape[1:])), position]  # fmt: skip
         elif len(spec.inputs) == 4:
             tensors.append(TensorSpec((batch,), spec.inputs[3].dtype))
         return OpSpec(spec.op, tuple(tensors), dict(spec.constants))
@@ -347,18 +448,24 @@ class DecodeAttention(OpFamily):
         return specs
 
     def stressed_inputs(self, spec: OpSpec) -> tuple[int, ...]:
-        """The stress data goes into q and both caches (the cache is what the kernels stream)."""
-        return (0, 1, 2)
+        """The stress data goes into q and both caches (the cache is what the kernels stream), and
+        the new key and value with ``write_kv``."""
+        return (0, 1, 2, 3, 4) if _dims(spec).write_kv else (0, 1, 2)
 
     # ---- math ------------------------------------------------------------------------------------
     def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """What a user writes: ``F.scaled_dot_product_attention`` with the boolean mask the lengths
         imply (none for a dynamic cache at one new token) and ``enable_gqa``,
-        in the inputs' dtype; NaN for a sequence whose length is out of range."""
+        in the inputs' dtype; NaN for a sequence whose length is out of range. With ``write_kv``, what
+        Hugging Face runs: ``StaticCache.update`` (the new rows written into the caches, in place),
+        then the same attention over the positions up to the new one."""
         dims = _dims(spec)
         q, k, v = inputs[:3]
+        if dims.write_kv:
+            _write_new_rows(spec, inputs, k, v)
         mask, bad = _visible(spec, inputs)
-        attn_mask = None if not dims.has_lengths and not dims.masked and dims.q_len == 1 else mask
+        plain = not dims.has_lengths and not dims.masked and not dims.write_kv and dims.q_len == 1
+        attn_mask = None if plain else mask
         kwargs: dict[str, Any] = {"attn_mask": attn_mask, "scale": float(spec.const("scale"))}
         if dims.group > 1:
             kwargs["enable_gqa"] = True  # (torch >= 2.5; kernelsmith needs 2.11)
@@ -369,6 +476,8 @@ class DecodeAttention(OpFamily):
         """The math in float64, the key/value heads repeated, the invisible keys' weights exactly 0."""
         dims = _dims(spec)
         q, k, v = (t.double() for t in inputs[:3])
+        if dims.write_kv:  # into the float64 copies (the family has no float64 dtype): the inputs stay
+            _write_new_rows(spec, inputs, k, v)
         k, v = k.repeat_interleave(dims.group, dim=1), v.repeat_interleave(dims.group, dim=1)
         mask, bad = _visible(spec, inputs)
         scores = torch.matmul(q, k.transpose(-1, -2)) * float(spec.const("scale"))
@@ -398,6 +507,8 @@ class DecodeAttention(OpFamily):
         for t, factor in zip(spec.inputs[:3], (spread, spread, 1.0), strict=True):
             x = torch.randn(t.shape, generator=g, device=device, dtype=torch.float32) * factor
             tensors.append(torch.empty_strided(t.shape, t.strides, dtype=t.torch_dtype, device=device).copy_(x))
+        if dims.write_kv:
+            return (*tensors, *self._new_token(spec, g, spread, distribution, tensors[1], tensors[2], device))
         if not dims.has_lengths and not dims.masked:
             return tuple(tensors)
         lengths = torch.full((dims.batch,), dims.cache_len, dtype=torch.int64, device=device)
@@ -423,6 +534,27 @@ class DecodeAttention(OpFamily):
         k.masked_fill_(stale[:, None, :, None], STALE_KEY)
         v.masked_fill_(stale[:, None, :, None], STALE_VALUE)
         return (*tensors, fourth)
+
+    def _new_token(
+        self, spec: OpSpec, g: torch.Generator, spread: float, distribution: str, k: torch.Tensor, v: torch.Tensor,
+        device: str | torch.device,
+    ) -> tuple[torch.Tensor, ...]:
+        """``write_kv``'s (k_new, v_new, cache_position): the new rows standard normal (k_new times
+        ``spread``), the position the last one (``full``, ``peaked``: the cache full after the
+        write) or drawn from ``[0, L)`` (``uneven``). The caches at and past the position hold
+        stale rows, so a kernel that skips the write or reads past the position is caught."""
+        dims = _dims(spec)
+        new = []
+        for t, factor in zip(spec.inputs[3:5], (spread, 1.0), strict=True):
+            x = torch.randn(t.shape, generator=g, device=device, dtype=torch.float32) * factor
+            new.append(torch.empty_strided(t.shape, t.strides, dtype=t.torch_dtype, device=device).copy_(x))
+        position = torch.full((1,), dims.cache_len - 1, dtype=torch.int64, device=device)
+        if distribution == "uneven":
+            position = torch.randint(0, dims.cache_len, (1,), generator=g, device=device)
+        stale = torch.arange(dims.cache_len, device=device) >= position
+        k.masked_fill_(stale[None, None, :, None], STALE_KEY)
+        v.masked_fill_(stale[None, None, :, None], STALE_VALUE)
+        return (*new, position.to(spec.inputs[5].torch_dtype))
 
     def flops(self, spec: OpSpec) -> int:
         """Two products of 2 flops a multiply-add per (query row, cached key): the full cache."""
