@@ -187,3 +187,17 @@ def test_expected_inputs_leaves_its_clones_untouched() -> None:
     assert not torch.equal(expected[1], before[1])
     assert torch.equal(before[1], inputs[1])
 
+
+
+def test_timing_checks_the_input_sets_against_their_pre_call_state() -> None:
+    """The worker's check after its timed rounds: each shared input set must be in the state one
+    call from its refill gives; a row left stale (or written elsewhere) is reported."""
+    from kernelsmith.evaluate.worker import _written_state_problem
+
+    before = OP.make_inputs(SPEC, 8)
+    right = [t.clone() for t in before]
+    _launcher("right")(right, [torch.empty(WIDTH)])
+    assert _written_state_problem(OP, SPEC, [right], [before]) is None
+    stale = [t.clone() for t in before]  # (nothing written: the row at pos is still the old one)
+    problem = _written_state_problem(OP, SPEC, [right, stale], [before, before])
+    assert problem is not None and "input set 1" in problem and "input 1, which the op writes" in problem

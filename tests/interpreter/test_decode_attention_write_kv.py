@@ -1,0 +1,220 @@
+"""decode_attention with ``write_kv=True``: Hugging Face's ``StaticCache.update`` (the new token's key
+and value stored into the cache at ``cache_position``) fused into the attention's own pass.
+
+Every case checks both things the op does: the output against the float64 reference, and the caches
+bit for bit against ``index_copy_`` (nothing else in them moved). Then the same through the
+harness (``validate``, the worker's timing), and the planted failures it must reject.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from kernelsmith.evaluate.validate import Rejected, validate
+from kernelsmith.ops import UnsupportedWorkload
+from kernelsmith.ops.decode_attention import OP, DecodeAttention
+from kernelsmith.space import Config
+from kernelsmith.spec import OpSpec
+from kernelsmith.testing.harness import evaluate_launcher
+from kernelsmith.testing.kernels import assert_matches_fp64
+from kernelsmith.testing.validation_runs import validation_runs
+
+
+def config(variant: str, block_n: int = 16, splits: int = 4) -> Config:
+    extra = {"SPLITS": splits} if variant == "split_kv" else {}
+    return Config(BLOCK_N=block_n, num_warps=4, num_stages=1, **extra)
+
+
+def call(spec: OpSpec, variant: str, cfg: Config, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    (out,) = OP.output_specs(spec)
+    y = torch.full(out.shape, math.nan, dtype=out.torch_dtype, device=inputs[0].device)
+    OP.variant(variant).build(spec, cfg)(inputs, (y,))
+    return y
+
+
+# (B, H, kv_heads, L, D, dtype, distribution, BLOCK_N, SPLITS): a cache of one position (the new
+# token alone, every split's range empty), odd lengths no block divides, a position drawn anywhere
+# (uneven), GQA 4:1, MQA and plain heads, head dims that are not powers of two (48, 80).
+CASES = [
+    (1, 8, 8, 1, 16, "bfloat16", "full", 16, 4),
+    (2, 8, 2, 17, 32, "float16", "uneven", 16, 4),
+    (3, 8, 1, 17, 48, "float32", "full", 32, 2),
+    (2, 8, 2, 100, 64, "bfloat16", "uneven", 32, 8),
+    (3, 4, 1, 67, 80, "float16", "peaked", 64, 2),
+    (1, 16, 2, 40, 64, "float32", "uneven", 16, 16),
+]
+
+
+@pytest.mark.parametrize("variant", ("single_pass", "split_kv"))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}-{c[5]}-{c[6]}")
+def test_attends_and_writes_the_new_rows(case: tuple[Any, ...], variant: str, device: str) -> None:
+    b, h, hk, cache_len, d, dtype, distribution, block_n, splits = case
+    spec = OP.spec((b, h, cache_len, d), dtype, kv_heads=hk, write_kv=True)
+    inputs = OP.make_inputs(spec, seed=sum(case[:5]), distribution=distribution, device=device)
+    before = tuple(t.clone() for t in inputs)
+    y = call(spec, variant, config(variant, block_n, splits), inputs)
+    assert_matches_fp64(OP, spec, before, y, variant)  # the references start from the state before
+    k_after, v_after = OP.reference_written(spec, before)
+    assert torch.equal(inputs[1], k_after) and torch.equal(inputs[2], v_after), "the caches are not HF's update"
+    position = int(before[5])
+    assert torch.equal(inputs[1][:, :, position], before[3][:, :, 0])  # (the reference does write the row)
+    for i in (0, 3, 4, 5):
+        assert torch.equal(inputs[i], before[i]), f"input {i} changed"
+
+
+@pytest.mark.parametrize("variant", ("single_pass", "split_kv"))
+def test_a_repeated_call_gives_the_same_output_and_cache(variant: str, device: str) -> None:
+    """Idempotence, which the harness's reruns and timing rounds rely on."""
+    spec = OP.spec((2, 8, 40, 32), "bfloat16", kv_heads=2, write_kv=True)
+    inputs = OP.make_inputs(spec, seed=3, distribution="uneven", device=device)
+    first = call(spec, variant, config(variant), inputs)
+    caches = (inputs[1].clone(), inputs[2].clone())
+    assert torch.equal(first, call(spec, variant, config(variant), inputs))
+    assert torch.equal(inputs[1], caches[0]) and torch.equal(inputs[2], caches[1])
+
+
+@pytest.mark.parametrize("variant", ("single_pass", "split_kv"))
+@pytest.mark.parametrize("position", (-1, 24, 1000))
+def test_a_position_outside_the_cache_writes_nothing_and_gives_nan(variant: str, position: int, device: str) -> None:
+    spec = OP.spec((2, 4, 24, 16), "float32", kv_heads=2, write_kv=True)
+    inputs = list(OP.make_inputs(spec, seed=5, device=device))
+    inputs[5] = torch.tensor([position], dtype=torch.int64, device=device)
+    before = [t.clone() for t in inputs]
+    y = call(spec, variant, config(variant), tuple(inputs))
+    assert bool(torch.isnan(y).all())
+    assert all(torch.equal(t, b) for t, b in zip(inputs, before, strict=True))
+    (reference,) = OP.reference(spec, [t.clone() for t in before])
+    assert bool(torch.isnan(reference).all())  # the reference agrees: no answer, and no write
+    assert [torch.equal(t, b) for t, b in zip(OP.reference_written(spec, before), before[1:3], strict=True)] == [
+        True,
+        True,
+    ]
+
+
+def test_the_reference_is_index_copy_then_sdpa(device: str) -> None:
+    """The low-precision reference is what Hugging Face runs: the update in place, then SDPA
+    over positions up to the new one."""
+    spec = OP.spec((1, 4, 12, 16), "float32", kv_heads=2, write_kv=True)
+    q, k, v, k_new, v_new, position = OP.make_inputs(spec, seed=9, distribution="uneven", device=device)
+    mine_k, mine_v = k.clone(), v.clone()
+    (out,) = OP.reference(spec, (q, mine_k, mine_v, k_new, v_new, position))
+    k.index_copy_(2, position, k_new)
+    v.index_copy_(2, position, v_new)
+    visible = (torch.arange(12, device=device) <= position)[None, None, None, :]
+    hf = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
+    assert torch.equal(mine_k, k) and torch.equal(mine_v, v)
+    torch.testing.assert_close(out, hf)
+
+
+# ---- through the harness ----------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ("bfloat16", "float32"))
+def test_one_config_of_each_variant_passes_the_harness(dtype: str, device: str) -> None:
+    spec = OP.spec((2, 4, 24, 16), dtype, kv_heads=2, write_kv=True)
+    assert OP.written_inputs(spec) == (1, 2)
+    for variant in OP.variants:
+        cfg = min(variant.space(spec).configs(), key=lambda c: (c["BLOCK_N"], c.get("SPLITS", 1), c["num_warps"],
+                                                                 c["num_stages"]))  # fmt: skip
+        assert {validate(OP, spec, variant.build, cfg, device, lambda: None)} == validation_runs(OP, spec)
+
+
+def _skips_the_write(s: OpSpec, c: Config) -> Any:
+    """The plain static-cache kernel fed the position as its (one sequence's) length: it attends
+    the past only and never stores the new rows."""
+    static = OP.spec((1, s.inputs[0].shape[1], s.inputs[1].shape[2], s.inputs[0].shape[3]), s.inputs[0].dtype,
+                     kv_heads=s.inputs[1].shape[1])  # fmt: skip
+    inner = OP.variant("single_pass").build(static, c)
+    return lambda inputs, outputs: inner((*inputs[:3], inputs[5]), outputs)
+
+
+def test_the_harness_rejects_a_kernel_that_skips_the_write(device: str) -> None:
+    spec = OP.spec((1, 4, 24, 16), "float32", kv_heads=2, write_kv=True)
+    with pytest.raises(Rejected) as caught:
+        validate(OP, spec, _skips_the_write, config("single_pass"), device, lambda: None)
+    assert caught.value.kind == "validate"
+    assert "input 1, which the op writes" in str(caught.value)
+
+
+def test_the_harness_rejects_a_write_the_family_does_not_declare(device: str) -> None:
+    """The declaration is the family's: under a family that declares nothing, the same correct
+    kernel is a cheat for writing the caches."""
+
+    class Undeclared(DecodeAttention):
+        def written_inputs(self, spec: OpSpec) -> tuple[int, ...]:
+            return ()
+
+    spec = OP.spec((1, 4, 24, 16), "float32", kv_heads=2, write_kv=True)
+    with pytest.raises(Rejected) as caught:
+        validate(Undeclared(), spec, OP.variant("single_pass").build, config("single_pass"), device, lambda: None)
+    assert caught.value.kind == "cheat"
+    assert "which the op does not write" in str(caught.value)
+
+
+def test_the_worker_validates_and_times_a_writing_kernel() -> None:
+    """The whole worker path (compile, validate, the timing rounds on shared input sets, rule 5's
+    refill, the state check of the written inputs after timing): an honest kernel is "ok"."""
+    spec = OP.spec((1, 4, 24, 16), "float32", kv_heads=2, write_kv=True)
+    result = evaluate_launcher(spec, lambda s, c: OP.variant("split_kv").build(s, config("split_kv")))
+    assert result.status == "ok", result.error
+
+
+# ---- specs ------------------------------------------------------------------------------------------
+def test_spec_for_hugging_face_tensors_and_views(device: str) -> None:
+    """k_new/v_new as HF makes them (``proj(x).view(B, 1, Hk, D).transpose(1, 2)``) are accepted."""
+    b, hk, d = 2, 2, 16
+    k_new = torch.zeros(b, 1, hk, d).transpose(1, 2)
+    v_new = torch.zeros(b, 1, hk, d).transpose(1, 2)
+    q, k, v = torch.zeros(b, 8, 1, d), torch.zeros(b, hk, 32, d), torch.zeros(b, hk, 32, d)
+    spec = OP.spec_for(q, k, v, k_new, v_new, torch.tensor([5]))
+    assert spec.constants["write_kv"] is True and OP.written_inputs(spec) == (1, 2)
+    assert OP.written_inputs(OP.spec_for(q, k, v, torch.tensor([5, 5]))) == ()
+    inputs = OP.make_inputs(spec, seed=1, device=device)
+    y = call(spec, "single_pass", config("single_pass"), inputs)
+    assert bool(torch.isfinite(y).all())
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: OP.spec((1, 4, 24, 16), "float32", kv_heads=2, write_kv=True, q_len=2), "one new token"),
+        (lambda: OP.spec((1, 4, 24, 16), "float32", kv_heads=2, write_kv=True, cache="dynamic"), "static cache"),
+        (lambda: OP.spec((1, 4, 24, 16), "float32", kv_heads=2, write_kv="yes"), "True or False"),
+        (lambda: OP.spec_for(torch.zeros(1, 4, 1, 16), torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8, 16),
+                             torch.zeros(1, 2, 2, 16), torch.zeros(1, 2, 1, 16), torch.tensor([1])), "k_new"),
+        (lambda: OP.spec_for(torch.zeros(1, 4, 1, 16), torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8, 16),
+                             torch.zeros(1, 2, 1, 16), torch.zeros(1, 2, 1, 16), torch.tensor([1.0])),
+         "cache_position"),
+    ],
+)  # fmt: skip
+def test_refuses_what_it_does_not_know(make: Any, match: str) -> None:
+    with pytest.raises(UnsupportedWorkload, match=match):
+        make()
+
+
+# ---- the real compiler (tests/interpreter/real_compiler.py; run by test_decode_attention.py's test) ----
+def real_compiler_cases() -> list[tuple[DecodeAttention, str, OpSpec, Config]]:
+    cases = []
+    for dtype in ("bfloat16", "float16", "float32"):
+        spec = OP.spec((2, 32, 64, 128), dtype, kv_heads=8, write_kv=True)
+        for variant in OP.variants:
+            configs = sorted(variant.space(spec, prune=False).configs(), key=lambda c: (c["BLOCK_N"], c.key))  # type: ignore[call-arg]
+            cases += [(OP, variant.name, spec, c) for c in {c.key: c for c in configs[:1] + configs[-1:]}.values()]
+    return cases
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the other tests compile for real")
+def test_write_kv_kernels_compile_under_the_real_triton_compiler() -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    helper = Path(__file__).with_name("real_compiler.py")
+    done = subprocess.run([sys.executable, str(helper), "test_decode_attention_write_kv:real_compiler_cases"],
+                          env=env, capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-6000:]
+    assert "lowered" in done.stdout and ", 0 failed" in done.stdout, done.stdout
