@@ -406,11 +406,13 @@ def expected_inputs(op: OpFamily | None, spec: OpSpec | None, before: Sequence[t
     widen the declaration or change the expectation of its own call.
     """
     expected = list(before)
-    written = op.written_inputs(spec) if op is not None and spec is not None else ()
+    if op is None or spec is None:
+        return expected
+    written = op.written_inputs(spec)
     if written:
-        states = op.reference_written(spec, before)  # type: ignore[union-attr, arg-type]
+        states = op.reference_written(spec, before)
         if len(states) != len(written):
-            raise ValueError(f"{op.name}: reference_written gave {len(states)} tensors for inputs {written}")  # type: ignore[union-attr]
+            raise ValueError(f"{op.name}: reference_written gave {len(states)} tensors for inputs {written}")
         for i, state in zip(written, states, strict=True):
             expected[i] = state
     return expected
@@ -471,9 +473,9 @@ def run_checked(
     if watch.issued:
         ops = ", ".join(sorted(set(watch.issued)))
         raise Rejected("cheat", f"the candidate computed with PyTorch instead of its kernel: {ops}")
-    problem = input_problem(inputs, clones, written)
-    if problem:
-        raise Rejected(*problem)
+    changed = input_problem(inputs, clones, written)
+    if changed:
+        raise Rejected(*changed)
     for t, snap in zip(outputs, snapshots, strict=True):
         problem = snap.problem(t)
         if problem:
