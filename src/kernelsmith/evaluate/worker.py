@@ -329,9 +329,6 @@ def _time(
                     reason = errors.check_close(out, ref64, lowp, op.tolerance)
                     if reason and i not in stale:
                         stale[i] = reason
-            for i in kept:
-                if wrong_state and i not in stale:
-                    stale[i] = wrong_state
         sets.clear()  # drop every full-size tensor before handing the memory back
         pre_call.clear()
         outs.clear()
@@ -359,6 +356,8 @@ def _time(
         problem = None
         if i in stale:
             problem = f"outputs written while timing are wrong (cached or stale results?): {stale[i]}"
+        elif wrong_state:
+            problem = wrong_state
         stats = timing.summarize(samples[timed_index])
         if gpu and problem is None:
             # Rule 6: work hidden on another stream or thread escapes the events but not a
