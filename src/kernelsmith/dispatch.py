@@ -387,7 +387,12 @@ _RUNNERS_LOCK = threading.Lock()
 
 def _spec_of(op: str, inputs: Sequence[torch.Tensor], constants: str) -> tuple[OpFamily, OpSpec]:
     family = get_op(op)
-    return family, family.spec_for(*inputs, **json.loads(constants))
+    spec = family.spec_for(*inputs, **json.loads(constants))
+    written = family.written_inputs(spec)
+    if written:  # (decode attention's write_kv: the fused cache write is not served through this op yet)
+        raise UnsupportedWorkload(f"{op}: this workload writes its inputs {list(written)}, and kernelsmith::kernel "
+                                  "is declared without mutations (torch.compile would not see the write)")  # fmt: skip
+    return family, spec
 
 
 def _served(
