@@ -201,7 +201,9 @@ class DecodeAttention(OpFamily):
     shape_help = (
         "BxHxLxD: batch, query heads, cache length (max_cache_len for a static cache), head dim, e.g. "
         "1x32x1024x64; constants: kv_heads (default H), q_len (new tokens, default 1), "
-        "cache=static|dynamic|masked (static takes a lengths tensor, masked a boolean mask), scale (default 1/sqrt(D))"
+        "cache=static|dynamic|masked (static takes a lengths tensor, masked a boolean mask), "
+        "scale (default 1/sqrt(D)), write_kv=True (static, one new token: k_new, v_new and cache_position; "
+        "the new rows stored into the cache)"
     )
     # full: every sequence fills the cache (what the bytes model assumes; timed); uneven: lengths
     # from q_len to L, the positions past each length stale (see STALE_KEY); peaked: full, with
