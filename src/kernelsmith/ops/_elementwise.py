@@ -85,9 +85,12 @@ def block_offsets(block, n, BLOCK: tl.constexpr):
 
     The block index is widened to 64 bits before it is multiplied, so that tensors of more than
     2**31 elements are addressed correctly (tl.cast, not .to(): in the interpreter a loop
-    variable is a plain Python int).
+    variable is a plain Python int). Written out rather than calling span_offsets: in the
+    interpreter every call of a jitted function re-patches triton.language, which costs more
+    than the two lines.
     """
-    return span_offsets(tl.cast(block, tl.int64) * BLOCK, n, BLOCK)
+    offs = tl.cast(block, tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    return offs, offs < n
 
 
 @triton.jit
@@ -105,9 +108,13 @@ def tile_offsets(tile_m, tile_n, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N:
 
 @triton.jit
 def persistent_tile_offsets(tile, n_col_tiles, n_rows, n_cols, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """:func:`tile_offsets` of the ``tile``-th tile in row-major tile order (the persistent loop's)."""
+    """:func:`tile_offsets` of the ``tile``-th tile in row-major tile order (the persistent loop's),
+    written out for the interpreter's sake (see :func:`block_offsets`)."""
     tile_m = tile // n_col_tiles
-    return tile_offsets(tile_m, tile - tile_m * n_col_tiles, n_rows, n_cols, BLOCK_M, BLOCK_N)
+    rows = tl.cast(tile_m, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = (tile - tile_m * n_col_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    return rows, cols, mask
 
 
 # ---- the choices of the spaces ---------------------------------------------------------------------
