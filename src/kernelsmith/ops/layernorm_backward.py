@@ -52,7 +52,7 @@ Variants (deterministic: no atomics, every sum in a fixed order)
     rows ``pid, pid + programs, ...`` with the whole row in registers (``BLOCK_N`` =
     next_power_of_two(N)): the shifted two-pass statistics, ``dx``, and its shares of ``dw`` and
     ``db`` in float32 registers, stored at the end to ``(programs, N)`` float32 scratch buffers.
-    :mod:`rmsnorm_backward`'s reduction kernel then sums each scratch over programs, in a fixed
+    :mod:`kernelsmith.ops._rowwise`'s reduction kernel then sums each scratch over programs, in a fixed
     order, into ``dw`` and ``db``. (Without a weight there is nothing to reduce: one kernel.)
 ``looped``
     For rows too wide for registers (and a contender for wide ones): the row statistics, then
@@ -70,7 +70,10 @@ Variants (deterministic: no atomics, every sum in a fixed order)
 Scratch buffers are allocated by the launchers with ``new_empty`` on an output (the harness
 allows allocation, not computation); every element of them is written before it is read.
 Absent operands (no weight, no bias) are placeholder pointers that the kernels never
-dereference: the constexprs ``HAS_WEIGHT`` and ``HAS_BIAS`` compile their code away.
+dereference: the constexprs ``HAS_WEIGHT`` and ``HAS_BIAS`` compile their code away. The
+launchers, scratch buffers and variants are the backward skeleton's
+(:mod:`kernelsmith.ops._rowwise_backward`); this file holds the math, the kernels, the
+reference, the inputs and the register rules of the spaces.
 """
 
 from __future__ import annotations
@@ -84,22 +87,19 @@ import triton
 import triton.language as tl
 
 from kernelsmith.ops import _rowwise as skeleton
+from kernelsmith.ops import _rowwise_backward as backward
 from kernelsmith.ops._base import (
     FINITE_STRESS_DISTRIBUTIONS,
-    Launcher,
     OpFamily,
     Tolerance,
     UnsupportedWorkload,
-    Variant,
     check_eps,
-    generator,
-    rows_and_width,
     tensor_specs,
 )
-from kernelsmith.ops._launch import direct_launch
+from kernelsmith.ops._rowwise_backward import column_block, load_row, row_columns, store_row, store_share
 from kernelsmith.ops.layernorm import AFFINE, AFFINE_PARAMS, DEFAULT_EPS, _check_affine, _has_weight_and_bias
 from kernelsmith.ops.layernorm import OP as _LAYERNORM
-from kernelsmith.space import Config, Space, next_power_of_two
+from kernelsmith.space import Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
 # The looped statistics pass holds six float32 values a column: four running sums (Welford's
@@ -107,25 +107,49 @@ from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 LOOPED_VALUES_PER_COLUMN = 6
 
 # ---------------------------------------------------------------------------------------------
-# Kernels
+# The math shared by the kernels
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _shift(x_ptr, i, x_row_stride):
+    """Row ``i``'s first element in float32: the shift ``d = x - x[0]``, as in the forward."""
+    return tl.load(x_ptr + tl.cast(i, tl.int64) * x_row_stride).to(tl.float32)
+
+
+@triton.jit
+def _accumulate(dw, db, dy, xhat, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """The row's terms of the shares: ``dy * xhat`` to ``dw``, ``dy`` to ``db`` (dy is zero on
+    padding lanes)."""
+    if HAS_WEIGHT:
+        dw += dy * xhat
+    if HAS_BIAS:
+        db += dy
+    return dw, db
+
+
+@triton.jit
+def _store_shares(dw_partial_ptr, db_partial_ptr, program, N, cols, dw, db, mask,
+                  HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """This program's shares of dw and db, as far as the op has them."""
+    if HAS_WEIGHT:
+        store_share(dw_partial_ptr, program, N, cols, dw, mask)
+    if HAS_BIAS:
+        store_share(db_partial_ptr, program, N, cols, db, mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels (the conventions are the skeleton's: kernelsmith.ops._rowwise_backward)
 #
-# dy, x and dx are (rows, N) matrices with unit column stride; their row strides are passed
-# explicitly. weight is a contiguous (N,) vector; the partial buffers are contiguous (programs,
-# N) float32 matrices.
+# The partial buffers are contiguous (programs, N) float32 matrices: dw_partial's when
+# HAS_WEIGHT, db_partial's when HAS_BIAS (placeholders otherwise, never dereferenced).
 # ---------------------------------------------------------------------------------------------
 
 
 @triton.jit
 def _two_stage_rows_kernel(
-    dy_ptr,
-    x_ptr,
-    w_ptr,
-    dx_ptr,
-    dw_partial_ptr,  # (programs, N) float32: each program's share of dw (when HAS_WEIGHT)
-    db_partial_ptr,  # (programs, N) float32: each program's share of db (when HAS_BIAS)
-    dy_row_stride,
-    x_row_stride,
-    dx_row_stride,
+    dy_ptr, x_ptr, w_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr,
+    dy_row_stride, x_row_stride, dx_row_stride,
     n_rows,
     N,
     eps,
@@ -135,22 +159,17 @@ def _two_stage_rows_kernel(
     HAS_BIAS: tl.constexpr,
 ):
     """Rows pid, pid + programs, ...: dx for each, and the sums of their dy * xhat and dy."""
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < N
+    cols, mask = row_columns(BLOCK_N, N)
     if HAS_WEIGHT:
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)  # (compiled away when unused)
     db = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for i in tl.range(pid, n_rows, programs, num_stages=NUM_STAGES):
-        row = tl.cast(i, tl.int64)  # 64-bit offsets (and a tensor in the interpreter)
-        x_row = x_ptr + row * x_row_stride
-        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + row * dy_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    for i in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
+        x = load_row(x_ptr, i, x_row_stride, cols, mask)
+        dy = load_row(dy_ptr, i, dy_row_stride, cols, mask)
         # The forward's statistics, shifted two-pass: d = x - x[0] (padding lanes zeroed), its
         # mean, then the variance of the centred values.
-        d = tl.where(mask, x - tl.load(x_row).to(tl.float32), 0.0)
+        d = tl.where(mask, x - _shift(x_ptr, i, x_row_stride), 0.0)
         mean_d = tl.sum(d, axis=0) / N
         xc = tl.where(mask, d - mean_d, 0.0)
         rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / N + eps)
@@ -161,15 +180,9 @@ def _two_stage_rows_kernel(
         mean_g = tl.sum(g, axis=0) / N
         mean_gxhat = tl.sum(g * xhat, axis=0) / N
         dx = rstd * (g - mean_g - xhat * mean_gxhat)
-        tl.store(dx_ptr + row * dx_row_stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        if HAS_WEIGHT:
-            dw += dy * xhat
-        if HAS_BIAS:
-            db += dy
-    if HAS_WEIGHT:
-        tl.store(dw_partial_ptr + tl.cast(pid, tl.int64) * N + cols, dw, mask=mask)
-    if HAS_BIAS:
-        tl.store(db_partial_ptr + tl.cast(pid, tl.int64) * N + cols, db, mask=mask)
+        store_row(dx_ptr, i, dx_row_stride, cols, dx.to(dx_ptr.dtype.element_ty), mask)
+        dw, db = _accumulate(dw, db, dy, xhat, HAS_WEIGHT, HAS_BIAS)
+    _store_shares(dw_partial_ptr, db_partial_ptr, tl.program_id(0), N, cols, dw, db, mask, HAS_WEIGHT, HAS_BIAS)
 
 
 @triton.jit
@@ -188,9 +201,8 @@ def _looped_stats_kernel(
 ):
     """One program per row: all four row statistics in one pass over column blocks."""
     row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * x_row_stride
     cols = tl.arange(0, BLOCK_N)
-    shift = tl.load(x_row).to(tl.float32)  # d = x - x[0], as in the forward
+    shift = _shift(x_ptr, row, x_row_stride)
 
     # Lane j sees columns j, j + BLOCK_N, ... and keeps Welford's running mean and M2 of their
     # d values (see layernorm's welford kernel: every lane still running has seen one value a
@@ -203,8 +215,8 @@ def _looped_stats_kernel(
     for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
         offs = start + cols
         mask = offs < N
-        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + row * dy_row_stride + offs, mask=mask, other=0.0).to(tl.float32)
+        x = load_row(x_ptr, row, x_row_stride, offs, mask)
+        dy = load_row(dy_ptr, row, dy_row_stride, offs, mask)
         d = tl.where(mask, x - shift, 0.0)
         blocks += 1.0
         delta = d - lane_mean
@@ -236,16 +248,8 @@ def _looped_stats_kernel(
 
 @triton.jit
 def _looped_rows_kernel(
-    dy_ptr,
-    x_ptr,
-    w_ptr,
-    stats_ptr,
-    dx_ptr,
-    dw_partial_ptr,  # (groups, N) float32 (when HAS_WEIGHT)
-    db_partial_ptr,  # (groups, N) float32 (when HAS_BIAS)
-    dy_row_stride,
-    x_row_stride,
-    dx_row_stride,
+    dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, dw_partial_ptr, db_partial_ptr,
+    dy_row_stride, x_row_stride, dx_row_stride,
     n_rows,
     N,
     BLOCK_N: tl.constexpr,
@@ -255,76 +259,56 @@ def _looped_rows_kernel(
 ):
     """Program (column block, group): dx of the block for rows group, group + groups, ...,
     and the block's shares of dw and db over those rows."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = cols < N
-    group = tl.program_id(1)
-    groups = tl.num_programs(1)
+    cols, mask = column_block(BLOCK_N, N)
     if HAS_WEIGHT:
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     db = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for i in tl.range(group, n_rows, groups, num_stages=NUM_STAGES):
+    for i in tl.range(tl.program_id(1), n_rows, tl.num_programs(1), num_stages=NUM_STAGES):
         row = tl.cast(i, tl.int64)
         mean_d = tl.load(stats_ptr + row * 4)
         rstd = tl.load(stats_ptr + row * 4 + 1)
         mean_g = tl.load(stats_ptr + row * 4 + 2)
         mean_gxhat = tl.load(stats_ptr + row * 4 + 3)
-        x_row = x_ptr + row * x_row_stride
-        shift = tl.load(x_row).to(tl.float32)  # the statistics are those of d = x - x[0]
-        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + row * dy_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        shift = _shift(x_ptr, i, x_row_stride)  # the statistics are those of d = x - x[0]
+        x = load_row(x_ptr, i, x_row_stride, cols, mask)
+        dy = load_row(dy_ptr, i, dy_row_stride, cols, mask)
         xhat = (x - shift - mean_d) * rstd
         g = dy
         if HAS_WEIGHT:
             g = dy * w
         dx = rstd * (g - mean_g - xhat * mean_gxhat)
-        tl.store(dx_ptr + row * dx_row_stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        if HAS_WEIGHT:
-            dw += dy * xhat  # (dy is zero on padding lanes)
-        if HAS_BIAS:
-            db += dy
-    if HAS_WEIGHT:
-        tl.store(dw_partial_ptr + tl.cast(group, tl.int64) * N + cols, dw, mask=mask)
-    if HAS_BIAS:
-        tl.store(db_partial_ptr + tl.cast(group, tl.int64) * N + cols, db, mask=mask)
+        store_row(dx_ptr, i, dx_row_stride, cols, dx.to(dx_ptr.dtype.element_ty), mask)
+        dw, db = _accumulate(dw, db, dy, xhat, HAS_WEIGHT, HAS_BIAS)
+    _store_shares(dw_partial_ptr, db_partial_ptr, tl.program_id(1), N, cols, dw, db, mask, HAS_WEIGHT, HAS_BIAS)
 
 
 # ---------------------------------------------------------------------------------------------
-# Spaces and launchers
+# Spaces, launchers and variants: the skeleton's two schedules
 # ---------------------------------------------------------------------------------------------
 
 
-def _rows_and_width(spec: OpSpec) -> tuple[int, int]:
-    return rows_and_width(spec, input_index=1)  # x, after dy
-
-
-def _operands(n: int, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """dy, x, weight, dx, dw, db as the kernels take them: the activations viewed as (rows, N),
-    placeholders (x, dx) for an absent weight, dw or db. Views only."""
+def _operands(n: int, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> backward.Operands:
+    """dy and x viewed as (rows, N), the weight (x as a placeholder without one), dx viewed as
+    (rows, N); dw and db summed from the shares, as far as the op has them. Views only."""
     dy, x = inputs[0].view(-1, n), inputs[1].view(-1, n)
-    dx = outputs[0].view(-1, n)
     w = inputs[2] if len(inputs) > 2 else x
-    dw = outputs[1] if len(outputs) > 1 else dx
-    db = outputs[2] if len(outputs) > 2 else dx
-    return dy, x, w, dx, dw, db
+    tensors = (dy, x, w)
+    return backward.Operands(tensors, tensors, outputs[0].view(-1, n), tuple(outputs[1:]))
 
 
-def _partials(dx: torch.Tensor, programs: int, n: int, has_weight: bool, has_bias: bool
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scratch (programs, N) float32 buffers for the dw and db shares (placeholders, dx, where
-    the op has no such gradient)."""
-    count = int(has_weight) + int(has_bias)
-    if count == 0:
-        return dx, dx
-    scratch = dx.new_empty((count, programs, n), dtype=torch.float32)
-    return scratch[0], scratch[count - 1]
+def _constexprs(spec: OpSpec) -> dict[str, Any]:
+    has_weight, has_bias = _has_weight_and_bias(spec)
+    return {"HAS_WEIGHT": has_weight, "HAS_BIAS": has_bias}
 
 
-# ---- two_stage ------------------------------------------------------------------------------
+KERNELS = backward.Backward(__name__, _two_stage_rows_kernel, _looped_stats_kernel, _looped_rows_kernel,
+                            width_input=1, stats_width=4, share_slots=2, operands=_operands,
+                            constexprs=_constexprs)
 
 
 def _two_stage_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(_rows_and_width(spec)[1])
+    block_n = next_power_of_two(spec.inputs[1].shape[-1])
     has_weight, has_bias = _has_weight_and_bias(spec)
     # Row-sized float32 vectors held per program: x and dy, and with a weight the weight and the
     # dw share, with a bias the db share. Without a weight nothing is reduced: BLOCK_R would
@@ -336,62 +320,9 @@ def _two_stage_space(spec: OpSpec) -> Space:
         reduce_rows=skeleton.REDUCE_ROWS if has_weight else skeleton.REDUCE_ROWS[:1])
 
 
-def _two_stage_build(spec: OpSpec, config: Config) -> Launcher:
-    rows, n = _rows_and_width(spec)
-    has_weight, has_bias = _has_weight_and_bias(spec)
-    programs = skeleton.groups(int(config["GROUPS"]), rows)
-    eps = float(spec.const("eps"))
-    constexprs = {"BLOCK_N": next_power_of_two(n), "NUM_STAGES": int(config["num_stages"]),
-                  "HAS_WEIGHT": has_weight, "HAS_BIAS": has_bias, **skeleton.launch_options(config)}
-    rows_kernel = direct_launch(_two_stage_rows_kernel, (programs,))
-    reduce = skeleton.reducer(n, int(config["BLOCK_R"]))
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        dy, x, w, dx, dw, db = _operands(n, inputs, outputs)
-        dw_partial, db_partial = _partials(dx, programs, n, has_weight, has_bias)
-        rows_kernel(dy, x, w, dx, dw_partial, db_partial, dy.stride(0), x.stride(0), dx.stride(0),
-                    rows, n, eps, **constexprs)
-        if has_weight:
-            reduce(dw_partial, dw, programs)
-        if has_bias:
-            reduce(db_partial, db, programs)
-
-    return launch
-
-
-# ---- looped ---------------------------------------------------------------------------------
-
-
 def _looped_space(spec: OpSpec) -> Space:
-    return skeleton.looped_backward_space(next_power_of_two(_rows_and_width(spec)[1]), LOOPED_VALUES_PER_COLUMN,
+    return skeleton.looped_backward_space(next_power_of_two(spec.inputs[1].shape[-1]), LOOPED_VALUES_PER_COLUMN,
                                           "the statistics pass")
-
-
-def _looped_build(spec: OpSpec, config: Config) -> Launcher:
-    rows, n = _rows_and_width(spec)
-    has_weight, has_bias = _has_weight_and_bias(spec)
-    groups = skeleton.groups(int(config["GROUPS"]), rows)
-    block_n = int(config["BLOCK_N"])
-    eps = float(spec.const("eps"))
-    constexprs = {"BLOCK_N": block_n, "NUM_STAGES": int(config["num_stages"]), "HAS_WEIGHT": has_weight,
-                  **skeleton.launch_options(config)}
-    stats_kernel = direct_launch(_looped_stats_kernel, (rows,))
-    rows_kernel = direct_launch(_looped_rows_kernel, (triton.cdiv(n, block_n), groups))
-    reduce = skeleton.reducer(n, skeleton.LOOPED_REDUCE_ROWS)
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        dy, x, w, dx, dw, db = _operands(n, inputs, outputs)
-        stats = dx.new_empty((rows, 4), dtype=torch.float32)
-        dw_partial, db_partial = _partials(dx, groups, n, has_weight, has_bias)
-        stats_kernel(dy, x, w, stats, dy.stride(0), x.stride(0), n, eps, **constexprs)
-        rows_kernel(dy, x, w, stats, dx, dw_partial, db_partial, dy.stride(0), x.stride(0), dx.stride(0),
-                    rows, n, HAS_BIAS=has_bias, **constexprs)
-        if has_weight:
-            reduce(dw_partial, dw, groups)
-        if has_bias:
-            reduce(db_partial, db, groups)
-
-    return launch
 
 
 # ---------------------------------------------------------------------------------------------
@@ -409,12 +340,9 @@ class LayerNormBackward(OpFamily):
     stress_distributions = FINITE_STRESS_DISTRIBUTIONS  # no nonfinite: see kernelsmith.ops._base
     distributions = _LAYERNORM.distributions
     tolerance = Tolerance()
-    variants = (
-        Variant("two_stage", "GROUPS programs per SM walk whole rows in registers, dw and db shares "
-                "summed by a second kernel", _two_stage_space, _two_stage_build, (skeleton.__name__,)),
-        Variant("looped", "row statistics in one Welford pass, then (column block, group) programs, "
-                "then the dw and db sums; for wide rows", _looped_space, _looped_build, (skeleton.__name__,)),
-    )
+    variants = backward.variants(KERNELS, _two_stage_space, _looped_space, sums="dw and db",
+                                 looped_summary="row statistics in one Welford pass, then (column block, group) "
+                                 "programs, then the dw and db sums; for wide rows")
 
     # ---- specs -------------------------------------------------------------------------------
     def spec(
@@ -500,9 +428,7 @@ class LayerNormBackward(OpFamily):
         dy_spec, *forward_inputs = spec.inputs
         forward = OpSpec(_LAYERNORM.name, tuple(forward_inputs), dict(spec.constants))
         tensors = _LAYERNORM.make_inputs(forward, seed, distribution, device)
-        g = generator(seed ^ 0x5EED_D1FF, device)
-        dy = torch.randn(dy_spec.shape, generator=g, device=device, dtype=torch.float32)
-        return (dy.to(dy_spec.torch_dtype), *tensors)
+        return (*backward.upstream_gradients(seed, device, (dy_spec,)), *tensors)
 
     def flops(self, spec: OpSpec) -> int:
         # Per element: the statistics (shift, add, centre, square, add), xhat, the two sums for

@@ -56,10 +56,12 @@ Variants (deterministic: no atomics, every sum in a fixed order)
     writes ``dx`` and accumulates the block's ``dw`` share; the third is ``two_stage``'s
     reduction. ``x`` and ``dy`` are read twice (the first time to reduce).
 
-Scratch buffers are allocated by the launchers with ``new_empty`` on an output (the harness
-allows allocation, not computation); every element of them is written before it is read. The two
-schedules' spaces, their constants and the fixed-order share sum are the row-wise skeleton's
-(:mod:`kernelsmith.ops._rowwise`), shared with add_rmsnorm_backward and layernorm_backward.
+This file holds the math: the row math as jitted helpers (:func:`row_gradient` for a whole row,
+:func:`block_gradient` for a column block, which add_rmsnorm_backward's kernels call too), the
+kernels, the reference, the inputs and the register rules of the spaces. The launchers, the
+scratch buffers, the variants and the kernels' addressing are the backward skeleton's
+(:mod:`kernelsmith.ops._rowwise_backward`); the schedules' spaces, their constants and the
+fixed-order share sum are the row-wise skeleton's (:mod:`kernelsmith.ops._rowwise`).
 """
 
 from __future__ import annotations
@@ -72,65 +74,79 @@ import triton
 import triton.language as tl
 
 from kernelsmith.ops import _rowwise as skeleton
+from kernelsmith.ops import _rowwise_backward as backward
 from kernelsmith.ops._base import (
     FINITE_STRESS_DISTRIBUTIONS,
-    Launcher,
     OpFamily,
     Tolerance,
     UnsupportedWorkload,
-    Variant,
-    generator,
-    rows_and_width,
     tensor_specs,
 )
-from kernelsmith.ops._launch import direct_launch
+from kernelsmith.ops._rowwise_backward import column_block, load_row, row_columns, store_row, store_share
 from kernelsmith.ops.rmsnorm import DEFAULT_EPS, norm_constants, weight_offset_of
 from kernelsmith.ops.rmsnorm import OP as _RMSNORM
-from kernelsmith.space import Config, Space, next_power_of_two
+from kernelsmith.space import Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
 # ---------------------------------------------------------------------------------------------
-# Kernels
+# The math: jitted helpers, which add_rmsnorm_backward's kernels call too (with h for x)
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def scaled_weight(w_ptr, cols, mask, WEIGHT_OFFSET: tl.constexpr):
+    """The weight at ``cols`` in float32, plus the forward's offset (Gemma: 1.0; 0.0 compiles no
+    add): ``g`` scales ``dy`` by the weight the forward used; ``dw`` does not change."""
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if WEIGHT_OFFSET != 0.0:
+        w += WEIGHT_OFFSET
+    return w
+
+
+@triton.jit
+def row_gradient(dy_ptr, x_ptr, i, dy_row_stride, x_row_stride, cols, mask, w, N, eps):
+    """Row ``i`` whole: ``dx`` and the row's term of ``dw`` (``dy * x * r``), ``r`` recomputed."""
+    x = load_row(x_ptr, i, x_row_stride, cols, mask)
+    dy = load_row(dy_ptr, i, dy_row_stride, cols, mask)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
+    g = dy * w
+    coef = rstd * rstd * rstd / N * tl.sum(g * x, axis=0)
+    return rstd * g - x * coef, dy * x * rstd
+
+
+@triton.jit
+def block_gradient(dy_ptr, x_ptr, stats_ptr, i, dy_row_stride, x_row_stride, cols, mask, w):
+    """Row ``i`` over one column block: ``dx`` and the ``dw`` term, from the row's statistics
+    (``r`` and ``r**3 / N * sum(g * x)``, as :func:`_looped_stats_kernel` stored them)."""
+    row = tl.cast(i, tl.int64)
+    rstd = tl.load(stats_ptr + row * 2)
+    coef = tl.load(stats_ptr + row * 2 + 1)
+    x = load_row(x_ptr, i, x_row_stride, cols, mask)
+    dy = load_row(dy_ptr, i, dy_row_stride, cols, mask)
+    return rstd * (dy * w) - x * coef, dy * x * rstd
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels (the conventions are the skeleton's: kernelsmith.ops._rowwise_backward)
 # ---------------------------------------------------------------------------------------------
 
 
 @triton.jit
 def _two_stage_rows_kernel(
-    dy_ptr,
-    x_ptr,
-    w_ptr,
-    dx_ptr,
-    partial_ptr,  # (programs, N) float32: each program's share of dw
-    dy_row_stride,
-    x_row_stride,
-    dx_row_stride,
-    n_rows,
-    N,
-    eps,
-    BLOCK_N: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-    WEIGHT_OFFSET: tl.constexpr,  # added to the weight (Gemma: 1.0); 0.0 compiles no add
+    dy_ptr, x_ptr, w_ptr, dx_ptr, partial_ptr,  # partial: (programs, N) float32, the dw shares
+    dy_row_stride, x_row_stride, dx_row_stride, n_rows, N, eps,
+    BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+    WEIGHT_OFFSET: tl.constexpr,
 ):
     """Rows pid, pid + programs, ...: dx for each, and the sum of their dy * x * r."""
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < N
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    if WEIGHT_OFFSET != 0.0:  # dx scales dy by the weight the forward used; dw does not change
-        w += WEIGHT_OFFSET
+    cols, mask = row_columns(BLOCK_N, N)
+    w = scaled_weight(w_ptr, cols, mask, WEIGHT_OFFSET)
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for i in tl.range(pid, n_rows, programs, num_stages=NUM_STAGES):
-        row = tl.cast(i, tl.int64)  # 64-bit offsets (and a tensor in the interpreter)
-        x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + row * dy_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
-        g = dy * w
-        coef = rstd * rstd * rstd / N * tl.sum(g * x, axis=0)
-        dx = rstd * g - x * coef
-        tl.store(dx_ptr + row * dx_row_stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        dw += dy * x * rstd
-    tl.store(partial_ptr + tl.cast(pid, tl.int64) * N + cols, dw, mask=mask)
+    for i in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
+        dx, dw_term = row_gradient(dy_ptr, x_ptr, i, dy_row_stride, x_row_stride, cols, mask, w, N, eps)
+        store_row(dx_ptr, i, dx_row_stride, cols, dx.to(dx_ptr.dtype.element_ty), mask)
+        dw += dw_term
+    store_share(partial_ptr, tl.program_id(0), N, cols, dw, mask)
 
 
 @triton.jit
@@ -155,11 +171,9 @@ def _looped_stats_kernel(
     for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
         cols = start + tl.arange(0, BLOCK_N)
         mask = cols < N
-        x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + row * dy_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        if WEIGHT_OFFSET != 0.0:
-            w += WEIGHT_OFFSET
+        x = load_row(x_ptr, row, x_row_stride, cols, mask)
+        dy = load_row(dy_ptr, row, dy_row_stride, cols, mask)
+        w = scaled_weight(w_ptr, cols, mask, WEIGHT_OFFSET)
         sum_sq += x * x
         sum_gx += dy * w * x
     rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / N + eps)
@@ -170,114 +184,59 @@ def _looped_stats_kernel(
 
 @triton.jit
 def _looped_rows_kernel(
-    dy_ptr,
-    x_ptr,
-    w_ptr,
-    stats_ptr,
-    dx_ptr,
-    partial_ptr,  # (groups, N) float32
-    dy_row_stride,
-    x_row_stride,
-    dx_row_stride,
-    n_rows,
-    N,
-    BLOCK_N: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
+    dy_ptr, x_ptr, w_ptr, stats_ptr, dx_ptr, partial_ptr,  # partial: (groups, N) float32
+    dy_row_stride, x_row_stride, dx_row_stride, n_rows, N,
+    BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
     WEIGHT_OFFSET: tl.constexpr,
 ):
     """Program (column block, group): dx of the block for rows group, group + groups, ...,
     and the block's share of dw over those rows."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = cols < N
-    group = tl.program_id(1)
-    groups = tl.num_programs(1)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    if WEIGHT_OFFSET != 0.0:
-        w += WEIGHT_OFFSET
+    cols, mask = column_block(BLOCK_N, N)
+    w = scaled_weight(w_ptr, cols, mask, WEIGHT_OFFSET)
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for i in tl.range(group, n_rows, groups, num_stages=NUM_STAGES):
-        row = tl.cast(i, tl.int64)
-        rstd = tl.load(stats_ptr + row * 2)
-        coef = tl.load(stats_ptr + row * 2 + 1)
-        x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + row * dy_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-        dx = rstd * (dy * w) - x * coef
-        tl.store(dx_ptr + row * dx_row_stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        dw += dy * x * rstd
-    tl.store(partial_ptr + tl.cast(group, tl.int64) * N + cols, dw, mask=mask)
+    for i in tl.range(tl.program_id(1), n_rows, tl.num_programs(1), num_stages=NUM_STAGES):
+        dx, dw_term = block_gradient(dy_ptr, x_ptr, stats_ptr, i, dy_row_stride, x_row_stride, cols, mask, w)
+        store_row(dx_ptr, i, dx_row_stride, cols, dx.to(dx_ptr.dtype.element_ty), mask)
+        dw += dw_term
+    store_share(partial_ptr, tl.program_id(1), N, cols, dw, mask)
 
 
 # ---------------------------------------------------------------------------------------------
-# Spaces and launchers
+# Spaces, launchers and variants: the skeleton's two schedules
 # ---------------------------------------------------------------------------------------------
 
 
-def _rows_and_width(spec: OpSpec) -> tuple[int, int]:
-    return rows_and_width(spec, input_index=1)  # x, after dy
+def _operands(n: int, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> backward.Operands:
+    """(dy, x, weight) as they are (contiguous), dx; dw summed from the shares."""
+    dx, dw = outputs
+    return backward.Operands(tuple(inputs), tuple(inputs), dx, (dw,))
 
 
-# Inputs are contiguous (the family refuses others), so every activation's row stride is N: the
-# tensors go to the kernels as they are. The scratch shares are allocated with new_empty on dw.
-
-# ---- two_stage ------------------------------------------------------------------------------
+def _constexprs(spec: OpSpec) -> dict[str, Any]:
+    return {"WEIGHT_OFFSET": weight_offset_of(spec)}
 
 
-def _two_stage_space(spec: OpSpec) -> Space:
-    block_n = next_power_of_two(_rows_and_width(spec)[1])
-    # At most four row vectors are live at a time (the activation, dy, the weight, the dw share;
-    # add_rmsnorm_backward loads dh once the others are dead).
+KERNELS = backward.Backward(__name__, _two_stage_rows_kernel, _looped_stats_kernel, _looped_rows_kernel,
+                            width_input=1, stats_width=2, share_slots=1, operands=_operands,
+                            constexprs=_constexprs)
+
+
+# The spaces read the width and dtype of input 1: x here, dh in add_rmsnorm_backward (which uses
+# them too), shaped like h and of its dtype.
+
+
+def two_stage_space(spec: OpSpec, rows_in_flight: int = 2) -> Space:
+    """At most four row vectors are live at a time (the activation, dy, the weight, the dw share;
+    add_rmsnorm_backward, with ``rows_in_flight`` 3, loads dh once the others are dead)."""
+    block_n = next_power_of_two(spec.inputs[1].shape[-1])
     return skeleton.two_stage_space(block_n, spec.inputs[1].torch_dtype.itemsize, 4 * block_n,
-                                    "four row vectors (4 * BLOCK_N elements)")
+                                    "four row vectors (4 * BLOCK_N elements)", rows_in_flight=rows_in_flight)
 
 
-def _two_stage_build(spec: OpSpec, config: Config) -> Launcher:
-    rows, n = _rows_and_width(spec)
-    programs = skeleton.groups(int(config["GROUPS"]), rows)
-    eps = float(spec.const("eps"))
-    meta = {"BLOCK_N": next_power_of_two(n), "NUM_STAGES": int(config["num_stages"]),
-            "WEIGHT_OFFSET": weight_offset_of(spec), **skeleton.launch_options(config)}
-    rows_kernel = direct_launch(_two_stage_rows_kernel, (programs,))
-    reduce = skeleton.reducer(n, int(config["BLOCK_R"]))
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        dy, x, w = inputs
-        dx, dw = outputs
-        partial = dw.new_empty((programs, n), dtype=torch.float32)
-        rows_kernel(dy, x, w, dx, partial, n, n, n, rows, n, eps, **meta)
-        reduce(partial, dw, programs)
-
-    return launch
-
-
-# ---- looped ---------------------------------------------------------------------------------
-
-
-def _looped_space(spec: OpSpec) -> Space:
-    return skeleton.looped_backward_space(next_power_of_two(_rows_and_width(spec)[1]), 4,
+def looped_space(spec: OpSpec) -> Space:
+    """Four BLOCK_N vectors: x, dy, weight and the dw share."""
+    return skeleton.looped_backward_space(next_power_of_two(spec.inputs[1].shape[-1]), 4,
                                           "x, dy, weight and the dw share")
-
-
-def _looped_build(spec: OpSpec, config: Config) -> Launcher:
-    rows, n = _rows_and_width(spec)
-    groups = skeleton.groups(int(config["GROUPS"]), rows)
-    block_n = int(config["BLOCK_N"])
-    eps = float(spec.const("eps"))
-    meta = {"BLOCK_N": block_n, "NUM_STAGES": int(config["num_stages"]), "WEIGHT_OFFSET": weight_offset_of(spec),
-            **skeleton.launch_options(config)}
-    stats_kernel = direct_launch(_looped_stats_kernel, (rows,))
-    rows_kernel = direct_launch(_looped_rows_kernel, (triton.cdiv(n, block_n), groups))
-    reduce = skeleton.reducer(n, skeleton.LOOPED_REDUCE_ROWS)
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        dy, x, w = inputs
-        dx, dw = outputs
-        stats = dw.new_empty((rows, 2), dtype=torch.float32)
-        partial = dw.new_empty((groups, n), dtype=torch.float32)
-        stats_kernel(dy, x, w, stats, n, n, n, eps, **meta)
-        rows_kernel(dy, x, w, stats, dx, partial, n, n, n, rows, n, **meta)
-        reduce(partial, dw, groups)
-
-    return launch
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,30 +245,37 @@ def _looped_build(spec: OpSpec, config: Config) -> Launcher:
 
 
 class RMSNormBackward(OpFamily):
+    """RMSNorm's backward; add_rmsnorm_backward is this family with one more upstream gradient
+    (``dh``) and ``h`` for ``x``, so the specs, checks, references and inputs are written once,
+    over ``input_names``: the upstream gradients, the activation, the weight."""
+
     name = "rmsnorm_backward"
     summary = "gradients (dx, dw) of RMSNorm (Llama's) given dy, recomputing the row statistics"
     shape_help = (
         "the shape of x (and dy), e.g. 8192x4096 (rows x hidden size); weight has the last size, "
         "(4096,); dw is float32 (4096,); more leading sizes are allowed (2x1024x4096)"
     )
+    input_names: tuple[str, ...] = ("dy", "x", "weight")
+    # Per element: x*x, add, dy*w, g*x, add, r*g, x*coef, subtract, dy*x*r (2), add to dw.
+    flops_per_element = 11
     rowwise = True
     stress_distributions = FINITE_STRESS_DISTRIBUTIONS  # no nonfinite: see kernelsmith.ops._base
     distributions = _RMSNORM.distributions
     tolerance = Tolerance()
-    variants = (
-        Variant("two_stage", "GROUPS programs per SM walk whole rows in registers, dw shares summed by "
-                "a second kernel", _two_stage_space, _two_stage_build, (skeleton.__name__,)),
-        Variant("looped", "row statistics, then (column block, group) programs, then the dw sum; "
-                "for wide rows", _looped_space, _looped_build, (skeleton.__name__,)),
-    )
+    variants = backward.variants(KERNELS, two_stage_space, looped_space)
+
+    @property
+    def _activation(self) -> int:
+        """The index of the activation (x, or h) among the inputs: after the upstream gradients."""
+        return len(self.input_names) - 2
 
     # ---- specs -------------------------------------------------------------------------------
     def spec(self, shape: tuple[int, ...], dtype: str, eps: float = DEFAULT_EPS, weight_offset: float = 0.0,
              **constants: Any) -> OpSpec:
-        shape = skeleton.command_line_shape(self.name, shape, constants)
+        shape = skeleton.command_line_shape(self.name, shape, constants, what=self.input_names[-2])
         name = dtype_name(dtype)
         act = TensorSpec(shape, name)
-        spec = OpSpec(self.name, (act, act, TensorSpec((shape[-1],), name)),
+        spec = OpSpec(self.name, (*(act,) * (self._activation + 1), TensorSpec((shape[-1],), name)),
                       norm_constants(self.name, eps, weight_offset))
         self.check_supported(spec)
         return spec
@@ -317,28 +283,27 @@ class RMSNormBackward(OpFamily):
     def spec_for(self, *inputs: torch.Tensor, eps: float = DEFAULT_EPS, weight_offset: float = 0.0,
                  **constants: Any) -> OpSpec:
         if constants:
-            raise UnsupportedWorkload(f"rmsnorm_backward: unknown constants {sorted(constants)}")
-        if len(inputs) != 3:
-            raise UnsupportedWorkload(f"rmsnorm_backward takes (dy, x, weight), not {len(inputs)} tensors")
-        dy, x, weight = inputs
+            raise UnsupportedWorkload(f"{self.name}: unknown constants {sorted(constants)}")
+        if len(inputs) != len(self.input_names) or not all(isinstance(t, torch.Tensor) for t in inputs):
+            raise UnsupportedWorkload(f"{self.name} takes ({', '.join(self.input_names)}), not {len(inputs)} inputs")
+        x, weight = inputs[-2:]
         if x.dim() < 1 or weight.dim() != 1:
-            raise UnsupportedWorkload(f"rmsnorm_backward: x must be at least 1-D and weight 1-D, "
+            raise UnsupportedWorkload(f"{self.name}: {self.input_names[-2]} must be at least 1-D and weight 1-D, "
                                       f"not {x.dim()}-D and {weight.dim()}-D")
         if x.numel() == 0:
-            raise UnsupportedWorkload("rmsnorm_backward: empty inputs are not supported")
-        specs = tensor_specs(self.name, (dy, x, weight))
+            raise UnsupportedWorkload(f"{self.name}: empty inputs are not supported")
+        specs = tensor_specs(self.name, inputs)
         spec = OpSpec(self.name, specs, norm_constants(self.name, eps, weight_offset))
         self.check_supported(spec)
         return spec
 
     def check_supported(self, spec: OpSpec) -> None:
-        skeleton.check_rows_and_weight(self, spec, ('dy', 'x', 'weight'))
+        skeleton.check_rows_and_weight(self, spec, self.input_names)
 
     def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
         """(dx, dw): dx like x, dw (N,) in float32."""
-        x = spec.inputs[1]
+        x = spec.inputs[self._activation]
         return (TensorSpec(x.shape, x.dtype), TensorSpec(x.shape[-1:], "float32"))
-
 
     # ---- math --------------------------------------------------------------------------------
     def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -359,24 +324,26 @@ class RMSNormBackward(OpFamily):
         device: str | torch.device = "cuda",
     ) -> tuple[torch.Tensor, ...]:
         """(dy, x, weight): x and weight as :mod:`rmsnorm` draws them for ``distribution``
-        (weight = 1 + 0.5 * N(0, 1)), dy = N(0, 1) from a second generator; deterministic in seed."""
-        dy_spec, x_spec, w_spec = spec.inputs
+        (weight = 1 + 0.5 * N(0, 1)), dy = N(0, 1) from a second generator (dy then dh for
+        add_rmsnorm_backward, with h for x); deterministic in seed."""
+        *upstream, x_spec, w_spec = spec.inputs
         forward = OpSpec(_RMSNORM.name, (x_spec, w_spec), dict(spec.constants))
         x, weight = _RMSNORM.make_inputs(forward, seed, distribution, device)
-        g = generator(seed ^ 0x5EED_D1FF, device)
-        dy = torch.randn(dy_spec.shape, generator=g, device=device, dtype=torch.float32)
-        return dy.to(dy_spec.torch_dtype), x, weight
+        return (*backward.upstream_gradients(seed, device, upstream), x, weight)
 
     def flops(self, spec: OpSpec) -> int:
-        # Per element: x*x, add, dy*w, g*x, add, r*g, x*coef, subtract, dy*x*r (2), add to dw.
-        return 11 * spec.inputs[1].numel
+        return self.flops_per_element * spec.inputs[self._activation].numel
 
 
 def _autograd(inputs: Sequence[torch.Tensor], eps: float, weight_offset: float, dtype: torch.dtype | None
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dw) by autograd through the HF forward, in ``dtype`` (None: the inputs' own): Llama's,
-    or with a weight offset Gemma's (``(normed * (weight.float() + offset)).to(x.dtype)``)."""
-    dy, x, weight = (t if dtype is None else t.to(dtype) for t in inputs)
+    or with a weight offset Gemma's (``(normed * (weight.float() + offset)).to(x.dtype)``).
+
+    ``inputs`` are (dy, x, weight), or add_rmsnorm_backward's (dy, dh, h, weight): there ``h`` is
+    also the forward's second output (the residual stream), whose gradient ``dh`` autograd adds
+    to the norm's; ``h`` is the leaf, as the add that formed it passes its gradient unchanged."""
+    *upstream, x, weight = (t if dtype is None else t.to(dtype) for t in inputs)
     with torch.enable_grad():
         xg = x.detach().requires_grad_()
         wg = weight.detach().requires_grad_()
@@ -386,7 +353,8 @@ def _autograd(inputs: Sequence[torch.Tensor], eps: float, weight_offset: float, 
             y = (normed * (wg.to(normed.dtype) + weight_offset)).to(xg.dtype)  # float32, rounded once
         else:
             y = wg * normed.to(xg.dtype)  # the normalised row rounded, then times the weight
-        dx, dw = torch.autograd.grad(y, (xg, wg), dy.detach())
+        outputs = (y, xg)[:len(upstream)]  # y alone, or y and the residual stream h
+        dx, dw = torch.autograd.grad(outputs, (xg, wg), tuple(u.detach() for u in upstream))
     return dx.detach(), dw.detach()
 
 

@@ -1,0 +1,231 @@
+"""The norm backwards' skeleton: what RMSNorm's, residual-add + RMSNorm's and LayerNorm's share.
+
+A norm backward writes, for every row, the gradient of its activation (``dx``) from the row's own
+statistics, and sums parameter gradients (``dw``, ``db``) over *all* rows. The two schedules of
+such a backward, their spaces and the fixed-order sum of the programs' shares are in
+:mod:`kernelsmith.ops._rowwise` (its last section); this module writes the rest once, so that a
+family file holds only its math (the kernels' arithmetic), reference, inputs and tolerance:
+
+- jitted helpers for what every kernel addresses the same way (:func:`row_columns`,
+  :func:`column_block`, :func:`load_row`, :func:`store_row`, :func:`store_share`);
+- the launchers of the two schedules (:func:`two_stage_launcher`, :func:`looped_launcher`): the
+  grids, the scratch buffers, the order of the arguments and the share sums;
+- the two variants (:func:`variants`), whose source hash covers this module, the family's and
+  the modules its kernels run;
+- the draw of the upstream gradients for ``make_inputs`` (:func:`upstream_gradients`).
+
+Kernel conventions (what the launchers pass). A family (:class:`Backward`) has three kernels:
+
+``two_stage``'s rows kernel
+    ``(*tensors, grad, *shares, *row strides, n_rows, N, eps)``: the operands (activations, then
+    the weight), the activation gradient, the share buffers (``(programs, N)`` float32), the row
+    stride of each activation and of ``grad``, then the row count, the width and ``eps``; its
+    constexprs are ``BLOCK_N`` (the padded row), ``NUM_STAGES`` and the family's.
+``looped``'s statistics kernel
+    ``(*stats tensors, stats, *row strides, N, eps)``: one program per row writing the row's
+    ``stats_width`` float32 statistics to ``stats`` (a ``(rows, stats_width)`` scratch).
+``looped``'s rows kernel
+    ``(*tensors, stats, grad, *shares, *row strides, n_rows, N)``, on a grid of (column blocks,
+    groups).
+
+Each kernel gets the family's constexprs its signature names. Every row stride is ``N``: the
+families refuse non-contiguous tensors. Kernels address rows in 64-bit integers (the helpers cast
+the row index), so that tensors of more than 2**31 elements are addressed correctly, and mask
+every load and store. Scratch buffers are allocated with ``new_empty`` on an output (the harness
+allows allocation, not computation); every element of them is written before it is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kernelsmith.ops import _rowwise as skeleton
+from kernelsmith.ops._base import Launcher, Variant, generator, rows_and_width
+from kernelsmith.ops._launch import direct_launch
+from kernelsmith.space import Config, Space, next_power_of_two
+from kernelsmith.spec import OpSpec, TensorSpec
+
+# ---------------------------------------------------------------------------------------------
+# Jitted helpers: the kernels' addressing
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def row_columns(BLOCK_N: tl.constexpr, N):
+    """The columns of a whole row (``BLOCK_N`` >= N) and their mask."""
+    cols = tl.arange(0, BLOCK_N)
+    return cols, cols < N
+
+
+@triton.jit
+def column_block(BLOCK_N: tl.constexpr, N):
+    """The columns of this program's block (axis 0 of the grid) and their mask."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return cols, cols < N
+
+
+@triton.jit
+def load_row(ptr, i, row_stride, cols, mask):
+    """Row ``i`` of a (rows, N) matrix at ``cols``, in float32; zero on masked lanes."""
+    row = tl.cast(i, tl.int64)  # 64-bit offsets (and a tensor in the interpreter)
+    return tl.load(ptr + row * row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_row(ptr, i, row_stride, cols, value, mask):
+    """Store ``value`` (already in the tensor's dtype) at row ``i``, ``cols`` of a (rows, N) matrix."""
+    tl.store(ptr + tl.cast(i, tl.int64) * row_stride + cols, value, mask=mask)
+
+
+@triton.jit
+def store_share(partial_ptr, program, N, cols, share, mask):
+    """Store this program's share of a parameter gradient as row ``program`` of the scratch."""
+    tl.store(partial_ptr + tl.cast(program, tl.int64) * N + cols, share, mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------
+# A family, as the launchers see it
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Operands:
+    """A call's tensors in the kernels' order: ``tensors`` (the activations, then the weight or
+    a placeholder), ``stats_tensors`` (those the statistics kernel reads, in its order), ``grad``
+    (the activation gradient) and ``sums`` (the parameter gradients summed over rows, each from
+    a scratch of the programs' shares; none when the op has no parameter)."""
+
+    tensors: tuple[torch.Tensor, ...]
+    stats_tensors: tuple[torch.Tensor, ...]
+    grad: torch.Tensor
+    sums: tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class Backward:
+    """What a norm backward family gives the skeleton besides its spaces."""
+
+    module: str  # the family's module (its kernels): the variants' hashes cover it
+    two_stage_kernel: Any
+    looped_stats_kernel: Any
+    looped_rows_kernel: Any
+    width_input: int  # the input whose shape is (..., N): x, or h after dy and dh
+    stats_width: int  # float32 statistics a row the looped statistics kernel writes
+    share_slots: int  # share pointers the rows kernels take (absent ones repeat the last)
+    operands: Callable[[int, Sequence[torch.Tensor], Sequence[torch.Tensor]], Operands]
+    constexprs: Callable[[OpSpec], dict[str, Any]]  # the family's, for every kernel naming them
+    modules: tuple[str, ...] = ()  # further modules whose code the kernels run
+
+    def rows_and_width(self, spec: OpSpec) -> tuple[int, int]:
+        return rows_and_width(spec, input_index=self.width_input)
+
+
+def _kernel_constexprs(kernel: Any, family: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` and those of the family's constexprs that ``kernel``'s signature names."""
+    return {**meta, **{k: v for k, v in family.items() if k in kernel.arg_names}}
+
+
+def _shares(ops: Operands, programs: int, n: int, slots: int) -> tuple[torch.Tensor, ...]:
+    """The scratch rows of each program's shares, one ``(programs, N)`` float32 buffer a sum, as
+    ``slots`` pointers: absent sums repeat the last buffer (or ``grad`` without any); the kernels
+    never dereference them."""
+    if not ops.sums:
+        return (ops.grad,) * slots
+    scratch = ops.sums[0].new_empty((len(ops.sums), programs, n), dtype=torch.float32)
+    shares = [scratch[i] for i in range(len(ops.sums))]
+    return (*shares, *[shares[-1]] * (slots - len(shares)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The launchers
+# ---------------------------------------------------------------------------------------------
+
+
+def two_stage_launcher(family: Backward, spec: OpSpec, config: Config) -> Launcher:
+    """GROUPS programs per multiprocessor walk whole rows: dx and their shares, then the sums."""
+    rows, n = family.rows_and_width(spec)
+    programs = skeleton.groups(int(config["GROUPS"]), rows)
+    eps = float(spec.const("eps"))
+    kernel = family.two_stage_kernel
+    meta = _kernel_constexprs(kernel, family.constexprs(spec), {
+        "BLOCK_N": next_power_of_two(n), "NUM_STAGES": int(config["num_stages"]),
+        **skeleton.launch_options(config)})
+    rows_kernel = direct_launch(kernel, (programs,))
+    reduce = skeleton.reducer(n, int(config["BLOCK_R"]))
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        ops = family.operands(n, inputs, outputs)
+        shares = _shares(ops, programs, n, family.share_slots)
+        strides = (n,) * len(ops.tensors)  # each activation's and grad's (the weight has none)
+        rows_kernel(*ops.tensors, ops.grad, *shares, *strides, rows, n, eps, **meta)
+        for share, total in zip(shares, ops.sums, strict=False):  # the padding slots sum nothing
+            reduce(share, total, programs)
+
+    return launch
+
+
+def looped_launcher(family: Backward, spec: OpSpec, config: Config) -> Launcher:
+    """Row statistics in one pass, then (column block, group) programs, then the sums."""
+    rows, n = family.rows_and_width(spec)
+    groups = skeleton.groups(int(config["GROUPS"]), rows)
+    block_n = int(config["BLOCK_N"])
+    eps = float(spec.const("eps"))
+    constexprs = family.constexprs(spec)
+    meta = {"BLOCK_N": block_n, "NUM_STAGES": int(config["num_stages"]), **skeleton.launch_options(config)}
+    stats_meta = _kernel_constexprs(family.looped_stats_kernel, constexprs, meta)
+    rows_meta = _kernel_constexprs(family.looped_rows_kernel, constexprs, meta)
+    stats_kernel = direct_launch(family.looped_stats_kernel, (rows,))
+    rows_kernel = direct_launch(family.looped_rows_kernel, (triton.cdiv(n, block_n), groups))
+    reduce = skeleton.reducer(n, skeleton.LOOPED_REDUCE_ROWS)
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        ops = family.operands(n, inputs, outputs)
+        stats = ops.grad.new_empty((rows, family.stats_width), dtype=torch.float32)
+        shares = _shares(ops, groups, n, family.share_slots)
+        stats_strides = (n,) * (len(ops.stats_tensors) - 1)  # the activations' (not the weight's)
+        stats_kernel(*ops.stats_tensors, stats, *stats_strides, n, eps, **stats_meta)
+        strides = (n,) * len(ops.tensors)
+        rows_kernel(*ops.tensors, stats, ops.grad, *shares, *strides, rows, n, **rows_meta)
+        for share, total in zip(shares, ops.sums, strict=False):  # the padding slots sum nothing
+            reduce(share, total, groups)
+
+    return launch
+
+
+def variants(family: Backward, two_stage_space: Callable[[OpSpec], Space],
+             looped_space: Callable[[OpSpec], Space], sums: str = "dw",
+             looped_summary: str = "row statistics, then (column block, group) programs, then the dw sum; "
+                                   "for wide rows") -> tuple[Variant, Variant]:
+    """The family's two variants; ``sums`` names the summed gradients in two_stage's summary."""
+    modules = (family.module, skeleton.__name__, *family.modules)
+
+    def two_stage_build(spec: OpSpec, config: Config) -> Launcher:
+        return two_stage_launcher(family, spec, config)
+
+    def looped_build(spec: OpSpec, config: Config) -> Launcher:
+        return looped_launcher(family, spec, config)
+
+    return (
+        Variant("two_stage", f"GROUPS programs per SM walk whole rows in registers, {sums} shares summed by "
+                "a second kernel", two_stage_space, two_stage_build, modules),
+        Variant("looped", looped_summary, looped_space, looped_build, modules),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------------------------
+
+
+def upstream_gradients(seed: int, device: str | torch.device, specs: Sequence[TensorSpec]) -> tuple[torch.Tensor, ...]:
+    """The upstream gradients (dy, and dh for add_rmsnorm_backward): N(0, 1) drawn in float32 in
+    order from a generator of their own (not the forward inputs'), each cast to its dtype."""
+    g = generator(seed ^ 0x5EED_D1FF, device)
+    draws = [torch.randn(s.shape, generator=g, device=device, dtype=torch.float32) for s in specs]
+    return tuple(d.to(s.torch_dtype) for d, s in zip(draws, specs, strict=True))
