@@ -15,9 +15,9 @@ defining one of them must be covered. A hash covers whole modules, so the rule i
 the covered modules are closed under "its jitted code calls jitted code of" (a module covered for
 one helper brings what its other functions call; covering more costs only a re-measurement).
 
-``KNOWN_GAPS`` lists the gaps found on 2026-12-01 in files this test's change did not own; each
-is asserted exactly, so that fixing one (or a new gap) makes this test fail until the list says
-so.
+The gaps this test found when it was written (add_rmsnorm's kernels calling RMSNorm's row math,
+matmul's epilogues calling the elementwise activations, the linear + cross-entropy tiles calling
+matmul's helpers) are covered now: the test admits none.
 """
 
 from __future__ import annotations
@@ -66,21 +66,6 @@ def reached_modules(*modules: types.ModuleType) -> set[str]:
     return modules
 
 
-# (op, variant) -> the modules its kernels run that its hash does not cover yet (other owners' files).
-_ADD_RMSNORM_SKELETON_GAP = ("kernelsmith.ops.rmsnorm",)  # _rowwise.variant names only add_rmsnorm
-_MATMUL_GAP = ("kernelsmith.ops._elementwise",)  # _matmul_kernels' epilogues call gelu_f32 / sigmoid_f32
-_LCE_GAP = ("kernelsmith.ops.gelu",)
-KNOWN_GAPS: dict[tuple[str, str], tuple[str, ...]] = {
-    **{("add_rmsnorm", v): _ADD_RMSNORM_SKELETON_GAP
-       for v in ("whole_row", "multi_row", "looped", "persistent", "aligned_row")},
-    **{("decode_matmul", v): _MATMUL_GAP for v in ("gemv", "split_k", "persistent")},
-    **{("matmul", v): _MATMUL_GAP for v in ("tiled", "persistent", "split_k", "tma")},
-    ("linear_cross_entropy", "online_lse"): _LCE_GAP,
-    ("linear_cross_entropy_backward", "chunked"): _LCE_GAP,
-    ("linear_cross_entropy_fused", "chunked"): _LCE_GAP,
-}
-
-
 def uncovered_modules(op: str, variant_name: str) -> set[str]:
     """The modules whose jitted code the variant runs and its source hash does not cover."""
     variant = next(v for v in get_op(op).variants if v.name == variant_name)
@@ -96,11 +81,8 @@ VARIANTS = [(op, variant.name) for op in op_names() for variant in get_op(op).va
 @pytest.mark.parametrize(("op", "variant_name"), VARIANTS, ids=[f"{op}-{v}" for op, v in VARIANTS])
 def test_the_source_hash_covers_every_module_whose_jitted_code_the_variant_runs(op: str, variant_name: str) -> None:
     uncovered = uncovered_modules(op, variant_name)
-    known = set(KNOWN_GAPS.get((op, variant_name), ()))
-    assert uncovered == known, (
-        f"{op}.{variant_name}: its kernels run jitted code of {sorted(uncovered)}, which its source hash does "
-        f"not cover (add them to Variant.modules)" if uncovered - known else
-        f"{op}.{variant_name}: the known gap {sorted(known - uncovered)} is covered now: take it out of KNOWN_GAPS")
+    assert not uncovered, (f"{op}.{variant_name}: its kernels run jitted code of {sorted(uncovered)}, which its "
+                           "source hash does not cover (add them to Variant.modules)")  # fmt: skip
 
 
 def test_the_walk_follows_jitted_helpers_into_other_modules() -> None:

@@ -312,12 +312,12 @@ def launcher(kernel: Any, spec: OpSpec, config: Config, strides: int, scalars: t
 def variant(module: str, name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any,
             strides: int, scalars: Callable[[OpSpec], tuple[Any, ...]] = lambda spec: (),
             pipelined: bool = False, constexprs_of: Callable[[OpSpec], dict[str, Any]] | None = None,
-            **constexprs: Any) -> Variant:
+            uses: tuple[str, ...] = (), **constexprs: Any) -> Variant:
     """A variant of the family in ``module`` running ``kernel`` over the configs of ``space``;
     ``scalars(spec)`` are the kernel's own scalar arguments after ``N`` (see :func:`launcher`);
     ``constexprs`` the family's constexprs of every workload, ``constexprs_of(spec)`` those that
     depend on the workload (a weight offset, ``ALIGN``). Its source hash covers this module (its
-    build's) and the family's."""
+    build's), the family's and ``uses``: other modules whose jitted code the family's kernels call."""
     op = module.rsplit(".", 1)[-1]
 
     def build(spec: OpSpec, config: Config) -> Launcher:
@@ -325,7 +325,7 @@ def variant(module: str, name: str, summary: str, space: Callable[[OpSpec], Spac
         own = constexprs_of(spec) if constexprs_of is not None else {}
         return launcher(kernel, spec, config, strides, scalars(spec), pipelined, **constexprs, **own)
 
-    return Variant(name, summary, space, build, modules=(module,))
+    return Variant(name, summary, space, build, modules=(module, *uses))
 
 
 def launch_options(config: Config) -> dict[str, int]:

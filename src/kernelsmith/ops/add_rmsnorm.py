@@ -452,9 +452,9 @@ def _aligned(spec: OpSpec) -> dict[str, Any]:
 def _variant(name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any, pipelined: bool = False,
              strides: int = 4, constexprs_of: Callable[[OpSpec], dict[str, Any]] = _weight_offset) -> Variant:
     # Four row-strided tensors (x, residual, y, h; none for aligned_row); eps after N; the spec's
-    # weight offset.
+    # weight offset. The kernels call RMSNorm's jitted row math, so its module is in the hash too.
     return skeleton.variant(__name__, name, summary, space, kernel, strides=strides, scalars=skeleton.eps_of,
-                            pipelined=pipelined, constexprs_of=constexprs_of)
+                            pipelined=pipelined, constexprs_of=constexprs_of, uses=("kernelsmith.ops.rmsnorm",))
 
 
 def _split_row_build(spec: OpSpec, config: Config) -> Launcher:

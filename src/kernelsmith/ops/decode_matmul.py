@@ -167,6 +167,7 @@ _MODULES = (
     "kernelsmith.ops._matmul_kernels",
     "kernelsmith.ops._matmul_launch",
     "kernelsmith.ops.gelu",
+    "kernelsmith.ops._elementwise",
     "kernelsmith.ops.matmul",
     __name__,
 )

@@ -61,9 +61,12 @@ from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_tw
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
 # What the variants' source hash covers besides this module: the cross-entropy row kernels and
-# launchers they reuse and matmul's product helper (_dot) their tiles call, so that a change in
-# any of them invalidates stored decisions (the backward and fused families add this module).
-LCE_MODULES = (*CROSS_ENTROPY_MODULES, "kernelsmith.ops._matmul_kernels")
+# launchers they reuse, matmul's kernels module (its _dot helper, which their tiles call) and the
+# activations that module's epilogues call, so that a change in any of them invalidates stored
+# decisions (the backward and fused families add this module).
+LCE_MODULES = (
+    *CROSS_ENTROPY_MODULES, "kernelsmith.ops._matmul_kernels", "kernelsmith.ops.gelu", "kernelsmith.ops._elementwise",
+)
 
 NAME = "linear_cross_entropy"
 

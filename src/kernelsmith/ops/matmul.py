@@ -198,7 +198,7 @@ def matmul_precision(allow_tf32: bool) -> Iterator[None]:
 # What a variant's source hash covers besides its build's module (_matmul_launch): the kernels,
 # the activations they call (kernelsmith.ops.gelu) and this module (the constants and the reference
 # the variants are validated against), so that a change in any of them invalidates stored decisions.
-_MODULES = ("kernelsmith.ops._matmul_kernels", "kernelsmith.ops.gelu", __name__)
+_MODULES = ("kernelsmith.ops._matmul_kernels", "kernelsmith.ops.gelu", "kernelsmith.ops._elementwise", __name__)
 
 
 def epilogue_tokens(epilogue: str) -> list[str]:
