@@ -8,7 +8,6 @@ is one small row in a subprocess, exactly as the GPU session invokes the scripts
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,6 +17,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
+from benchmark_scripts import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
@@ -61,16 +62,7 @@ def test_smoke_runs_a_row_and_compares_the_kernel_with_pytorch(
 
 
 def _load(script: str) -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))  # the scripts import their shared helpers as ``_common``
-    try:
-        spec = importlib.util.spec_from_file_location(f"bench_{script}", BENCHMARKS / f"{script}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up while it executes
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return load_benchmark(script)
 
 
 def test_matmul_only_selects_rows_by_group_label_or_shape() -> None:

@@ -5,31 +5,18 @@ run here; the GPU session runs the script itself.)"""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from benchmark_scripts import load_benchmark
 from kernelsmith.ops import op_names
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))  # the scripts import _common as a sibling
-    try:
-        spec = importlib.util.spec_from_file_location("decision_agreement", BENCHMARKS / "decision_agreement.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # its dataclasses look their module up there
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return load_benchmark("decision_agreement")
 
 
 def test_every_family_has_a_row_and_the_norms_a_small_and_a_large_one(bench: ModuleType) -> None:

@@ -8,29 +8,17 @@ refusal on a host without two GPUs, and the table of finished and failed runs.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def scale_out() -> ModuleType:
-    sys.path.insert(0, str(BENCHMARKS))  # the script imports its siblings (_common, record_space)
-    try:
-        spec = importlib.util.spec_from_file_location("bench_scale_out", BENCHMARKS / "scale_out.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # its dataclasses look their module up there
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return load_benchmark("scale_out")
 
 
 def _run(variant: str, config: dict[str, Any], speedup: float, ci: tuple[float, float]) -> dict[str, Any]:
