@@ -11,7 +11,7 @@
 #
 # Steps (each writes STEP.log and its JSON under $RESULTS, and is bounded by a timeout). At the end
 # everything under $RESULTS is packed into $RESULTS/session.tar.gz (the lent machine returns few files).
-#   tests       pytest -m gpu tests                          (TEST_TIMEOUT, default 300 s)
+#   tests       pytest -m gpu $TEST_PATHS $TEST_ARGS          (TEST_TIMEOUT, default 300 s; TEST_PATHS default tests)
 #   overhead    benchmarks/dispatch_overhead.py              (120 s)
 #   ops         benchmarks/ops.py $OPS_ARGS                  (OPS_TIMEOUT, default 540 s)
 #   attention   benchmarks/attention.py $ATTENTION_ARGS      (ATTENTION_TIMEOUT, default 300 s)
@@ -64,7 +64,9 @@ step() {  # step NAME: one step, its log in $RESULTS/NAME.log, then a marker $RE
   local name=$1 started=$SECONDS
   echo "=== $name (GPU ${CUDA_VISIBLE_DEVICES:-all}) $(date -u +%H:%M:%S)"
   case $name in
-    tests) timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -m gpu tests -q -p no:cacheprovider ;;
+    tests) # SIGINT, so that pytest still prints its summary of failures when the step runs out of time
+           timeout -s INT "${TEST_TIMEOUT:-300}" python3 -m pytest -m gpu ${TEST_PATHS:-tests} -q -p no:cacheprovider \
+             -rfE --tb=short ${TEST_ARGS:-} ;;
     overhead) timeout 120 python3 benchmarks/dispatch_overhead.py --out "$RESULTS/overhead.json" ;;
     ops) timeout "${OPS_TIMEOUT:-540}" python3 benchmarks/ops.py --out "$RESULTS/ops.json" ${OPS_ARGS:-} ;;
     attention) timeout "${ATTENTION_TIMEOUT:-300}" python3 benchmarks/attention.py --out "$RESULTS/attention.json" \
