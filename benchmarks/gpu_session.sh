@@ -11,7 +11,8 @@
 #
 # Steps (each writes STEP.log and its JSON under $RESULTS, and is bounded by a timeout). At the end
 # everything under $RESULTS is packed into $RESULTS/session.tar.gz (the lent machine returns few files).
-#   tests       pytest -m gpu $TEST_PATHS $TEST_ARGS          (TEST_TIMEOUT, default 300 s; TEST_PATHS default tests)
+#   tests       pytest -m gpu $TEST_PATHS $TEST_ARGS          (TEST_TIMEOUT, default 300 s; TEST_PATHS default tests;
+#               TEST_ISOLATE=1: a process per path, so one CUDA fault fails only its file)
 #   overhead    benchmarks/dispatch_overhead.py              (120 s)
 #   ops         benchmarks/ops.py $OPS_ARGS                  (OPS_TIMEOUT, default 540 s)
 #   attention   benchmarks/attention.py $ATTENTION_ARGS      (ATTENTION_TIMEOUT, default 300 s)
@@ -64,9 +65,23 @@ step() {  # step NAME: one step, its log in $RESULTS/NAME.log, then a marker $RE
   local name=$1 started=$SECONDS
   echo "=== $name (GPU ${CUDA_VISIBLE_DEVICES:-all}) $(date -u +%H:%M:%S)"
   case $name in
-    tests) # SIGINT, so that pytest still prints its summary of failures when the step runs out of time
-           timeout -s INT "${TEST_TIMEOUT:-300}" python3 -m pytest -m gpu ${TEST_PATHS:-tests} -q -p no:cacheprovider \
-             -rfE --tb=short ${TEST_ARGS:-} ;;
+    tests) # SIGINT, so that pytest still prints its summary of failures when the step runs out of time.
+           # TEST_ISOLATE=1: one pytest process per path, so that a CUDA fault (an illegal address poisons
+           # the process's context) fails only its own file; TEST_TIMEOUT is then the budget of them all.
+           if [ -n "${TEST_ISOLATE:-}" ]; then
+             deadline=$((SECONDS + ${TEST_TIMEOUT:-300}))
+             for path in ${TEST_PATHS:-tests/gpu}; do
+               left=$((deadline - SECONDS))
+               if [ "$left" -le 10 ]; then echo "=== $path: not run (no time left)"; continue; fi
+               echo "=== $path ($left s left)"
+               timeout -s INT "$left" python3 -m pytest -m gpu "$path" -q -p no:cacheprovider -rfE --tb=short \
+                 ${TEST_ARGS:-}
+               echo "=== $path: exit $?"
+             done
+           else
+             timeout -s INT "${TEST_TIMEOUT:-300}" python3 -m pytest -m gpu ${TEST_PATHS:-tests} -q -p no:cacheprovider \
+               -rfE --tb=short ${TEST_ARGS:-}
+           fi ;;
     overhead) timeout 120 python3 benchmarks/dispatch_overhead.py --out "$RESULTS/overhead.json" ;;
     ops) timeout "${OPS_TIMEOUT:-540}" python3 benchmarks/ops.py --out "$RESULTS/ops.json" ${OPS_ARGS:-} ;;
     attention) timeout "${ATTENTION_TIMEOUT:-300}" python3 benchmarks/attention.py --out "$RESULTS/attention.json" \
