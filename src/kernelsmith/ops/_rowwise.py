@@ -24,11 +24,12 @@ once: the spaces of each schedule and their constraints (:func:`whole_row_space`
 and the launcher (:func:`launcher`), and the variants (:func:`variant`), whose source hash covers
 both the family's module and this one (``Variant.modules``); also the checks the norms' specs
 share (:func:`command_line_shape`, :func:`check_rows_and_weight`) and, for the backward families,
-the two schedules of a backward with parameter gradients and their fixed-order sum (the last
-section). The kernels themselves stay in the family files: a kernel's schedule is its first few
-lines (which rows, which columns, which mask), its tensors and scalars differ from family to
-family, and a kernel written out whole keeps the exact loads, stores and constexprs that were
-measured, where a generic kernel calling the family's math would need one signature for all.
+the spaces of the two schedules of a backward with parameter gradients (the last section; their
+launchers and fixed-order sum are :mod:`kernelsmith.ops._rowwise_backward`'s). The kernels
+themselves stay in the family files: a kernel's schedule is its first few lines (which rows,
+which columns, which mask), its tensors and scalars differ from family to family, and a kernel
+written out whole keeps the exact loads, stores and constexprs that were measured, where a
+generic kernel calling the family's math would need one signature for all.
 
 Kernel conventions (what :func:`launcher` passes). A family's kernel takes, in order: its input
 tensors, its output tensors, the row stride of each of its ``strides`` row-strided tensors (every
@@ -328,11 +329,6 @@ def variant(module: str, name: str, summary: str, space: Callable[[OpSpec], Spac
     return Variant(name, summary, space, build, modules=(module, *uses))
 
 
-def launch_options(config: Config) -> dict[str, int]:
-    """``num_warps`` and ``num_stages`` of a config that has both, as launch options."""
-    return {"num_warps": int(config["num_warps"]), "num_stages": int(config["num_stages"])}
-
-
 def command_line_shape(op: str, shape: Sequence[Any], constants: dict[str, Any], what: str = "x") -> tuple[int, ...]:
     """A ``--shape`` as integers, for a family's ``spec``: UnsupportedWorkload for constants it
     does not know (``constants``, what is left of its keyword arguments) or a shape of ``what``
@@ -519,75 +515,25 @@ def split_row_launcher(spec: OpSpec, config: Config, stats: SplitKernel, apply: 
     return launch
 
 
-# ---- backward: rows, then a fixed-order sum of per-program column shares --------------------------------
+# ---- backward: the spaces of a norm backward's two schedules ---------------------------------------------
 #
 # A normalisation's backward computes dx row by row, and parameter gradients (dw, db) as sums over
-# every row. Its programs each walk a group of rows and write their share of those sums to a
-# float32 scratch row; a second kernel adds the shares up, always in the same order, so that the
-# result is bitwise reproducible (no atomics). Two schedules:
+# every row, which its programs write as shares to a float32 scratch that a second kernel adds up
+# in a fixed order (the launchers and that sum are :mod:`kernelsmith.ops._rowwise_backward`'s).
+# Two schedules:
 #
 # ``two_stage``: GROUPS programs per multiprocessor (at most one a row), each walking whole rows
 #   in registers (rows up to BACKWARD_MAX_ROW), then the sum with BLOCK_R share rows a step;
 # ``looped``: for wide rows, the row statistics in one pass over column blocks, then (column
-#   block, group) programs, then the sum (LOOPED_REDUCE_ROWS share rows a step).
+#   block, group) programs, then the sum.
 
 # two_stage holds four row-sized float32 vectors per program (x, dy, weight, the dw share):
 # 4 * BLOCK_N values, at most 32 warps * 32 threads * 128 values.
 BACKWARD_MAX_ROW = 32768
 GROUPS = (1, 2, 4)  # two_stage's programs per multiprocessor
 REDUCE_ROWS = (8, 32)  # BLOCK_R: share rows summed per step of the reduction
-REDUCE_TILE = 2048  # BLOCK_R * BLOCK_C elements per step of the reduction
-REDUCE_WARPS = 4
 BACKWARD_BLOCKS = powers_of_two(256, 4096)  # looped's BLOCK_N
 LOOPED_GROUPS = (1, 4)  # fewer choices than two_stage: the looped space has BLOCK_N too
-LOOPED_REDUCE_ROWS = 16
-
-
-def groups(per_multiprocessor: int, rows: int) -> int:
-    """Programs of a grid of ``per_multiprocessor`` per multiprocessor, at most one per row."""
-    return max(1, min(rows, programs(per_multiprocessor)))
-
-
-def reduce_block_c(block_r: int, n: int) -> int:
-    """Columns per program of the share sum: a ``REDUCE_TILE`` tile, but narrow enough that the
-    columns spread over every multiprocessor. (With 256 columns, N = 4096 made 16 programs for
-    132 multiprocessors: 14 us for a 4 MB sum on an H200, most of the GPU idle.)"""
-    tile_width = max(16, REDUCE_TILE // block_r)
-    spread = max(16, next_power_of_two(triton.cdiv(n, programs(1))))
-    return min(next_power_of_two(n), tile_width, spread)
-
-
-@triton.jit
-def _sum_partials_kernel(
-    partial_ptr,  # (programs, N) float32
-    dw_ptr,
-    programs,
-    N,
-    BLOCK_R: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-):
-    """dw[cols] = sum of the partial rows, always in the same order (bitwise reproducible)."""
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_mask = cols < N
-    acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
-    for start in range(0, programs, BLOCK_R):
-        rows = start + tl.arange(0, BLOCK_R)
-        mask = (rows < programs)[:, None] & col_mask[None, :]
-        offsets = rows.to(tl.int64)[:, None] * N + cols[None, :]
-        acc += tl.load(partial_ptr + offsets, mask=mask, other=0.0)
-    tl.store(dw_ptr + cols, tl.sum(acc, axis=0), mask=col_mask)
-
-
-def reducer(n: int, block_r: int) -> Callable[[torch.Tensor, torch.Tensor, int], None]:
-    """A launcher of the fixed-order share sum over rows of ``n`` columns:
-    ``reduce(partial, out, programs)`` writes ``out[c] = sum of partial[:programs, c]``."""
-    block_c = reduce_block_c(block_r, n)
-    kernel = direct_launch(_sum_partials_kernel, (triton.cdiv(n, block_c),))
-
-    def reduce(partial: torch.Tensor, out: torch.Tensor, programs: int) -> None:
-        kernel(partial, out, programs, n, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=REDUCE_WARPS)
-
-    return reduce
 
 
 def two_stage_space(block_n: int, itemsize: int, held: int, what: str, rows_in_flight: int = 2,
@@ -635,32 +581,3 @@ def looped_backward_space(block_n: int, values_per_column: int, what: str) -> Sp
         ],
     )
 
-
-__all__ = [
-    "EVICTION",
-    "LAYERNORM_WARPS",
-    "LOOPED_BLOCKS",
-    "MAX_MULTI_ROW_BLOCK",
-    "MAX_WARPS_PER_SM",
-    "MAX_WHOLE_ROW",
-    "NORM_WARPS",
-    "NO_LOOP_STAGES",
-    "PIPELINE_SHARED_BYTES",
-    "PROGRAMS_PER_SM",
-    "REDUCTION_WARPS",
-    "ROWS_PER_PROGRAM",
-    "STAGES",
-    "WARPS",
-    "Operands",
-    "Warps",
-    "checked",
-    "eps_of",
-    "grid",
-    "launcher",
-    "looped_space",
-    "multi_row_space",
-    "persistent_space",
-    "programs",
-    "variant",
-    "whole_row_space",
-]

@@ -1,13 +1,16 @@
 """The norm backwards' skeleton: what RMSNorm's, residual-add + RMSNorm's and LayerNorm's share.
 
 A norm backward writes, for every row, the gradient of its activation (``dx``) from the row's own
-statistics, and sums parameter gradients (``dw``, ``db``) over *all* rows. The two schedules of
-such a backward, their spaces and the fixed-order sum of the programs' shares are in
-:mod:`kernelsmith.ops._rowwise` (its last section); this module writes the rest once, so that a
-family file holds only its math (the kernels' arithmetic), reference, inputs and tolerance:
+statistics, and sums parameter gradients (``dw``, ``db``) over *all* rows: each program writes its
+share of those sums to a float32 scratch row, and a second kernel adds the shares up, always in
+the same order, so that the result is bitwise reproducible (no atomics). The spaces of the two
+schedules of such a backward are in :mod:`kernelsmith.ops._rowwise` (its last section), with the
+forward schedules' budgets they share; this module writes the rest once, so that a family file
+holds only its math (the kernels' arithmetic), reference, inputs and tolerance:
 
 - jitted helpers for what every kernel addresses the same way (:func:`row_columns`,
   :func:`column_block`, :func:`load_row`, :func:`store_row`, :func:`store_share`);
+- the fixed-order sum of the programs' shares (:func:`reducer`);
 - the launchers of the two schedules (:func:`two_stage_launcher`, :func:`looped_launcher`): the
   grids, the scratch buffers, the order of the arguments and the share sums;
 - the two variants (:func:`variants`), whose source hash covers this module, the family's and
@@ -90,6 +93,62 @@ def store_share(partial_ptr, program, N, cols, share, mask):
 
 
 # ---------------------------------------------------------------------------------------------
+# The fixed-order sum of the programs' shares
+# ---------------------------------------------------------------------------------------------
+
+REDUCE_TILE = 2048  # BLOCK_R * BLOCK_C elements per step of the reduction
+REDUCE_WARPS = 4
+LOOPED_REDUCE_ROWS = 16  # looped's BLOCK_R (two_stage's is a search parameter)
+
+
+def row_groups(per_multiprocessor: int, rows: int) -> int:
+    """Programs of a grid of ``per_multiprocessor`` per multiprocessor, at most one per row."""
+    return max(1, min(rows, skeleton.programs(per_multiprocessor)))
+
+
+def reduce_block_c(block_r: int, n: int) -> int:
+    """Columns per program of the share sum: a ``REDUCE_TILE`` tile, but narrow enough that the
+    columns spread over every multiprocessor. (With 256 columns, N = 4096 made 16 programs for
+    132 multiprocessors: 14 us for a 4 MB sum on an H200, most of the GPU idle.)"""
+    tile_width = max(16, REDUCE_TILE // block_r)
+    spread = max(16, next_power_of_two(triton.cdiv(n, skeleton.programs(1))))
+    return min(next_power_of_two(n), tile_width, spread)
+
+
+@triton.jit
+def _sum_partials_kernel(
+    partial_ptr,  # (programs, N) float32
+    dw_ptr,
+    programs,
+    N,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """dw[cols] = sum of the partial rows, always in the same order (bitwise reproducible)."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_mask = cols < N
+    acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
+    for start in range(0, programs, BLOCK_R):
+        rows = start + tl.arange(0, BLOCK_R)
+        mask = (rows < programs)[:, None] & col_mask[None, :]
+        offsets = rows.to(tl.int64)[:, None] * N + cols[None, :]
+        acc += tl.load(partial_ptr + offsets, mask=mask, other=0.0)
+    tl.store(dw_ptr + cols, tl.sum(acc, axis=0), mask=col_mask)
+
+
+def reducer(n: int, block_r: int) -> Callable[[torch.Tensor, torch.Tensor, int], None]:
+    """A launcher of the fixed-order share sum over rows of ``n`` columns:
+    ``reduce(partial, out, programs)`` writes ``out[c] = sum of partial[:programs, c]``."""
+    block_c = reduce_block_c(block_r, n)
+    kernel = direct_launch(_sum_partials_kernel, (triton.cdiv(n, block_c),))
+
+    def reduce(partial: torch.Tensor, out: torch.Tensor, programs: int) -> None:
+        kernel(partial, out, programs, n, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=REDUCE_WARPS)
+
+    return reduce
+
+
+# ---------------------------------------------------------------------------------------------
 # A family, as the launchers see it
 # ---------------------------------------------------------------------------------------------
 
@@ -126,6 +185,11 @@ class Backward:
         return rows_and_width(spec, input_index=self.width_input)
 
 
+def launch_options(config: Config) -> dict[str, int]:
+    """``num_warps`` and ``num_stages`` of a config, as launch options."""
+    return {"num_warps": int(config["num_warps"]), "num_stages": int(config["num_stages"])}
+
+
 def _kernel_constexprs(kernel: Any, family: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
     """``meta`` and those of the family's constexprs that ``kernel``'s signature names."""
     return {**meta, **{k: v for k, v in family.items() if k in kernel.arg_names}}
@@ -150,14 +214,14 @@ def _shares(ops: Operands, programs: int, n: int, slots: int) -> tuple[torch.Ten
 def two_stage_launcher(family: Backward, spec: OpSpec, config: Config) -> Launcher:
     """GROUPS programs per multiprocessor walk whole rows: dx and their shares, then the sums."""
     rows, n = family.rows_and_width(spec)
-    programs = skeleton.groups(int(config["GROUPS"]), rows)
+    programs = row_groups(int(config["GROUPS"]), rows)
     eps = float(spec.const("eps"))
     kernel = family.two_stage_kernel
     meta = _kernel_constexprs(kernel, family.constexprs(spec), {
         "BLOCK_N": next_power_of_two(n), "NUM_STAGES": int(config["num_stages"]),
-        **skeleton.launch_options(config)})
+        **launch_options(config)})
     rows_kernel = direct_launch(kernel, (programs,))
-    reduce = skeleton.reducer(n, int(config["BLOCK_R"]))
+    reduce = reducer(n, int(config["BLOCK_R"]))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         ops = family.operands(n, inputs, outputs)
@@ -173,16 +237,16 @@ def two_stage_launcher(family: Backward, spec: OpSpec, config: Config) -> Launch
 def looped_launcher(family: Backward, spec: OpSpec, config: Config) -> Launcher:
     """Row statistics in one pass, then (column block, group) programs, then the sums."""
     rows, n = family.rows_and_width(spec)
-    groups = skeleton.groups(int(config["GROUPS"]), rows)
+    groups = row_groups(int(config["GROUPS"]), rows)
     block_n = int(config["BLOCK_N"])
     eps = float(spec.const("eps"))
     constexprs = family.constexprs(spec)
-    meta = {"BLOCK_N": block_n, "NUM_STAGES": int(config["num_stages"]), **skeleton.launch_options(config)}
+    meta = {"BLOCK_N": block_n, "NUM_STAGES": int(config["num_stages"]), **launch_options(config)}
     stats_meta = _kernel_constexprs(family.looped_stats_kernel, constexprs, meta)
     rows_meta = _kernel_constexprs(family.looped_rows_kernel, constexprs, meta)
     stats_kernel = direct_launch(family.looped_stats_kernel, (rows,))
     rows_kernel = direct_launch(family.looped_rows_kernel, (triton.cdiv(n, block_n), groups))
-    reduce = skeleton.reducer(n, skeleton.LOOPED_REDUCE_ROWS)
+    reduce = reducer(n, LOOPED_REDUCE_ROWS)
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         ops = family.operands(n, inputs, outputs)
