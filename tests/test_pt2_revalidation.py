@@ -16,7 +16,7 @@ import torch
 import torch._dynamo.testing
 
 import kernelsmith
-from kernelsmith import dispatch, tuner
+from kernelsmith import _dispatch_decisions, dispatch, tuner
 from kernelsmith.db import Fingerprint, open_database
 from kernelsmith.frontends import backend as ks_backend
 from test_backend import kernel_ops, record_inductor, spy_runners
@@ -46,7 +46,7 @@ def db_path(tmp_path, monkeypatch) -> str:
     assert old.near(_here()) and old.hash != _here().hash
     _plant_bucket(path, old)
     dispatch._RUNNERS.clear()
-    dispatch._NEAR_TRIED.clear()
+    _dispatch_decisions._NEAR_TRIED.clear()
     torch._dynamo.reset()
     return path
 
