@@ -192,7 +192,7 @@ def test_expected_inputs_leaves_its_clones_untouched() -> None:
 def test_timing_checks_the_input_sets_against_their_pre_call_state() -> None:
     """The worker's check after its timed rounds: each shared input set must be in the state one
     call from its refill gives; a row left stale (or written elsewhere) is reported."""
-    from kernelsmith.evaluate.worker import _written_state_problem
+    from kernelsmith.evaluate._worker_timing import _written_state_problem
 
     before = OP.make_inputs(SPEC, 8)
     right = [t.clone() for t in before]
