@@ -107,14 +107,9 @@ APPROXIMATIONS = ("none", "tanh")
 
 @triton.jit
 def activation_f32(a, ACT: tl.constexpr):
-    """act(a) in float32 (also used by kernelsmith.ops.gated_backward)."""
-    if ACT == 0:
-        h = a * sigmoid_f32(a)  # silu(a) = a * sigmoid(a)
-    elif ACT == 1:
-        h = gelu_f32(a, False)
-    else:
-        h = gelu_f32(a, True)
-    return h
+    """act(a) in float32 (also used by kernelsmith.ops.gated_backward): silu(a) = a * sigmoid(a)
+    (ACT_SILU), or GELU in its exact (ACT_GELU) or tanh (ACT_GELU_TANH) form."""
+    return a * sigmoid_f32(a) if ACT == 0 else gelu_f32(a, ACT == 2)
 
 
 @triton.jit

@@ -101,14 +101,8 @@ from kernelsmith.spec import OpSpec, TensorSpec
 
 @triton.jit
 def _activation_grad_f32(a, ACT: tl.constexpr):
-    """act'(a) in float32 (ACT as in kernelsmith.ops.gated)."""
-    if ACT == 0:
-        g = silu_grad_f32(a)
-    elif ACT == 1:
-        g = gelu_grad_f32(a, False)
-    else:
-        g = gelu_grad_f32(a, True)
-    return g
+    """act'(a) in float32 (ACT as in kernelsmith.ops.gated's activation_f32)."""
+    return silu_grad_f32(a) if ACT == 0 else gelu_grad_f32(a, ACT == 2)
 
 
 @triton.jit
