@@ -159,12 +159,32 @@ def _autograd(
     return loss.detach(), dlogits.detach()
 
 
+# How both ops' --shape reads: the forward's logits (each op's shape_help goes on to its tensors).
+_LOGITS_SHAPE_HELP = (
+    "the shape of the logits, rows x vocabulary: --shape 8192x128256 is 8192 tokens over a 128256-class vocabulary; "
+)
+
+
 class _CrossEntropyGradient(OpFamily):
-    """What the backward and the fused op share: the forward's distributions, spaces, kernels."""
+    """What the backward and the fused op share: the forward's distributions, spaces, kernels,
+    and specs made from the forward's (:meth:`_from_forward`: the logits and targets, with or
+    without a dloss in front)."""
 
     distributions = _FORWARD.distributions
     stress_distributions = FINITE_STRESS_DISTRIBUTIONS  # no nonfinite: see kernelsmith.ops._base
     variants = _VARIANTS
+
+    def _from_forward(self, forward: OpSpec) -> OpSpec:
+        """This op's spec for the forward's spec of the same logits, targets and constants."""
+        raise NotImplementedError
+
+    def spec(self, shape: tuple[int, ...], dtype: str, **constants: Any) -> OpSpec:
+        return self._from_forward(_FORWARD.spec(shape, dtype, **constants))
+
+    def validation_specs(self, spec: OpSpec) -> list[OpSpec]:
+        """The forward's tails (1, 7 and an odd row count, the vocabulary unchanged), as this op's
+        specs (dloss following the row count for "none")."""
+        return [self._from_forward(s) for s in _FORWARD.validation_specs(_forward_spec(spec))]
 
     def _logits_spec(self, spec: OpSpec) -> TensorSpec:
         return spec.inputs[-2]
@@ -177,17 +197,9 @@ class _CrossEntropyGradient(OpFamily):
 class CrossEntropyBackward(_CrossEntropyGradient):
     name = BACKWARD_NAME
     summary = "gradient dlogits of cross-entropy given dloss, the (R, V) logits and (R,) int64 targets"
-    shape_help = (
-        "the shape of the logits, rows x vocabulary: --shape 8192x128256 is 8192 tokens over a "
-        "128256-class vocabulary; dloss is 0-d float32 ((8192,) with reduction=none), dlogits is "
-        "like the logits"
-    )
+    shape_help = _LOGITS_SHAPE_HELP + "dloss is 0-d float32 ((8192,) with reduction=none), dlogits is like the logits"
 
     # ---- specs -----------------------------------------------------------------------------------
-    def spec(self, shape: tuple[int, ...], dtype: str, **constants: Any) -> OpSpec:
-        forward = _FORWARD.spec(shape, dtype, **constants)
-        return self._from_forward(forward)
-
     def _from_forward(self, forward: OpSpec) -> OpSpec:
         rows = forward.inputs[0].shape[0]
         dloss = TensorSpec((rows,) if forward.const("reduction") == "none" else (), "float32")
@@ -220,11 +232,6 @@ class CrossEntropyBackward(_CrossEntropyGradient):
     def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
         """``(dlogits,)``, like the logits."""
         return (self._logits_spec(spec),)
-
-    def validation_specs(self, spec: OpSpec) -> list[OpSpec]:
-        """The forward's tails (1, 7 and an odd row count, the vocabulary unchanged), dloss
-        following the row count for "none"."""
-        return [self._from_forward(s) for s in _FORWARD.validation_specs(_forward_spec(spec))]
 
     # ---- math ------------------------------------------------------------------------------------
     def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -268,20 +275,17 @@ class CrossEntropyBackward(_CrossEntropyGradient):
 class CrossEntropyFused(_CrossEntropyGradient):
     name = FUSED_NAME
     summary = "cross-entropy loss and its gradient dlogits (upstream gradient 1) in one walk over the logits"
-    shape_help = (
-        "the shape of the logits, rows x vocabulary: --shape 8192x128256 is 8192 tokens over a "
-        "128256-class vocabulary; the loss is float32 (0-d, or (8192,) with reduction=none), dlogits "
-        "is like the logits"
+    shape_help = _LOGITS_SHAPE_HELP + (
+        "the loss is float32 (0-d, or (8192,) with reduction=none), dlogits is like the logits"
     )
 
     # ---- specs -----------------------------------------------------------------------------------
-    def spec(self, shape: tuple[int, ...], dtype: str, **constants: Any) -> OpSpec:
-        forward = _FORWARD.spec(shape, dtype, **constants)
+    def _from_forward(self, forward: OpSpec) -> OpSpec:
+        """The forward's very inputs and constants, under this op's name."""
         return OpSpec(self.name, forward.inputs, dict(forward.constants))
 
     def spec_for(self, *inputs: torch.Tensor, **constants: Any) -> OpSpec:
-        forward = _FORWARD.spec_for(*inputs, **constants)
-        return OpSpec(self.name, forward.inputs, dict(forward.constants))
+        return self._from_forward(_FORWARD.spec_for(*inputs, **constants))
 
     def check_supported(self, spec: OpSpec) -> None:
         _FORWARD.check_supported(_forward_spec(spec))
@@ -289,9 +293,6 @@ class CrossEntropyFused(_CrossEntropyGradient):
     def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
         """``(loss, dlogits)``: the forward's float32 loss, and the gradient like the logits."""
         return (*_FORWARD.output_specs(_forward_spec(spec)), self._logits_spec(spec))
-
-    def validation_specs(self, spec: OpSpec) -> list[OpSpec]:
-        return [OpSpec(self.name, s.inputs, dict(s.constants)) for s in _FORWARD.validation_specs(_forward_spec(spec))]
 
     # ---- math ------------------------------------------------------------------------------------
     def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
