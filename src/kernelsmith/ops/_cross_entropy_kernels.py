@@ -2,11 +2,13 @@
 its backward and the fused loss-and-gradient (:mod:`kernelsmith.ops.cross_entropy_backward`),
 whose docstrings explain the math and the variants. Their spaces and launchers are in
 :mod:`kernelsmith.ops._cross_entropy_launch`; the linear + cross-entropy families reuse the row
-loss, the "mean" count and the row-gradient kernel.
+loss, the merge of split statistics, the "mean" count and the row-gradient kernel.
 
 The three ops share one way of reading a row: its max ``m`` and ``s = sum exp(x - m)`` (online,
 :func:`_ce_online_stats`, or from registers, :func:`_ce_whole_row_stats`), the target's logit in
-one scalar load (:func:`_ce_target_logit`), and the row loss from those (:func:`_ce_row_loss`).
+one scalar load (:func:`_ce_target_logit`), and the row loss from those (:func:`_ce_row_loss`);
+a row read in chunks by several programs gets ``m`` and ``s`` back from the chunks' own
+(:func:`_ce_merge_chunks`).
 The gradient kernels then write ``(exp(x - m) / s - eps / V - [j == t](1 - eps)) * scale`` from
 the row's factors (:func:`_ceb_row_factors`), over column blocks (:func:`_ceb_write_grad`) or
 from the registers still holding the row.
@@ -55,6 +57,18 @@ def _ce_program_row(x_ptr, t_ptr, x_row_stride, ignore_index):
     row = tl.program_id(0).to(tl.int64)
     target = tl.load(t_ptr + row)
     return row, x_ptr + row * x_row_stride, target, target != ignore_index
+
+
+@triton.jit
+def _ce_program_rows(t_ptr, n_rows, ignore_index, ROWS: tl.constexpr):
+    """``(rows64, row_mask, target, valid)``: the ``ROWS`` rows of this program (block
+    ``program_id(0)``, 64-bit), which of them exist, their targets (0 past the end) and which
+    count (they exist and their target is not ``ignore_index``)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_mask = rows < n_rows
+    rows64 = rows.to(tl.int64)
+    target = tl.load(t_ptr + rows64, mask=row_mask, other=0)
+    return rows64, row_mask, target, row_mask & (target != ignore_index)
 
 
 @triton.jit
@@ -121,22 +135,46 @@ def _ce_whole_row_stats(x_row, n_cols, valid, BLOCK_V: tl.constexpr, SMOOTH: tl.
     return cols, m, e, tl.sum(e, axis=0), sum_x
 
 
+@triton.jit
+def _ce_merge_chunks(
+    stats_ptr, rows64, row_mask, valid, n_chunks, plane_stride,
+    CHUNKS: tl.constexpr, SUM_PLANE: tl.constexpr, SMOOTH: tl.constexpr,
+):  # fmt: skip
+    """``(m, s, sum_x, at, mask)`` of rows whose logits were reduced in ``n_chunks`` chunks
+    (:func:`_ce_online_stats` over each, or a tile loop), from the float32 planes of
+    ``stats_ptr``, each ``(R, n_chunks)`` and ``plane_stride`` apart: plane 0 the chunks' max,
+    plane 1 their sum of ``exp(x - max)``, plane ``SUM_PLANE`` (read when SMOOTH, else 0) their
+    sum of logits. ``at`` and ``mask`` address the ``[ROWS, CHUNKS]`` statistics of the rows, for
+    a caller with more planes (``CHUNKS`` is ``n_chunks`` padded to a power of two).
+
+    Each chunk's sum was taken against its own max: it is rescaled to the row's. (Chunks that saw
+    only -inf, and the padding, have m_c = -inf and s_c = 0: they add exp(-inf) * 0 = 0.)"""
+    chunks = tl.arange(0, CHUNKS)
+    at = rows64[:, None] * n_chunks + chunks[None, :]
+    mask = row_mask[:, None] & (chunks < n_chunks)[None, :]
+    m_c = tl.load(stats_ptr + at, mask=mask, other=float("-inf"))
+    s_c = tl.load(stats_ptr + plane_stride + at, mask=mask, other=0.0)
+    m = tl.max(m_c, axis=1)
+    shift = tl.where(valid, m, 0.0)
+    s = tl.sum(s_c * tl.exp(m_c - shift[:, None]), axis=1)
+    sum_x = 0.0
+    if SMOOTH:
+        sum_x = tl.sum(tl.load(stats_ptr + SUM_PLANE * plane_stride + at, mask=mask, other=0.0), axis=1)
+    return m, s, sum_x, at, mask
+
+
 # ---- the forward ---------------------------------------------------------------------------------
 
 
 @triton.jit
 def _ce_online_row_kernel(
-    x_ptr,
-    t_ptr,
+    x_ptr, t_ptr,
     loss_ptr,  # (R,) float32: the output ("none") or the scratch the reduction kernel sums
-    x_row_stride,
-    n_cols,
-    ignore_index,
-    smoothing,
+    x_row_stride, n_cols, ignore_index, smoothing,
     BLOCK_V: tl.constexpr,  # columns per loop step
     SMOOTH: tl.constexpr,  # label_smoothing > 0: also accumulate the sum of the logits
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the loop (1: none)
-):
+):  # fmt: skip
     row, x_row, target, valid = _ce_program_row(x_ptr, t_ptr, x_row_stride, ignore_index)
     x_t = _ce_target_logit(x_row, target, valid, n_cols)
 
@@ -147,17 +185,11 @@ def _ce_online_row_kernel(
 
 @triton.jit
 def _ce_whole_row_kernel(
-    x_ptr,
-    t_ptr,
-    loss_ptr,
-    x_row_stride,
-    n_cols,
-    ignore_index,
-    smoothing,
+    x_ptr, t_ptr, loss_ptr, x_row_stride, n_cols, ignore_index, smoothing,  # as _ce_online_row_kernel's
     BLOCK_V: tl.constexpr,  # next_power_of_two(V): the whole row in one block
     SMOOTH: tl.constexpr,
     EVICT_X: tl.constexpr,  # "" or "evict_first": the logits are read once
-):
+):  # fmt: skip
     row, x_row, target, valid = _ce_program_row(x_ptr, t_ptr, x_row_stride, ignore_index)
     x_t = _ce_target_logit(x_row, target, valid, n_cols)
     _, m, _, s, sum_x = _ce_whole_row_stats(x_row, n_cols, valid, BLOCK_V, SMOOTH, EVICT_X)
@@ -166,19 +198,14 @@ def _ce_whole_row_kernel(
 
 @triton.jit
 def _ce_split_partial_kernel(
-    x_ptr,
-    t_ptr,
+    x_ptr, t_ptr,
     stats_ptr,  # (2 or 3, R, n_chunks) float32: chunk max, chunk sum of exp(x - max), chunk sum of x
-    x_row_stride,
-    n_cols,
-    n_chunks,
+    x_row_stride, n_cols, n_chunks,
     chunk_cols,  # columns per chunk, a multiple of BLOCK_V
     plane_stride,  # R * n_chunks
     ignore_index,
-    BLOCK_V: tl.constexpr,
-    SMOOTH: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-):
+    BLOCK_V: tl.constexpr, SMOOTH: tl.constexpr, NUM_STAGES: tl.constexpr,
+):  # fmt: skip
     row, x_row, _, valid = _ce_program_row(x_ptr, t_ptr, x_row_stride, ignore_index)
     chunk = tl.program_id(1)
 
@@ -195,42 +222,17 @@ def _ce_split_partial_kernel(
 
 @triton.jit
 def _ce_split_combine_kernel(
-    x_ptr,
-    t_ptr,
-    stats_ptr,
+    x_ptr, t_ptr, stats_ptr,
     out_ptr,  # REDUCE 0: (R,) per-row losses; else the 0-d output
-    x_row_stride,
-    n_rows,
-    n_cols,
-    n_chunks,
-    plane_stride,
-    ignore_index,
-    smoothing,
+    x_row_stride, n_rows, n_cols, n_chunks, plane_stride, ignore_index, smoothing,
     ROWS: tl.constexpr,  # rows per program
     CHUNKS: tl.constexpr,  # next_power_of_two(n_chunks)
     SMOOTH: tl.constexpr,
     REDUCE: tl.constexpr,  # 0: write per-row losses; 1: their sum; 2: their mean (grid of 1)
-):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    row_mask = rows < n_rows
-    rows64 = rows.to(tl.int64)
-    target = tl.load(t_ptr + rows64, mask=row_mask, other=0)
-    valid = row_mask & (target != ignore_index)
+):  # fmt: skip
+    rows64, row_mask, target, valid = _ce_program_rows(t_ptr, n_rows, ignore_index, ROWS)
     x_t = _ce_target_logit(x_ptr + rows64 * x_row_stride, target, valid, n_cols)
-
-    chunks = tl.arange(0, CHUNKS)
-    at = rows64[:, None] * n_chunks + chunks[None, :]
-    mask = row_mask[:, None] & (chunks < n_chunks)[None, :]
-    m_c = tl.load(stats_ptr + at, mask=mask, other=float("-inf"))
-    s_c = tl.load(stats_ptr + plane_stride + at, mask=mask, other=0.0)
-    m = tl.max(m_c, axis=1)
-    # Each chunk's sum was taken against its own max: rescale it to the row's. (Chunks that saw
-    # only -inf, and the padding, have m_c = -inf and s_c = 0: they add exp(-inf) * 0 = 0.)
-    shift = tl.where(valid, m, 0.0)
-    s = tl.sum(s_c * tl.exp(m_c - shift[:, None]), axis=1)
-    sum_x = 0.0
-    if SMOOTH:
-        sum_x = tl.sum(tl.load(stats_ptr + 2 * plane_stride + at, mask=mask, other=0.0), axis=1)
+    m, s, sum_x, _, _ = _ce_merge_chunks(stats_ptr, rows64, row_mask, valid, n_chunks, plane_stride, CHUNKS, 2, SMOOTH)
     loss = _ce_row_loss(m, s, x_t, sum_x, n_cols, smoothing, valid, SMOOTH)
 
     if REDUCE == 0:
@@ -248,11 +250,10 @@ def _ce_reduce_kernel(
     loss_ptr,  # (R,) float32 per-row losses (0 for ignored rows)
     t_ptr,
     out_ptr,  # the 0-d float32 output
-    n_rows,
-    ignore_index,
+    n_rows, ignore_index,
     MEAN: tl.constexpr,  # divide by the number of non-ignored rows (NaN when there is none)
     BLOCK_R: tl.constexpr,
-):
+):  # fmt: skip
     """One program sums the per-row losses in a fixed order (lane partials, then a tree), in
     float64: the same bits on every run, and one rounding at the end."""
     offs0 = tl.arange(0, BLOCK_R)
@@ -280,11 +281,10 @@ def _ceb_mean_scale_kernel(
     dloss_ptr,  # the 0-d float32 upstream gradient (unused when UNIT)
     t_ptr,
     scale_ptr,  # (1,) float32 scratch: dloss / n_valid
-    n_rows,
-    ignore_index,
+    n_rows, ignore_index,
     UNIT: tl.constexpr,  # an upstream gradient of 1 (the fused op)
     BLOCK_R: tl.constexpr,
-):
+):  # fmt: skip
     """The "mean" scale ``dloss / n_valid`` (one program; an exact integer count)."""
     offs0 = tl.arange(0, BLOCK_R)
     count = tl.zeros([BLOCK_R], tl.int32)
@@ -328,23 +328,13 @@ def _ceb_row_factors(scale_ptr, row, target, valid, m, s, n_cols, smoothing, SCA
 
 @triton.jit
 def _ceb_write_grad(
-    x_row,
-    dx_row,
-    lo,
-    hi,
+    x_row, dx_row, lo, hi,
     n_read,  # the row's readable columns: n_cols, or 0 for an ignored row (its gradient is 0)
     n_cols,
-    shift,
-    inv_s,
-    off,
-    on,
-    t32,
-    scale,
+    shift, inv_s, off, on, t32, scale,  # the row's factors (_ceb_row_factors)
     softcap,
-    BLOCK_V: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-    CAP: tl.constexpr,
-):
+    BLOCK_V: tl.constexpr, NUM_STAGES: tl.constexpr, CAP: tl.constexpr,
+):  # fmt: skip
     """The gradient of the columns ``[lo, hi)`` of one row, from :func:`_ceb_row_factors`, in
     ``BLOCK_V``-wide steps; with CAP, times ``dx / du = 1 - (x / c)**2`` (see the online kernel)."""
     cols = tl.arange(0, BLOCK_V)
@@ -360,16 +350,11 @@ def _ceb_write_grad(
 
 @triton.jit
 def _ceb_online_row_kernel(
-    x_ptr,
-    t_ptr,
+    x_ptr, t_ptr,
     scale_ptr,  # see SCALE
     dx_ptr,
     loss_ptr,  # LOSS: (R,) float32 per-row losses (the output or a scratch); else unused
-    x_row_stride,
-    dx_row_stride,
-    n_cols,
-    ignore_index,
-    smoothing,
+    x_row_stride, dx_row_stride, n_cols, ignore_index, smoothing,
     BLOCK_V: tl.constexpr,  # columns per loop step
     SCALE: tl.constexpr,  # 0: scale_ptr[0]; 1: scale_ptr[row]; 2: 1
     LOSS: tl.constexpr,  # also write the row's loss (the fused op)
@@ -377,7 +362,7 @@ def _ceb_online_row_kernel(
     NUM_STAGES: tl.constexpr,
     softcap=1.0,  # CAP: the soft-cap c of logits x = c tanh(u / c) (linear + cross-entropy)
     CAP: tl.constexpr = False,  # the gradient with respect to u: times dx / du = 1 - (x / c)**2
-):
+):  # fmt: skip
     """One row's statistics (and loss), then its gradient; ``dx_ptr`` may be ``x_ptr`` (each
     element is read before it is written, by the same program)."""
     row, x_row, target, valid = _ce_program_row(x_ptr, t_ptr, x_row_stride, ignore_index)
@@ -398,22 +383,12 @@ def _ceb_online_row_kernel(
 
 @triton.jit
 def _ceb_whole_row_kernel(
-    x_ptr,
-    t_ptr,
-    scale_ptr,
-    dx_ptr,
-    loss_ptr,
-    x_row_stride,
-    dx_row_stride,
-    n_cols,
-    ignore_index,
-    smoothing,
+    x_ptr, t_ptr, scale_ptr, dx_ptr, loss_ptr,  # as _ceb_online_row_kernel's
+    x_row_stride, dx_row_stride, n_cols, ignore_index, smoothing,
     BLOCK_V: tl.constexpr,  # next_power_of_two(V): the whole row in one block
-    SCALE: tl.constexpr,
-    LOSS: tl.constexpr,
-    SMOOTH: tl.constexpr,
+    SCALE: tl.constexpr, LOSS: tl.constexpr, SMOOTH: tl.constexpr,
     EVICT_X: tl.constexpr,  # "" or "evict_first": the logits are read once
-):
+):  # fmt: skip
     row, x_row, target, valid = _ce_program_row(x_ptr, t_ptr, x_row_stride, ignore_index)
 
     cols, m, e, s, sum_x = _ce_whole_row_stats(x_row, n_cols, valid, BLOCK_V, SMOOTH, EVICT_X)
@@ -428,27 +403,17 @@ def _ceb_whole_row_kernel(
 
 @triton.jit
 def _ceb_split_grad_kernel(
-    x_ptr,
-    t_ptr,
+    x_ptr, t_ptr,
     stats_ptr,  # the forward's phase-1 scratch: (2 or 3, R, n_chunks) chunk max, sum (, sum of x)
-    scale_ptr,
-    dx_ptr,
-    loss_ptr,
-    x_row_stride,
-    dx_row_stride,
-    n_cols,
-    n_chunks,
+    scale_ptr, dx_ptr, loss_ptr,  # as _ceb_online_row_kernel's
+    x_row_stride, dx_row_stride, n_cols, n_chunks,
     chunk_cols,  # columns per chunk, a multiple of BLOCK_V
     plane_stride,  # R * n_chunks
-    ignore_index,
-    smoothing,
+    ignore_index, smoothing,
     BLOCK_V: tl.constexpr,
     CHUNKS: tl.constexpr,  # next_power_of_two(n_chunks)
-    SCALE: tl.constexpr,
-    LOSS: tl.constexpr,
-    SMOOTH: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-):
+    SCALE: tl.constexpr, LOSS: tl.constexpr, SMOOTH: tl.constexpr, NUM_STAGES: tl.constexpr,
+):  # fmt: skip
     """Program (row, chunk): combine the row's chunk statistics, then write the chunk's gradient."""
     row, x_row, target, valid = _ce_program_row(x_ptr, t_ptr, x_row_stride, ignore_index)
     chunk = tl.program_id(1)

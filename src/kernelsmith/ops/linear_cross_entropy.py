@@ -19,7 +19,7 @@ The logits of a token are ``z = W h + b`` (float32 accumulation), soft-capped wh
     loss = log(s) + (1 - eps) (m - z[t]) + eps (m - mean_j z[j]),   m = max_j z[j],
     s = sum_j exp(z[j] - m)
 
-(:func:`kernelsmith.ops.cross_entropy._ce_row_loss`, shared). ``m`` and ``s`` are found online,
+(:func:`kernelsmith.ops._cross_entropy_kernels._ce_row_loss`, shared). ``m`` and ``s`` are found online,
 tile by tile: when a new tile of logits raises the max from ``m`` to ``m'``, ``s`` is rescaled by
 ``exp(m - m')``. So the forward never stores a logit: one kernel is a tiled matmul whose epilogue
 folds each ``BLOCK_M x BLOCK_N`` tile of logits, still in registers, into per-row running
@@ -38,7 +38,8 @@ Soft-capping is computed without ``tanh`` (``tl.math`` lacks it): ``tanh(x) = si
 (1 + e)`` with ``e = exp(-2|x|)`` (never overflows), and its Taylor series below ``|x| < 1/4``,
 where ``1 - e`` would cancel.
 
-The gradients are in :mod:`kernelsmith.ops.linear_cross_entropy_backward`.
+The gradients are in :mod:`kernelsmith.ops.linear_cross_entropy_backward`; the kernels of both
+in :mod:`kernelsmith.ops._linear_cross_entropy_kernels`.
 """
 
 from __future__ import annotations
@@ -49,171 +50,30 @@ from typing import Any
 
 import torch
 import triton
-import triton.language as tl
 
 from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator, tail_rows
-from kernelsmith.ops._cross_entropy_kernels import _ce_row_loss
 from kernelsmith.ops._cross_entropy_launch import CROSS_ENTROPY_MODULES, _checked, _reducer
 from kernelsmith.ops._launch import direct_launch
-from kernelsmith.ops._matmul_kernels import INTERPRETED, _dot
+from kernelsmith.ops._linear_cross_entropy_kernels import _lce_combine_kernel, _lce_stats_kernel
+from kernelsmith.ops._matmul_kernels import INTERPRETED
 from kernelsmith.ops.cross_entropy import _checked_constants
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
-# What the variants' source hash covers besides this module: the cross-entropy row kernels and
-# launchers they reuse, matmul's kernels module (its _dot helper, which their tiles call) and the
-# activations that module's epilogues call, so that a change in any of them invalidates stored
-# decisions (the backward and fused families add this module).
+# What the variants' source hash covers besides this module: the kernels of the three linear +
+# cross-entropy families, the cross-entropy row kernels and launchers they reuse, matmul's kernels
+# module (its _dot helper, which their tiles call) and the activations that module's epilogues
+# call, so that a change in any of them invalidates stored decisions (the backward and fused
+# families add this module).
 LCE_MODULES = (
-    *CROSS_ENTROPY_MODULES, "kernelsmith.ops._matmul_kernels", "kernelsmith.ops.gelu", "kernelsmith.ops._elementwise",
+    "kernelsmith.ops._linear_cross_entropy_kernels",
+    *CROSS_ENTROPY_MODULES,
+    "kernelsmith.ops._matmul_kernels",
+    "kernelsmith.ops.gelu",
+    "kernelsmith.ops._elementwise",
 )
 
 NAME = "linear_cross_entropy"
-
-# =================================================================================================
-# Kernels
-#
-# Conventions: h is (T, H) and W (V, H), both with unit column stride (row strides passed); a
-# logits tile is h[rows] @ W[cols].T, accumulated in float32 over BLOCK_K-wide steps of H. Rows
-# past T and columns past V are read at row % T and col % V (valid addresses, no mask in the
-# loop) and masked out of every statistic and store. Row offsets are 64-bit.
-# =================================================================================================
-
-
-@triton.jit
-def _lce_tanh(x):
-    """tanh of a float32 tensor: Taylor to x**9 below |x| < 1/4, else (1 - e) / (1 + e) with
-    e = exp(-2|x|) <= 1 (no overflow, no cancellation)."""
-    ax = tl.abs(x)
-    e = tl.exp(-2.0 * ax)
-    far = (1.0 - e) / (1.0 + e)
-    x2 = x * x
-    near = ax * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0 + x2 * (62.0 / 2835.0)))))
-    t = tl.where(ax < 0.25, near, far)
-    return tl.where(x < 0, -t, t)
-
-
-@triton.jit
-def lce_tile(
-    a_ptr, b_ptr, rows, cols, K, stride_am, stride_ak, stride_bk, stride_bn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
-    UPCAST: tl.constexpr, ROW_SUM: tl.constexpr,
-):  # fmt: skip
-    """``(a[rows, :] @ b[:, cols], row sums of a[rows, :])`` in float32 (the sums only with
-    ROW_SUM, else 0), through arbitrary strides (a transpose is a choice of strides). ``a`` is
-    rounded to ``b``'s dtype before the dot (a float32 gradient meets a bfloat16 weight on the
-    tensor cores, as PyTorch's bfloat16 gradient does); ``rows``/``cols`` are valid indices."""
-    ks = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + rows[:, None] * stride_am + ks[None, :].to(tl.int64) * stride_ak
-    b_ptrs = b_ptr + ks[:, None].to(tl.int64) * stride_bk + cols[None, :] * stride_bn
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    # The row sums accumulate elementwise across the K loop and reduce once after it: a tl.sum
-    # inside the loop trips an assertion in Triton 3.6's OptimizeThreadLocality pass
-    # ("loopResult.hasOneUse()") on the H200 when the sum feeds more than one use.
-    row_part = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_mask = ks < K - k0
-        a = tl.load(a_ptrs, mask=k_mask[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_mask[:, None], other=0.0)
-        if ROW_SUM:
-            row_part += a.to(tl.float32)
-        acc = _dot(a.to(b_ptr.dtype.element_ty), b, acc, IEEE, UPCAST)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
-    return acc, tl.sum(row_part, axis=1)
-
-
-@triton.jit
-def lce_logits_tile(
-    h_ptr, w_ptr, bias_ptr, rows, cols, col_mask, H, stride_hm, stride_wv, softcap,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    CAP: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-):  # fmt: skip
-    """A float32 tile of logits ``h[rows] @ W[cols].T (+ b[cols])``, soft-capped when CAP."""
-    z, _ = lce_tile(h_ptr, w_ptr, rows, cols, H, stride_hm, 1, 1, stride_wv,
-                    BLOCK_M, BLOCK_N, BLOCK_K, IEEE, UPCAST, False)  # fmt: skip
-    if HAS_BIAS:
-        z += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    if CAP:
-        z = softcap * _lce_tanh(z / softcap)
-    return z
-
-
-@triton.jit
-def _lce_stats_kernel(
-    h_ptr, w_ptr, bias_ptr, t_ptr,
-    stats_ptr,  # (4, T, n_splits) float32: max, sum of exp(z - max), z[t], sum of z
-    T, V, H, stride_hm, stride_wv, n_splits, split_cols, plane_stride, softcap,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    CAP: tl.constexpr, SMOOTH: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-):  # fmt: skip
-    """Program (row block, split): the online log-sum-exp of the logits of BLOCK_M rows over the
-    split's ``split_cols`` columns (a multiple of BLOCK_N), tile by tile, logits in registers."""
-    pid_m = tl.program_id(0)
-    split = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_mask = rows < T
-    rows_safe = (rows % T).to(tl.int64)
-    target = tl.load(t_ptr + rows_safe)
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    s = tl.zeros([BLOCK_M], tl.float32)
-    z_t = tl.zeros([BLOCK_M], tl.float32)
-    sum_z = tl.zeros([BLOCK_M], tl.float32)
-    lo = split * split_cols
-    hi = tl.minimum(lo + split_cols, V)
-    for start in range(lo, hi, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        col_mask = cols < V
-        cols_safe = (cols % V).to(tl.int64)
-        z = lce_logits_tile(h_ptr, w_ptr, bias_ptr, rows_safe, cols_safe, col_mask, H, stride_hm, stride_wv,
-                            softcap, BLOCK_M, BLOCK_N, BLOCK_K, HAS_BIAS, CAP, IEEE, UPCAST)  # fmt: skip
-        z_t += tl.sum(tl.where(cols[None, :] == target[:, None], z, 0.0), axis=1)
-        if SMOOTH:
-            sum_z += tl.sum(tl.where(col_mask[None, :], z, 0.0), axis=1)
-        z = tl.where(col_mask[None, :], z, float("-inf"))
-        m_new = tl.maximum(m, tl.max(z, axis=1))
-        # As in cross_entropy's online statistics: shift by 0 while everything seen is -inf, and
-        # an exact 1 when the max did not move.
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.where(m_new == m, 1.0, tl.exp(m - shift))
-        s = s * alpha + tl.sum(tl.exp(z - shift[:, None]), axis=1)
-        m = m_new
-    at = rows_safe * n_splits + split
-    tl.store(stats_ptr + at, m, mask=row_mask)
-    tl.store(stats_ptr + plane_stride + at, s, mask=row_mask)
-    tl.store(stats_ptr + 2 * plane_stride + at, z_t, mask=row_mask)
-    if SMOOTH:
-        tl.store(stats_ptr + 3 * plane_stride + at, sum_z, mask=row_mask)
-
-
-@triton.jit
-def _lce_combine_kernel(
-    t_ptr, stats_ptr, loss_ptr, T, V, n_splits, plane_stride, ignore_index, smoothing,
-    ROWS: tl.constexpr, SPLITS: tl.constexpr, SMOOTH: tl.constexpr,
-):  # fmt: skip
-    """Per-row losses from the splits' statistics (each split's sum rescaled to the row's max)."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    row_mask = rows < T
-    rows64 = rows.to(tl.int64)
-    target = tl.load(t_ptr + rows64, mask=row_mask, other=0)
-    valid = row_mask & (target != ignore_index)
-    in_range = (target >= 0) & (target < V)
-    splits = tl.arange(0, SPLITS)
-    at = rows64[:, None] * n_splits + splits[None, :]
-    mask = row_mask[:, None] & (splits < n_splits)[None, :]
-    m_c = tl.load(stats_ptr + at, mask=mask, other=float("-inf"))
-    s_c = tl.load(stats_ptr + plane_stride + at, mask=mask, other=0.0)
-    z_t = tl.sum(tl.load(stats_ptr + 2 * plane_stride + at, mask=mask, other=0.0), axis=1)
-    z_t = tl.where(in_range, z_t, float("nan"))  # an out-of-range target: a NaN loss
-    m = tl.max(m_c, axis=1)
-    shift = tl.where(valid, m, 0.0)
-    s = tl.sum(s_c * tl.exp(m_c - shift[:, None]), axis=1)
-    sum_z = 0.0
-    if SMOOTH:
-        sum_z = tl.sum(tl.load(stats_ptr + 3 * plane_stride + at, mask=mask, other=0.0), axis=1)
-    loss = _ce_row_loss(m, s, z_t, sum_z, V, smoothing, valid, SMOOTH)
-    tl.store(loss_ptr + rows64, loss, mask=row_mask)
-
 
 # =================================================================================================
 # Shapes, constants and the config space

@@ -36,12 +36,12 @@ Tokens go in chunks of ``CHUNK``; per chunk, four launches:
    into dW at the end, as one big GEMM would) or ``output`` (dW itself, rounded after every chunk,
    as Liger does; no scratch as large as W). A float32 dW is always its own accumulator.
 
-The GEMMs of steps 3 and 4 are plain GEMMs; they are this module's own small tiled kernel
-(:func:`kernelsmith.ops.linear_cross_entropy.lce_tile`) rather than the matmul family's, whose
-kernels take a unit-stride ``x`` of the weight's dtype and have no accumulate-into-the-output
-epilogue. One tiling (``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K``, warps, stages) serves the three GEMMs
-of a config. "mean" needs the count of non-ignored tokens over *all* chunks first:
-cross-entropy backward's count kernel.
+The GEMMs of steps 3 and 4 are plain GEMMs; they are the linear + cross-entropy families' own
+small tiled kernel (:func:`kernelsmith.ops._linear_cross_entropy_kernels.lce_tile`, where all
+their kernels live) rather than the matmul family's, whose kernels take a unit-stride ``x`` of the
+weight's dtype and have no accumulate-into-the-output epilogue. One tiling (``BLOCK_M``,
+``BLOCK_N``, ``BLOCK_K``, warps, stages) serves the three GEMMs of a config. "mean" needs the
+count of non-ignored tokens over *all* chunks first: cross-entropy backward's count kernel.
 
 Ignored rows have zero gradient; an out-of-range target makes its row of ``g`` NaN (and so the
 loss, ``dh``'s row, and all of ``dW`` and ``db``): see the forward for the error the front door
@@ -55,7 +55,6 @@ from typing import Any
 
 import torch
 import triton
-import triton.language as tl
 
 from kernelsmith.ops._base import (
     FINITE_STRESS_DISTRIBUTIONS,
@@ -74,6 +73,7 @@ from kernelsmith.ops._cross_entropy_launch import (
     scale_mode,
 )
 from kernelsmith.ops._launch import direct_launch
+from kernelsmith.ops._linear_cross_entropy_kernels import _lceb_cast_kernel, _lceb_gemm_kernel, _lceb_logits_kernel
 from kernelsmith.ops.linear_cross_entropy import (
     LCE_MODULES,
     TILE_M,
@@ -84,8 +84,6 @@ from kernelsmith.ops.linear_cross_entropy import (
     first_forward_input,
     forward_spec_for,
     has_bias,
-    lce_logits_tile,
-    lce_tile,
     make_forward_inputs,
     reference_loss,
     shape_of,
@@ -102,68 +100,6 @@ from kernelsmith.spec import OpSpec, TensorSpec
 
 BACKWARD_NAME = "linear_cross_entropy_backward"
 FUSED_NAME = "linear_cross_entropy_fused"
-
-# =================================================================================================
-# Kernels
-# =================================================================================================
-
-
-@triton.jit
-def _lceb_logits_kernel(
-    h_ptr, w_ptr, bias_ptr, z_ptr, T, V, H, stride_hm, stride_wv, stride_zm, softcap,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    CAP: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-):  # fmt: skip
-    """Step 1: tile (pid_m, pid_n) of the chunk's float32 logits."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < V
-    z = lce_logits_tile(h_ptr, w_ptr, bias_ptr, (rows % T).to(tl.int64), (cols % V).to(tl.int64), col_mask, H,
-                        stride_hm, stride_wv, softcap, BLOCK_M, BLOCK_N, BLOCK_K, HAS_BIAS, CAP, IEEE,
-                        UPCAST)  # fmt: skip
-    mask = (rows < T)[:, None] & col_mask[None, :]
-    tl.store(z_ptr + rows.to(tl.int64)[:, None] * stride_zm + cols[None, :], z, mask=mask)
-
-
-@triton.jit
-def _lceb_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, sum_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, accumulate,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_SUM: tl.constexpr,
-    IEEE: tl.constexpr, UPCAST: tl.constexpr,
-):  # fmt: skip
-    """Steps 3 and 4: ``c = a @ b`` (``c += a @ b`` when ``accumulate``), and with ROW_SUM the
-    row sums of ``a`` into ``sum_ptr`` likewise (written by the first column of programs)."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc, row_sum = lce_tile(a_ptr, b_ptr, (rows % M).to(tl.int64), (cols % N).to(tl.int64), K, stride_am,
-                            stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, UPCAST,
-                            ROW_SUM)  # fmt: skip
-    row_mask = rows < M
-    mask = row_mask[:, None] & (cols < N)[None, :]
-    c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :]
-    if accumulate:
-        acc += tl.load(c_ptrs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
-    if ROW_SUM:
-        # (A bound rather than `& (pid_n == 0)`: the interpreter turns a scalar-and-vector `&`
-        # into an int32 mask that tl.store rejects.)
-        sum_mask = rows < tl.where(pid_n == 0, M, 0)
-        if accumulate:
-            row_sum += tl.load(sum_ptr + rows, mask=sum_mask, other=0.0).to(tl.float32)
-        tl.store(sum_ptr + rows, row_sum.to(sum_ptr.dtype.element_ty), mask=sum_mask)
-
-
-@triton.jit
-def _lceb_cast_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
-    """The float32 accumulators rounded once into the outputs' dtype."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask).to(dst_ptr.dtype.element_ty), mask=mask)
-
 
 # =================================================================================================
 # Space and builder
