@@ -3,8 +3,10 @@
 Split from the family's module (its specs, references, inputs, spaces and launchers) at the seam
 a reader looks for: the module docstring of :mod:`kernelsmith.ops.layernorm` says what each
 kernel computes and why (the shift by the row's first element, the centred variance, Welford's
-pass, the statistics a training forward stores); this module holds the kernels themselves. The
-variants' source hashes cover it (``Variant.modules``).
+pass, the statistics a training forward stores); this module holds the kernels themselves, and
+the jitted pieces of row math they share with :mod:`kernelsmith.ops.layernorm_backward`
+(:func:`centred_row`, :func:`welford_step`, :func:`welford_merge`). The variants' source hashes
+cover it (``Variant.modules``).
 """
 
 from __future__ import annotations
@@ -15,11 +17,7 @@ import triton.language as tl
 from kernelsmith.ops import _rowwise as skeleton
 
 # =================================================================================================
-# Kernels
-#
-# x and y are (rows, N) matrices with unit column stride; their row strides are passed
-# explicitly. weight and bias are contiguous (N,) vectors. mean_ptr and rstd_ptr are float32
-# (rows,) vectors, written only when STORE_STATS is set (otherwise they are placeholders).
+# The row math the kernels share
 # =================================================================================================
 
 
@@ -38,22 +36,92 @@ def _affine(xhat, w_ptr, b_ptr, cols, mask, HAS_WEIGHT: tl.constexpr, HAS_BIAS: 
 
 
 @triton.jit
+def centred_row(x, shift, mask, N, eps):
+    """The shifted two-pass statistics of one row held in registers (float32 ``x`` on the lanes
+    of ``mask``): ``(mean(d), xc, rstd)`` with ``d = x - shift`` (the row's first element, see
+    the module docstring of :mod:`kernelsmith.ops.layernorm`) and ``xc = d - mean(d)``, the
+    centred values, zero on the padding lanes."""
+    # Padding lanes zeroed, so that they add nothing to the sums (a padded 0.0 minus the shift is
+    # not zero).
+    d = tl.where(mask, x - shift, 0.0)
+    # Pass 1 (over registers): the mean of the N real elements (divide by N, not BLOCK_N).
+    mean_d = tl.sum(d, axis=0) / N
+    # Pass 2: the variance of the centred values, sum((x - mean)^2) / N: they are small even
+    # when the mean is large, so nothing cancels. (Padding lanes re-zeroed: -mean_d there.)
+    xc = tl.where(mask, d - mean_d, 0.0)
+    rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / N + eps)
+    return mean_d, xc, rstd
+
+
+@triton.jit
+def welford_step(d, mask, lane_mean, lane_m2, blocks):
+    """One column block of Welford's running statistics, lane by lane: lane j sees columns j,
+    j + BLOCK_N, j + 2 * BLOCK_N, ... and keeps the running mean and M2 (the sum of squared
+    deviations from the mean) of their ``d`` values:
+
+        n     <- n + 1
+        delta  = d - mean
+        mean  <- mean + delta / n
+        M2    <- M2 + delta * (d - mean_new)
+
+    A lane is masked only in the last block (the row's tail), so every lane still running has
+    seen exactly one value a block: n is the block count ``blocks``, the same for all lanes, and
+    1 / n is one scalar division a block rather than one a value. Returns the updated
+    ``(lane_mean, lane_m2, blocks)``."""
+    blocks += 1.0
+    delta = d - lane_mean
+    updated_mean = lane_mean + delta * (1.0 / blocks)
+    lane_m2 = tl.where(mask, lane_m2 + delta * (d - updated_mean), lane_m2)
+    lane_mean = tl.where(mask, updated_mean, lane_mean)
+    return lane_mean, lane_m2, blocks
+
+
+@triton.jit
+def welford_merge(lane_mean, lane_m2, cols, N, eps, BLOCK_N: tl.constexpr):
+    """The row's ``(mean(d), rstd)`` from the lanes' Welford statistics, merged with Chan, Golub
+    & LeVeque's formula: with n_j values in lane j,
+
+        mean = sum_j n_j * mean_j / N
+        M2   = sum_j M2_j + sum_j n_j * (mean_j - mean)^2
+
+    (the pairwise update M2_a + M2_b + delta^2 n_a n_b / n, applied to all lanes at once). Both
+    sums are of same-signed terms, so again nothing cancels. Lane j (``cols``) holds N // BLOCK_N
+    values, plus one if it is among the first N % BLOCK_N lanes; lanes that saw nothing (n_j = 0,
+    when N < BLOCK_N) contribute nothing."""
+    full_blocks = N // BLOCK_N
+    lane_n = (full_blocks + (cols < N - full_blocks * BLOCK_N).to(tl.int32)).to(tl.float32)
+    mean_d = tl.sum(lane_n * lane_mean, axis=0) / N
+    spread = lane_mean - mean_d
+    m2 = tl.sum(lane_m2, axis=0) + tl.sum(lane_n * spread * spread, axis=0)
+    return mean_d, tl.rsqrt(m2 / N + eps)
+
+
+@triton.jit
+def _store_stats(mean_ptr, rstd_ptr, rows, shift, mean_d, rstd, mask):
+    """The rows' mean (``shift + mean(d)``) and rstd, float32, for a training forward."""
+    tl.store(mean_ptr + rows, shift + mean_d, mask=mask)
+    tl.store(rstd_ptr + rows, rstd, mask=mask)
+
+
+# =================================================================================================
+# Kernels
+#
+# Every kernel takes the tensors (x, weight, bias, y, mean, rstd), then the row strides of x and y
+# (not aligned_row, which addresses rows from N), n_rows where a program owns several rows, N and
+# eps, then its constexprs. x and y are (rows, N) matrices with unit column stride. weight and
+# bias are contiguous (N,) vectors, read only under HAS_WEIGHT and HAS_BIAS (placeholders
+# otherwise). mean_ptr and rstd_ptr are float32 (rows,) vectors, written only when STORE_STATS is
+# set (otherwise they are placeholders).
+# =================================================================================================
+
+
+@triton.jit
 def _layernorm_two_pass_kernel(
-    x_ptr,
-    w_ptr,
-    b_ptr,
-    y_ptr,
-    mean_ptr,
-    rstd_ptr,
-    x_row_stride,
-    y_row_stride,
-    N,
-    eps,
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+    x_row_stride, y_row_stride, N, eps,
     BLOCK_N: tl.constexpr,  # next_power_of_two(N): the whole row in one block
     EVICT_X: tl.constexpr,  # "" or "evict_first": x is read once, so it need not stay in L2
-    HAS_WEIGHT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    STORE_STATS: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
 ):
     """One program normalises one row held entirely in registers (BLOCK_N >= N)."""
     row = tl.program_id(0).to(tl.int64)  # 64-bit, so that row * stride cannot overflow
@@ -62,39 +130,21 @@ def _layernorm_two_pass_kernel(
 
     x_row = x_ptr + row * x_row_stride
     x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy=EVICT_X).to(tl.float32)
-    # Shift the row by its first element (see the module docstring): d = x - x[0], with the
-    # padding lanes zeroed so that they add nothing to the sums below.
-    shift = tl.load(x_row).to(tl.float32)
-    d = tl.where(mask, x - shift, 0.0)
-    # Pass 1 (over registers): the mean of the N real elements (divide by N, not BLOCK_N).
-    mean_d = tl.sum(d, axis=0) / N
-    # Pass 2: the variance of the centred values, sum((x - mean)^2) / N: they are small even
-    # when the mean is large, so nothing cancels. (Padding lanes re-zeroed: -mean_d there.)
-    xc = tl.where(mask, d - mean_d, 0.0)
-    rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / N + eps)
+    shift = tl.load(x_row).to(tl.float32)  # d = x - x[0]: see the module docstring
+    mean_d, xc, rstd = centred_row(x, shift, mask, N, eps)
 
     y = _affine(xc * rstd, w_ptr, b_ptr, cols, mask, HAS_WEIGHT, HAS_BIAS)  # float32, rounded once
     tl.store(y_ptr + row * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
     if STORE_STATS:
-        tl.store(mean_ptr + row, shift + mean_d)
-        tl.store(rstd_ptr + row, rstd)
+        _store_stats(mean_ptr, rstd_ptr, row, shift, mean_d, rstd, None)
 
 
 @triton.jit
 def _layernorm_aligned_row_kernel(
-    x_ptr,
-    w_ptr,
-    b_ptr,
-    y_ptr,
-    mean_ptr,
-    rstd_ptr,
-    N,
-    eps,
-    BLOCK_N: tl.constexpr,
-    EVICT_X: tl.constexpr,
-    HAS_WEIGHT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    STORE_STATS: tl.constexpr,
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+    N, eps,
+    BLOCK_N: tl.constexpr, EVICT_X: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
     ALIGN: tl.constexpr,  # elements in 16 bytes
 ):
     """two_pass on a row cut into an aligned body and a head and tail (``skeleton.row_pieces``),
@@ -117,27 +167,16 @@ def _layernorm_aligned_row_kernel(
     y_edge = _affine(xc_edge * rstd, w_ptr, b_ptr, edge - row_start, edge_mask, HAS_WEIGHT, HAS_BIAS)
     tl.store(y_ptr + edge, y_edge.to(y_ptr.dtype.element_ty), mask=edge_mask)
     if STORE_STATS:
-        tl.store(mean_ptr + row, shift + mean_d)
-        tl.store(rstd_ptr + row, rstd)
+        _store_stats(mean_ptr, rstd_ptr, row, shift, mean_d, rstd, None)
 
 
 @triton.jit
 def _layernorm_welford_kernel(
-    x_ptr,
-    w_ptr,
-    b_ptr,
-    y_ptr,
-    mean_ptr,
-    rstd_ptr,
-    x_row_stride,
-    y_row_stride,
-    N,
-    eps,
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+    x_row_stride, y_row_stride, N, eps,
     BLOCK_N: tl.constexpr,  # columns per loop step; N need not be a multiple of it
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of both loops (1: none)
-    HAS_WEIGHT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    STORE_STATS: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
 ):
     """One program normalises one row: a Welford pass for the statistics, then a normalising
     pass, both over column blocks of BLOCK_N."""
@@ -150,15 +189,8 @@ def _layernorm_welford_kernel(
     # module docstring); the variance is the same, the mean is x[0] + mean(d).
     shift = tl.load(x_row).to(tl.float32)
 
-    # Pass 1: lane j sees columns j, j + BLOCK_N, j + 2 * BLOCK_N, ... and keeps Welford's
-    # running statistics of their d values:
-    #     n     <- n + 1
-    #     delta  = d - mean
-    #     mean  <- mean + delta / n
-    #     M2    <- M2 + delta * (d - mean_new)     (M2 = sum of squared deviations from the mean)
-    # A lane is masked only in the last block (the row's tail), so every lane still running has
-    # seen exactly one value a block: n is the block count, the same for all lanes, and 1 / n is
-    # one scalar division a block rather than one a value.
+    # Pass 1: every lane keeps Welford's running statistics of the d values it sees, then the
+    # lanes are merged (Chan): both in the helpers above.
     lane_mean = tl.zeros([BLOCK_N], dtype=tl.float32)
     lane_m2 = tl.zeros([BLOCK_N], dtype=tl.float32)
     blocks = tl.full([], 0.0, tl.float32)
@@ -166,25 +198,8 @@ def _layernorm_welford_kernel(
         offs = start + cols
         mask = offs < N
         d = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) - shift
-        blocks += 1.0
-        delta = d - lane_mean
-        updated_mean = lane_mean + delta * (1.0 / blocks)
-        lane_m2 = tl.where(mask, lane_m2 + delta * (d - updated_mean), lane_m2)
-        lane_mean = tl.where(mask, updated_mean, lane_mean)
-
-    # Merge the lanes (Chan, Golub & LeVeque): with n_j values in lane j,
-    #     mean = sum_j n_j * mean_j / N
-    #     M2   = sum_j M2_j + sum_j n_j * (mean_j - mean)^2
-    # (the pairwise update M2_a + M2_b + delta^2 n_a n_b / n, applied to all lanes at once).
-    # Both sums are of same-signed terms, so again nothing cancels. Lane j holds N // BLOCK_N
-    # values, plus one if it is among the first N % BLOCK_N lanes; lanes that saw nothing (n_j =
-    # 0, when N < BLOCK_N) contribute nothing.
-    full_blocks = N // BLOCK_N
-    lane_n = (full_blocks + (cols < N - full_blocks * BLOCK_N).to(tl.int32)).to(tl.float32)
-    mean_d = tl.sum(lane_n * lane_mean, axis=0) / N
-    spread = lane_mean - mean_d
-    m2 = tl.sum(lane_m2, axis=0) + tl.sum(lane_n * spread * spread, axis=0)
-    rstd = tl.rsqrt(m2 / N + eps)
+        lane_mean, lane_m2, blocks = welford_step(d, mask, lane_mean, lane_m2, blocks)
+    mean_d, rstd = welford_merge(lane_mean, lane_m2, cols, N, eps, BLOCK_N)
 
     # Pass 2: read the row again (now mostly from L2), normalise, store.
     for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
@@ -196,28 +211,16 @@ def _layernorm_welford_kernel(
         y = _affine(xhat, w_ptr, b_ptr, offs, mask, HAS_WEIGHT, HAS_BIAS)
         tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
     if STORE_STATS:
-        tl.store(mean_ptr + row, shift + mean_d)
-        tl.store(rstd_ptr + row, rstd)
+        _store_stats(mean_ptr, rstd_ptr, row, shift, mean_d, rstd, None)
 
 
 @triton.jit
 def _layernorm_multi_row_kernel(
-    x_ptr,
-    w_ptr,
-    b_ptr,
-    y_ptr,
-    mean_ptr,
-    rstd_ptr,
-    x_row_stride,
-    y_row_stride,
-    n_rows,
-    N,
-    eps,
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+    x_row_stride, y_row_stride, n_rows, N, eps,
     ROWS: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # next_power_of_two(N)
-    HAS_WEIGHT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    STORE_STATS: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
 ):
     """One program normalises ROWS consecutive rows as a [ROWS, BLOCK_N] block."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -229,8 +232,8 @@ def _layernorm_multi_row_kernel(
     rows64 = rows.to(tl.int64)
     x_rows = x_ptr + rows64 * x_row_stride  # [ROWS] pointers to each row's first element
     x = tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    # The shifted two-pass recipe of two_pass, one shift, mean and variance per row (reductions
-    # along axis 1). Rows past the end load zeros: variance 0, rstd = 1/sqrt(eps); never stored.
+    # centred_row's recipe, one shift, mean and variance per row (reductions along axis 1). Rows
+    # past the end load zeros: variance 0, rstd = 1/sqrt(eps); never stored.
     shift = tl.load(x_rows, mask=row_mask, other=0.0).to(tl.float32)
     d = tl.where(mask, x - shift[:, None], 0.0)
     mean_d = tl.sum(d, axis=1) / N
@@ -241,28 +244,16 @@ def _layernorm_multi_row_kernel(
     y = _affine(xc * rstd[:, None], w_ptr, b_ptr, cols[None, :], col_mask[None, :], HAS_WEIGHT, HAS_BIAS)
     tl.store(y_ptr + rows64[:, None] * y_row_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
     if STORE_STATS:
-        tl.store(mean_ptr + rows64, shift + mean_d, mask=row_mask)
-        tl.store(rstd_ptr + rows64, rstd, mask=row_mask)
+        _store_stats(mean_ptr, rstd_ptr, rows64, shift, mean_d, rstd, row_mask)
 
 
 @triton.jit
 def _layernorm_persistent_kernel(
-    x_ptr,
-    w_ptr,
-    b_ptr,
-    y_ptr,
-    mean_ptr,
-    rstd_ptr,
-    x_row_stride,
-    y_row_stride,
-    n_rows,
-    N,
-    eps,
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
+    x_row_stride, y_row_stride, n_rows, N, eps,
     BLOCK_N: tl.constexpr,  # next_power_of_two(N)
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
-    HAS_WEIGHT: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    STORE_STATS: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
 ):
     """A fixed grid of programs; each loads the parameters once, then normalises rows
     pid, pid + num_programs, pid + 2 * num_programs, ... (a grid-stride loop)."""
@@ -277,11 +268,8 @@ def _layernorm_persistent_kernel(
         row64 = tl.cast(row, tl.int64)  # (tl.cast: in the interpreter, row is a Python int)
         x_row = x_ptr + row64 * x_row_stride
         x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-        shift = tl.load(x_row).to(tl.float32)  # the shifted two-pass recipe of two_pass
-        d = tl.where(mask, x - shift, 0.0)
-        mean_d = tl.sum(d, axis=0) / N
-        xc = tl.where(mask, d - mean_d, 0.0)
-        rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / N + eps)
+        shift = tl.load(x_row).to(tl.float32)
+        mean_d, xc, rstd = centred_row(x, shift, mask, N, eps)
         y = xc * rstd
         if HAS_WEIGHT:
             y = y * w
@@ -289,5 +277,4 @@ def _layernorm_persistent_kernel(
             y = y + b
         tl.store(y_ptr + row64 * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
         if STORE_STATS:
-            tl.store(mean_ptr + row64, shift + mean_d)
-            tl.store(rstd_ptr + row64, rstd)
+            _store_stats(mean_ptr, rstd_ptr, row64, shift, mean_d, rstd, None)

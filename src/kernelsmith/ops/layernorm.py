@@ -109,7 +109,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -264,7 +264,26 @@ def build_with_stats(variant: str, spec: OpSpec, config: Config) -> Launcher:
 _SUPPORTED_TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-class LayerNorm(OpFamily):
+class LayerNormSpecs(OpFamily):
+    """The command-line spec of LayerNorm and of its backward: ``activations`` tensors of the
+    shape (x; dy and x for the backward), then the parameters the constant ``affine`` names, of
+    the last size, all of one dtype; the constants ``eps`` and ``affine``."""
+
+    activations: ClassVar[int] = 1
+
+    def spec(self, shape: tuple[int, ...], dtype: str, eps: float = DEFAULT_EPS, affine: str = "weight_bias",
+             **constants: Any) -> OpSpec:
+        shape = skeleton.command_line_shape(self.name, shape, constants)
+        affine = _check_affine(affine)
+        name = dtype_name(dtype)
+        params = (TensorSpec((shape[-1],), name),) * AFFINE_PARAMS[affine]
+        inputs = (TensorSpec(shape, name),) * self.activations + params
+        spec = OpSpec(self.name, inputs, {"eps": check_eps(self.name, eps), "affine": affine})
+        self.check_supported(spec)
+        return spec
+
+
+class LayerNorm(LayerNormSpecs):
     name = "layernorm"
     summary = "layer normalisation over the last dimension, (x - mean) / sqrt(var + eps) * weight + bias"
     shape_help = (
@@ -287,24 +306,7 @@ class LayerNorm(OpFamily):
                  "widths whose rows Triton cannot prove aligned"),
     )
 
-    # ---- specs -----------------------------------------------------------------------------------
-    def spec(
-        self,
-        shape: tuple[int, ...],
-        dtype: str,
-        eps: float = DEFAULT_EPS,
-        affine: str = "weight_bias",
-        **constants: Any,
-    ) -> OpSpec:
-        shape = skeleton.command_line_shape(self.name, shape, constants)
-        affine = _check_affine(affine)
-        name = dtype_name(dtype)
-        params = (TensorSpec((shape[-1],), name),) * AFFINE_PARAMS[affine]
-        constants = {"eps": check_eps(self.name, eps), "affine": affine}
-        spec = OpSpec(self.name, (TensorSpec(shape, name), *params), constants)
-        self.check_supported(spec)
-        return spec
-
+    # ---- specs (spec: LayerNormSpecs') ------------------------------------------------------------
     def spec_for(
         self,
         *inputs: torch.Tensor | None,

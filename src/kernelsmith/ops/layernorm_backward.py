@@ -86,21 +86,29 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernelsmith.ops import _layernorm_kernels
 from kernelsmith.ops import _rowwise as skeleton
 from kernelsmith.ops import _rowwise_backward as backward
 from kernelsmith.ops._base import (
     FINITE_STRESS_DISTRIBUTIONS,
-    OpFamily,
     Tolerance,
     UnsupportedWorkload,
     check_eps,
     tensor_specs,
 )
+from kernelsmith.ops._layernorm_kernels import centred_row, welford_merge, welford_step
 from kernelsmith.ops._rowwise_backward import column_block, load_row, row_columns, store_row, store_share
-from kernelsmith.ops.layernorm import AFFINE, AFFINE_PARAMS, DEFAULT_EPS, _check_affine, _has_weight_and_bias
+from kernelsmith.ops.layernorm import (
+    AFFINE,
+    AFFINE_PARAMS,
+    DEFAULT_EPS,
+    LayerNormSpecs,
+    _check_affine,
+    _has_weight_and_bias,
+)
 from kernelsmith.ops.layernorm import OP as _LAYERNORM
 from kernelsmith.space import Space, next_power_of_two
-from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
+from kernelsmith.spec import OpSpec, TensorSpec
 
 # The looped statistics pass holds six float32 values a column: four running sums (Welford's
 # mean and M2, sum(g), sum(g * d)) and the loaded x and dy.
@@ -167,12 +175,9 @@ def _two_stage_rows_kernel(
     for i in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
         x = load_row(x_ptr, i, x_row_stride, cols, mask)
         dy = load_row(dy_ptr, i, dy_row_stride, cols, mask)
-        # The forward's statistics, shifted two-pass: d = x - x[0] (padding lanes zeroed), its
-        # mean, then the variance of the centred values.
-        d = tl.where(mask, x - _shift(x_ptr, i, x_row_stride), 0.0)
-        mean_d = tl.sum(d, axis=0) / N
-        xc = tl.where(mask, d - mean_d, 0.0)
-        rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / N + eps)
+        # The forward's statistics, shifted two-pass: d = x - x[0], its mean, then the variance
+        # of the centred values (the forward's helper).
+        _, xc, rstd = centred_row(x, _shift(x_ptr, i, x_row_stride), mask, N, eps)
         xhat = xc * rstd  # zero on padding lanes, as is dy (so g and g * xhat are too)
         g = dy
         if HAS_WEIGHT:
@@ -187,14 +192,9 @@ def _two_stage_rows_kernel(
 
 @triton.jit
 def _looped_stats_kernel(
-    dy_ptr,
-    x_ptr,
-    w_ptr,
+    dy_ptr, x_ptr, w_ptr,
     stats_ptr,  # (rows, 4) float32: mean(d), rstd, mean(g), mean(g * xhat)
-    dy_row_stride,
-    x_row_stride,
-    N,
-    eps,
+    dy_row_stride, x_row_stride, N, eps,
     BLOCK_N: tl.constexpr,  # columns per loop step; N need not be a multiple of it
     NUM_STAGES: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
@@ -205,8 +205,7 @@ def _looped_stats_kernel(
     shift = _shift(x_ptr, row, x_row_stride)
 
     # Lane j sees columns j, j + BLOCK_N, ... and keeps Welford's running mean and M2 of their
-    # d values (see layernorm's welford kernel: every lane still running has seen one value a
-    # block, so 1 / n is one scalar a block), and the running sums of g and g * d.
+    # d values (the forward's welford_step), and the running sums of g and g * d.
     lane_mean = tl.zeros([BLOCK_N], dtype=tl.float32)
     lane_m2 = tl.zeros([BLOCK_N], dtype=tl.float32)
     sum_g = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -218,25 +217,15 @@ def _looped_stats_kernel(
         x = load_row(x_ptr, row, x_row_stride, offs, mask)
         dy = load_row(dy_ptr, row, dy_row_stride, offs, mask)
         d = tl.where(mask, x - shift, 0.0)
-        blocks += 1.0
-        delta = d - lane_mean
-        updated_mean = lane_mean + delta * (1.0 / blocks)
-        lane_m2 = tl.where(mask, lane_m2 + delta * (d - updated_mean), lane_m2)
-        lane_mean = tl.where(mask, updated_mean, lane_mean)
+        lane_mean, lane_m2, blocks = welford_step(d, mask, lane_mean, lane_m2, blocks)
         g = dy  # zero on padding lanes
         if HAS_WEIGHT:
             g = dy * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         sum_g += g
         sum_gd += g * d
 
-    # Chan's merge of the lanes: lane j holds N // BLOCK_N values, plus one if it is among the
-    # first N % BLOCK_N lanes; M2 = sum_j M2_j + sum_j n_j (mean_j - mean)^2.
-    full_blocks = N // BLOCK_N
-    lane_n = (full_blocks + (cols < N - full_blocks * BLOCK_N).to(tl.int32)).to(tl.float32)
-    mean_d = tl.sum(lane_n * lane_mean, axis=0) / N
-    spread = lane_mean - mean_d
-    m2 = tl.sum(lane_m2, axis=0) + tl.sum(lane_n * spread * spread, axis=0)
-    rstd = tl.rsqrt(m2 / N + eps)
+    # Chan's merge of the lanes (the forward's welford_merge).
+    mean_d, rstd = welford_merge(lane_mean, lane_m2, cols, N, eps, BLOCK_N)
     total_g = tl.sum(sum_g, axis=0)
     # sum(g * (d - mean(d))) = sum(g * d) - mean(d) * sum(g)
     mean_gxhat = rstd * (tl.sum(sum_gd, axis=0) - mean_d * total_g) / N
@@ -302,9 +291,10 @@ def _constexprs(spec: OpSpec) -> dict[str, Any]:
     return {"HAS_WEIGHT": has_weight, "HAS_BIAS": has_bias}
 
 
+# The kernels call the forward's row math (_layernorm_kernels): the variants' hashes cover it.
 KERNELS = backward.Backward(__name__, _two_stage_rows_kernel, _looped_stats_kernel, _looped_rows_kernel,
                             width_input=1, stats_width=4, share_slots=2, operands=_operands,
-                            constexprs=_constexprs)
+                            constexprs=_constexprs, modules=(_layernorm_kernels.__name__,))
 
 
 def _two_stage_space(spec: OpSpec) -> Space:
@@ -329,7 +319,7 @@ def _looped_space(spec: OpSpec) -> Space:
 # The op family
 # ---------------------------------------------------------------------------------------------
 
-class LayerNormBackward(OpFamily):
+class LayerNormBackward(LayerNormSpecs):
     name = "layernorm_backward"
     summary = "gradients (dx[, dw[, db]]) of LayerNorm given dy, recomputing the row statistics"
     shape_help = (
@@ -340,28 +330,12 @@ class LayerNormBackward(OpFamily):
     stress_distributions = FINITE_STRESS_DISTRIBUTIONS  # no nonfinite: see kernelsmith.ops._base
     distributions = _LAYERNORM.distributions
     tolerance = Tolerance()
+    activations = 2  # dy and x
     variants = backward.variants(KERNELS, _two_stage_space, _looped_space, sums="dw and db",
                                  looped_summary="row statistics in one Welford pass, then (column block, group) "
                                  "programs, then the dw and db sums; for wide rows")
 
-    # ---- specs -------------------------------------------------------------------------------
-    def spec(
-        self,
-        shape: tuple[int, ...],
-        dtype: str,
-        eps: float = DEFAULT_EPS,
-        affine: str = "weight_bias",
-        **constants: Any,
-    ) -> OpSpec:
-        shape = skeleton.command_line_shape(self.name, shape, constants)
-        affine = _check_affine(affine)
-        name = dtype_name(dtype)
-        act = TensorSpec(shape, name)
-        params = (TensorSpec((shape[-1],), name),) * AFFINE_PARAMS[affine]
-        spec = OpSpec(self.name, (act, act, *params), {"eps": check_eps(self.name, eps), "affine": affine})
-        self.check_supported(spec)
-        return spec
-
+    # ---- specs (spec: LayerNormSpecs', with dy and x) -----------------------------------------
     def spec_for(
         self, *inputs: torch.Tensor, eps: float = DEFAULT_EPS, affine: str | None = None, **constants: Any
     ) -> OpSpec:

@@ -68,7 +68,7 @@ configs in all for a 1k-4k wide row, fewer for very narrow or very wide rows, an
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -77,6 +77,7 @@ import triton.language as tl
 
 from kernelsmith.ops import _rowwise as skeleton
 from kernelsmith.ops._base import OpFamily, UnsupportedWorkload, Variant, generator, rows_and_width
+from kernelsmith.ops._last_dim import check_last_dim, one_tensor
 from kernelsmith.space import Space
 from kernelsmith.spec import OpSpec, TensorSpec
 
@@ -255,10 +256,8 @@ def _variants(kind: int) -> tuple[Variant, ...]:
 
 
 # =================================================================================================
-# The op families
+# The op families (the checks of their input are softmax's too: kernelsmith.ops._last_dim)
 # =================================================================================================
-
-_SUPPORTED_TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 # Sums must stay inside float16's range (65504) whatever the width, or PyTorch's own result is
 # inf where the float64 reference is finite and no candidate could pass: the value scales of the
@@ -269,12 +268,28 @@ _LARGE_ELEMENT_SCALE = 1000.0  # spread of "large" elements around their row's c
 _LARGE_CENTRE = 20000.0  # row centres of "large" (mean, max) are uniform in +-this
 
 
+_SHAPE_HELP = (
+    "the shape of x; the {op} runs over its last dimension and the result has x's other "
+    "dimensions: --shape 8192x4096 is 8192 rows of 4096 columns (8192 results), --shape "
+    "4x512x1024 is 2048 rows of 1024"
+)
+
+
 class _RowReduction(OpFamily):
-    """A reduction of every row of x (its last dimension) to one value; see the module doc."""
+    """A reduction of every row of x (its last dimension) to one value; see the module doc. A
+    family names itself, its ``kind`` (the kernels' KIND), the PyTorch function it computes
+    (``torch_reduction``, called as ``f(x, dim=-1)``), its summary and distributions; its
+    shape help and variants follow from those."""
 
     kind: ClassVar[int]
+    torch_reduction: ClassVar[Callable[..., torch.Tensor]]
     rowwise = True  # configs depend on the row width only: calls are bucketed by row count
     row_block = max(_MULTI_ROWS)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.shape_help = _SHAPE_HELP.format(op=cls.name)
+        cls.variants = _variants(cls.kind)
 
     # ---- specs -----------------------------------------------------------------------------------
     def spec(self, shape: tuple[int, ...], dtype: str, **constants: Any) -> OpSpec:
@@ -282,11 +297,7 @@ class _RowReduction(OpFamily):
         return self._spec(TensorSpec(tuple(shape), dtype), dim)
 
     def spec_for(self, *inputs: torch.Tensor, **constants: Any) -> OpSpec:
-        if len(inputs) != 1 or not isinstance(inputs[0], torch.Tensor):
-            raise UnsupportedWorkload(f"{self.name} takes one tensor, got {len(inputs)} inputs")
-        (x,) = inputs
-        if x.dtype not in _SUPPORTED_TORCH_DTYPES:
-            raise UnsupportedWorkload(f"{self.name}: dtype {x.dtype} is not supported")
+        x = one_tensor(self.name, inputs)
         dim = self._take_constants(constants)
         return self._spec(TensorSpec.of(x), dim)
 
@@ -304,15 +315,7 @@ class _RowReduction(OpFamily):
         return dim
 
     def _spec(self, x: TensorSpec, dim: Any) -> OpSpec:
-        ndim = len(x.shape)
-        if ndim == 0:
-            raise UnsupportedWorkload(f"{self.name}: x must have at least one dimension")
-        if x.numel == 0:
-            raise UnsupportedWorkload(f"{self.name}: x {x} is empty")
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim not in (-1, ndim - 1):
-            raise UnsupportedWorkload(
-                f"{self.name}: only the last dimension is supported (dim=-1 or {ndim - 1}), got dim={dim!r}"
-            )
+        check_last_dim(self.name, x, dim)
         spec = OpSpec(self.name, (x,), {"dim": -1})
         self.check_supported(spec)
         return spec
@@ -322,14 +325,11 @@ class _RowReduction(OpFamily):
         return (TensorSpec(x.shape[:-1], x.dtype),)
 
     # ---- math ------------------------------------------------------------------------------------
-    def _torch(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
     def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        return (self._torch(inputs[0]),)
+        return (type(self).torch_reduction(inputs[0], dim=-1),)
 
     def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        return (self._torch(inputs[0].double()),)
+        return (type(self).torch_reduction(inputs[0].double(), dim=-1),)
 
     def make_inputs(
         self,
@@ -393,47 +393,22 @@ class _RowReduction(OpFamily):
         return spec.inputs[0].numel + (rows if self.kind == KIND_MEAN else 0)
 
 
-_SHAPE_HELP = (
-    "the shape of x; the {op} runs over its last dimension and the result has x's other "
-    "dimensions: --shape 8192x4096 is 8192 rows of 4096 columns (8192 results), --shape "
-    "4x512x1024 is 2048 rows of 1024"
-)
-
-
 class RowSum(_RowReduction):
-    name = "sum"
+    name, kind, torch_reduction = "sum", KIND_SUM, torch.sum
     summary = "sum over the last dimension, torch.sum(x, -1), accumulated in float32"
-    shape_help = _SHAPE_HELP.format(op="sum")
-    kind = KIND_SUM
     distributions = ("normal", "positive", "large")
-    variants = _variants(KIND_SUM)
-
-    def _torch(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.sum(x, dim=-1)
 
 
 class RowMean(_RowReduction):
-    name = "mean"
+    name, kind, torch_reduction = "mean", KIND_MEAN, torch.mean
     summary = "mean over the last dimension, torch.mean(x, -1), accumulated in float32"
-    shape_help = _SHAPE_HELP.format(op="mean")
-    kind = KIND_MEAN
     distributions = ("normal", "positive", "large")
-    variants = _variants(KIND_MEAN)
-
-    def _torch(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.mean(x, dim=-1)
 
 
 class RowMax(_RowReduction):
-    name = "max"
+    name, kind, torch_reduction = "max", KIND_MAX, torch.amax
     summary = "maximum over the last dimension, torch.amax(x, -1) (NaN propagates)"
-    shape_help = _SHAPE_HELP.format(op="max")
-    kind = KIND_MAX
     distributions = ("normal", "positive", "large", "negative_ties")
-    variants = _variants(KIND_MAX)
-
-    def _torch(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.amax(x, dim=-1)
 
 
 SUM = RowSum()

@@ -85,6 +85,7 @@ import triton.language as tl
 
 from kernelsmith.ops import _rowwise as skeleton
 from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._last_dim import check_last_dim, one_tensor
 from kernelsmith.space import Config, Space
 from kernelsmith.spec import OpSpec, TensorSpec
 
@@ -110,11 +111,7 @@ def _scaled(x, mask, scale, HAS_SCALE: tl.constexpr):
 
 @triton.jit
 def _softmax_whole_row_kernel(
-    x_ptr,
-    y_ptr,
-    x_row_stride,
-    y_row_stride,
-    n_cols,
+    x_ptr, y_ptr, x_row_stride, y_row_stride, n_cols,
     scale,  # the constant x is multiplied by (1 / temperature); read only with HAS_SCALE
     BLOCK_N: tl.constexpr,  # next_power_of_two(n_cols): the whole row in one block
     EVICT_X: tl.constexpr,  # "" or "evict_first": x is read once, so it need not stay in L2
@@ -137,12 +134,7 @@ def _softmax_whole_row_kernel(
 
 @triton.jit
 def _softmax_online_kernel(
-    x_ptr,
-    y_ptr,
-    x_row_stride,
-    y_row_stride,
-    n_cols,
-    scale,
+    x_ptr, y_ptr, x_row_stride, y_row_stride, n_cols, scale,
     BLOCK_N: tl.constexpr,  # columns per loop step; the row may be any multiple of it, or not
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of both loops (1: none)
     HAS_SCALE: tl.constexpr,
@@ -193,13 +185,7 @@ def _softmax_online_kernel(
 
 @triton.jit
 def _softmax_multi_row_kernel(
-    x_ptr,
-    y_ptr,
-    x_row_stride,
-    y_row_stride,
-    n_rows,
-    n_cols,
-    scale,
+    x_ptr, y_ptr, x_row_stride, y_row_stride, n_rows, n_cols, scale,
     ROWS: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # next_power_of_two(n_cols)
     HAS_SCALE: tl.constexpr,
@@ -229,13 +215,7 @@ def _softmax_multi_row_kernel(
 
 @triton.jit
 def _softmax_persistent_kernel(
-    x_ptr,
-    y_ptr,
-    x_row_stride,
-    y_row_stride,
-    n_rows,
-    n_cols,
-    scale,
+    x_ptr, y_ptr, x_row_stride, y_row_stride, n_rows, n_cols, scale,
     BLOCK_N: tl.constexpr,  # next_power_of_two(n_cols)
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
     HAS_SCALE: tl.constexpr,
@@ -258,13 +238,8 @@ def _softmax_persistent_kernel(
 
 @triton.jit
 def _softmax_aligned_row_kernel(
-    x_ptr,
-    y_ptr,
-    n_cols,
-    scale,
-    BLOCK_N: tl.constexpr,
-    EVICT_X: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
+    x_ptr, y_ptr, n_cols, scale,
+    BLOCK_N: tl.constexpr, EVICT_X: tl.constexpr, HAS_SCALE: tl.constexpr,
     ALIGN: tl.constexpr,  # elements in 16 bytes
 ):
     """whole_row on a row cut into an aligned body and a head and tail (``skeleton.row_pieces``),
@@ -300,12 +275,8 @@ def _split_chunk(x_ptr, row_start, n_cols, chunk, scale, BLOCK_N: tl.constexpr, 
 def _softmax_split_stats_kernel(
     x_ptr,
     partial_ptr,  # (rows, chunks, 2) float32: each chunk's max m and sum of exp(x - m)
-    n_cols,
-    scale,
-    BLOCK_N: tl.constexpr,
-    SPLITS: tl.constexpr,
-    ALIGN: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
+    n_cols, scale,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, ALIGN: tl.constexpr, HAS_SCALE: tl.constexpr,
 ):
     """split_row, first launch: one chunk's max and its sum of exponentials relative to it. A
     chunk can be empty (the head and tail went to chunk 0) or -inf throughout (a masked prefix)
@@ -324,15 +295,8 @@ def _softmax_split_stats_kernel(
 
 @triton.jit
 def _softmax_split_apply_kernel(
-    x_ptr,
-    y_ptr,
-    partial_ptr,
-    n_cols,
-    scale,
-    BLOCK_N: tl.constexpr,
-    SPLITS: tl.constexpr,
-    ALIGN: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
+    x_ptr, y_ptr, partial_ptr, n_cols, scale,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, ALIGN: tl.constexpr, HAS_SCALE: tl.constexpr,
 ):
     """split_row, second launch: the row's max and sum from its chunks' (each chunk's sum rescaled
     to the row max, as the online kernel rescales its running sum), then the chunk's
@@ -417,10 +381,18 @@ def _split_row_build(spec: OpSpec, config: Config) -> Launcher:
 
 
 # =================================================================================================
-# The op family
+# The op family (the checks of its input are the row reductions' too: kernelsmith.ops._last_dim)
 # =================================================================================================
 
-_SUPPORTED_TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+def _dim_and_scale(constants: dict[str, Any]) -> tuple[Any, Any]:
+    """The constants ``dim`` (default -1) and ``scale`` (default 1.0), checked by ``_spec``;
+    UnsupportedWorkload for any other."""
+    dim = constants.pop("dim", -1)
+    scale = constants.pop("scale", 1.0)
+    if constants:
+        raise UnsupportedWorkload(f"softmax: unknown constants {sorted(constants)}")
+    return dim, scale
 
 
 class Softmax(OpFamily):
@@ -451,35 +423,16 @@ class Softmax(OpFamily):
 
     # ---- specs -----------------------------------------------------------------------------------
     def spec(self, shape: tuple[int, ...], dtype: str, **constants: Any) -> OpSpec:
-        dim = constants.pop("dim", -1)
-        scale = constants.pop("scale", 1.0)
-        if constants:
-            raise UnsupportedWorkload(f"softmax: unknown constants {sorted(constants)}")
+        dim, scale = _dim_and_scale(constants)
         return self._spec(TensorSpec(tuple(shape), dtype), dim, scale)
 
     def spec_for(self, *inputs: torch.Tensor, **constants: Any) -> OpSpec:
-        if len(inputs) != 1 or not isinstance(inputs[0], torch.Tensor):
-            raise UnsupportedWorkload(f"softmax takes one tensor, got {len(inputs)} inputs")
-        (x,) = inputs
-        if x.dtype not in _SUPPORTED_TORCH_DTYPES:
-            raise UnsupportedWorkload(f"softmax: dtype {x.dtype} is not supported")
-        dim = constants.pop("dim", -1)
-        scale = constants.pop("scale", 1.0)
-        if constants:
-            raise UnsupportedWorkload(f"softmax: unknown constants {sorted(constants)}")
+        x = one_tensor(self.name, inputs)
+        dim, scale = _dim_and_scale(constants)
         return self._spec(TensorSpec.of(x), dim, scale)
 
     def _spec(self, x: TensorSpec, dim: Any, scale: Any) -> OpSpec:
-        ndim = len(x.shape)
-        if ndim == 0:
-            raise UnsupportedWorkload("softmax: x must have at least one dimension")
-        if x.numel == 0:
-            raise UnsupportedWorkload(f"softmax: x {x} is empty")
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim not in (-1, ndim - 1):
-            raise UnsupportedWorkload(
-                f"softmax: only the last dimension is supported (dim=-1 or {ndim - 1}), "
-                f"got dim={dim!r}"
-            )
+        check_last_dim(self.name, x, dim)
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale == 0:
             raise UnsupportedWorkload(f"softmax: scale must be a finite non-zero number, not {scale!r}")
         constants: dict[str, Any] = {"dim": -1}
