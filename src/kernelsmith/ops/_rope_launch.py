@@ -6,16 +6,18 @@ the layouts' strides), the config spaces of the variants and their launchers. Th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import triton
 
-from kernelsmith.ops._base import Launcher, UnsupportedWorkload
+from kernelsmith.ops._base import Launcher
+from kernelsmith.ops._elementwise import checked
 from kernelsmith.ops._launch import direct_launch
-from kernelsmith.ops._rope_kernels import _rope_blocked_seq_kernel, _rope_per_head_kernel, _rope_per_token_kernel
+from kernelsmith.ops._rope_kernels import _rope_kernel
+from kernelsmith.ops._rowwise import Warps
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, contiguous_strides
 
@@ -111,18 +113,6 @@ def _resized(spec: OpSpec, batch: int, seq: int) -> OpSpec:
     return _make_spec(new, spec.inputs[0].dtype, layout, spec.const("style"), memories[0], memories[1])
 
 
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise UnsupportedWorkload(f"rope: {name} must be a positive integer, not {value!r}")
-    return value
-
-
-def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise UnsupportedWorkload(f"rope: {name} must be one of {', '.join(choices)}, not {value!r}")
-    return str(value)
-
-
 # =================================================================================================
 # Config spaces and builders
 # =================================================================================================
@@ -135,6 +125,9 @@ _PAIRS = ("strided", "split")
 # Values of x a thread holds (each with its partner, its cos and its sin live: about four float32
 # registers): more than this and registers spill.
 _MAX_PER_THREAD = 32
+# Warp counts that suit a block of rows: no idle warps (one warp is always allowed, so that the
+# smallest blocks keep a config) and at most _MAX_PER_THREAD values a thread.
+_WARP_RULE = Warps(per_thread=_MAX_PER_THREAD, always=1)
 
 
 def _rotated_width(spec: OpSpec) -> int:
@@ -142,29 +135,9 @@ def _rotated_width(spec: OpSpec) -> int:
     return 2 * next_power_of_two(_dims(spec).rotary_dim // 2)
 
 
-def _warp_constraints(elements: Callable[[Config], int]) -> list[Constraint]:
-    """Warp counts that suit a block of ``elements(config)`` values (as in softmax)."""
-    return [
-        Constraint(
-            "every thread holds at least one value (extra warps would idle)",
-            lambda c: c["num_warps"] == 1 or 32 * c["num_warps"] <= elements(c),
-        ),
-        Constraint(
-            f"at most {_MAX_PER_THREAD} values a thread (more would spill registers)",
-            lambda c: elements(c) <= _MAX_PER_THREAD * 32 * c["num_warps"],
-        ),
-    ]
-
-
 def _pairs_params(spec: OpSpec) -> list[Param]:
     """PAIRS for the interleaved style; the half style has one way to load its pairs."""
     return [Param("PAIRS", _PAIRS)] if spec.const("style") == "interleaved" else []
-
-
-def _checked(space: Space, config: Config) -> None:
-    problems = space.violations(config)
-    if problems:
-        raise ValueError(f"config {config.key} is not in the space: {'; '.join(problems)}")
 
 
 @dataclass(frozen=True)
@@ -203,79 +176,74 @@ def _stride_args(common: _Common, inputs: Sequence[torch.Tensor], outputs: Seque
     return args
 
 
-# ---- per_head -----------------------------------------------------------------------------------
+def _launcher(
+    spec: OpSpec, config: Config, schedule: str, programs: int, block: int, blocks: tuple[int, int, int]
+) -> Launcher:
+    """The launcher of ``_rope_kernel`` under ``schedule`` (a variant's name): ``programs``
+    programs, each taking ``block`` heads (or positions, in blocked_seq) at a time; ``blocks``
+    the kernel's (Q_BLOCKS, K_BLOCKS, S_BLOCKS)."""
+    common = _common(spec, config)
+    d = common.dims
+    kernel = direct_launch(_rope_kernel, (programs,))
+    meta = {"SCHEDULE": schedule, "BLOCK": block, **common.constexprs,
+            "NUM_STAGES": int(config.get("num_stages", 1)), "num_warps": int(config["num_warps"])}
+    if "num_stages" in config:  # per_token: the loop's depth, also given as the launch option
+        meta["num_stages"] = int(config["num_stages"])
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        kernel(inputs[0], inputs[1], inputs[2], inputs[3], outputs[0], outputs[1], d.seq, d.heads, d.kv_heads,
+               *_stride_args(common, inputs, outputs), *blocks, **meta)
+
+    return launch
 
 
-def _per_head_space(spec: OpSpec) -> Space:
-    d = _dims(spec)
+def _head_block_space(spec: OpSpec, stages: list[Param], extra: list[Constraint]) -> Space:
+    """The space of the schedules that take q's and k's heads BLOCK_H at a time (per_head,
+    per_token): ``stages`` and ``extra`` are what per_token adds for its head loops."""
     width = _rotated_width(spec)
-    most_heads = next_power_of_two(d.heads)
+    most_heads = next_power_of_two(_dims(spec).heads)
     return Space(
-        [Param("BLOCK_H", _BLOCK_H), *_pairs_params(spec), Param("num_warps", _WARPS)],
+        [Param("BLOCK_H", _BLOCK_H), *_pairs_params(spec), Param("num_warps", _WARPS), *stages],
         [
             Constraint("BLOCK_H is no larger than q's head count (rounded up to a power of two)",
                        lambda c: c["BLOCK_H"] <= most_heads),
-            *_warp_constraints(lambda c: c["BLOCK_H"] * width),
+            *extra,
+            _WARP_RULE.constraint("BLOCK_H rows of the rotated part", lambda c: c["BLOCK_H"] * width),
         ],
     )
 
 
+# ---- per_head -----------------------------------------------------------------------------------
+
+
+def _per_head_space(spec: OpSpec) -> Space:
+    return _head_block_space(spec, [], [])
+
+
 def _per_head_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_per_head_space(spec), config)
-    common = _common(spec, config)
-    d = common.dims
-    block_h = int(config["BLOCK_H"])
-    q_blocks = triton.cdiv(d.heads, block_h)
-    head_blocks = q_blocks + triton.cdiv(d.kv_heads, block_h)
-    kernel = direct_launch(_rope_per_head_kernel, (d.batch * d.seq * head_blocks,))
-    constexprs = common.constexprs
-    num_warps = int(config["num_warps"])
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        kernel(inputs[0], inputs[1], inputs[2], inputs[3], outputs[0], outputs[1], d.seq, d.heads, d.kv_heads,
-               *_stride_args(common, inputs, outputs), q_blocks, head_blocks,
-               BLOCK_H=block_h, **constexprs, num_warps=num_warps)
-
-    return launch
+    checked(_per_head_space(spec), config)
+    d, block_h = _dims(spec), int(config["BLOCK_H"])
+    q_blocks, k_blocks = triton.cdiv(d.heads, block_h), triton.cdiv(d.kv_heads, block_h)
+    programs = d.batch * d.seq * (q_blocks + k_blocks)
+    return _launcher(spec, config, "per_head", programs, block_h, (q_blocks, k_blocks, 1))
 
 
 # ---- per_token ----------------------------------------------------------------------------------
 
 
 def _per_token_space(spec: OpSpec) -> Space:
-    d = _dims(spec)
-    width = _rotated_width(spec)
-    most_heads = next_power_of_two(d.heads)
-    return Space(
-        [Param("BLOCK_H", _BLOCK_H), *_pairs_params(spec), Param("num_warps", _WARPS), Param("num_stages", _STAGES)],
-        [
-            Constraint("BLOCK_H is no larger than q's head count (rounded up to a power of two)",
-                       lambda c: c["BLOCK_H"] <= most_heads),
-            # One block covers every head: each loop runs once, and there is nothing to pipeline.
-            Constraint("num_stages is 1 when one head block covers all the heads",
-                       lambda c: c["num_stages"] == 1 or c["BLOCK_H"] < d.heads),
-            *_warp_constraints(lambda c: c["BLOCK_H"] * width),
-        ],
-    )
+    heads = _dims(spec).heads
+    # One block covers every head: each loop runs once, and there is nothing to pipeline.
+    one_block = Constraint("num_stages is 1 when one head block covers all the heads",
+                           lambda c: c["num_stages"] == 1 or c["BLOCK_H"] < heads)
+    return _head_block_space(spec, [Param("num_stages", _STAGES)], [one_block])
 
 
 def _per_token_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_per_token_space(spec), config)
-    common = _common(spec, config)
-    d = common.dims
-    block_h = int(config["BLOCK_H"])
-    q_blocks = triton.cdiv(d.heads, block_h)
-    k_blocks = triton.cdiv(d.kv_heads, block_h)
-    kernel = direct_launch(_rope_per_token_kernel, (d.batch * d.seq,))
-    constexprs = common.constexprs
-    num_warps, num_stages = int(config["num_warps"]), int(config["num_stages"])
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        kernel(inputs[0], inputs[1], inputs[2], inputs[3], outputs[0], outputs[1], d.seq, d.heads, d.kv_heads,
-               *_stride_args(common, inputs, outputs), q_blocks, k_blocks,
-               BLOCK_H=block_h, **constexprs, NUM_STAGES=num_stages, num_warps=num_warps, num_stages=num_stages)
-
-    return launch
+    checked(_per_token_space(spec), config)
+    d, block_h = _dims(spec), int(config["BLOCK_H"])
+    blocks = (triton.cdiv(d.heads, block_h), triton.cdiv(d.kv_heads, block_h), 1)
+    return _launcher(spec, config, "per_token", d.batch * d.seq, block_h, blocks)
 
 
 # ---- blocked_seq --------------------------------------------------------------------------------
@@ -287,23 +255,13 @@ def _blocked_seq_space(spec: OpSpec) -> Space:
     width = _rotated_width(spec)
     return Space(
         [Param("BLOCK_S", _BLOCK_S), *_pairs_params(spec), Param("num_warps", _WARPS)],
-        _warp_constraints(lambda c: c["BLOCK_S"] * width),
+        [_WARP_RULE.constraint("BLOCK_S rows of the rotated part", lambda c: c["BLOCK_S"] * width)],
     )
 
 
 def _blocked_seq_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_blocked_seq_space(spec), config)
-    common = _common(spec, config)
-    d = common.dims
-    block_s = int(config["BLOCK_S"])
+    checked(_blocked_seq_space(spec), config)
+    d, block_s = _dims(spec), int(config["BLOCK_S"])
     s_blocks = triton.cdiv(d.seq, block_s)
-    kernel = direct_launch(_rope_blocked_seq_kernel, (d.batch * (d.heads + d.kv_heads) * s_blocks,))
-    constexprs = common.constexprs
-    num_warps = int(config["num_warps"])
-
-    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        kernel(inputs[0], inputs[1], inputs[2], inputs[3], outputs[0], outputs[1], d.seq, d.heads, d.kv_heads,
-               *_stride_args(common, inputs, outputs), s_blocks,
-               BLOCK_S=block_s, **constexprs, num_warps=num_warps)
-
-    return launch
+    programs = d.batch * (d.heads + d.kv_heads) * s_blocks
+    return _launcher(spec, config, "blocked_seq", programs, block_s, (1, 1, s_blocks))

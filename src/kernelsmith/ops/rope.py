@@ -78,7 +78,9 @@ always contiguous and the inputs need not be), and require unit stride along the
 
 The code: this module holds the family (specs, inputs, the reference); the kernels are in
 :mod:`kernelsmith.ops._rope_kernels`, the shapes, spaces and launchers in
-:mod:`kernelsmith.ops._rope_launch`.
+:mod:`kernelsmith.ops._rope_launch`. The three variants are one kernel, ``_rope_kernel``, whose
+``SCHEDULE`` constexpr selects how a program finds its rows (each variant compiles only its own
+schedule); the rows are rotated by one jitted helper, whatever the schedule.
 """
 
 from __future__ import annotations
@@ -93,7 +95,6 @@ from kernelsmith.ops._base import OpFamily, UnsupportedWorkload, Variant, genera
 from kernelsmith.ops._rope_launch import (
     _blocked_seq_build,
     _blocked_seq_space,
-    _choice,
     _Dims,
     _dims,
     _head_tensor,
@@ -104,9 +105,9 @@ from kernelsmith.ops._rope_launch import (
     _per_head_space,
     _per_token_build,
     _per_token_space,
-    _positive_int,
     _resized,
 )
+from kernelsmith.ops._spec_args import SpecArgs
 from kernelsmith.space import next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
@@ -115,6 +116,7 @@ STYLES = ("half", "interleaved")
 ROPE_BASE = 10000.0  # the frequency base of make_inputs' caches (Llama's; any base is supported)
 MAX_HEAD_DIM = 1024  # widest head the spaces are sized for (real models use 64 to 256)
 MAX_PROGRAMS = 2**31 - 1  # a CUDA grid's first dimension
+_ARGS = SpecArgs("rope")
 
 
 # =================================================================================================
@@ -203,19 +205,13 @@ class RoPE(OpFamily):
         batched_cos: bool = False,
         **constants: Any,
     ) -> OpSpec:
-        if constants:
-            raise UnsupportedWorkload(f"rope: unknown constants {sorted(constants)}")
-        shape = tuple(shape)
-        if len(shape) != 4:
-            raise UnsupportedWorkload(f"rope: --shape is BxHxSxD (4 sizes), not {'x'.join(map(str, shape))}")
-        b, h, s, d = (_positive_int(n, v) for n, v in zip(("B", "H", "S", "D"), shape, strict=True))
-        layout = _choice("layout", layout, LAYOUTS)
-        style = _choice("style", style, STYLES)
-        memory = _choice("memory", layout if memory is None else memory, LAYOUTS)
-        if not isinstance(batched_cos, bool):
-            raise UnsupportedWorkload(f"rope: batched_cos must be true or false, not {batched_cos!r}")
-        hk = _positive_int("kv_heads", h if kv_heads is None else kv_heads)
-        r = _positive_int("rotary_dim", d if rotary_dim is None else rotary_dim)
+        b, h, s, d = _ARGS.bhsd(shape, constants)
+        layout = _ARGS.choice("layout", layout, LAYOUTS)
+        style = _ARGS.choice("style", style, STYLES)
+        memory = _ARGS.choice("memory", layout if memory is None else memory, LAYOUTS)
+        _ARGS.flag("batched_cos", batched_cos)
+        hk = _ARGS.positive_int("kv_heads", h if kv_heads is None else kv_heads)
+        r = _ARGS.positive_int("rotary_dim", d if rotary_dim is None else rotary_dim)
         dims = _Dims(b, h, hk, s, d, r, batched_cos and b > 1)
         spec = _make_spec(dims, dtype_name(dtype), layout, style, memory, memory)
         self.check_supported(spec)
@@ -224,12 +220,11 @@ class RoPE(OpFamily):
     def spec_for(self, *inputs: torch.Tensor, **constants: Any) -> OpSpec:
         if len(inputs) != 4 or not all(isinstance(t, torch.Tensor) for t in inputs):
             raise UnsupportedWorkload(f"rope takes (q, k, cos, sin), not {len(inputs)} inputs")
-        layout = _choice("layout", constants.pop("layout", "bhsd"), LAYOUTS)
-        style = _choice("style", constants.pop("style", "half"), STYLES)
+        layout = _ARGS.choice("layout", constants.pop("layout", "bhsd"), LAYOUTS)
+        style = _ARGS.choice("style", constants.pop("style", "half"), STYLES)
         kv_heads = constants.pop("kv_heads", None)
         rotary_dim = constants.pop("rotary_dim", None)
-        if constants:
-            raise UnsupportedWorkload(f"rope: unknown constants {sorted(constants)}")
+        _ARGS.no_more(constants)
         q, k, cos, sin = inputs
         if q.dim() != 4 or k.dim() != 4:
             raise UnsupportedWorkload(f"rope: q and k must be 4-D, not {q.dim()}-D and {k.dim()}-D")
@@ -294,8 +289,8 @@ class RoPE(OpFamily):
             raise UnsupportedWorkload(f"rope takes (q, k, cos, sin), not {len(spec.inputs)} tensors")
         if set(spec.constants) != {"layout", "style"}:
             raise UnsupportedWorkload(f"rope: constants must be layout and style, not {sorted(spec.constants)}")
-        layout = _choice("layout", spec.const("layout"), LAYOUTS)
-        _choice("style", spec.const("style"), STYLES)
+        layout = _ARGS.choice("layout", spec.const("layout"), LAYOUTS)
+        _ARGS.choice("style", spec.const("style"), STYLES)
         q, k, cos, sin = spec.inputs
         for t in spec.inputs:
             if t.dtype not in self.dtypes:
