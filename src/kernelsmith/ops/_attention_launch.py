@@ -7,7 +7,6 @@ in :mod:`kernelsmith.ops.attention`.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,8 @@ from kernelsmith.ops._attention_kernels import (
     _attn_persistent_kernel,
     _attn_split_kernel,
 )
-from kernelsmith.ops._base import Launcher, UnsupportedWorkload
+from kernelsmith.ops._base import Launcher
+from kernelsmith.ops._elementwise import checked
 from kernelsmith.ops._launch import direct_launch, tensor_descriptor_class, tma_available
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, contiguous_strides
@@ -37,14 +37,15 @@ from kernelsmith.spec import OpSpec, TensorSpec, contiguous_strides
 
 @dataclass(frozen=True)
 class _Dims:
-    """The sizes of one workload, whatever the layout."""
+    """The sizes of one workload, whatever the layout: q's (B, H, Sq, D), then the heads and the
+    length of k and v."""
 
     batch: int
     heads: int
-    kv_heads: int
     q_len: int
-    kv_len: int
     head_dim: int
+    kv_heads: int
+    kv_len: int
 
     @property
     def group(self) -> int:
@@ -69,7 +70,7 @@ def _dims(spec: OpSpec) -> _Dims:
     else:
         b, sq, h, d = q.shape
         sk, hk = k.shape[1], k.shape[2]
-    return _Dims(b, h, hk, sq, sk, d)
+    return _Dims(batch=b, heads=h, q_len=sq, head_dim=d, kv_heads=hk, kv_len=sk)
 
 
 def _order(t: TensorSpec) -> tuple[int, ...]:
@@ -127,33 +128,6 @@ def _mask_strides(mask: torch.Tensor | TensorSpec) -> tuple[int, int, int, int]:
     return b, h, q, k
 
 
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise UnsupportedWorkload(f"attention: {name} must be a positive integer, not {value!r}")
-    return value
-
-
-def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise UnsupportedWorkload(f"attention: {name} must be one of {', '.join(choices)}, not {value!r}")
-    return str(value)
-
-
-def _flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise UnsupportedWorkload(f"attention: {name} must be true or false, not {value!r}")
-    return value
-
-
-def _scale(value: Any, head_dim: int) -> float:
-    """The softmax scale: ``value`` as a finite float, or torch's default ``1 / sqrt(D)``."""
-    if value is None:
-        return 1.0 / math.sqrt(head_dim)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise UnsupportedWorkload(f"attention: scale must be a finite number, not {value!r}")
-    return float(value)
-
-
 # =================================================================================================
 # Config spaces and builders
 # =================================================================================================
@@ -205,12 +179,6 @@ def _tile_constraints(spec: OpSpec) -> list[Constraint]:
             lambda c: (c["BLOCK_M"] + 2 * c["num_stages"] * c["BLOCK_N"]) * block_d * itemsize <= _SHARED_BYTES,
         ),
     ]
-
-
-def _checked(space: Space, config: Config) -> None:
-    problems = space.violations(config)
-    if problems:
-        raise ValueError(f"config {config.key} is not in the space: {'; '.join(problems)}")
 
 
 @dataclass(frozen=True)
@@ -292,7 +260,7 @@ def _flash_space(spec: OpSpec) -> Space:
 
 
 def _flash_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_flash_space(spec), config)
+    checked(_flash_space(spec), config)
     return _flash_launcher(spec, config, descriptors=False)
 
 
@@ -308,7 +276,7 @@ def _tma_space(spec: OpSpec) -> Space:
 
 
 def _tma_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_tma_space(spec), config)
+    checked(_tma_space(spec), config)
     return _flash_launcher(spec, config, descriptors=True)
 
 
@@ -383,7 +351,7 @@ def _persistent_space(spec: OpSpec) -> Space:
 
 
 def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_persistent_space(spec), config)
+    checked(_persistent_space(spec), config)
     plan = _plan(spec, config)
     d = plan.dims
     tiles = plan.m_blocks * d.batch * plan.head_tiles
@@ -421,7 +389,7 @@ def _split_space(spec: OpSpec) -> Space:
 
 
 def _split_build(spec: OpSpec, config: Config) -> Launcher:
-    _checked(_split_space(spec), config)
+    checked(_split_space(spec), config)
     plan = _plan(spec, config)
     d = plan.dims
     splits = int(config["SPLITS"])

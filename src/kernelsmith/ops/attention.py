@@ -131,7 +131,6 @@ the variants in :mod:`kernelsmith.ops._attention_launch`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -140,18 +139,14 @@ import triton
 
 from kernelsmith.ops._attention_launch import (
     _canonical,
-    _choice,
     _Dims,
     _dims,
-    _flag,
     _flash_build,
     _flash_space,
     _logical,
     _persistent_build,
     _persistent_space,
-    _positive_int,
     _resized,
-    _scale,
     _split_build,
     _split_space,
     _strides_in_order,
@@ -165,6 +160,7 @@ from kernelsmith.ops._base import (
     Variant,
     generator,
 )
+from kernelsmith.ops._spec_args import SpecArgs
 from kernelsmith.space import next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
 
@@ -172,6 +168,7 @@ LAYOUTS = ("bhsd", "bshd")
 MASKS = ("none", "additive", "boolean")  # spec()'s mask argument
 MAX_HEAD_DIM = 256
 MAX_PROGRAMS = 2**31 - 1  # a CUDA grid's first dimension
+_ARGS = SpecArgs("attention")
 
 # =================================================================================================
 # The reference
@@ -271,17 +268,13 @@ class Attention(OpFamily):
         memory: str | None = None,
         **constants: Any,
     ) -> OpSpec:
-        if constants:
-            raise UnsupportedWorkload(f"attention: unknown constants {sorted(constants)}")
-        shape = tuple(shape)
-        if len(shape) != 4:
-            raise UnsupportedWorkload(f"attention: --shape is BxHxSxD (4 sizes), not {'x'.join(map(str, shape))}")
-        b, h, s, d = (_positive_int(n, v) for n, v in zip(("B", "H", "S", "D"), shape, strict=True))
-        layout = _choice("layout", layout, LAYOUTS)
-        memory = _choice("memory", layout if memory is None else memory, LAYOUTS)
-        mask = _choice("mask", mask, MASKS)
-        dims = _Dims(b, h, _positive_int("kv_heads", h if kv_heads is None else kv_heads), s,
-                     _positive_int("kv_len", s if kv_len is None else kv_len), d)
+        b, h, s, d = _ARGS.bhsd(shape, constants)
+        layout = _ARGS.choice("layout", layout, LAYOUTS)
+        memory = _ARGS.choice("memory", layout if memory is None else memory, LAYOUTS)
+        mask = _ARGS.choice("mask", mask, MASKS)
+        dims = _Dims(batch=b, heads=h, q_len=s, head_dim=d,
+                     kv_heads=_ARGS.positive_int("kv_heads", h if kv_heads is None else kv_heads),
+                     kv_len=_ARGS.positive_int("kv_len", s if kv_len is None else kv_len))
         name = dtype_name(dtype)
         order = (0, 1, 2, 3) if memory == layout else (0, 2, 1, 3)
         tensors = []
@@ -290,7 +283,7 @@ class Attention(OpFamily):
             tensors.append(_canonical(t_shape, _strides_in_order(t_shape, order), name))
         if mask != "none":
             tensors.append(TensorSpec((b, 1, s, dims.kv_len), "bool" if mask == "boolean" else name))
-        constants = {"layout": layout, "causal": _flag("causal", causal), "scale": _scale(scale, d)}
+        constants = {"layout": layout, "causal": _ARGS.flag("causal", causal), "scale": _ARGS.softmax_scale(scale, d)}
         spec = OpSpec(self.name, tuple(tensors), constants)
         self.check_supported(spec)
         return spec
@@ -298,11 +291,10 @@ class Attention(OpFamily):
     def spec_for(self, *inputs: torch.Tensor, **constants: Any) -> OpSpec:
         if len(inputs) not in (3, 4) or not all(isinstance(t, torch.Tensor) for t in inputs):
             raise UnsupportedWorkload(f"attention takes (q, k, v) or (q, k, v, mask), not {len(inputs)} inputs")
-        layout = _choice("layout", constants.pop("layout", "bhsd"), LAYOUTS)
-        causal = _flag("causal", constants.pop("causal", False))
+        layout = _ARGS.choice("layout", constants.pop("layout", "bhsd"), LAYOUTS)
+        causal = _ARGS.flag("causal", constants.pop("causal", False))
         scale = constants.pop("scale", None)
-        if constants:
-            raise UnsupportedWorkload(f"attention: unknown constants {sorted(constants)}")
+        _ARGS.no_more(constants)
         q = inputs[0]
         if q.dim() != 4:
             raise UnsupportedWorkload(f"attention: q must be 4-D, not {q.dim()}-D")
@@ -312,7 +304,7 @@ class Attention(OpFamily):
                 tensors.append(self._mask_spec(inputs[3]))
         except ValueError as err:  # a dtype kernelsmith does not know at all
             raise UnsupportedWorkload(f"attention: {err}") from None
-        constants = {"layout": layout, "causal": causal, "scale": _scale(scale, q.shape[-1])}
+        constants = {"layout": layout, "causal": causal, "scale": _ARGS.softmax_scale(scale, q.shape[-1])}
         spec = OpSpec(self.name, tuple(tensors), constants)
         self.check_supported(spec)
         return spec
@@ -329,11 +321,9 @@ class Attention(OpFamily):
         if set(spec.constants) != {"layout", "causal", "scale"}:
             raise UnsupportedWorkload(f"attention: constants must be layout, causal and scale, not "
                                       f"{sorted(spec.constants)}")
-        _choice("layout", spec.const("layout"), LAYOUTS)
-        _flag("causal", spec.const("causal"))
-        scale = spec.const("scale")
-        if isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale):
-            raise UnsupportedWorkload(f"attention: scale must be a finite number, not {scale!r}")
+        _ARGS.choice("layout", spec.const("layout"), LAYOUTS)
+        _ARGS.flag("causal", spec.const("causal"))
+        _ARGS.finite("scale", spec.const("scale"))
         q, k, v = spec.inputs[:3]
         if any(len(t.shape) != 4 for t in (q, k, v)):
             raise UnsupportedWorkload("attention: q, k and v must be 4-D")
