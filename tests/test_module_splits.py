@@ -74,16 +74,10 @@ def test_the_worker_module_keeps_the_names_others_import() -> None:
     assert worker.COMPILE_UNAVAILABLE == "torch.compile baseline unavailable"
 
 
-NOT_SEALED_YET = pytest.mark.xfail(
-    strict=True,
-    reason="kernelsmith.evaluate.validate._HARNESS_MODULES does not list the worker's split modules yet",
-)
-
-
 @pytest.mark.parametrize(("module_name", "name"), [
     ("kernelsmith.evaluate.worker", "validate"),
-    pytest.param("kernelsmith.evaluate._worker_candidates", "run_checked", marks=NOT_SEALED_YET),
-    pytest.param("kernelsmith.evaluate._worker_timing", "errors", marks=NOT_SEALED_YET),
+    ("kernelsmith.evaluate._worker_candidates", "run_checked"),
+    ("kernelsmith.evaluate._worker_timing", "errors"),
 ])  # fmt: skip
 def test_rebinding_a_global_of_each_worker_module_is_tampering(
     module_name: str, name: str, monkeypatch: pytest.MonkeyPatch

@@ -246,7 +246,7 @@ class _Search:
 
     def _source_hash(self, candidate: Candidate) -> str:
         """A built-in variant's hash, or for source proposed by a strategy (an LLM's kernel) the
-        hash of that source, as the worker computes it (evaluate/worker.py ``_load_source``)."""
+        hash of that source, as the worker computes it (evaluate/_worker_candidates.py ``_load_source``)."""
         if candidate.source:
             return variant_source_hash(candidate.source)
         return self.source_hashes[candidate.variant]

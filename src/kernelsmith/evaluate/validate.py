@@ -15,7 +15,7 @@ Each numbered rule of DESIGN.md ("The harness must be impossible to fool") maps 
    must fail the same tolerance on the same data, else the check could not tell them apart.
 4. Every run draws a fresh secret seed; several shapes (the target and tails such as 1 and an
    odd row count) and several value distributions are checked.
-5. (timing) see :mod:`kernelsmith.evaluate.worker`: outputs produced while timing are verified.
+5. (timing) see :mod:`kernelsmith.evaluate._worker_timing`: outputs produced while timing are verified.
 6. Python threads are counted before and after; side-stream work is checked while timing.
 7. Outputs must stay the exact ``torch.Tensor`` objects the harness allocated (type, storage,
    shape, strides, dtype); torch operations issued by the candidate are seen by a dispatch mode.
@@ -95,6 +95,8 @@ _HARNESS_MODULES = (
     "kernelsmith.evaluate.errors",
     "kernelsmith.evaluate.timing",
     "kernelsmith.evaluate.worker",
+    "kernelsmith.evaluate._worker_candidates",
+    "kernelsmith.evaluate._worker_timing",
     "kernelsmith.ops._base",
 )
 _SEALED: dict[str, dict[str, int]] = {}
