@@ -7,6 +7,7 @@ workload is the matmul family's (:mod:`kernelsmith.ops._matmul_launch`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,8 @@ from kernelsmith.ops._matmul_kernels import _matmul_split_k_reduce_kernel
 from kernelsmith.ops._matmul_launch import SHARED_MEMORY_BUDGET, _Geometry, _geometry, _operands, _reduce_tile
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
 from kernelsmith.spec import OpSpec
+
+log = logging.getLogger(__name__)
 
 # =================================================================================================
 # Spaces and builders
@@ -198,7 +201,17 @@ class _StagedSpace(Space):
 
 def _space(params: list[Param], spec: OpSpec, prune: bool, kind: str, extra: Sequence[Constraint] = ()) -> Space:
     g = _geometry(spec)
-    return _StagedSpace(params, [*_validity(g, _fusions(spec), extra), *(_pruning(g, kind) if prune else [])])
+    validity = _validity(g, _fusions(spec), extra)
+    if prune:
+        pruned = _StagedSpace(params, [*validity, *_pruning(g, kind)])
+        if pruned.configs():
+            return pruned
+        # On a small weight the pruning rules can contradict each other (enough programs for every
+        # multiprocessor, yet enough weight bytes a step: N=1000, K=129): they only save search
+        # time, so the variant is then searched over every valid config rather than offered none.
+        log.debug("decode_matmul %s at %s: the pruning rules leave no config; searching every valid one",
+                  kind, spec.describe())
+    return _StagedSpace(params, validity)
 
 
 def _block_params() -> list[Param]:
