@@ -105,28 +105,24 @@ import triton
 import triton.language as tl
 
 from kernelsmith.ops import _rowwise as skeleton
-from kernelsmith.ops._base import (
-    Launcher,
-    OpFamily,
-    Tolerance,
-    UnsupportedWorkload,
-    Variant,
-    generator,
-    tensor_specs,
-)
-from kernelsmith.ops.rmsnorm import _scaled, norm_constants, weight_offset_of
-from kernelsmith.space import Config, Space
-from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
-
-DEFAULT_EPS = 1e-6
-
+from kernelsmith.ops._base import Variant, generator
+from kernelsmith.ops.rmsnorm import OP as _RMSNORM
+from kernelsmith.ops.rmsnorm import RMSNormLike, _scaled, norm_variant, split_row_variant, weight_offset_of
+from kernelsmith.space import Space
+from kernelsmith.spec import OpSpec, TensorSpec
 
 # ---------------------------------------------------------------------------------------------
 # Kernels
 #
-# x, residual, y and h are (rows, N) matrices with unit column stride and explicit row strides;
-# row offsets are 64-bit so that tensors of more than 2**31 elements address correctly. All
-# arithmetic is float32; padding lanes load 0.0, which adds nothing to the sum of squares.
+# x, residual, y and h are (rows, N) matrices with unit column stride and explicit row strides
+# (the realigned kernels address row r at r * N); row offsets are 64-bit so that tensors of more
+# than 2**31 elements address correctly. All arithmetic is float32; padding lanes load 0.0, which
+# adds nothing to the sum of squares. Every kernel takes x, residual, the weight, y and h, then
+# their row strides, ``n_rows`` where a program owns several rows, ``N`` and eps; its constexprs
+# are the block (``BLOCK_N``, ``ROWS``), ``EVICT_X`` ("" or "evict_first" for x and residual,
+# each read once), ``NUM_STAGES`` in the kernels with a loop, and ``WEIGHT_OFFSET``, added to the
+# weight (Gemma: 1.0; 0.0 compiles no add); the realigned kernels' ``ALIGN`` is the elements in
+# 16 bytes.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -153,22 +149,10 @@ def _to_storage(v, ptr):
 
 
 @triton.jit
-def _add_rmsnorm_whole_row_kernel(
-    x_ptr,
-    r_ptr,
-    w_ptr,
-    y_ptr,
-    h_ptr,
-    x_row_stride,
-    r_row_stride,
-    y_row_stride,
-    h_row_stride,
-    N,
-    eps,
-    BLOCK_N: tl.constexpr,  # next_power_of_two(N): the whole row in one block
-    EVICT_X: tl.constexpr,  # "" or "evict_first" for x and residual (each read once)
-    WEIGHT_OFFSET: tl.constexpr,  # added to the weight (Gemma: 1.0); 0.0 compiles no add
-):
+def _add_rmsnorm_whole_row_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, x_row_stride, r_row_stride, y_row_stride,
+                                  h_row_stride, N, eps, BLOCK_N: tl.constexpr, EVICT_X: tl.constexpr,
+                                  WEIGHT_OFFSET: tl.constexpr):
+    """One program a row, the whole row (``BLOCK_N``, the padded row) in registers."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
@@ -189,23 +173,10 @@ def _add_rmsnorm_whole_row_kernel(
 
 
 @triton.jit
-def _add_rmsnorm_multi_row_kernel(
-    x_ptr,
-    r_ptr,
-    w_ptr,
-    y_ptr,
-    h_ptr,
-    x_row_stride,
-    r_row_stride,
-    y_row_stride,
-    h_row_stride,
-    n_rows,
-    N,
-    eps,
-    ROWS: tl.constexpr,  # rows per program
-    BLOCK_N: tl.constexpr,  # next_power_of_two(N)
-    WEIGHT_OFFSET: tl.constexpr,
-):
+def _add_rmsnorm_multi_row_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, x_row_stride, r_row_stride, y_row_stride,
+                                  h_row_stride, n_rows, N, eps, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+                                  WEIGHT_OFFSET: tl.constexpr):
+    """``ROWS`` rows a program, as one [ROWS, BLOCK_N] block (``BLOCK_N``: the padded row)."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -229,22 +200,11 @@ def _add_rmsnorm_multi_row_kernel(
 
 
 @triton.jit
-def _add_rmsnorm_looped_kernel(
-    x_ptr,
-    r_ptr,
-    w_ptr,
-    y_ptr,
-    h_ptr,
-    x_row_stride,
-    r_row_stride,
-    y_row_stride,
-    h_row_stride,
-    N,
-    eps,
-    BLOCK_N: tl.constexpr,  # columns per loop step
-    NUM_STAGES: tl.constexpr,  # software-pipelining depth of both loops (1: none)
-    WEIGHT_OFFSET: tl.constexpr,
-):
+def _add_rmsnorm_looped_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, x_row_stride, r_row_stride, y_row_stride,
+                               h_row_stride, N, eps, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+                               WEIGHT_OFFSET: tl.constexpr):
+    """One program a row, two passes over column blocks of ``BLOCK_N``, each loop pipelined
+    ``NUM_STAGES`` deep (1: not at all)."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
     r_row = r_ptr + row * r_row_stride
@@ -280,23 +240,11 @@ def _add_rmsnorm_looped_kernel(
 
 
 @triton.jit
-def _add_rmsnorm_persistent_kernel(
-    x_ptr,
-    r_ptr,
-    w_ptr,
-    y_ptr,
-    h_ptr,
-    x_row_stride,
-    r_row_stride,
-    y_row_stride,
-    h_row_stride,
-    n_rows,
-    N,
-    eps,
-    BLOCK_N: tl.constexpr,  # next_power_of_two(N)
-    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
-    WEIGHT_OFFSET: tl.constexpr,
-):
+def _add_rmsnorm_persistent_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, x_row_stride, r_row_stride, y_row_stride,
+                                   h_row_stride, n_rows, N, eps, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+                                   WEIGHT_OFFSET: tl.constexpr):
+    """A fixed grid of programs walking rows ``pid, pid + programs, ...`` (whole rows of
+    ``BLOCK_N``), the row loop pipelined ``NUM_STAGES`` deep; the weight is loaded once."""
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # once per program
@@ -338,19 +286,8 @@ def _store_normalised(y_ptr, w_ptr, hf, offsets, mask, row_start, rstd, WEIGHT_O
 
 
 @triton.jit
-def _add_rmsnorm_aligned_row_kernel(
-    x_ptr,
-    r_ptr,
-    w_ptr,
-    y_ptr,
-    h_ptr,
-    N,
-    eps,
-    BLOCK_N: tl.constexpr,
-    EVICT_X: tl.constexpr,
-    WEIGHT_OFFSET: tl.constexpr,
-    ALIGN: tl.constexpr,  # elements in 16 bytes
-):
+def _add_rmsnorm_aligned_row_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, N, eps, BLOCK_N: tl.constexpr,
+                                    EVICT_X: tl.constexpr, WEIGHT_OFFSET: tl.constexpr, ALIGN: tl.constexpr):
     """whole_row on a row cut into an aligned body and a head and tail, so that the body's loads
     and stores are 16-byte vectors whatever the width."""
     row_start = tl.program_id(0).to(tl.int64) * N
@@ -362,17 +299,10 @@ def _add_rmsnorm_aligned_row_kernel(
 
 
 @triton.jit
-def _add_rmsnorm_split_stats_kernel(
-    x_ptr,
-    r_ptr,
-    h_ptr,
-    partial_ptr,  # (rows, chunks) float32: each chunk's sum of squares of h
-    N,
-    BLOCK_N: tl.constexpr,
-    SPLITS: tl.constexpr,
-    ALIGN: tl.constexpr,
-):
-    """split_row, first launch: h of one chunk of one row, stored, and its sum of squares."""
+def _add_rmsnorm_split_stats_kernel(x_ptr, r_ptr, h_ptr, partial_ptr, N, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+                                    ALIGN: tl.constexpr):
+    """split_row, first launch: h of one chunk of one row, stored, and its sum of squares, into
+    ``partial`` ((rows, chunks) float32)."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     _, _, hf, _, _, hf_edge = _add_pieces(x_ptr, r_ptr, h_ptr, row * N, N, chunk, BLOCK_N, ALIGN, "")
@@ -381,18 +311,8 @@ def _add_rmsnorm_split_stats_kernel(
 
 
 @triton.jit
-def _add_rmsnorm_split_apply_kernel(
-    h_ptr,
-    w_ptr,
-    y_ptr,
-    partial_ptr,
-    N,
-    eps,
-    BLOCK_N: tl.constexpr,
-    SPLITS: tl.constexpr,
-    ALIGN: tl.constexpr,
-    WEIGHT_OFFSET: tl.constexpr,
-):
+def _add_rmsnorm_split_apply_kernel(h_ptr, w_ptr, y_ptr, partial_ptr, N, eps, BLOCK_N: tl.constexpr,
+                                    SPLITS: tl.constexpr, ALIGN: tl.constexpr, WEIGHT_OFFSET: tl.constexpr):
     """split_row, second launch: the row's rstd from its chunks' sums (one fixed order), then the
     chunk's y from the rounded h the first launch stored (one tensor re-read, as looped does)."""
     row = tl.program_id(0).to(tl.int64)
@@ -441,38 +361,29 @@ def _split_row_space(spec: OpSpec) -> Space:
     return skeleton.split_row_space(spec, skeleton.NORM_WARPS, in_flight=2)
 
 
-def _weight_offset(spec: OpSpec) -> dict[str, Any]:
-    return {"WEIGHT_OFFSET": weight_offset_of(spec)}
-
-
-def _aligned(spec: OpSpec) -> dict[str, Any]:
-    return {"WEIGHT_OFFSET": weight_offset_of(spec), "ALIGN": skeleton.alignment(spec)}
-
-
 def _variant(name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any, pipelined: bool = False,
-             strides: int = 4, constexprs_of: Callable[[OpSpec], dict[str, Any]] = _weight_offset) -> Variant:
-    # Four row-strided tensors (x, residual, y, h; none for aligned_row); eps after N; the spec's
-    # weight offset. The kernels call RMSNorm's jitted row math, so its module is in the hash too.
-    return skeleton.variant(__name__, name, summary, space, kernel, strides=strides, scalars=skeleton.eps_of,
-                            pipelined=pipelined, constexprs_of=constexprs_of, uses=("kernelsmith.ops.rmsnorm",))
+             strides: int = 4) -> Variant:
+    # Four row-strided tensors (x, residual, y, h). The kernels call RMSNorm's jitted row math, so
+    # its module is in the hash too.
+    return norm_variant(__name__, name, summary, space, kernel, strides, pipelined, uses=("kernelsmith.ops.rmsnorm",))
 
 
-def _split_row_build(spec: OpSpec, config: Config) -> Launcher:
-    skeleton.checked("add_rmsnorm", _split_row_space(spec), config)
-    stats = skeleton.SplitKernel(_add_rmsnorm_split_stats_kernel,
-                                 lambda inputs, outputs, partial: (inputs[0], inputs[1], outputs[1], partial))
-    apply = skeleton.SplitKernel(_add_rmsnorm_split_apply_kernel,
-                                 lambda inputs, outputs, partial: (outputs[1], inputs[2], outputs[0], partial),
-                                 skeleton.eps_of(spec), tuple(_weight_offset(spec).items()))
-    return skeleton.split_row_launcher(spec, config, stats, apply, n_stats=1)
+def _split_stats_tensors(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                         partial: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return inputs[0], inputs[1], outputs[1], partial  # x, residual, h (written), the chunks' sums
+
+
+def _split_apply_tensors(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                         partial: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return outputs[1], inputs[2], outputs[0], partial  # h (read back), the weight, y, the chunks' sums
 
 
 # ---------------------------------------------------------------------------------------------
-# The op family
+# The op family (its specs are every RMSNorm family's: kernelsmith.ops.rmsnorm.RMSNormLike)
 # ---------------------------------------------------------------------------------------------
 
 
-class AddRMSNorm(OpFamily):
+class AddRMSNorm(RMSNormLike):
     name = "add_rmsnorm"
     summary = "residual add then RMSNorm (a Llama decoder layer's h = residual + x; y = rmsnorm(h) * weight)"
     shape_help = (
@@ -480,11 +391,11 @@ class AddRMSNorm(OpFamily):
         "(rows x hidden size); weight has the last size, (4096,); more leading sizes are allowed "
         "(2x1024x4096). Outputs: y (the normalised sum) and h (the sum), both shaped like x"
     )
+    input_names = ("x", "residual", "weight")
+    backward = "add_rmsnorm_backward"  # takes the saved sum h, not (x, residual): see backward_inputs
     rowwise = True  # configs depend on the row width only: calls are bucketed by row count
     row_block = max(skeleton.ROWS_PER_PROGRAM)
-    distributions = ("normal", "large", "small", "outliers")
-    tolerance = Tolerance()
-    backward = "add_rmsnorm_backward"
+    distributions = ("normal", "large", "small", "outliers")  # the tolerance: the default
     variants = (
         _variant("whole_row", "one program per row, the whole row in registers",
                  _whole_row_space, _add_rmsnorm_whole_row_kernel),
@@ -496,51 +407,13 @@ class AddRMSNorm(OpFamily):
                  _persistent_space, _add_rmsnorm_persistent_kernel, pipelined=True),
         _variant("aligned_row", "whole_row with each row's 16-byte-aligned body apart from its head and tail, "
                  "for widths whose rows Triton cannot prove aligned", _aligned_row_space,
-                 _add_rmsnorm_aligned_row_kernel, strides=0, constexprs_of=_aligned),
-        Variant("split_row", "(row, chunk) programs: h stored and chunk sums of squares, then each chunk's y from "
-                "h; for wide rows and few rows", _split_row_space, _split_row_build,
-                modules=(skeleton.__name__, "kernelsmith.ops.rmsnorm")),  # split_row runs rmsnorm's _scaled
+                 _add_rmsnorm_aligned_row_kernel, strides=0),
+        # split_row's build is RMSNorm's (and its kernels run rmsnorm's _scaled): that module is in the hash.
+        split_row_variant(__name__, "(row, chunk) programs: h stored and chunk sums of squares, then each chunk's "
+                          "y from h; for wide rows and few rows", _split_row_space,
+                          (_add_rmsnorm_split_stats_kernel, _split_stats_tensors),
+                          (_add_rmsnorm_split_apply_kernel, _split_apply_tensors)),
     )
-
-    # ---- specs -------------------------------------------------------------------------------
-    def spec(self, shape: tuple[int, ...], dtype: str, eps: float = DEFAULT_EPS, weight_offset: float = 0.0,
-             **constants: Any) -> OpSpec:
-        shape = skeleton.command_line_shape(self.name, shape, constants)
-        name = dtype_name(dtype)
-        x = TensorSpec(shape, name)
-        spec = OpSpec(self.name, (x, x, TensorSpec((shape[-1],), name)), norm_constants(self.name, eps, weight_offset))
-        self.check_supported(spec)
-        return spec
-
-    def spec_for(self, *inputs: torch.Tensor, eps: float = DEFAULT_EPS, weight_offset: float = 0.0,
-                 **constants: Any) -> OpSpec:
-        if constants:
-            raise UnsupportedWorkload(f"add_rmsnorm: unknown constants {sorted(constants)}")
-        if len(inputs) != 3 or not all(isinstance(t, torch.Tensor) for t in inputs):
-            raise UnsupportedWorkload(f"add_rmsnorm takes (x, residual, weight), not {len(inputs)} inputs")
-        x, residual, weight = inputs
-        if x.dim() < 1 or weight.dim() != 1:
-            raise UnsupportedWorkload(
-                f"add_rmsnorm: x must be at least 1-D and weight 1-D, not {x.dim()}-D and {weight.dim()}-D")
-        if residual.shape != x.shape:
-            raise UnsupportedWorkload(
-                f"add_rmsnorm: residual {tuple(residual.shape)} must have x's shape {tuple(x.shape)}")
-        if weight.shape[0] != x.shape[-1]:
-            raise UnsupportedWorkload(
-                f"add_rmsnorm: weight has {weight.shape[0]} elements, x's rows have {x.shape[-1]}")
-        if x.numel() == 0:
-            raise UnsupportedWorkload("add_rmsnorm: empty inputs are not supported")
-        if not x.dtype == residual.dtype == weight.dtype:
-            raise UnsupportedWorkload(
-                f"add_rmsnorm: x, residual and weight must share a dtype, not {x.dtype}, "
-                f"{residual.dtype} and {weight.dtype}")
-        specs = tensor_specs(self.name, (x, residual, weight))
-        spec = OpSpec(self.name, specs, norm_constants(self.name, eps, weight_offset))
-        self.check_supported(spec)
-        return spec
-
-    def check_supported(self, spec: OpSpec) -> None:
-        skeleton.check_rows_and_weight(self, spec, ('x', 'residual', 'weight'))
 
     def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
         """(y, h): both shaped like x, in x's dtype."""
@@ -548,45 +421,32 @@ class AddRMSNorm(OpFamily):
         return (TensorSpec(x.shape, x.dtype), TensorSpec(x.shape, x.dtype))
 
     # ---- autograd: the backward takes the saved sum h, not (x, residual) -------------------------
-    def backward_inputs(
-        self,
-        grad_outputs: Sequence[torch.Tensor],
-        inputs: Sequence[torch.Tensor],
-        outputs: Sequence[torch.Tensor],
-    ) -> tuple[torch.Tensor, ...]:
+    def backward_inputs(self, grad_outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
+                        outputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """``(dy, dh, h, weight)``: the gradients of both outputs, the saved sum and the weight."""
         dy, dh = grad_outputs
         return (dy, dh, outputs[1], inputs[2])
 
-    def input_gradients(
-        self, grads: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
-    ) -> tuple[torch.Tensor | None, ...]:
+    def input_gradients(self, grads: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
+                        ) -> tuple[torch.Tensor | None, ...]:
         """``h = x + residual``: both addends receive the same gradient, ``dsum``."""
         dsum, dw = grads
         return (dsum, dsum, dw)
 
     # ---- math --------------------------------------------------------------------------------
     def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """A Hugging Face Llama decoder layer's residual add and LlamaRMSNorm, verbatim in substance;
-        with a weight offset, Gemma's residual add and GemmaRMSNorm (float32, rounded once)."""
+        """A Hugging Face Llama decoder layer's residual add, then LlamaRMSNorm of the sum, verbatim
+        in substance (RMSNorm's reference); with a weight offset, Gemma's (float32, rounded once)."""
         x, residual, weight = inputs
-        eps = float(spec.const("eps"))
-        offset = weight_offset_of(spec)
         h = residual + x  # in the input dtype: rounded
-        hf = h.float()
-        y = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)
-        if offset:
-            return (y * (weight.float() + offset)).to(h.dtype), h
-        return weight * y.to(h.dtype), h
+        return (*_RMSNORM.reference(spec, (h, weight)), h)
 
     def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        """The same math in float64, after ``h`` is formed (rounded) in the input dtype as models
-        do: the rounding of ``h`` is part of the op, not an error of it (see the module docstring)."""
+        """RMSNorm's float64 math, after ``h`` is formed (rounded) in the input dtype as models do:
+        the rounding of ``h`` is part of the op, not an error of it (see the module docstring)."""
         x, residual, weight = inputs
-        eps = float(spec.const("eps"))
-        h64 = (residual + x).double()
-        y64 = (weight.double() + weight_offset_of(spec)) * (h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + eps))
-        return y64, h64
+        h = residual + x
+        return (*_RMSNORM.reference_fp64(spec, (h, weight)), h.double())
 
     def make_inputs(
         self,
@@ -637,8 +497,6 @@ class AddRMSNorm(OpFamily):
     def flops(self, spec: OpSpec) -> int:
         # Per element: the add, square, add to the sum, multiply by rstd, multiply by the weight.
         return 5 * spec.inputs[0].numel
-
-
 
 
 OP = AddRMSNorm()

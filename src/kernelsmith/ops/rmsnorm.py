@@ -65,14 +65,17 @@ All kernels load with masks (``other=0.0``, which adds nothing to a sum of squar
 float32, store in the output's dtype, and compute row offsets in 64-bit integers so that tensors
 of more than 2**31 elements are addressed correctly. Launchers accept contiguous inputs only (the
 spec says so) and pass the row strides explicitly. The schedules' spaces, grids and launchers are
-the row-wise skeleton's (:mod:`kernelsmith.ops._rowwise`); this module holds the math.
+the row-wise skeleton's (:mod:`kernelsmith.ops._rowwise`); this module holds the math, and what
+the other RMSNorm families (add_rmsnorm and the backwards) take from it: the jitted row math
+(:func:`_scaled`), the specs and their checks (:class:`RMSNormLike`) and the variants' launch
+conventions (:func:`norm_variant`, :func:`split_row_variant`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import triton
@@ -82,7 +85,6 @@ from kernelsmith.ops import _rowwise as skeleton
 from kernelsmith.ops._base import (
     Launcher,
     OpFamily,
-    Tolerance,
     UnsupportedWorkload,
     Variant,
     check_eps,
@@ -101,19 +103,16 @@ DEFAULT_EPS = 1e-6
 # ---------------------------------------------------------------------------------------------
 
 
+# Every kernel takes x, the weight and y, then (but for the realigned ones, which address row r at
+# r * N) the row strides of x and y, ``n_rows`` where a program owns several rows, ``N`` and eps.
+# Its constexprs: the block (``BLOCK_N``, ``ROWS``), ``EVICT_X`` ("" or "evict_first": x is read
+# once, so it need not stay in L2) and ``WEIGHT_OFFSET``, added to the weight (Gemma: 1.0; 0.0
+# compiles no add).
+
+
 @triton.jit
-def _rmsnorm_whole_row_kernel(
-    x_ptr,
-    w_ptr,
-    y_ptr,
-    x_row_stride,
-    y_row_stride,
-    N,
-    eps,
-    BLOCK_N: tl.constexpr,
-    EVICT_X: tl.constexpr,  # "" or "evict_first": x is read once, so it need not stay in L2
-    WEIGHT_OFFSET: tl.constexpr,  # added to the weight (Gemma: 1.0); 0.0 compiles no add
-):
+def _rmsnorm_whole_row_kernel(x_ptr, w_ptr, y_ptr, x_row_stride, y_row_stride, N, eps,
+                              BLOCK_N: tl.constexpr, EVICT_X: tl.constexpr, WEIGHT_OFFSET: tl.constexpr):
     """One program normalises one row held entirely in registers (BLOCK_N >= N)."""
     row = tl.program_id(0).to(tl.int64)  # 64-bit, so that row * stride cannot overflow
     cols = tl.arange(0, BLOCK_N)
@@ -132,27 +131,16 @@ def _rmsnorm_whole_row_kernel(
 
 
 @triton.jit
-def _rmsnorm_multi_row_kernel(
-    x_ptr,
-    w_ptr,
-    y_ptr,
-    x_row_stride,
-    y_row_stride,
-    n_rows,
-    N,
-    eps,
-    ROWS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    WEIGHT_OFFSET: tl.constexpr,
-):
-    """One program normalises ROWS consecutive rows as a [ROWS, BLOCK_N] block."""
+def _rmsnorm_multi_row_kernel(x_ptr, w_ptr, y_ptr, x_row_stride, y_row_stride, n_rows, N, eps,
+                              ROWS: tl.constexpr, BLOCK_N: tl.constexpr, WEIGHT_OFFSET: tl.constexpr):
+    """Program ``pid`` normalises rows ``pid * ROWS`` to ``pid * ROWS + ROWS - 1``, as one
+    [ROWS, BLOCK_N] block."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rows64 = rows.to(tl.int64)  # for the offsets
     cols = tl.arange(0, BLOCK_N)
     row_mask = rows < n_rows  # the last program may run past the final row
     col_mask = cols < N
     mask = row_mask[:, None] & col_mask[None, :]
-
-    rows64 = rows.to(tl.int64)
     x_offsets = rows64[:, None] * x_row_stride + cols[None, :]
     x = tl.load(x_ptr + x_offsets, mask=mask, other=0.0).to(tl.float32)
     # One rstd per row: reduce along the columns (axis 1). Masked-off rows get rsqrt(eps), a
@@ -169,17 +157,8 @@ def _rmsnorm_multi_row_kernel(
 
 
 @triton.jit
-def _rmsnorm_looped_kernel(
-    x_ptr,
-    w_ptr,
-    y_ptr,
-    x_row_stride,
-    y_row_stride,
-    N,
-    eps,
-    BLOCK_N: tl.constexpr,
-    WEIGHT_OFFSET: tl.constexpr,
-):
+def _rmsnorm_looped_kernel(x_ptr, w_ptr, y_ptr, x_row_stride, y_row_stride, N, eps,
+                           BLOCK_N: tl.constexpr, WEIGHT_OFFSET: tl.constexpr):
     """One program normalises one row in two passes over column blocks of BLOCK_N."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
@@ -208,18 +187,8 @@ def _rmsnorm_looped_kernel(
 
 
 @triton.jit
-def _rmsnorm_persistent_kernel(
-    x_ptr,
-    w_ptr,
-    y_ptr,
-    x_row_stride,
-    y_row_stride,
-    n_rows,
-    N,
-    eps,
-    BLOCK_N: tl.constexpr,
-    WEIGHT_OFFSET: tl.constexpr,
-):
+def _rmsnorm_persistent_kernel(x_ptr, w_ptr, y_ptr, x_row_stride, y_row_stride, n_rows, N, eps,
+                               BLOCK_N: tl.constexpr, WEIGHT_OFFSET: tl.constexpr):
     """A fixed grid of programs; each loads the weight once, then normalises rows
     pid, pid + num_programs, pid + 2 * num_programs, ... (a grid-stride loop)."""
     # A 64-bit start makes the loop counter 64-bit (the compiler gives it the widest type of
@@ -249,17 +218,8 @@ def _scaled(x, w_ptr, cols, mask, rstd, WEIGHT_OFFSET: tl.constexpr):
 
 
 @triton.jit
-def _rmsnorm_aligned_row_kernel(
-    x_ptr,
-    w_ptr,
-    y_ptr,
-    N,
-    eps,
-    BLOCK_N: tl.constexpr,
-    EVICT_X: tl.constexpr,
-    WEIGHT_OFFSET: tl.constexpr,
-    ALIGN: tl.constexpr,  # elements in 16 bytes
-):
+def _rmsnorm_aligned_row_kernel(x_ptr, w_ptr, y_ptr, N, eps, BLOCK_N: tl.constexpr, EVICT_X: tl.constexpr,
+                                WEIGHT_OFFSET: tl.constexpr, ALIGN: tl.constexpr):  # ALIGN: elements in 16 bytes
     """whole_row on a row cut into an aligned body and a head and tail (``skeleton.row_pieces``),
     so that the body's loads and stores are 16-byte vectors whatever the width."""
     row_start = tl.program_id(0).to(tl.int64) * N
@@ -274,15 +234,10 @@ def _rmsnorm_aligned_row_kernel(
 
 
 @triton.jit
-def _rmsnorm_split_stats_kernel(
-    x_ptr,
-    partial_ptr,  # (rows, chunks) float32: each chunk's sum of squares
-    N,
-    BLOCK_N: tl.constexpr,
-    SPLITS: tl.constexpr,
-    ALIGN: tl.constexpr,
-):
-    """split_row, first launch: the sum of squares of one chunk of one row."""
+def _rmsnorm_split_stats_kernel(x_ptr, partial_ptr, N, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+                                ALIGN: tl.constexpr):
+    """split_row, first launch: the sum of squares of one chunk of one row, into ``partial``
+    ((rows, chunks) float32)."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     body, body_mask, edge, edge_mask = skeleton.row_pieces(row * N, N, chunk, BLOCK_N, ALIGN)
@@ -292,18 +247,8 @@ def _rmsnorm_split_stats_kernel(
 
 
 @triton.jit
-def _rmsnorm_split_apply_kernel(
-    x_ptr,
-    w_ptr,
-    y_ptr,
-    partial_ptr,
-    N,
-    eps,
-    BLOCK_N: tl.constexpr,
-    SPLITS: tl.constexpr,
-    ALIGN: tl.constexpr,
-    WEIGHT_OFFSET: tl.constexpr,
-):
+def _rmsnorm_split_apply_kernel(x_ptr, w_ptr, y_ptr, partial_ptr, N, eps, BLOCK_N: tl.constexpr,
+                                SPLITS: tl.constexpr, ALIGN: tl.constexpr, WEIGHT_OFFSET: tl.constexpr):
     """split_row, second launch: the row's rstd from its chunks' sums (added in one fixed order),
     then the chunk normalised again from x."""
     row = tl.program_id(0).to(tl.int64)
@@ -347,11 +292,6 @@ def _persistent_space(spec: OpSpec) -> Space:
     return skeleton.persistent_space(spec, skeleton.NORM_WARPS, in_registers=2)
 
 
-def weight_offset_of(spec: OpSpec) -> float:
-    """The constant added to the weight: ``weight_offset`` of the spec, 0.0 when it has none."""
-    return float(spec.constants.get("weight_offset", 0.0))
-
-
 def _aligned_row_space(spec: OpSpec) -> Space:
     return skeleton.aligned_row_space(spec, skeleton.NORM_WARPS, stages=NO_LOOP_STAGES)
 
@@ -360,29 +300,67 @@ def _split_row_space(spec: OpSpec) -> Space:
     return skeleton.split_row_space(spec, skeleton.NORM_WARPS)
 
 
-def _weight_offset(spec: OpSpec) -> dict[str, Any]:
+# ---------------------------------------------------------------------------------------------
+# Variants: what an RMSNorm-like family (this one, add_rmsnorm) launches through the skeleton
+# ---------------------------------------------------------------------------------------------
+
+
+def weight_offset_of(spec: OpSpec) -> float:
+    """The constant added to the weight: ``weight_offset`` of the spec, 0.0 when it has none."""
+    return float(spec.constants.get("weight_offset", 0.0))
+
+
+def norm_constants(op: str, eps: Any, weight_offset: Any) -> dict[str, float]:
+    """The constants of an RMSNorm spec (forward or backward): ``eps``, and ``weight_offset``
+    only when it is not 0, so that the workloads of every norm without one hash as before."""
+    constants = {"eps": check_eps(op, eps)}
+    offset = float(weight_offset)
+    if not math.isfinite(offset):
+        raise UnsupportedWorkload(f"{op}: weight_offset must be a finite number, not {weight_offset!r}")
+    if offset != 0.0:
+        constants["weight_offset"] = offset
+    return constants
+
+
+def weight_offset_constexprs(spec: OpSpec) -> dict[str, Any]:
     return {"WEIGHT_OFFSET": weight_offset_of(spec)}
 
 
-def _aligned(spec: OpSpec) -> dict[str, Any]:
-    return {"WEIGHT_OFFSET": weight_offset_of(spec), "ALIGN": skeleton.alignment(spec)}
+def aligned_constexprs(spec: OpSpec) -> dict[str, Any]:
+    """The realigned kernels' constexprs: the weight offset, and ``ALIGN`` (elements in 16 bytes)."""
+    return {**weight_offset_constexprs(spec), "ALIGN": skeleton.alignment(spec)}
 
 
-def _variant(name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any, strides: int = 2,
-             constexprs_of: Callable[[OpSpec], dict[str, Any]] = _weight_offset) -> Variant:
-    """A variant launching ``kernel`` through the skeleton's launcher, with the spec's weight
-    offset as the kernel's ``WEIGHT_OFFSET`` constexpr."""
-    return skeleton.variant(__name__, name, summary, space, kernel, strides=strides, scalars=skeleton.eps_of,
-                            constexprs_of=constexprs_of)
+def norm_variant(module: str, name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any,
+                 strides: int, pipelined: bool = False, uses: tuple[str, ...] = ()) -> Variant:
+    """A variant of the RMSNorm-like family in ``module`` launching ``kernel`` through the
+    skeleton's launcher: ``strides`` row strides (0 for the realigned kernels, which address row
+    ``r`` at ``r * N`` and take ``ALIGN``), eps after ``N``, the spec's weight offset as
+    ``WEIGHT_OFFSET``; ``pipelined`` and ``uses`` as :func:`kernelsmith.ops._rowwise.variant` has them."""
+    return skeleton.variant(module, name, summary, space, kernel, strides=strides, scalars=skeleton.eps_of,
+                            pipelined=pipelined, constexprs_of=aligned_constexprs if strides == 0 else
+                            weight_offset_constexprs, uses=uses)
 
 
-def _split_row_build(spec: OpSpec, config: Config) -> Launcher:
-    skeleton.checked("rmsnorm", _split_row_space(spec), config)
-    stats = skeleton.SplitKernel(_rmsnorm_split_stats_kernel, lambda inputs, outputs, partial: (inputs[0], partial))
-    apply = skeleton.SplitKernel(_rmsnorm_split_apply_kernel,
-                                 lambda inputs, outputs, partial: (*inputs, *outputs, partial),
-                                 skeleton.eps_of(spec), tuple(_weight_offset(spec).items()))
-    return skeleton.split_row_launcher(spec, config, stats, apply, n_stats=1)
+def split_row_variant(module: str, summary: str, space: Callable[[OpSpec], Space],
+                      stats: tuple[Any, skeleton.SplitTensors], apply: tuple[Any, skeleton.SplitTensors],
+                      uses: tuple[str, ...] = ()) -> Variant:
+    """The split_row variant of the RMSNorm-like family in ``module``, from its two kernels, each
+    with its tensors ``(inputs, outputs, partial) -> arguments``: ``stats`` stores each chunk's sum
+    of squares (one statistic a chunk), then ``apply``, given eps and the weight offset too,
+    normalises the chunk."""
+    op = module.rsplit(".", 1)[-1]
+
+    def build(spec: OpSpec, config: Config) -> Launcher:
+        skeleton.checked(op, space(spec), config)
+        normalise = skeleton.SplitKernel(*apply, skeleton.eps_of(spec), tuple(weight_offset_constexprs(spec).items()))
+        return skeleton.split_row_launcher(spec, config, skeleton.SplitKernel(*stats), normalise, n_stats=1)
+
+    return Variant("split_row", summary, space, build, modules=(module, skeleton.__name__, *uses))
+
+
+def _variant(name: str, summary: str, space: Callable[[OpSpec], Space], kernel: Any, strides: int = 2) -> Variant:
+    return norm_variant(__name__, name, summary, space, kernel, strides)  # two row strides: x's, y's
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,18 +368,59 @@ def _split_row_build(spec: OpSpec, config: Config) -> Launcher:
 # ---------------------------------------------------------------------------------------------
 
 
-class RMSNorm(OpFamily):
+class RMSNormLike(OpFamily):
+    """The specs the RMSNorm families share (this one, add_rmsnorm and both backwards): inputs
+    named ``input_names``, activations of one shape (the upstream gradients, a residual, x or h)
+    then a weight of their last size, all of one dtype; the constants ``eps`` and ``weight_offset``."""
+
+    input_names: ClassVar[tuple[str, ...]] = ("x", "weight")
+
+    @property
+    def _activation(self) -> int:
+        """The index of the last activation (x, or h) among the inputs: the one before the weight."""
+        return len(self.input_names) - 2
+
+    def spec(self, shape: tuple[int, ...], dtype: str, eps: float = DEFAULT_EPS, weight_offset: float = 0.0,
+             **constants: Any) -> OpSpec:
+        shape = skeleton.command_line_shape(self.name, shape, constants, what=self.input_names[-2])
+        name = dtype_name(dtype)
+        act = TensorSpec(shape, name)
+        spec = OpSpec(self.name, (*(act,) * (self._activation + 1), TensorSpec((shape[-1],), name)),
+                      norm_constants(self.name, eps, weight_offset))
+        self.check_supported(spec)
+        return spec
+
+    def spec_for(self, *inputs: torch.Tensor, eps: float = DEFAULT_EPS, weight_offset: float = 0.0,
+                 **constants: Any) -> OpSpec:
+        if constants:
+            raise UnsupportedWorkload(f"{self.name}: unknown constants {sorted(constants)}")
+        if len(inputs) != len(self.input_names) or not all(isinstance(t, torch.Tensor) for t in inputs):
+            raise UnsupportedWorkload(f"{self.name} takes ({', '.join(self.input_names)}), not {len(inputs)} inputs")
+        x, weight = inputs[-2:]
+        if x.dim() < 1 or weight.dim() != 1:
+            raise UnsupportedWorkload(f"{self.name}: {self.input_names[-2]} must be at least 1-D and weight 1-D, "
+                                      f"not {x.dim()}-D and {weight.dim()}-D")
+        if x.numel() == 0:
+            raise UnsupportedWorkload(f"{self.name}: empty inputs are not supported")
+        spec = OpSpec(self.name, tensor_specs(self.name, inputs), norm_constants(self.name, eps, weight_offset))
+        self.check_supported(spec)  # the shapes and dtypes agree
+        return spec
+
+    def check_supported(self, spec: OpSpec) -> None:
+        skeleton.check_rows_and_weight(self, spec, self.input_names)
+
+
+class RMSNorm(RMSNormLike):
     name = "rmsnorm"
     summary = "RMS normalisation over the last dimension, times a weight (Llama's RMSNorm)"
     shape_help = (
         "the shape of x, e.g. 8192x4096 for x of shape (8192, 4096) (rows x hidden size); "
         "weight has the last size, (4096,); more leading sizes are allowed (2x1024x4096)"
     )
+    backward = "rmsnorm_backward"  # gradients of (x, weight), tuned as their own workload
     rowwise = True  # configs depend on the row width only: calls are bucketed by row count
     row_block = 32  # multi_row's largest ROWS
-    backward = "rmsnorm_backward"  # gradients of (x, weight), tuned as their own workload
-    distributions = ("normal", "uniform", "large", "small", "outliers")
-    tolerance = Tolerance()
+    distributions = ("normal", "uniform", "large", "small", "outliers")  # the tolerance: the default
     variants = (
         _variant("whole_row", "one program per row, the whole row in registers",
                  _whole_row_space, _rmsnorm_whole_row_kernel),
@@ -413,42 +432,12 @@ class RMSNorm(OpFamily):
                  _persistent_space, _rmsnorm_persistent_kernel),
         _variant("aligned_row", "whole_row with each row's 16-byte-aligned body apart from its head and tail, "
                  "for widths whose rows Triton cannot prove aligned", _aligned_row_space, _rmsnorm_aligned_row_kernel,
-                 strides=0, constexprs_of=_aligned),
-        Variant("split_row", "(row, chunk) programs: chunk sums of squares, then each chunk normalised; for wide "
-                "rows and few rows", _split_row_space, _split_row_build, modules=(skeleton.__name__,)),
+                 strides=0),
+        split_row_variant(__name__, "(row, chunk) programs: chunk sums of squares, then each chunk normalised; for "
+                          "wide rows and few rows", _split_row_space,
+                          (_rmsnorm_split_stats_kernel, lambda inputs, outputs, partial: (inputs[0], partial)),
+                          (_rmsnorm_split_apply_kernel, lambda inputs, outputs, partial: (*inputs, *outputs, partial))),
     )
-
-    # ---- specs -------------------------------------------------------------------------------
-    def spec(self, shape: tuple[int, ...], dtype: str, eps: float = DEFAULT_EPS,
-             weight_offset: float = 0.0, **constants: Any) -> OpSpec:
-        shape = skeleton.command_line_shape(self.name, shape, constants)
-        name = dtype_name(dtype)
-        spec = OpSpec(self.name, (TensorSpec(shape, name), TensorSpec((shape[-1],), name)),
-                      norm_constants(self.name, eps, weight_offset))
-        self.check_supported(spec)
-        return spec
-
-    def spec_for(self, *inputs: torch.Tensor, eps: float = DEFAULT_EPS, weight_offset: float = 0.0,
-                 **constants: Any) -> OpSpec:
-        if constants:
-            raise UnsupportedWorkload(f"rmsnorm: unknown constants {sorted(constants)}")
-        if len(inputs) != 2:
-            raise UnsupportedWorkload(f"rmsnorm takes (x, weight), not {len(inputs)} tensors")
-        x, weight = inputs
-        if x.dim() < 1 or weight.dim() != 1:
-            raise UnsupportedWorkload(f"rmsnorm: x must be at least 1-D and weight 1-D, "
-                                      f"not {x.dim()}-D and {weight.dim()}-D")
-        if weight.shape[0] != x.shape[-1]:
-            raise UnsupportedWorkload(
-                f"rmsnorm: weight has {weight.shape[0]} elements, x's rows have {x.shape[-1]}")
-        if x.numel() == 0:
-            raise UnsupportedWorkload("rmsnorm: empty inputs are not supported")
-        if x.dtype != weight.dtype:
-            raise UnsupportedWorkload(f"rmsnorm: x is {x.dtype} but weight is {weight.dtype}")
-        specs = tensor_specs(self.name, (x, weight))
-        spec = OpSpec(self.name, specs, norm_constants(self.name, eps, weight_offset))
-        self.check_supported(spec)
-        return spec
 
     # ---- math --------------------------------------------------------------------------------
     def reference(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -520,18 +509,6 @@ class RMSNorm(OpFamily):
     def flops(self, spec: OpSpec) -> int:
         # Per element: square, add to the sum, multiply by rstd, multiply by the weight.
         return 4 * spec.inputs[0].numel
-
-
-def norm_constants(op: str, eps: Any, weight_offset: Any) -> dict[str, float]:
-    """The constants of an RMSNorm spec (forward or backward): ``eps``, and ``weight_offset``
-    only when it is not 0, so that the workloads of every norm without one hash as before."""
-    constants = {"eps": check_eps(op, eps)}
-    offset = float(weight_offset)
-    if not math.isfinite(offset):
-        raise UnsupportedWorkload(f"{op}: weight_offset must be a finite number, not {weight_offset!r}")
-    if offset != 0.0:
-        constants["weight_offset"] = offset
-    return constants
 
 
 OP = RMSNorm()

@@ -59,15 +59,16 @@ Variants (deterministic: no atomics, every sum in a fixed order)
 This file holds the math: the row math as jitted helpers (:func:`row_gradient` for a whole row,
 :func:`block_gradient` for a column block, which add_rmsnorm_backward's kernels call too), the
 kernels, the reference, the inputs and the register rules of the spaces. The launchers, the
-scratch buffers, the variants and the kernels' addressing are the backward skeleton's
-(:mod:`kernelsmith.ops._rowwise_backward`); the schedules' spaces, their constants and the
-fixed-order share sum are the row-wise skeleton's (:mod:`kernelsmith.ops._rowwise`).
+scratch buffers, the fixed-order share sum, the variants and the kernels' addressing are the
+backward skeleton's (:mod:`kernelsmith.ops._rowwise_backward`); the schedules' spaces and their
+constants are the row-wise skeleton's (:mod:`kernelsmith.ops._rowwise`); the specs and their
+checks are every RMSNorm family's (:class:`kernelsmith.ops.rmsnorm.RMSNormLike`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import triton
@@ -75,18 +76,12 @@ import triton.language as tl
 
 from kernelsmith.ops import _rowwise as skeleton
 from kernelsmith.ops import _rowwise_backward as backward
-from kernelsmith.ops._base import (
-    FINITE_STRESS_DISTRIBUTIONS,
-    OpFamily,
-    Tolerance,
-    UnsupportedWorkload,
-    tensor_specs,
-)
+from kernelsmith.ops._base import FINITE_STRESS_DISTRIBUTIONS, Tolerance
 from kernelsmith.ops._rowwise_backward import column_block, load_row, row_columns, store_row, store_share
-from kernelsmith.ops.rmsnorm import DEFAULT_EPS, norm_constants, weight_offset_of
 from kernelsmith.ops.rmsnorm import OP as _RMSNORM
+from kernelsmith.ops.rmsnorm import RMSNormLike, weight_offset_of
 from kernelsmith.space import Space, next_power_of_two
-from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
+from kernelsmith.spec import OpSpec, TensorSpec
 
 # ---------------------------------------------------------------------------------------------
 # The math: jitted helpers, which add_rmsnorm_backward's kernels call too (with h for x)
@@ -244,10 +239,11 @@ def looped_space(spec: OpSpec) -> Space:
 # ---------------------------------------------------------------------------------------------
 
 
-class RMSNormBackward(OpFamily):
+class RMSNormBackward(RMSNormLike):
     """RMSNorm's backward; add_rmsnorm_backward is this family with one more upstream gradient
-    (``dh``) and ``h`` for ``x``, so the specs, checks, references and inputs are written once,
-    over ``input_names``: the upstream gradients, the activation, the weight."""
+    (``dh``) and ``h`` for ``x``, so the references and inputs are written once, over
+    ``input_names``: the upstream gradients, the activation, the weight (the specs and their
+    checks are every RMSNorm family's: :class:`kernelsmith.ops.rmsnorm.RMSNormLike`)."""
 
     name = "rmsnorm_backward"
     summary = "gradients (dx, dw) of RMSNorm (Llama's) given dy, recomputing the row statistics"
@@ -255,7 +251,7 @@ class RMSNormBackward(OpFamily):
         "the shape of x (and dy), e.g. 8192x4096 (rows x hidden size); weight has the last size, "
         "(4096,); dw is float32 (4096,); more leading sizes are allowed (2x1024x4096)"
     )
-    input_names: tuple[str, ...] = ("dy", "x", "weight")
+    input_names: ClassVar[tuple[str, ...]] = ("dy", "x", "weight")
     # Per element: x*x, add, dy*w, g*x, add, r*g, x*coef, subtract, dy*x*r (2), add to dw.
     flops_per_element = 11
     rowwise = True
@@ -263,42 +259,6 @@ class RMSNormBackward(OpFamily):
     distributions = _RMSNORM.distributions
     tolerance = Tolerance()
     variants = backward.variants(KERNELS, two_stage_space, looped_space)
-
-    @property
-    def _activation(self) -> int:
-        """The index of the activation (x, or h) among the inputs: after the upstream gradients."""
-        return len(self.input_names) - 2
-
-    # ---- specs -------------------------------------------------------------------------------
-    def spec(self, shape: tuple[int, ...], dtype: str, eps: float = DEFAULT_EPS, weight_offset: float = 0.0,
-             **constants: Any) -> OpSpec:
-        shape = skeleton.command_line_shape(self.name, shape, constants, what=self.input_names[-2])
-        name = dtype_name(dtype)
-        act = TensorSpec(shape, name)
-        spec = OpSpec(self.name, (*(act,) * (self._activation + 1), TensorSpec((shape[-1],), name)),
-                      norm_constants(self.name, eps, weight_offset))
-        self.check_supported(spec)
-        return spec
-
-    def spec_for(self, *inputs: torch.Tensor, eps: float = DEFAULT_EPS, weight_offset: float = 0.0,
-                 **constants: Any) -> OpSpec:
-        if constants:
-            raise UnsupportedWorkload(f"{self.name}: unknown constants {sorted(constants)}")
-        if len(inputs) != len(self.input_names) or not all(isinstance(t, torch.Tensor) for t in inputs):
-            raise UnsupportedWorkload(f"{self.name} takes ({', '.join(self.input_names)}), not {len(inputs)} inputs")
-        x, weight = inputs[-2:]
-        if x.dim() < 1 or weight.dim() != 1:
-            raise UnsupportedWorkload(f"{self.name}: {self.input_names[-2]} must be at least 1-D and weight 1-D, "
-                                      f"not {x.dim()}-D and {weight.dim()}-D")
-        if x.numel() == 0:
-            raise UnsupportedWorkload(f"{self.name}: empty inputs are not supported")
-        specs = tensor_specs(self.name, inputs)
-        spec = OpSpec(self.name, specs, norm_constants(self.name, eps, weight_offset))
-        self.check_supported(spec)
-        return spec
-
-    def check_supported(self, spec: OpSpec) -> None:
-        skeleton.check_rows_and_weight(self, spec, self.input_names)
 
     def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
         """(dx, dw): dx like x, dw (N,) in float32."""
