@@ -5,8 +5,9 @@ a reader looks for: the module docstring of :mod:`kernelsmith.ops.layernorm` say
 kernel computes and why (the shift by the row's first element, the centred variance, Welford's
 pass, the statistics a training forward stores); this module holds the kernels themselves, and
 the jitted pieces of row math they share with :mod:`kernelsmith.ops.layernorm_backward`
-(:func:`centred_row`, :func:`welford_step`, :func:`welford_merge`). The variants' source hashes
-cover it (``Variant.modules``).
+(:func:`centred_row`, and Welford's pass: :func:`welford_start`, :func:`welford_step`,
+:func:`welford_merge`). The variants' source hashes, the backward's too, cover it
+(``Variant.modules``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ def centred_row(x, shift, mask, N, eps):
 
 
 @triton.jit
+def welford_start(BLOCK_N: tl.constexpr):
+    """Welford's statistics before the first block: ``(lane_mean, lane_m2, blocks)``, zero."""
+    return tl.zeros([BLOCK_N], dtype=tl.float32), tl.zeros([BLOCK_N], dtype=tl.float32), tl.full([], 0.0, tl.float32)
+
+
+@triton.jit
 def welford_step(d, mask, lane_mean, lane_m2, blocks):
     """One column block of Welford's running statistics, lane by lane: lane j sees columns j,
     j + BLOCK_N, j + 2 * BLOCK_N, ... and keeps the running mean and M2 (the sum of squared
@@ -97,10 +104,12 @@ def welford_merge(lane_mean, lane_m2, cols, N, eps, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _store_stats(mean_ptr, rstd_ptr, rows, shift, mean_d, rstd, mask):
-    """The rows' mean (``shift + mean(d)``) and rstd, float32, for a training forward."""
-    tl.store(mean_ptr + rows, shift + mean_d, mask=mask)
-    tl.store(rstd_ptr + rows, rstd, mask=mask)
+def _store_stats(mean_ptr, rstd_ptr, rows, shift, mean_d, rstd, mask, STORE_STATS: tl.constexpr):
+    """The rows' mean (``shift + mean(d)``) and rstd, float32, when the launch asks for them (a
+    training forward)."""
+    if STORE_STATS:
+        tl.store(mean_ptr + rows, shift + mean_d, mask=mask)
+        tl.store(rstd_ptr + rows, rstd, mask=mask)
 
 
 # =================================================================================================
@@ -117,11 +126,10 @@ def _store_stats(mean_ptr, rstd_ptr, rows, shift, mean_d, rstd, mask):
 
 @triton.jit
 def _layernorm_two_pass_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
-    x_row_stride, y_row_stride, N, eps,
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, x_row_stride, y_row_stride, N, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
     BLOCK_N: tl.constexpr,  # next_power_of_two(N): the whole row in one block
     EVICT_X: tl.constexpr,  # "" or "evict_first": x is read once, so it need not stay in L2
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
 ):
     """One program normalises one row held entirely in registers (BLOCK_N >= N)."""
     row = tl.program_id(0).to(tl.int64)  # 64-bit, so that row * stride cannot overflow
@@ -135,17 +143,14 @@ def _layernorm_two_pass_kernel(
 
     y = _affine(xc * rstd, w_ptr, b_ptr, cols, mask, HAS_WEIGHT, HAS_BIAS)  # float32, rounded once
     tl.store(y_ptr + row * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-    if STORE_STATS:
-        _store_stats(mean_ptr, rstd_ptr, row, shift, mean_d, rstd, None)
+    _store_stats(mean_ptr, rstd_ptr, row, shift, mean_d, rstd, None, STORE_STATS)
 
 
 @triton.jit
 def _layernorm_aligned_row_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
-    N, eps,
-    BLOCK_N: tl.constexpr, EVICT_X: tl.constexpr,
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, N, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
-    ALIGN: tl.constexpr,  # elements in 16 bytes
+    BLOCK_N: tl.constexpr, EVICT_X: tl.constexpr, ALIGN: tl.constexpr,  # two_pass's, and elements in 16 bytes
 ):
     """two_pass on a row cut into an aligned body and a head and tail (``skeleton.row_pieces``),
     so that the body's loads and stores are 16-byte vectors whatever the width: the same shift,
@@ -166,17 +171,15 @@ def _layernorm_aligned_row_kernel(
     tl.store(y_ptr + body, y.to(y_ptr.dtype.element_ty), mask=body_mask)
     y_edge = _affine(xc_edge * rstd, w_ptr, b_ptr, edge - row_start, edge_mask, HAS_WEIGHT, HAS_BIAS)
     tl.store(y_ptr + edge, y_edge.to(y_ptr.dtype.element_ty), mask=edge_mask)
-    if STORE_STATS:
-        _store_stats(mean_ptr, rstd_ptr, row, shift, mean_d, rstd, None)
+    _store_stats(mean_ptr, rstd_ptr, row, shift, mean_d, rstd, None, STORE_STATS)
 
 
 @triton.jit
 def _layernorm_welford_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
-    x_row_stride, y_row_stride, N, eps,
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, x_row_stride, y_row_stride, N, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
     BLOCK_N: tl.constexpr,  # columns per loop step; N need not be a multiple of it
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of both loops (1: none)
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
 ):
     """One program normalises one row: a Welford pass for the statistics, then a normalising
     pass, both over column blocks of BLOCK_N."""
@@ -191,9 +194,7 @@ def _layernorm_welford_kernel(
 
     # Pass 1: every lane keeps Welford's running statistics of the d values it sees, then the
     # lanes are merged (Chan): both in the helpers above.
-    lane_mean = tl.zeros([BLOCK_N], dtype=tl.float32)
-    lane_m2 = tl.zeros([BLOCK_N], dtype=tl.float32)
-    blocks = tl.full([], 0.0, tl.float32)
+    lane_mean, lane_m2, blocks = welford_start(BLOCK_N)
     for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
         offs = start + cols
         mask = offs < N
@@ -210,17 +211,14 @@ def _layernorm_welford_kernel(
         xhat = tl.where(mask, d - mean_d, 0.0) * rstd
         y = _affine(xhat, w_ptr, b_ptr, offs, mask, HAS_WEIGHT, HAS_BIAS)
         tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-    if STORE_STATS:
-        _store_stats(mean_ptr, rstd_ptr, row, shift, mean_d, rstd, None)
+    _store_stats(mean_ptr, rstd_ptr, row, shift, mean_d, rstd, None, STORE_STATS)
 
 
 @triton.jit
 def _layernorm_multi_row_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
-    x_row_stride, y_row_stride, n_rows, N, eps,
-    ROWS: tl.constexpr,  # rows per program
-    BLOCK_N: tl.constexpr,  # next_power_of_two(N)
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, x_row_stride, y_row_stride, n_rows, N, eps,
     HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr,  # rows per program; next_power_of_two(N)
 ):
     """One program normalises ROWS consecutive rows as a [ROWS, BLOCK_N] block."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -243,17 +241,15 @@ def _layernorm_multi_row_kernel(
     # The parameters are shared by the block's rows: loaded once as [1, BLOCK_N], broadcast.
     y = _affine(xc * rstd[:, None], w_ptr, b_ptr, cols[None, :], col_mask[None, :], HAS_WEIGHT, HAS_BIAS)
     tl.store(y_ptr + rows64[:, None] * y_row_stride + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
-    if STORE_STATS:
-        _store_stats(mean_ptr, rstd_ptr, rows64, shift, mean_d, rstd, row_mask)
+    _store_stats(mean_ptr, rstd_ptr, rows64, shift, mean_d, rstd, row_mask, STORE_STATS)
 
 
 @triton.jit
 def _layernorm_persistent_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr,
-    x_row_stride, y_row_stride, n_rows, N, eps,
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, x_row_stride, y_row_stride, n_rows, N, eps,
+    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
     BLOCK_N: tl.constexpr,  # next_power_of_two(N)
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
-    HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, STORE_STATS: tl.constexpr,
 ):
     """A fixed grid of programs; each loads the parameters once, then normalises rows
     pid, pid + num_programs, pid + 2 * num_programs, ... (a grid-stride loop)."""
@@ -276,5 +272,4 @@ def _layernorm_persistent_kernel(
         if HAS_BIAS:
             y = y + b
         tl.store(y_ptr + row64 * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-        if STORE_STATS:
-            _store_stats(mean_ptr, rstd_ptr, row64, shift, mean_d, rstd, None)
+        _store_stats(mean_ptr, rstd_ptr, row64, shift, mean_d, rstd, None, STORE_STATS)

@@ -116,16 +116,7 @@ import torch.nn.functional as F
 
 from kernelsmith.ops import _layernorm_kernels
 from kernelsmith.ops import _rowwise as skeleton
-from kernelsmith.ops._base import (
-    Launcher,
-    OpFamily,
-    Tolerance,
-    UnsupportedWorkload,
-    Variant,
-    check_eps,
-    generator,
-    rows_and_width,
-)
+from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, check_eps, generator, rows_and_width
 from kernelsmith.ops._layernorm_kernels import (
     _layernorm_aligned_row_kernel,
     _layernorm_multi_row_kernel,
@@ -286,15 +277,14 @@ class LayerNormSpecs(OpFamily):
 class LayerNorm(LayerNormSpecs):
     name = "layernorm"
     summary = "layer normalisation over the last dimension, (x - mean) / sqrt(var + eps) * weight + bias"
+    backward = "layernorm_backward"  # (dy, x[, weight[, bias]]) -> (dx[, dw[, db]])
     shape_help = (
         "the shape of x, e.g. 8192x4096 for x of shape (8192, 4096) (rows x hidden size); weight and "
         "bias have the last size, (4096,); more leading sizes are allowed (2x1024x4096)"
     )
     rowwise = True  # configs depend on the row width only: calls are bucketed by row count
     row_block = max(skeleton.ROWS_PER_PROGRAM)
-    distributions = ("normal", "uniform", "offset", "small")
-    tolerance = Tolerance()
-    backward = "layernorm_backward"  # (dy, x[, weight[, bias]]) -> (dx[, dw[, db]])
+    distributions = ("normal", "uniform", "offset", "small")  # (the tolerance is OpFamily's default)
     variants = (
         _variant("two_pass", "one program per row, the whole row in registers: mean, then variance of the centred row"),
         _variant("welford", "one program per row, a Welford pass over column blocks for the statistics, then a "

@@ -96,7 +96,7 @@ from kernelsmith.ops._base import (
     check_eps,
     tensor_specs,
 )
-from kernelsmith.ops._layernorm_kernels import centred_row, welford_merge, welford_step
+from kernelsmith.ops._layernorm_kernels import centred_row, welford_merge, welford_start, welford_step
 from kernelsmith.ops._rowwise_backward import column_block, load_row, row_columns, store_row, store_share
 from kernelsmith.ops.layernorm import (
     AFFINE,
@@ -206,11 +206,9 @@ def _looped_stats_kernel(
 
     # Lane j sees columns j, j + BLOCK_N, ... and keeps Welford's running mean and M2 of their
     # d values (the forward's welford_step), and the running sums of g and g * d.
-    lane_mean = tl.zeros([BLOCK_N], dtype=tl.float32)
-    lane_m2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+    lane_mean, lane_m2, blocks = welford_start(BLOCK_N)
     sum_g = tl.zeros([BLOCK_N], dtype=tl.float32)
     sum_gd = tl.zeros([BLOCK_N], dtype=tl.float32)
-    blocks = tl.full([], 0.0, tl.float32)
     for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
         offs = start + cols
         mask = offs < N

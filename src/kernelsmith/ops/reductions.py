@@ -115,41 +115,53 @@ def _nan_max(x, axis: tl.constexpr):
 
 
 @triton.jit
+def _sum(x, axis: tl.constexpr, width, KIND: tl.constexpr):
+    """The float32 sum of ``x`` along ``axis``; for the mean (KIND 1) divided by ``width``,
+    correctly rounded."""
+    result = tl.sum(x, axis=axis)
+    if KIND == 1:
+        result = tl.math.div_rn(result, width)
+    return result
+
+
+@triton.jit
+def _load_and_reduce(x_ptrs, mask, width, axis: tl.constexpr, KIND: tl.constexpr, EVICT_X: tl.constexpr):
+    """The reduction (KIND) of the block at ``x_ptrs`` along ``axis``, loaded in float32 on the
+    lanes of ``mask``."""
+    if KIND == 2:
+        # Padding lanes (and rows past the end) read -inf: it never wins the max.
+        x = tl.load(x_ptrs, mask=mask, other=float("-inf"), eviction_policy=EVICT_X).to(tl.float32)
+        result = _nan_max(x, axis)
+    else:
+        # Padding lanes read 0: it adds nothing to the sum.
+        x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy=EVICT_X).to(tl.float32)
+        result = _sum(x, axis, width, KIND)
+    return result
+
+
+# Every kernel takes x, y, x's row stride, n_rows where a program owns several rows, the row
+# width n_cols, its float ``width`` (the divisor of the mean), then KIND (0 sum, 1 mean, 2 max)
+# and its schedule's constexprs.
+
+
+@triton.jit
 def _reduce_whole_row_kernel(
-    x_ptr,
-    y_ptr,
-    x_row_stride,
-    n_cols,
-    width,  # float(n_cols), the divisor of the mean
-    KIND: tl.constexpr,  # 0 sum, 1 mean, 2 max
+    x_ptr, y_ptr, x_row_stride, n_cols, width,
+    KIND: tl.constexpr,
     BLOCK_N: tl.constexpr,  # next_power_of_two(n_cols): the whole row in one block
     EVICT_X: tl.constexpr,  # "" or "evict_first": x is read once, so it need not stay in L2
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
-    x_ptrs = x_ptr + row * x_row_stride + cols
-    if KIND == 2:
-        # Padding lanes read -inf: it never wins the max.
-        x = tl.load(x_ptrs, mask=mask, other=float("-inf"), eviction_policy=EVICT_X).to(tl.float32)
-        result = _nan_max(x, 0)
-    else:
-        # Padding lanes read 0: it adds nothing to the sum.
-        x = tl.load(x_ptrs, mask=mask, other=0.0, eviction_policy=EVICT_X).to(tl.float32)
-        result = tl.sum(x, axis=0)
-        if KIND == 1:
-            result = tl.math.div_rn(result, width)
+    result = _load_and_reduce(x_ptr + row * x_row_stride + cols, mask, width, 0, KIND, EVICT_X)
     tl.store(y_ptr + row, result.to(y_ptr.dtype.element_ty))
 
 
 @triton.jit
 def _reduce_looped_kernel(
-    x_ptr,
-    y_ptr,
-    x_row_stride,
-    n_cols,
-    width,  # float(n_cols), the divisor of the mean
-    KIND: tl.constexpr,  # 0 sum, 1 mean, 2 max
+    x_ptr, y_ptr, x_row_stride, n_cols, width,
+    KIND: tl.constexpr,
     BLOCK_N: tl.constexpr,  # columns per loop step; the row may be any multiple of it, or not
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the loop (1: none)
 ):
@@ -177,21 +189,14 @@ def _reduce_looped_kernel(
             total = acc + y
             comp = tl.where(tl.abs(total) < float("inf"), (total - acc) - y, 0.0)
             acc = total
-        result = tl.sum(acc, axis=0)
-        if KIND == 1:
-            result = tl.math.div_rn(result, width)
+        result = _sum(acc, 0, width, KIND)
     tl.store(y_ptr + row, result.to(y_ptr.dtype.element_ty))
 
 
 @triton.jit
 def _reduce_multi_row_kernel(
-    x_ptr,
-    y_ptr,
-    x_row_stride,
-    n_rows,
-    n_cols,
-    width,  # float(n_cols), the divisor of the mean
-    KIND: tl.constexpr,  # 0 sum, 1 mean, 2 max
+    x_ptr, y_ptr, x_row_stride, n_rows, n_cols, width,
+    KIND: tl.constexpr,
     ROWS: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # next_power_of_two(n_cols)
 ):
@@ -200,15 +205,9 @@ def _reduce_multi_row_kernel(
     row_mask = rows < n_rows  # the last program may run past the end when ROWS does not divide
     mask = row_mask[:, None] & (cols < n_cols)[None, :]
     x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * x_row_stride + cols[None, :]
-    if KIND == 2:
-        # Rows past the end load -inf throughout: their max is -inf, never stored.
-        x = tl.load(x_ptrs, mask=mask, other=float("-inf")).to(tl.float32)  # [ROWS, BLOCK_N]
-        result = _nan_max(x, 1)
-    else:
-        x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)  # [ROWS, BLOCK_N]
-        result = tl.sum(x, axis=1)
-        if KIND == 1:
-            result = tl.math.div_rn(result, width)
+    # One result a row of the [ROWS, BLOCK_N] block (rows past the end: never stored). No
+    # eviction hint ("" is tl.load's default).
+    result = _load_and_reduce(x_ptrs, mask, width, 1, KIND, "")
     tl.store(y_ptr + rows, result.to(y_ptr.dtype.element_ty), mask=row_mask)
 
 
