@@ -301,7 +301,7 @@ def _split_row_space(spec: OpSpec) -> Space:
 
 
 # ---------------------------------------------------------------------------------------------
-# Variants: what an RMSNorm-like family (this one, add_rmsnorm) launches through the skeleton
+# What the RMSNorm families take from here: the constants, the kernels' constexprs, the variants
 # ---------------------------------------------------------------------------------------------
 
 
