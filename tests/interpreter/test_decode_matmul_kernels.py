@@ -207,6 +207,37 @@ def test_split_k_is_bitwise_reproducible_and_the_same_whoever_reduces(device: st
     assert all(torch.equal(r, results["split_k", "kernel"]) for r in results.values())
 
 
+def _tensors_held(obj: Any, depth: int = 0) -> list[torch.Tensor]:
+    """Tensors a launcher keeps: in its closure's cells, through dicts, lists and tuples."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if depth > 3:
+        return []
+    if isinstance(obj, dict):
+        return [t for value in obj.values() for t in _tensors_held(value, depth + 1)]
+    if isinstance(obj, (list, tuple)):
+        return [t for value in obj for t in _tensors_held(value, depth + 1)]
+    cells = getattr(obj, "__closure__", None) or ()
+    return [t for cell in cells for t in _tensors_held(cell.cell_contents, depth + 1)]
+
+
+@pytest.mark.parametrize("variant", ["split_k", "persistent"])
+def test_split_k_launchers_keep_no_device_memory_between_calls(variant: str) -> None:
+    """The arrival counters are made (and zeroed) per call, as the partials are: under torch.compile's
+    CUDA graphs the first call runs in the graphs' memory pool, which reuses the memory of every
+    tensor it does not see returned, so a launcher must not keep one from a call to the next."""
+    spec = OP.spec((3, 50, 160), "bfloat16")
+    inputs = OP.make_inputs(spec, seed=1, distribution="normal", device="cpu")
+    extra = {"PROGRAMS_PER_SM": 1} if variant == "persistent" else {}
+    config = Config(BLOCK_M=4, BLOCK_N=16, BLOCK_K=32, FOLD=1, num_warps=4, num_stages=1, SPLIT_K=4,
+                    REDUCE="last_program", **extra)  # fmt: skip
+    launcher = OP.variant(variant).build(spec, config)
+    first = run(spec, variant, config, inputs, launcher)
+    assert_matches(spec, inputs, first, variant)
+    assert _tensors_held(launcher) == []
+    assert torch.equal(first, run(spec, variant, config, inputs, launcher))
+
+
 def test_persistent_programs_walk_several_tiles(device: str) -> None:
     """K = 300 is 10 blocks of 32. 3 row blocks of 8 x 10 blocks of 4 weight rows x 8 splits (of 2
     blocks; the last 3 empty) is 240 tiles for 4 programs (the interpreter's 4 stand-in SMs); then

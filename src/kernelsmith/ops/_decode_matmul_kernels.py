@@ -303,7 +303,7 @@ def _decode_split_k_kernel(
 
 @triton.jit
 def _zero_kernel(ptr, n, BLOCK: tl.constexpr):
-    """Set ``n`` int32 counters to 0 (once, when a launcher first runs: a kernel, not PyTorch,
+    """Set ``n`` int32 counters to 0 (before every last_program split-K call: a kernel, not PyTorch,
     which the harness would take for the candidate computing with PyTorch, rule 7)."""
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(ptr + offsets, tl.zeros([BLOCK], dtype=tl.int32), mask=offsets < n)

@@ -334,10 +334,13 @@ def _split_launcher(g: _Geometry, f: _Fusions, config: Config, splits: int, prog
     reduce_kernel = direct_launch(_matmul_split_k_reduce_kernel, reduce_grid)
     num_warps, num_stages = int(config["num_warps"]), int(config["num_stages"])
     scratch_shape = (g.weights * splits, g.m, g.n)
-    # One arrival counter per output block, zero between launches (the last program of a block
-    # resets its own); made at the first call, on the inputs' device, and kept by the launcher.
-    counters: dict[torch.device, torch.Tensor] = {}
+    # One arrival counter per output block, allocated and zeroed for every call like the partials.
+    # A launcher must not keep device memory across calls: under torch.compile's CUDA graphs
+    # (mode="reduce-overhead") the first call runs inside the graphs' private memory pool, which
+    # reuses the memory of every tensor it does not see returned, so a counter kept from that call
+    # would be overwritten by later graphs' tensors, and its resets would write into theirs.
     blocks = _tiles(g, config)
+    zero_counters = direct_launch(_zero_kernel, (triton.cdiv(blocks, ZERO_BLOCK),))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         x, w, w3, bias, residual, gamma, cos, sin = _decode_operands(g, f, inputs)
@@ -345,10 +348,8 @@ def _split_launcher(g: _Geometry, f: _Fusions, config: Config, splits: int, prog
         partial = y.new_empty(scratch_shape, dtype=torch.float32)  # every element is written
         counter = y  # unused without LAST_REDUCES
         if last_reduces:
-            counter = counters.get(y.device)  # type: ignore[assignment]
-            if counter is None:
-                counter = counters.setdefault(y.device, y.new_empty(blocks, dtype=torch.int32))
-                _zero_kernel[(triton.cdiv(blocks, ZERO_BLOCK),)](counter, blocks, BLOCK=ZERO_BLOCK)
+            counter = y.new_empty(blocks, dtype=torch.int32)
+            zero_counters(counter, blocks, BLOCK=ZERO_BLOCK)
         partial_kernel(x, w, w3, gamma, cos, sin, partial, counter, y, bias, residual, g.m, g.n, g.k, f.eps,
                        f.rope_cols, SPLIT_K=splits, **flags, LAST_REDUCES=last_reduces, num_warps=num_warps,
                        num_stages=num_stages)  # fmt: skip

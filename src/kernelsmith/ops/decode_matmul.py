@@ -61,9 +61,9 @@ loads.
     order is fixed, so the output is bitwise reproducible (the harness requires it, rule 9; float
     atomics, whose order of arrival changes the rounding from run to run, would be rejected).
     ``REDUCE`` says who sums: ``"last_program"``, the program that finishes a block's last range
-    (an atomic arrival counter per block, set back to zero by that program: one launch, which is
-    what a decode step of a few microseconds a projection wants), or ``"kernel"``, the matmul
-    family's reduction kernel, launched next (no counters).
+    (an atomic arrival counter per block, zeroed by a tiny kernel before the partial products:
+    the sum needs no second pass over the partials), or ``"kernel"``, the matmul family's
+    reduction kernel, launched next (no counters).
 ``persistent``
     The ``split_k`` tiles walked by a fixed grid of ``PROGRAMS_PER_SM`` programs per multiprocessor
     (tile ``pid``, ``pid + programs``, ...): no program start-up between tiles, and a ``SPLIT_K``
