@@ -93,7 +93,9 @@ def test_hf_generate_reduce_overhead_with_decode_attention_gives_eager_tokens(tm
     probe = decode.kernelsmith_backend(db=db)
     ids, mask = decode.prompt_batch(1000, 2, 12, torch.device("cuda"), ragged=True)
     torch._dynamo.reset()
-    decode.hf_generate(model, ids, mask, 2, "kernelsmith", probe)
+    # as many new tokens as the verification's run: a static cache of the same length (12 + 16), so the
+    # same decode attention workload (a 2-token probe's 14-long cache is another bucket: not tuned)
+    decode.hf_generate(model, ids, mask, 16, "kernelsmith", probe)
     attention = [s for s in probe.sites if s.op == "decode_attention"]
     assert attention and {s.spec.const("cache") for s in attention} == {"masked"}  # generate()'s prepared mask
     store_kernel_decisions(db, [s.spec for s in probe.sites], mode="gpu")

@@ -95,7 +95,11 @@ def test_in_context_choices_time_graph_replays():
         assert ks_backend.backend(decode=True)._timer() is decode.time_replayed
 
 
-def test_hf_generate_reduce_overhead_with_decode_kernels_gives_eager_tokens(tmp_path):
+@pytest.mark.parametrize("variant", [None, "split_k", "persistent"])
+def test_hf_generate_reduce_overhead_with_decode_kernels_gives_eager_tokens(tmp_path, variant):
+    """Under torch.compile's CUDA graphs (reduce-overhead), every decode projection served. The split-K
+    variants with the last program reducing (arrival counters: scratch a launcher must make per
+    call, since the graphs' first call runs in their memory pool) as well as the first variant."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
@@ -109,7 +113,9 @@ def test_hf_generate_reduce_overhead_with_decode_kernels_gives_eager_tokens(tmp_
     ids, mask = decode.prompt_batch(1000, 2, 12, torch.device("cuda"), ragged=True)
     torch._dynamo.reset()
     decode.hf_generate(model, ids, mask, 2, "kernelsmith", probe)
-    store_kernel_decisions(db, [s.spec for s in probe.sites if s.op == "decode_matmul"], mode="gpu")
+    last_program = None if variant is None else (lambda c: c["REDUCE"] == "last_program" and c["SPLIT_K"] > 1)
+    store_kernel_decisions(db, [s.spec for s in probe.sites if s.op == "decode_matmul"], mode="gpu", variant=variant,
+                           where=last_program)  # fmt: skip
     backend = decode.kernelsmith_backend(db=db, compare=False)
     report = decode.verify_decode(model, batch=2, prompt_len=12, new_tokens=16, ragged=True,
                                   variants=("eager", "kernelsmith"), backend=backend)  # fmt: skip
