@@ -17,15 +17,12 @@ its own file: test_gelu_kernels.py, test_gated_kernels.py, test_gated_backward_k
 from __future__ import annotations
 
 import inspect
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import torch
+from real_compiler_run import assert_every_kernel_lowers
 
 from kernelsmith.evaluate.validate import validate
 from kernelsmith.ops import _elementwise
@@ -361,9 +358,4 @@ def real_compiler_cases() -> list[tuple[OpFamily, str, OpSpec, Config]]:
 def test_every_variant_compiles_under_the_real_triton_compiler() -> None:
     """The interpreter accepts what the compiler may not (module docstring of real_compiler.py):
     every kernel, as its launchers launch it, is lowered to Triton IR by the real front end."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    helper = Path(__file__).with_name("real_compiler.py")
-    done = subprocess.run([sys.executable, str(helper), "test_families:real_compiler_cases"],
-                          env=env, capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-6000:]
-    assert "lowered" in done.stdout and ", 0 failed" in done.stdout, done.stdout
+    assert_every_kernel_lowers("test_families:real_compiler_cases")
