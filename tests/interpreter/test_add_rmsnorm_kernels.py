@@ -1,9 +1,12 @@
-"""Residual add + RMSNorm: specs, inputs, the references, the spaces, and every variant's kernel.
+"""Residual add + RMSNorm: specs, inputs, the references, the spaces, Gemma's weight offset, and
+what is peculiar to its kernels (y normalises the rounded h, the hand rounding to bfloat16, the
+harness telling y and h apart).
 
-Without a GPU the kernels run in the Triton interpreter (tests/conftest.py sets it up), which is
-slow: shapes stay small, and instead of every config each variant runs a *covering* set, in which
-every value of every parameter appears at least once. Both outputs (y, then h) are pre-filled with
-NaN, followed by NaN guards, and compared with the float64 reference by the harness's own test.
+What the row-wise families share (every variant's config classes against the float64 reference,
+with h bitwise PyTorch's rounded sum; the realigned variants; the harness; multi_row, looped and
+persistent schedules; eps) is tested once for all of them in test_rowwise_families.py. Both
+outputs (y, then h) are pre-filled with NaN, followed by NaN guards, and compared with the float64
+reference by the harness's own test.
 """
 
 from __future__ import annotations
@@ -23,13 +26,10 @@ from kernelsmith.ops._rowwise import MAX_WHOLE_ROW
 from kernelsmith.ops.add_rmsnorm import OP, AddRMSNorm, _to_storage
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
-from kernelsmith.testing.kernels import assert_guarded_outputs, covering_configs
+from kernelsmith.testing.kernels import assert_guarded_outputs
 from kernelsmith.testing.validation_runs import validation_runs
 
-DTYPES = ("float16", "bfloat16", "float32")
-WIDTHS = (1, 3, 341, 1000)
-# The four schedules, covered config by config; the realigned variants (aligned_row, split_row),
-# whose interpreted programs are slower, run one config per class on their own odd shapes.
+# The four schedules; the realigned variants (aligned_row, split_row) have their own cases.
 REALIGNED = ("aligned_row", "split_row")
 VARIANTS = [v.name for v in OP.variants if v.name not in REALIGNED]
 GUARD = 64  # NaN elements after each output: a kernel writing past its end overwrites them
@@ -57,93 +57,6 @@ def assert_correct(spec: OpSpec, inputs: tuple[torch.Tensor, ...], outputs: list
 
 
 # ---- the kernels ----------------------------------------------------------------------------
-
-# Leading shapes: odd row counts (not multiples of any ROWS), 1 row, several leading dims, and a
-# 1-D x. One config of each case runs on all of them; the others take the cheaper ones in turn
-# (the interpreter's time grows with rows times loop steps).
-LEADS: tuple[tuple[int, ...], ...] = ((7,), (33,), (1,), (2, 3), ())
-SMALL_LEADS: tuple[tuple[int, ...], ...] = ((7,), (1,), (2, 3), ())
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("width", WIDTHS)
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_every_config_class_matches_the_reference(variant: str, width: int, dtype: str, device: str) -> None:
-    space = OP.variant(variant).space(OP.spec((7, width), dtype))
-    configs = covering_configs(space)
-    assert configs, f"{variant} has no config for width {width}"
-    # Every leading shape with the first config (the cheapest to interpret), then each further
-    # config on the next small shape and distribution in turn, so that each case sees each shape
-    # and every distribution.
-    first, *others = configs
-    runs = [(first, lead) for lead in LEADS]
-    runs += [(c, SMALL_LEADS[i % len(SMALL_LEADS)]) for i, c in enumerate(others)]
-    for i, (config, lead) in enumerate(runs):
-        spec = OP.spec((*lead, width), dtype)
-        assert config in OP.variant(variant).space(spec)  # spaces depend on the width alone
-        distribution = OP.distributions[i % len(OP.distributions)]
-        inputs = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
-        outputs, guards = run_launcher(variant, spec, config, inputs)
-        assert_correct(spec, inputs, outputs, guards, f"{variant} {config} {spec.describe()} {distribution}")
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_covering_configs_take_every_value(variant: str) -> None:
-    for width in WIDTHS:
-        space = OP.variant(variant).space(OP.spec((7, width), "bfloat16"))
-        covered = {(k, v) for c in covering_configs(space) for k, v in c.items()}
-        assert covered == {(k, v) for c in space.configs() for k, v in c.items()}
-
-
-@pytest.mark.parametrize("rows", [1, 31, 33])
-def test_multi_row_masks_the_rows_past_the_end(rows: int, device: str) -> None:
-    # Every ROWS value on row counts that no ROWS divides (or fewer rows than ROWS).
-    spec = OP.spec((rows, 5), "float32")
-    inputs = OP.make_inputs(spec, seed=rows, device=device)
-    by_rows = {c["ROWS"]: c for c in OP.variant("multi_row").space(spec)}
-    assert sorted(by_rows) == [2, 4, 8, 16, 32]
-    for config in by_rows.values():
-        outputs, guards = run_launcher("multi_row", spec, config, inputs)
-        assert_correct(spec, inputs, outputs, guards, f"multi_row {config} rows={rows}")
-
-
-@pytest.mark.parametrize("stages", [1, 3])
-def test_looped_handles_a_row_of_many_blocks(stages: int, device: str) -> None:
-    # 1000 columns in blocks of 64: 16 blocks, the last one 40 wide; pass 2 re-reads h.
-    spec = OP.spec((3, 1000), "bfloat16")
-    config = Config(BLOCK_N=64, num_warps=2, num_stages=stages)
-    assert config in OP.variant("looped").space(spec)
-    inputs = OP.make_inputs(spec, seed=5, distribution="large", device=device)
-    outputs, guards = run_launcher("looped", spec, config, inputs)
-    assert_correct(spec, inputs, outputs, guards, f"looped BLOCK_N=64 num_stages={stages}")
-
-
-def test_persistent_programs_loop_over_several_rows(device: str) -> None:
-    # 33 rows on 4 * PROGRAMS_PER_SM programs (the CPU stand-in has 4 "SMs"): with 1 program per
-    # SM every program takes 8 or 9 rows; with 8, most take one.
-    spec = OP.spec((33, 24), "float16")
-    inputs = OP.make_inputs(spec, seed=9, distribution="outliers", device=device)
-    for programs in (1, 8):
-        config = Config(PROGRAMS_PER_SM=programs, num_warps=1, num_stages=2)
-        outputs, guards = run_launcher("persistent", spec, config, inputs)
-        assert_correct(spec, inputs, outputs, guards, f"persistent PROGRAMS_PER_SM={programs}")
-
-
-def test_eps_reaches_the_kernels(device: str) -> None:
-    # With a tiny h, eps dominates mean(h^2): eps=1 and eps=1e-6 give very different outputs,
-    # and each kernel must match the reference for its own eps.
-    results = []
-    for eps in (1e-6, 1.0):
-        spec = OP.spec((4, 16), "float32", eps=eps)
-        inputs = OP.make_inputs(spec, seed=3, distribution="small", device=device)
-        for variant in OP.variants:
-            configs = variant.space(spec).configs()
-            if not configs:  # aligned_row: 16 columns, rows Triton proves aligned
-                continue
-            outputs, guards = run_launcher(variant.name, spec, configs[0], inputs)
-            assert_correct(spec, inputs, outputs, guards, f"{variant.name} eps={eps}")
-        results.append(outputs[0])
-    assert not torch.allclose(results[0], results[1], rtol=0.1)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -197,17 +110,6 @@ def test_the_hand_rounding_to_bfloat16_keeps_every_nan(device: str) -> None:
 
 
 # ---- the harness ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_the_harness_accepts_every_variant(variant: str, device: str) -> None:
-    """The real validation: every distribution on the target, the tails (the stress data on
-    them), both outputs checked, canaries, torch-op watch, re-run on differently poisoned outputs."""
-    spec = OP.spec((9, 200), "bfloat16")
-    v = OP.variant(variant)
-    config = v.space(spec).configs()[-1]
-    runs = validate(OP, spec, v.build, config, device, lambda: None)
-    assert {runs} == validation_runs(OP, spec)  # no blind data: the target on all, each tail on one
 
 
 def test_the_harness_rejects_swapped_or_wrong_outputs(device: str) -> None:
@@ -493,14 +395,6 @@ def test_row_limits() -> None:
         assert c["PROGRAMS_PER_SM"] * (c["num_stages"] - 1) * 2 * 8192 * 4 <= 192 * 1024
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_build_rejects_a_config_outside_the_space(variant: str) -> None:
-    spec = OP.spec((4, 64), "float32")
-    config = OP.variant(variant).space(spec).configs()[0].replace(num_warps=3)
-    with pytest.raises(ValueError, match="not in the space"):
-        OP.variant(variant).build(spec, config)
-
-
 # ---- Gemma's weight offset: y = rmsnorm(h) * (weight + weight_offset) ---------------------------
 
 # One column, one row of an odd width, leading dims of a width no power of two; every dtype.
@@ -522,13 +416,6 @@ def test_weight_offset_reaches_every_variant(variant: str, device: str) -> None:
         (plain_y, _), _ = run_launcher(variant, OP.spec(shape, dtype), config, inputs)
         y64, _ = OP.reference_fp64(spec, inputs)
         assert check_close(plain_y, y64, OP.reference(spec, inputs)[0], OP.tolerance) is not None
-
-
-def test_the_harness_accepts_a_weight_offset(device: str) -> None:
-    spec = OP.spec((9, 200), "bfloat16", weight_offset=1.0)
-    v = OP.variant("whole_row")
-    runs = validate(OP, spec, v.build, v.space(spec).configs()[-1], device, lambda: None)
-    assert {runs} == validation_runs(OP, spec)
 
 
 def test_weight_offset_reference_is_gemmas_formula(device: str) -> None:
@@ -561,55 +448,3 @@ def test_weight_offset_specs_leave_other_workloads_alone(device: str) -> None:
     w_plain = OP.make_inputs(OP.spec((2, 256), "float32"), seed=4, device=device)[2]
     w_gemma = OP.make_inputs(OP.spec((2, 256), "float32", weight_offset=1.0), seed=4, device=device)[2]
     assert torch.allclose(w_gemma + 1.0, w_plain)
-
-
-# ---- realigned rows (aligned_row) and rows split across programs (split_row) ------------------
-
-# (rows, width, dtype, weight offset), 1 and 3 rows, every dtype (ALIGN = 4 and 8), Gemma's
-# offset. aligned_row: widths 1, 7, 33, 1000 and 4097 (none a multiple of 16); split_row: rows of
-# more than 8 KB, just above 4096 and 2048 elements (narrower ones: test_rowwise_pieces.py).
-REALIGNED_CASES = {
-    "aligned_row": ((1, 1, "float32", 0.0), (3, 7, "bfloat16", 1.0), (3, 33, "float16", 0.0),
-                    (3, 1000, "bfloat16", 1.0), (1, 4097, "float32", 0.0)),
-    "split_row": ((1, 4097, "bfloat16", 0.0), (3, 4100, "float16", 1.0), (3, 2051, "float32", 0.0)),
-}
-ODD = {"aligned_row": (3, 1000), "split_row": (3, 4097)}  # a bfloat16 shape each variant has configs for
-
-
-def one_config(variant: str, spec: OpSpec) -> Config:
-    """aligned_row: its first config; split_row: the widest chunks that still cut the row (few
-    programs: the interpreter runs each in Python)."""
-    configs = OP.variant(variant).space(spec).configs()
-    return max(configs, key=lambda c: (c["BLOCK_N"], -c["num_warps"])) if variant == "split_row" else configs[0]
-
-
-@pytest.mark.parametrize("variant", REALIGNED)
-def test_realigned_variants_match_the_reference(variant: str, device: str) -> None:
-    for i, (rows, width, dtype, offset) in enumerate(REALIGNED_CASES[variant]):
-        spec = OP.spec((rows, width), dtype, weight_offset=offset)
-        config = one_config(variant, spec)
-        distribution = OP.distributions[i % len(OP.distributions)]
-        inputs = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
-        outputs, guards = run_launcher(variant, spec, config, inputs)
-        assert_correct(spec, inputs, outputs, guards, f"{variant} {config} {spec.describe()} {distribution}")
-
-
-@pytest.mark.parametrize("variant", REALIGNED)
-def test_realigned_variants_at_unaligned_addresses(variant: str, device: str) -> None:
-    """x 2 bytes and residual 4 bytes past an aligned address (views at a storage offset): the
-    pieces assume an aligned base only for speed, never for which elements they cover."""
-    spec = OP.spec(ODD[variant], "bfloat16")
-    inputs = OP.make_inputs(spec, seed=7, device=device)
-    moved = []
-    for t, offset in zip(inputs[:2], (1, 2), strict=True):
-        view = torch.empty(t.numel() + offset, dtype=t.dtype, device=device)[offset:].view(t.shape)
-        moved.append(view.copy_(t))
-    outputs, guards = run_launcher(variant, spec, one_config(variant, spec), (*moved, inputs[2]))
-    assert_correct(spec, inputs, outputs, guards, f"{variant} at unaligned addresses")
-
-
-@pytest.mark.parametrize("variant", REALIGNED)
-def test_the_harness_accepts_the_realigned_variants(variant: str, device: str) -> None:
-    spec = OP.spec((3, 100) if variant == "aligned_row" else (2, 2049), "float32", weight_offset=1.0)
-    runs = validate(OP, spec, OP.variant(variant).build, one_config(variant, spec), device, lambda: None)
-    assert {runs} == validation_runs(OP, spec)

@@ -1,8 +1,11 @@
-"""LayerNorm backward: specs, inputs, the references, the spaces, and every variant's kernels.
+"""LayerNorm backward: specs, inputs, the references, the spaces, and the kernels against an
+independent formula and the most accurate float32 result.
 
-The kernels run in the Triton interpreter here (tests/conftest.py), so shapes stay small and each
-variant runs a covering set of configs (every value of every parameter at least once), on every
-affine form ("weight_bias", "weight", "none") in turn.
+What the row-wise families share (every variant's config classes on small and odd shapes in
+every dtype, on every affine form in turn, against the float64 reference; the harness; the row
+groups and the parameters' reduction; bitwise determinism; eps) is tested once for all of them in
+test_rowwise_families.py. The kernels run in the Triton interpreter here (tests/conftest.py), so
+shapes stay small.
 """
 
 from __future__ import annotations
@@ -13,19 +16,14 @@ import pytest
 import torch
 
 from kernelsmith.evaluate.errors import check_close, error_stats
-from kernelsmith.evaluate.validate import validate
 from kernelsmith.ops import UnsupportedWorkload, get_op
 from kernelsmith.ops.layernorm import AFFINE
 from kernelsmith.ops.layernorm import OP as FORWARD
 from kernelsmith.ops.layernorm_backward import OP, LayerNormBackward
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
-from kernelsmith.testing.kernels import assert_guarded_outputs, covering_configs, launch_guarded
-from kernelsmith.testing.validation_runs import validation_runs
+from kernelsmith.testing.kernels import assert_guarded_outputs, launch_guarded
 
-DTYPES = ("float16", "bfloat16", "float32")
-WIDTHS = (1, 3, 341, 1000)
-ROWS = (1, 7, 33)
 VARIANTS = [v.name for v in OP.variants]
 GUARD = 64  # NaN elements after each output: a kernel writing past its end overwrites them
 
@@ -68,31 +66,6 @@ def assert_correct(spec: OpSpec, inputs: tuple[torch.Tensor, ...], outs: list[to
 
 
 # ---- the kernels ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("width", WIDTHS)
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_every_config_class_matches_the_reference(variant: str, width: int, dtype: str, device: str) -> None:
-    # The covering configs of the weight_bias space (the fullest); the affine forms take turns,
-    # each run on the first form (from its turn on) whose space holds the config.
-    space = {affine: OP.variant(variant).space(OP.spec((7, width), dtype, affine=affine)) for affine in AFFINE}
-    configs = covering_configs(space["weight_bias"])
-    assert configs, f"{variant} has no config for width {width}"
-    # The first config on every row count, a multi-dimensional and a 1-D x; then each further
-    # config on the next row count, affine form and distribution in turn.
-    leads: list[tuple[int, ...]] = [(r,) for r in ROWS] + [(3, 5), ()]
-    runs = [(configs[0], lead) for lead in leads]
-    runs += [(c, leads[i % len(ROWS)]) for i, c in enumerate(configs[1:])]
-    for i, (config, lead) in enumerate(runs):
-        turn = AFFINE[i % 3:] + AFFINE[: i % 3]
-        affine = next(a for a in turn if config in space[a])
-        spec = OP.spec((*lead, width), dtype, affine=affine)
-        assert config in OP.variant(variant).space(spec)  # spaces depend on the width alone
-        distribution = OP.distributions[i % len(OP.distributions)]
-        inputs = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
-        outs, guards = run_launcher(variant, spec, config, inputs)
-        assert_correct(spec, inputs, outs, guards, f"{variant} {config} {spec.describe()} {distribution}")
 
 
 @pytest.mark.parametrize("affine", AFFINE)
@@ -139,62 +112,6 @@ def test_the_accuracy_test_catches_sums_of_raw_x(device: str) -> None:
         (ref64,) = OP.reference_fp64(spec, inputs)
         (best,) = formula(inputs, 1e-5, torch.float32, exact_centring=True)
         assert (check_close(raw, ref64, best, OP.tolerance) is not None) == raw_fails, distribution
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_validate_accepts_every_variant(variant: str, device: str) -> None:
-    # float16: in bfloat16, PyTorch's CPU backward is so inaccurate on 'offset' rows (dw relative
-    # error ~0.4, measured) that the harness's canaries would pass its tolerance.
-    spec = OP.spec((20, 100), "float16")
-    v = OP.variant(variant)
-    config = v.space(spec).configs()[-1]
-    runs = validate(OP, spec, v.build, config, device, lambda: None)
-    assert {runs} == validation_runs(OP, spec)  # no blind data: the target on all, each tail on one
-
-
-def test_groups_walk_several_rows_and_the_reduction_several_steps(device: str) -> None:
-    # 33 rows: with GROUPS=1 (4 programs in the interpreter) each program takes 8 or 9 rows; with
-    # GROUPS=4 (16 programs) and BLOCK_R=8 the dw and db reductions take two steps, the second
-    # masked.
-    spec = OP.spec((33, 40), "float16")
-    inputs = OP.make_inputs(spec, seed=9, distribution="uniform", device=device)
-    for groups in (1, 4):
-        for block_r in (8, 32):
-            config = Config(GROUPS=groups, BLOCK_R=block_r, num_warps=1, num_stages=2)
-            outs, guards = run_launcher("two_stage", spec, config, inputs)
-            assert_correct(spec, inputs, outs, guards, f"two_stage {config}")
-    # Four column blocks, the last one 232 wide: the Welford lanes hold 4 or 3 values, merged
-    # without cancelling on offset rows.
-    config = Config(BLOCK_N=256, GROUPS=4, num_warps=2, num_stages=3)
-    for dtype in ("bfloat16", "float32"):
-        wide = OP.spec((5, 1000), dtype, affine="weight")
-        inputs = OP.make_inputs(wide, seed=1, distribution="offset", device=device)
-        outs, guards = run_launcher("looped", wide, config, inputs)
-        assert_correct(wide, inputs, outs, guards, f"looped BLOCK_N=256 {dtype}")
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_kernels_are_bitwise_deterministic(variant: str, device: str) -> None:
-    spec = OP.spec((33, 100), "bfloat16")
-    inputs = OP.make_inputs(spec, seed=2, device=device)
-    config = OP.variant(variant).space(spec).configs()[-1]
-    first, _ = run_launcher(variant, spec, config, inputs)
-    second, _ = run_launcher(variant, spec, config, inputs)
-    for a, b in zip(first, second, strict=True):
-        assert torch.equal(a, b)
-
-
-def test_eps_reaches_the_kernels(device: str) -> None:
-    results = []
-    for eps in (1e-5, 1.0):
-        spec = OP.spec((4, 16), "float32", eps=eps)
-        inputs = OP.make_inputs(spec, seed=3, distribution="small", device=device)
-        for variant in OP.variants:
-            config = variant.space(spec).configs()[0]
-            outs, guards = run_launcher(variant.name, spec, config, inputs)
-            assert_correct(spec, inputs, outs, guards, f"{variant.name} eps={eps}")
-        results.append(outs[0])
-    assert not torch.allclose(results[0], results[1], rtol=0.1)
 
 
 # ---- references and tolerance -----------------------------------------------------------------

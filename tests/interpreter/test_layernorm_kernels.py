@@ -1,10 +1,12 @@
-"""LayerNorm: specs, inputs, the references, the spaces, and every variant's kernel.
+"""LayerNorm: specs, inputs, the references, the spaces, and what is peculiar to its kernels
+(accuracy on rows of large means, the row statistics of a training forward, aligned_row's).
 
-Without a GPU the kernels run in the Triton interpreter (tests/conftest.py sets it up), which is
-slow: shapes stay small, and instead of every config each variant runs a *covering* set, in which
-every value of every parameter appears at least once. Every kernel writes into a NaN-filled
-output followed by a NaN guard, and is compared with the float64 reference under the tolerance
-the harness applies (``check_close``: a few times PyTorch's own error in the same dtype).
+What the row-wise families share (every variant's config classes on every affine form against
+the float64 reference, the harness, multi_row, welford and persistent schedules, eps, launchers
+that take views only) is tested once for all of them in test_rowwise_families.py. Every kernel
+here writes into a NaN-filled output followed by a NaN guard, and is compared with the float64
+reference under the tolerance the harness applies (``check_close``: a few times PyTorch's own
+error in the same dtype).
 """
 
 from __future__ import annotations
@@ -16,24 +18,17 @@ import torch
 import torch.nn.functional as F
 
 from kernelsmith.evaluate.errors import check_close, error_stats
-from kernelsmith.evaluate.validate import TorchOpWatch, validate
 from kernelsmith.ops import UnsupportedWorkload
 from kernelsmith.ops._base import tail_rows
 from kernelsmith.ops.layernorm import AFFINE, AFFINE_PARAMS, OP, build_with_stats, stats_output_specs
 from kernelsmith.space import Config, next_power_of_two
 from kernelsmith.spec import OpSpec
 from kernelsmith.testing.kernels import covering_configs
-from kernelsmith.testing.validation_runs import validation_runs
 
-# The four schedules, covered config by config; aligned_row (the realigned rows, whose interpreted
-# programs are slower) runs one config per class on its own odd shapes at the end.
+# The four schedules; aligned_row (the realigned rows) has its own cases at the end.
 VARIANTS = [v.name for v in OP.variants if v.name != "aligned_row"]
 DTYPES = ("float16", "bfloat16", "float32")
-WIDTHS = (1, 3, 341, 1000)
 GUARD = 64  # NaN elements after the output: a kernel writing past its end overwrites them
-# Leading shapes the configs of one case take in turn: odd row counts (multiples of no ROWS),
-# 1 row, several leading dims, and a 1-D x.
-LEADS: tuple[tuple[int, ...], ...] = ((7,), (33,), (1,), (2, 3), ())
 
 
 def run_launcher(
@@ -63,63 +58,6 @@ def assert_correct(
 # ---- the kernels --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("width", WIDTHS)
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_every_config_class_matches_the_reference(variant: str, width: int, dtype: str, device: str) -> None:
-    space = OP.variant(variant).space(OP.spec((7, width), dtype))
-    configs = covering_configs(space)
-    assert configs, f"{variant} has no config for width {width}"
-    # Every leading shape with one config (the last: for welford the widest block, the fastest
-    # in the interpreter), then each further config on the next shape; distributions and affine
-    # forms rotate, so each case sees all of them.
-    runs = [(configs[1 % len(configs)], lead) for lead in LEADS]
-    runs += [(c, LEADS[i % len(LEADS)]) for i, c in enumerate(configs) if c != runs[0][0]]
-    for i, (config, lead) in enumerate(runs):
-        affine = AFFINE[i % len(AFFINE)]
-        spec = OP.spec((*lead, width), dtype, affine=affine)
-        assert config in OP.variant(variant).space(spec)  # spaces depend on the width alone
-        distribution = OP.distributions[i % len(OP.distributions)]
-        inputs = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
-        out, guard = run_launcher(variant, spec, config, inputs)
-        assert_correct(spec, inputs, out, guard, f"{variant} {config} {spec.describe()} {distribution}")
-
-
-@pytest.mark.parametrize("rows", [1, 31, 33])
-def test_multi_row_masks_the_rows_past_the_end(rows: int, device: str) -> None:
-    # Every ROWS value on row counts that no ROWS divides (or fewer rows than ROWS).
-    spec = OP.spec((rows, 5), "float32")
-    inputs = OP.make_inputs(spec, seed=rows, distribution="offset", device=device)
-    by_rows = {c["ROWS"]: c for c in OP.variant("multi_row").space(spec)}
-    assert sorted(by_rows) == [2, 4, 8, 16, 32]
-    for config in by_rows.values():
-        out, guard = run_launcher("multi_row", spec, config, inputs)
-        assert_correct(spec, inputs, out, guard, f"multi_row {config} rows={rows}")
-
-
-@pytest.mark.parametrize("width", [130, 1000])
-def test_welford_merges_many_blocks_and_a_ragged_tail(width: int, device: str) -> None:
-    # 130 columns in blocks of 64: 3 blocks, the last with 2 live lanes (lanes hold 3 or 2
-    # values); 1000 columns: 16 blocks, the last 40 wide. Offset rows: the merge must not cancel.
-    for dtype in ("bfloat16", "float32"):
-        spec = OP.spec((3, width), dtype)
-        config = Config(BLOCK_N=64, num_warps=2, num_stages=2)
-        inputs = OP.make_inputs(spec, seed=5, distribution="offset", device=device)
-        out, guard = run_launcher("welford", spec, config, inputs)
-        assert_correct(spec, inputs, out, guard, f"welford BLOCK_N=64 width={width} {dtype}")
-
-
-def test_persistent_programs_loop_over_several_rows(device: str) -> None:
-    # 33 rows on at most 4 * PROGRAMS_PER_SM programs (the CPU stand-in has 4 "SMs"): with
-    # PROGRAMS_PER_SM=1 every program takes 8 or 9 rows.
-    spec = OP.spec((33, 24), "float16", affine="weight")
-    inputs = OP.make_inputs(spec, seed=9, distribution="uniform", device=device)
-    for programs in (1, 8):
-        config = Config(PROGRAMS_PER_SM=programs, num_warps=1, num_stages=2)
-        out, guard = run_launcher("persistent", spec, config, inputs)
-        assert_correct(spec, inputs, out, guard, f"persistent PROGRAMS_PER_SM={programs}")
-
-
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_large_means_do_not_cost_float32_accuracy(variant: str, device: str) -> None:
     """On 'offset' rows (|mean| 100..400, std 1) the kernels' float32 error stays at float32
@@ -132,21 +70,6 @@ def test_large_means_do_not_cost_float32_accuracy(variant: str, device: str) -> 
         assert_correct(spec, inputs, out, guard, variant)
         (ref64,) = OP.reference_fp64(spec, inputs)
         assert error_stats(out, ref64).rel_l2 < 1e-6, (variant, error_stats(out, ref64))
-
-
-def test_eps_reaches_the_kernels(device: str) -> None:
-    # With a tiny x, eps dominates the variance: eps=1e-5 and eps=1 give very different outputs,
-    # and each kernel must match the reference for its own eps.
-    results = []
-    for eps in (1e-5, 1.0):
-        spec = OP.spec((4, 16), "float32", eps=eps, affine="none")
-        inputs = OP.make_inputs(spec, seed=3, distribution="small", device=device)
-        for variant in VARIANTS:
-            config = OP.variant(variant).space(spec).configs()[0]
-            out, guard = run_launcher(variant, spec, config, inputs)
-            assert_correct(spec, inputs, out, guard, f"{variant} eps={eps}")
-        results.append(out)
-    assert not torch.allclose(results[0], results[1], rtol=0.1)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -167,47 +90,6 @@ def test_stats_launchers_save_mean_and_rstd(variant: str, device: str) -> None:
     assert torch.allclose(rstd.double(), torch.rsqrt(xd.var(-1, unbiased=False) + 1e-5), rtol=1e-5, atol=0)
     with pytest.raises(KeyError):
         build_with_stats("naive", spec, config)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_launcher_issues_no_torch_compute(variant: str, device: str) -> None:
-    """The harness watches candidates with a dispatch mode: a launcher may only take views."""
-    spec = OP.spec((2, 3, 100), "float16", affine="weight")
-    inputs = OP.make_inputs(spec, seed=9, device=device)
-    out = torch.full_like(inputs[0], math.nan)
-    launch = OP.variant(variant).build(spec, OP.variant(variant).space(spec).configs()[-1])
-    watch = TorchOpWatch()
-    with watch:
-        launch(inputs, (out,))
-    assert watch.issued == []
-    assert check_close(out, *OP.reference_fp64(spec, inputs), *OP.reference(spec, inputs), OP.tolerance) is None
-
-
-@pytest.mark.parametrize(
-    ("variant", "dtype", "affine"),
-    [
-        ("two_pass", "float16", "weight_bias"),
-        ("welford", "bfloat16", "weight"),
-        ("multi_row", "float32", "none"),
-        ("persistent", "bfloat16", "weight_bias"),
-    ],
-)
-def test_the_harness_accepts_every_variant(variant: str, dtype: str, affine: str, device: str) -> None:
-    # The harness's own validation: target and tail shapes, every distribution, canaries, input
-    # mutation, and bitwise determinism across two differently poisoned runs.
-    spec = OP.spec((5, 100), dtype, affine=affine)
-    v = OP.variant(variant)
-    config = covering_configs(v.space(spec))[-1]
-    runs = validate(OP, spec, v.build, config, device, lambda: None)
-    assert {runs} == validation_runs(OP, spec)  # no blind data: the target on all, each tail on one
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_build_rejects_a_config_outside_the_space(variant: str) -> None:
-    spec = OP.spec((4, 64), "float32")
-    config = OP.variant(variant).space(spec).configs()[0].replace(num_warps=3)
-    with pytest.raises(ValueError, match="not in the space"):
-        OP.variant(variant).build(spec, config)
 
 
 # ---- the tolerance and the distributions discriminate -------------------------------------------
@@ -502,6 +384,7 @@ def test_block_limits() -> None:
 
 
 # ---- realigned rows (aligned_row) -----------------------------------------------------------------
+# At unaligned addresses and through the harness: test_rowwise_families.py.
 
 # (rows, width, dtype, affine): widths 1, 7, 33, 1000 and 4097 (none a multiple of 16), 1 and 3
 # rows, every dtype (ALIGN = 4 and 8), every affine form.
@@ -527,21 +410,3 @@ def test_aligned_row_matches_the_reference_and_two_pass_statistics(device: str) 
             torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=1e-6)
 
 
-def test_aligned_row_at_unaligned_addresses(device: str) -> None:
-    """x 2 bytes past an aligned address (a view at a storage offset): the pieces assume an
-    aligned base only for speed, never for which elements they cover."""
-    spec = OP.spec((3, 1000), "bfloat16")
-    x, *params = OP.make_inputs(spec, seed=7, device=device)
-    moved = torch.empty(x.numel() + 1, dtype=x.dtype, device=device)[1:].view(x.shape).copy_(x)
-    out, guard = run_launcher("aligned_row", spec, OP.variant("aligned_row").space(spec).configs()[0],
-                              (moved, *params))
-    assert_correct(spec, (x, *params), out, guard, "aligned_row at unaligned addresses")
-
-
-def test_validate_accepts_aligned_row(device: str) -> None:
-    from kernelsmith.evaluate.validate import validate
-
-    spec = OP.spec((3, 100), "bfloat16")
-    v = OP.variant("aligned_row")
-    runs = validate(OP, spec, v.build, v.space(spec).configs()[-1], device, lambda: None)
-    assert runs in validation_runs(OP, spec)

@@ -1,9 +1,14 @@
-"""The row-reduction families (sum, mean, max over the last dim): kernels, spaces, specs, inputs.
+"""The row-reduction families (sum, mean, max over the last dim): spaces, specs, inputs, and what
+is peculiar to their kernels (agreeing with the PyTorch call they replace, special values, the
+compensated sum).
 
-Kernels run in the Triton interpreter without a GPU. Every kernel test pre-fills the output with
-NaN, so a kernel that skips a row fails, and compares with the tolerance the harness applies
-(``check_close``: at most a few times PyTorch's own error in the same dtype); a few configs of
-every variant also go through the harness's own ``validate``.
+What the row-wise families share (every variant's config classes on small and odd shapes against
+the float64 reference, the harness, the validation specs' tails, launchers that take views only
+and reject configs outside their space) is tested once for all of them in
+test_rowwise_families.py. Kernels run in the Triton interpreter without a GPU. Every kernel test
+here pre-fills the output with NaN, so a kernel that skips a row fails, and compares with the
+tolerance the harness applies (``check_close``: at most a few times PyTorch's own error in the
+same dtype).
 """
 
 from __future__ import annotations
@@ -15,33 +20,19 @@ import pytest
 import torch
 
 from kernelsmith.evaluate.errors import check_close
-from kernelsmith.evaluate.validate import TorchOpWatch, _canary_problem, validate
+from kernelsmith.evaluate.validate import _canary_problem
 from kernelsmith.ops import UnsupportedWorkload
-from kernelsmith.ops._base import OpFamily, tail_rows
+from kernelsmith.ops._base import OpFamily
 from kernelsmith.ops.reductions import MAX, MEAN, SUM
-from kernelsmith.space import Config, Space, next_power_of_two
+from kernelsmith.space import Config, next_power_of_two
 from kernelsmith.spec import OpSpec
-from kernelsmith.testing.validation_runs import validation_runs
+from kernelsmith.testing.kernels import covering_configs
 
 FAMILIES = {"sum": SUM, "mean": MEAN, "max": MAX}
 NAMES = list(FAMILIES)
 VARIANTS = ["whole_row", "looped", "multi_row"]
 DTYPES = ("float16", "bfloat16", "float32")
 TORCH_OPS: dict[str, Callable[..., torch.Tensor]] = {"sum": torch.sum, "mean": torch.mean, "max": torch.amax}
-
-
-def covering_configs(space: Space) -> list[Config]:
-    """The first, middle and last configs, plus the first config holding each value of each
-    parameter: between them, every value a parameter takes in the space is exercised."""
-    configs = space.configs()
-    assert configs, "the space is empty"
-    chosen = {configs[0], configs[len(configs) // 2], configs[-1]}
-    for param in space.params:
-        for value in param.choices:
-            match = next((c for c in configs if c[param.name] == value), None)
-            if match is not None:
-                chosen.add(match)
-    return sorted(chosen, key=lambda c: c.key)
 
 
 def run_variant(op: OpFamily, variant: str, spec: OpSpec, config: Config, x: torch.Tensor) -> torch.Tensor:
@@ -67,63 +58,7 @@ def assert_close_to_reference(op: OpFamily, y: torch.Tensor, spec: OpSpec, x: to
     assert problem is None, f"{what}: {problem}"
 
 
-# ---- every family, variant and config class on small and odd shapes -----------------------------
-
-# (shape, dtype, distribution index): rows 1, 7 and 33 (a multiple of no ROWS), widths 1, 3, 341,
-# 1000 (no power of two), leading dimensions, a 1-D input (a 0-d result), and one row wider than
-# 8192 so that the widest looped block (8192, narrower than the 16384-padded row) is exercised.
-# The index is taken modulo the family's own list of distributions ("negative_ties" is max's 4th).
-SHAPE_CASES = [
-    ((1, 1), "float32", 0),
-    ((7, 3), "float16", 1),
-    ((33, 3), "bfloat16", 3),
-    ((33, 100), "float32", 2),
-    ((7, 341), "bfloat16", 2),
-    ((1, 1000), "float16", 3),
-    ((2, 3, 341), "float32", 1),
-    ((3, 1, 3), "bfloat16", 0),
-    ((1000,), "bfloat16", 1),
-    ((1, 8200), "float32", 0),
-]
-
-
-# RuntimeWarnings are errors here: with finite inputs no kernel may compute a NaN or an overflow,
-# not even in padding lanes or in the rows past the end of a multi-row block.
-@pytest.mark.filterwarnings("error::RuntimeWarning")
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize(("shape", "dtype", "dist_index"), SHAPE_CASES, ids=str)
-def test_every_config_class(
-    name: str, variant: str, shape: tuple[int, ...], dtype: str, dist_index: int, device: str
-) -> None:
-    op = FAMILIES[name]
-    spec = op.spec(shape, dtype)
-    space = op.variant(variant).space(spec)
-    if len(space) == 0:  # multi_row holds no row wider than 8192 columns
-        assert variant == "multi_row" and shape[-1] > 8192
-        return
-    distribution = op.distributions[dist_index % len(op.distributions)]
-    (x,) = op.make_inputs(spec, seed=11, distribution=distribution, device=device)
-    for config in covering_configs(space):
-        y = run_variant(op, variant, spec, config, x)
-        assert y.shape == shape[:-1]
-        assert_close_to_reference(op, y, spec, x, f"{name} {variant} {config.key} {spec.describe()} {distribution}")
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_covering_configs_take_every_parameter_value(variant: str) -> None:
-    """Across SHAPE_CASES, the configs tested above take every value of every parameter."""
-    seen: dict[str, set[object]] = {}
-    for shape, dtype, _ in SHAPE_CASES:
-        space = SUM.variant(variant).space(SUM.spec(shape, dtype))
-        for config in covering_configs(space) if len(space) else []:
-            for key, value in config.items():
-                seen.setdefault(key, set()).add(value)
-    params = SUM.variant(variant).space(SUM.spec((1, 16384), "float32")).params
-    assert params
-    for param in params:
-        missing = set(param.choices) - seen.get(param.name, set())
-        assert not missing, f"{variant}: {param.name} values {sorted(missing)} never tested"
+# ---- the families' kernels: shared spaces, every dtype and distribution ---------------------------
 
 
 def test_families_share_their_spaces() -> None:
@@ -158,20 +93,13 @@ def test_dtypes_and_distributions(name: str, dtype: str, variant: str, device: s
 # ---- through the harness itself ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("name", NAMES)
-def test_the_harness_accepts_every_variant(name: str, variant: str, device: str) -> None:
-    """validate() runs every distribution on the target and on tails (1 row, an odd count), checks the
-    canaries, the NaN poisoning, the inputs, the torch ops issued and a bitwise rerun."""
+def test_the_harness_specs_have_tails(name: str) -> None:
+    """The specs test_rowwise_families.py validates on have two tails or more: 1 row and an odd count."""
     op = FAMILIES[name]
     for spec in (op.spec((9, 100), "bfloat16"), op.spec((2, 3, 5), "float16")):
-        config = op.variant(variant).space(spec).configs()[-1]  # multi_row: ROWS divides no tail
-        runs = validate(op, spec, op.variant(variant).build, config, device, lambda: None)
-        assert len(op.validation_specs(spec)) - 1 >= 2  # tails: 1 row and an odd count
-        # the max of a 2-row tail can be blind: two row maxima close enough that their mean
-        # passes for both (measured on 100 seeds: 13% of normal draws, 7% positive, 2% large)
-        blind = ("normal", "positive", "large") if name == "max" else ()
-        assert runs in validation_runs(op, spec, maybe_blind=blind), runs
+        tails = [s.inputs[0].shape[:-1] for s in op.validation_specs(spec)[1:]]
+        assert len(tails) >= 2 and (1,) in tails, tails
 
 
 # ---- special values ------------------------------------------------------------------------------
@@ -269,21 +197,6 @@ def test_mean_divides_by_the_width_exactly(device: str) -> None:
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_one_config_is_right_for_every_validation_spec(variant: str, device: str) -> None:
-    """A config is chosen for a width and must be right for any row count (tails included)."""
-    target = MAX.spec((40, 100), "bfloat16")
-    config = MAX.variant(variant).space(target).configs()[-1]  # multi_row: 64 rows a program
-    specs = MAX.validation_specs(target)
-    assert [s.inputs[0].shape[0] for s in specs] == [40, *tail_rows(40, MAX.row_block)]
-    for name, op in FAMILIES.items():
-        for spec in op.validation_specs(op.spec((40, 100), "bfloat16")):
-            assert config in op.variant(variant).space(spec)
-            (x,) = op.make_inputs(spec, seed=4, distribution="large", device=device)
-            y = run_variant(op, variant, spec, config, x)
-            assert_close_to_reference(op, y, spec, x, f"{name} {variant} {config.key} {spec.describe()}")
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
 def test_bucketed_spec_builds_and_runs(variant: str, device: str) -> None:
     """The tuner looks configs up by the bucketed (rows rounded up to a power of two) 2-D spec."""
     spec = SUM.spec((3, 5, 100), "float16")
@@ -295,47 +208,6 @@ def test_bucketed_spec_builds_and_runs(variant: str, device: str) -> None:
     y = run_variant(SUM, variant, spec, config, x)
     assert y.shape == (3, 5)
     assert_close_to_reference(SUM, y, spec, x, variant)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_launcher_is_reusable(variant: str, device: str) -> None:
-    """A launcher holds no state from one call to the next: new inputs, new outputs."""
-    spec = MEAN.spec((6, 50), "float16")
-    launch = MEAN.variant(variant).build(spec, MEAN.variant(variant).space(spec).configs()[0])
-    results = []
-    for seed in (1, 2):
-        (x,) = MEAN.make_inputs(spec, seed=seed, device=device)
-        y = torch.full((6,), float("nan"), dtype=x.dtype, device=device)
-        launch((x,), (y,))
-        assert_close_to_reference(MEAN, y, spec, x, f"{variant} call with seed {seed}")
-        results.append(y)
-    assert not torch.equal(results[0], results[1])
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("name", NAMES)
-def test_launcher_issues_no_torch_compute(name: str, variant: str, device: str) -> None:
-    """The harness watches candidates with a dispatch mode: a launcher may only take views."""
-    op = FAMILIES[name]
-    spec = op.spec((2, 3, 100), "bfloat16")
-    (x,) = op.make_inputs(spec, seed=9, device=device)
-    y = torch.full((2, 3), float("nan"), dtype=x.dtype, device=device)
-    launch = op.variant(variant).build(spec, op.variant(variant).space(spec).configs()[-1])
-    watch = TorchOpWatch()
-    with watch:
-        launch((x,), (y,))
-    assert watch.issued == []
-    assert_close_to_reference(op, y, spec, x, f"{name} {variant}")
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_build_rejects_a_config_outside_the_space(variant: str) -> None:
-    spec = MAX.spec((4, 64), "float32")
-    config = MAX.variant(variant).space(spec).configs()[0]
-    with pytest.raises(ValueError, match="not in the space"):
-        MAX.variant(variant).build(spec, config.replace(num_warps=3))
-    with pytest.raises(ValueError, match="not in the space"):
-        MAX.variant(variant).build(spec, config.replace(BOGUS=1))
 
 
 # ---- spaces --------------------------------------------------------------------------------------

@@ -1,8 +1,11 @@
-"""RMSNorm: specs, inputs, the reference, the spaces, and every variant's kernel.
+"""RMSNorm: specs, inputs, the reference, the spaces, Gemma's weight offset, and what is peculiar
+to its kernels.
 
-Without a GPU the kernels run in the Triton interpreter (tests/conftest.py sets it up), which is
-slow: shapes stay small, and instead of every config each variant runs a *covering* set, in which
-every value of every parameter appears at least once.
+What the row-wise families share (every variant's config classes against the float64 reference,
+the realigned variants, the harness, multi_row's masked rows, persistent programs, eps) is tested
+once for all of them in test_rowwise_families.py. Without a GPU the kernels run in the Triton
+interpreter (tests/conftest.py sets it up), which is slow: shapes stay small, and instead of every
+config a variant runs a *covering* set, in which every value of every parameter appears once.
 """
 
 from __future__ import annotations
@@ -21,10 +24,7 @@ from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
 from kernelsmith.testing.kernels import covering_configs
 
-DTYPES = ("float16", "bfloat16", "float32")
-WIDTHS = (1, 3, 341, 1000)
-# The four schedules, covered config by config below; the realigned variants (aligned_row,
-# split_row), whose interpreted programs are slower, run one config per class on their own shapes.
+# The four schedules; the realigned variants (aligned_row, split_row) have their own cases.
 REALIGNED = ("aligned_row", "split_row")
 SCHEDULES = [v.name for v in OP.variants if v.name not in REALIGNED]
 GUARD = 64  # NaN elements after the output: a kernel writing past its end overwrites them
@@ -50,82 +50,7 @@ def assert_correct(spec: OpSpec, inputs: tuple[torch.Tensor, ...], out: torch.Te
     assert problem is None, f"{what}: {problem}"
 
 
-# ---- the kernels ----------------------------------------------------------------------------
-
-# Leading shapes the configs of one case take in turn: 1 row, odd row counts (not multiples of
-# any ROWS), several leading dims, and a 1-D x.
-LEADS: tuple[tuple[int, ...], ...] = ((7,), (33,), (1,), (2, 3), ())
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("width", WIDTHS)
-@pytest.mark.parametrize("variant", SCHEDULES)
-def test_every_config_class_matches_the_reference(variant: str, width: int, dtype: str,
-                                                  device: str) -> None:
-    space = OP.variant(variant).space(OP.spec((7, width), dtype))
-    configs = covering_configs(space)
-    assert configs, f"{variant} has no config for width {width}"
-    # Every leading shape with the first config, then each further config on the next shape
-    # and distribution in turn, so that each case sees each shape and most distributions.
-    runs = [(configs[0], lead) for lead in LEADS]
-    runs += [(c, LEADS[i % len(LEADS)]) for i, c in enumerate(configs[1:])]
-    for i, (config, lead) in enumerate(runs):
-        spec = OP.spec((*lead, width), dtype)
-        assert config in OP.variant(variant).space(spec)  # spaces depend on the width alone
-        distribution = OP.distributions[i % len(OP.distributions)]
-        inputs = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
-        out, guard = run_launcher(variant, spec, config, inputs)
-        what = f"{variant} {config} {spec.describe()} {distribution}"
-        assert_correct(spec, inputs, out, guard, what)
-
-
-@pytest.mark.parametrize("rows", [1, 31, 33])
-def test_multi_row_masks_the_rows_past_the_end(rows: int, device: str) -> None:
-    # Every ROWS value on row counts that no ROWS divides (or fewer rows than ROWS).
-    spec = OP.spec((rows, 5), "float32")
-    inputs = OP.make_inputs(spec, seed=rows, device=device)
-    by_rows = {c["ROWS"]: c for c in OP.variant("multi_row").space(spec)}
-    assert sorted(by_rows) == [2, 4, 8, 16, 32]
-    for config in by_rows.values():
-        out, guard = run_launcher("multi_row", spec, config, inputs)
-        assert_correct(spec, inputs, out, guard, f"multi_row {config} rows={rows}")
-
-
-def test_looped_handles_a_row_of_many_blocks(device: str) -> None:
-    # 1000 columns in blocks of 64: 16 blocks, the last one 40 wide.
-    spec = OP.spec((3, 1000), "bfloat16")
-    config = Config(BLOCK_N=64, num_warps=2, num_stages=2)
-    inputs = OP.make_inputs(spec, seed=5, distribution="large", device=device)
-    out, guard = run_launcher("looped", spec, config, inputs)
-    assert_correct(spec, inputs, out, guard, "looped BLOCK_N=64")
-
-
-def test_persistent_programs_loop_over_several_rows(device: str) -> None:
-    # 33 rows on at most 4 * PROGRAMS_PER_SM programs (the CPU stand-in has 4 "SMs"; a GPU has
-    # more): with PROGRAMS_PER_SM=1 each program takes several rows unless the GPU is huge.
-    spec = OP.spec((33, 24), "float16")
-    inputs = OP.make_inputs(spec, seed=9, distribution="outliers", device=device)
-    for programs in (1, 8):
-        config = Config(PROGRAMS_PER_SM=programs, num_warps=1, num_stages=2)
-        out, guard = run_launcher("persistent", spec, config, inputs)
-        assert_correct(spec, inputs, out, guard, f"persistent PROGRAMS_PER_SM={programs}")
-
-
-def test_eps_reaches_the_kernels(device: str) -> None:
-    # With a tiny x, eps dominates mean(x^2): eps=1 and eps=1e-6 give very different outputs,
-    # and each kernel must match the reference for its own eps.
-    results = []
-    for eps in (1e-6, 1.0):
-        spec = OP.spec((4, 16), "float32", eps=eps)
-        inputs = OP.make_inputs(spec, seed=3, distribution="small", device=device)
-        for variant in OP.variants:
-            configs = variant.space(spec).configs()
-            if not configs:  # aligned_row: 16 columns, rows Triton proves aligned
-                continue
-            out, guard = run_launcher(variant.name, spec, configs[0], inputs)
-            assert_correct(spec, inputs, out, guard, f"{variant.name} eps={eps}")
-        results.append(out)
-    assert not torch.allclose(results[0], results[1], rtol=0.1)
+# ---- the launchers --------------------------------------------------------------------------
 
 
 @pytest.mark.gpu
@@ -444,17 +369,6 @@ def test_other_weight_offsets_and_eps(device: str) -> None:
             assert_correct(spec, inputs, out, guard, f"{variant.name} offset {offset}")
 
 
-@pytest.mark.parametrize("variant", SCHEDULES)
-def test_validate_accepts_every_variant_with_a_weight_offset(variant: str, device: str) -> None:
-    from kernelsmith.evaluate.validate import validate
-    from kernelsmith.testing.validation_runs import validation_runs
-
-    spec = OP.spec((9, 200), "bfloat16", weight_offset=1.0)
-    v = OP.variant(variant)
-    runs = validate(OP, spec, v.build, v.space(spec).configs()[-1], device, lambda: None)
-    assert runs in validation_runs(OP, spec)
-
-
 def test_weight_offset_reference_is_gemmas_formula(device: str) -> None:
     spec = OP.spec((2, 3, 64), "bfloat16", eps=1e-6, weight_offset=1.0)
     x, w = OP.make_inputs(spec, seed=2, device=device)
@@ -495,55 +409,8 @@ def test_weight_offset_inputs_scale_rows_alike(device: str) -> None:
 
 
 # ---- realigned rows (aligned_row) and rows split across programs (split_row) ------------------
-
-# (rows, width, dtype, weight offset), 1 and 3 rows, every dtype (ALIGN = 4 and 8), Gemma's
-# offset. aligned_row: widths 1, 7, 33, 1000 and 4097 (none a multiple of 16); split_row: rows of
-# more than 8 KB (SPLIT_MIN_ROW_BYTES), just above 4096 and 2048 elements (narrower ones are
-# covered by the test of the pieces alone, test_rowwise_pieces.py).
-REALIGNED_CASES = {
-    "aligned_row": ((1, 1, "float32", 0.0), (3, 7, "bfloat16", 1.0), (3, 33, "float16", 0.0),
-                    (1, 1000, "bfloat16", 0.0), (3, 1000, "float16", 1.0), (1, 4097, "float32", 0.0)),
-    "split_row": ((1, 4097, "bfloat16", 0.0), (3, 4100, "float16", 1.0), (1, 2049, "float32", 0.0),
-                  (3, 2051, "float32", 1.0)),
-}
-ODD = {"aligned_row": (3, 1000), "split_row": (3, 4097)}  # a bfloat16 shape each variant has configs for
-
-
-def one_config(variant: str, spec: OpSpec) -> Config:
-    """aligned_row: its first config; split_row: the widest chunks that still cut the row in two
-    or more (its first chunk then ends mid-row, with the head and tail of chunk 0 apart), or the
-    smallest chunk for rows narrower than it. Few programs: the interpreter runs each in Python."""
-    configs = OP.variant(variant).space(spec).configs()
-    if variant == "split_row":
-        return max(configs, key=lambda c: (c["BLOCK_N"], -c["num_warps"]))
-    return configs[0]
-
-
-@pytest.mark.parametrize("variant", REALIGNED)
-def test_realigned_variants_match_the_reference(variant: str, device: str) -> None:
-    for i, (rows, width, dtype, offset) in enumerate(REALIGNED_CASES[variant]):
-        spec = OP.spec((rows, width), dtype, weight_offset=offset)
-        config = one_config(variant, spec)
-        distribution = OP.distributions[i % len(OP.distributions)]
-        inputs = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
-        out, guard = run_launcher(variant, spec, config, inputs)
-        assert_correct(spec, inputs, out, guard, f"{variant} {config} {spec.describe()} {distribution}")
-
-
-@pytest.mark.parametrize("variant", REALIGNED)
-def test_realigned_variants_at_unaligned_addresses(variant: str, device: str) -> None:
-    """Tensors that start 2 and 6 bytes past an aligned address (views at a storage offset, as a
-    slice of a bigger buffer is): the pieces assume an aligned base only for speed, never for
-    which elements they cover."""
-    spec = OP.spec(ODD[variant], "bfloat16")
-    x, w = OP.make_inputs(spec, seed=7, device=device)
-    x_moved = torch.empty(x.numel() + 1, dtype=x.dtype, device=device)[1:].view(x.shape)
-    x_moved.copy_(x)
-    buffer = torch.full((x.numel() + 3 + GUARD,), math.nan, dtype=x.dtype, device=device)
-    out = buffer[3: 3 + x.numel()].view(x.shape)
-    OP.variant(variant).build(spec, one_config(variant, spec))((x_moved, w), (out,))
-    assert bool(torch.isnan(buffer[:3]).all()), f"{variant} wrote before its output"
-    assert_correct(spec, (x, w), out, buffer[3 + x.numel():], f"{variant} at unaligned addresses")
+# Their cases against the reference, at unaligned addresses and through the harness:
+# test_rowwise_families.py.
 
 
 def test_split_row_sums_many_chunks(device: str) -> None:
@@ -554,17 +421,6 @@ def test_split_row_sums_many_chunks(device: str) -> None:
     inputs = OP.make_inputs(spec, seed=5, distribution="large", device=device)
     out, guard = run_launcher("split_row", spec, config, inputs)
     assert_correct(spec, inputs, out, guard, "split_row BLOCK_N=256")
-
-
-@pytest.mark.parametrize("variant", REALIGNED)
-def test_validate_accepts_the_realigned_variants(variant: str, device: str) -> None:
-    from kernelsmith.evaluate.validate import validate
-    from kernelsmith.testing.validation_runs import validation_runs
-
-    spec = OP.spec((3, 100) if variant == "aligned_row" else (2, 2049), "float32", weight_offset=1.0)
-    v = OP.variant(variant)
-    runs = validate(OP, spec, v.build, one_config(variant, spec), device, lambda: None)
-    assert runs in validation_runs(OP, spec)
 
 
 def test_realigned_spaces() -> None:

@@ -1,6 +1,11 @@
-"""The softmax op family: its kernels (in the Triton interpreter without a GPU), spaces and specs.
+"""The softmax op family: spaces, specs, its temperature (scale), and what is peculiar to its
+kernels (rows summing to one, masked -inf scores).
 
-Every kernel test pre-fills the output with NaN, so a kernel that skips an element fails the
+What the row-wise families share (every variant's config classes on small and odd shapes against
+the float64 reference, the realigned variants, the harness, the validation specs' tails, launchers
+that are reusable, take views only and reject configs outside their space) is tested once for all
+of them in test_rowwise_families.py. Kernels run in the Triton interpreter without a GPU. Every
+kernel test here pre-fills the output with NaN, so a kernel that skips an element fails the
 comparison with the float64 reference, and compares with the same tolerance the harness applies
 (``check_close``: at most a few times PyTorch's own error in the same dtype).
 """
@@ -14,16 +19,13 @@ import pytest
 import torch
 
 from kernelsmith.evaluate.errors import check_close
-from kernelsmith.evaluate.validate import TorchOpWatch
 from kernelsmith.ops import UnsupportedWorkload, get_op
-from kernelsmith.ops._base import tail_rows
 from kernelsmith.ops.softmax import OP
 from kernelsmith.space import Config, next_power_of_two
 from kernelsmith.spec import OpSpec
 from kernelsmith.testing.kernels import covering_configs
 
-# The four schedules, covered config by config; the realigned variants (aligned_row, split_row),
-# whose interpreted programs are slower, run one config per class on their own odd shapes, and
+# The four schedules; the realigned variants (aligned_row, split_row) have their own cases, and
 # aligned_row joins the cheap tests (ALL_VARIANTS: split_row has no configs for their narrow rows,
 # and has its own below).
 REALIGNED = ("aligned_row", "split_row")
@@ -48,59 +50,7 @@ def assert_close_to_reference(y: torch.Tensor, spec: OpSpec, x: torch.Tensor, wh
     assert problem is None, f"{what}: {problem}"
 
 
-# ---- every variant, every config class, small and odd shapes ------------------------------------
-
-# (shape, dtype, distribution): rows 1, 7 and 33 (never a multiple of the larger ROWS), widths
-# 1, 3, 341, 1000 (never a power of two), leading dimensions, a 1-D input, and one row wider than
-# 4096 so that the widest online blocks (up to 8192) and whole-row blocks are exercised too.
-# Every dtype meets the "large" and "outliers" distributions on at least one odd shape.
-SHAPE_CASES = [
-    ((1, 1), "float32", "normal"),
-    ((1, 3), "bfloat16", "outliers"),
-    ((7, 3), "float16", "outliers"),
-    ((7, 3), "float32", "large"),
-    ((33, 341), "bfloat16", "large"),
-    ((33, 341), "float16", "outliers"),
-    ((7, 1000), "float32", "outliers"),
-    ((7, 1000), "bfloat16", "large"),
-    ((2, 3, 341), "float16", "uniform"),
-    ((1000,), "bfloat16", "normal"),
-    ((3, 4099), "float16", "large"),
-]
-
-
-# RuntimeWarnings are errors here: with finite inputs no kernel may ever compute a NaN or an
-# overflow, not even in padding lanes or in the rows past the end of a multi-row block.
-@pytest.mark.filterwarnings("error::RuntimeWarning")
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize(("shape", "dtype", "distribution"), SHAPE_CASES, ids=str)
-def test_every_config_class(
-    variant: str, shape: tuple[int, ...], dtype: str, distribution: str, device: str
-) -> None:
-    spec = OP.spec(shape, dtype)
-    space = OP.variant(variant).space(spec)
-    if len(space) == 0:  # multi_row has no config for rows wider than 8192 columns
-        assert variant == "multi_row" and shape[-1] > 8192
-        return
-    (x,) = OP.make_inputs(spec, seed=11, distribution=distribution, device=device)
-    for config in covering_configs(space):
-        y = run_variant(variant, spec, config, x)
-        assert_close_to_reference(y, spec, x, f"{variant} {config.key} {spec.describe()}")
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_covering_configs_take_every_block_shape(variant: str) -> None:
-    """Across SHAPE_CASES, the configs tested above take every value of every parameter."""
-    seen: dict[str, set[object]] = {}
-    for shape, dtype, _ in SHAPE_CASES:
-        for config in covering_configs(OP.variant(variant).space(OP.spec(shape, dtype))):
-            for name, value in config.items():
-                seen.setdefault(name, set()).add(value)
-    wide = OP.variant(variant).space(OP.spec((1, 8192), "float32"))
-    assert wide.params, variant
-    for param in wide.params:
-        missing = set(param.choices) - seen.get(param.name, set())
-        assert not missing, f"{variant}: {param.name} values {sorted(missing)} never tested"
+# ---- every dtype and distribution, masked scores ------------------------------------------------
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
@@ -153,58 +103,6 @@ def test_fully_masked_row_is_nan_like_torch(variant: str, device: str) -> None:
     assert torch.isnan(torch.softmax(x[1], dim=-1)).all()  # what torch does
     assert torch.isnan(y[1]).all()
     assert_close_to_reference(y, spec, x, variant)  # and the other rows are right
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_one_config_is_right_for_every_validation_spec(variant: str, device: str) -> None:
-    """A config is chosen for a width and must be right for any row count (tails included)."""
-    target = OP.spec((40, 100), "bfloat16")
-    space = OP.variant(variant).space(target)
-    config = space.configs()[-1]  # for multi_row: 32 rows a program, which divides none of them
-    specs = OP.validation_specs(target)
-    assert [s.inputs[0].shape[0] for s in specs] == [40, *tail_rows(40, OP.row_block)]
-    for spec in specs:
-        assert config in OP.variant(variant).space(spec)
-        (x,) = OP.make_inputs(spec, seed=4, distribution="outliers", device=device)
-        y = run_variant(variant, spec, config, x)
-        assert_close_to_reference(y, spec, x, f"{variant} {config.key} {spec.describe()}")
-
-
-@pytest.mark.parametrize("variant", ALL_VARIANTS)
-def test_launcher_is_reusable(variant: str, device: str) -> None:
-    """A launcher holds no state from one call to the next: new inputs, new outputs."""
-    spec = OP.spec((6, 50), "float16")
-    launch = OP.variant(variant).build(spec, OP.variant(variant).space(spec).configs()[0])
-    results = []
-    for seed in (1, 2):
-        (x,) = OP.make_inputs(spec, seed=seed, device=device)
-        y = torch.full_like(x, float("nan"))
-        launch((x,), (y,))
-        assert_close_to_reference(y, spec, x, f"{variant} call with seed {seed}")
-        results.append(y)
-    assert not torch.equal(results[0], results[1])
-
-
-@pytest.mark.parametrize("variant", ALL_VARIANTS)
-def test_launcher_issues_no_torch_compute(variant: str, device: str) -> None:
-    """The harness watches candidates with a dispatch mode: a launcher may only take views."""
-    spec = OP.spec((2, 3, 100), "bfloat16")
-    (x,) = OP.make_inputs(spec, seed=9, device=device)
-    y = torch.full_like(x, float("nan"))
-    launch = OP.variant(variant).build(spec, OP.variant(variant).space(spec).configs()[-1])
-    watch = TorchOpWatch()
-    with watch:
-        launch((x,), (y,))
-    assert watch.issued == []
-    assert_close_to_reference(y, spec, x, variant)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_build_rejects_a_config_outside_the_space(variant: str) -> None:
-    spec = OP.spec((4, 64), "float32")
-    config = OP.variant(variant).space(spec).configs()[0].replace(num_warps=3)
-    with pytest.raises(ValueError, match="not in the space"):
-        OP.variant(variant).build(spec, config)
 
 
 # ---- spaces --------------------------------------------------------------------------------------
@@ -453,18 +351,6 @@ def test_scale_keeps_a_masked_prefix_at_zero(variant: str, device: str) -> None:
     assert torch.all(y[:, :200] == 0)
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the stress data holds inf: inf - inf is NaN
-@pytest.mark.parametrize("variant", ALL_VARIANTS)
-def test_validate_accepts_every_variant_with_a_scale(variant: str, device: str) -> None:
-    from kernelsmith.evaluate.validate import validate
-    from kernelsmith.testing.validation_runs import validation_runs
-
-    spec = OP.spec((9, 200), "bfloat16", scale=1 / 0.7)
-    v = OP.variant(variant)
-    runs = validate(OP, spec, v.build, v.space(spec).configs()[-1], device, lambda: None)
-    assert runs in validation_runs(OP, spec)
-
-
 def test_scale_specs_leave_other_workloads_alone() -> None:
     x = torch.zeros(4, 8, dtype=torch.bfloat16)
     plain = OP.spec((4, 8), "bfloat16")
@@ -495,19 +381,8 @@ def test_scale_reference_and_inputs(device: str) -> None:
 
 
 # ---- realigned rows (aligned_row) and rows split across programs (split_row) ------------------
-
-# (shape, dtype, distribution, scale): 1 and 3 rows, every dtype (ALIGN = 4 and 8), a negative
-# scale (the padding set back to -inf). aligned_row: widths 1, 7, 33, 1000 and 4097 (none a
-# multiple of 16); split_row: rows of more than 8 KB, just above 4096 and 2048 elements (narrower
-# ones are covered by the test of the pieces alone, test_rowwise_pieces.py).
-REALIGNED_CASES = {
-    "aligned_row": [((1, 1), "float32", "normal", 1.0), ((3, 7), "bfloat16", "outliers", 1.0),
-                    ((3, 33), "float16", "uniform", -1.3), ((1, 1000), "bfloat16", "large", 1.0),
-                    ((3, 1000), "float16", "outliers", 0.5), ((1, 4097), "float32", "normal", 1.0)],
-    "split_row": [((1, 4097), "bfloat16", "large", 1.0), ((3, 4100), "float16", "uniform", -1.3),
-                  ((1, 2049), "float32", "outliers", 0.5), ((3, 2051), "float32", "normal", 1.0)],
-}
-ODD = {"aligned_row": (3, 1000), "split_row": (3, 4097)}  # a bfloat16 shape each variant has configs for
+# Their cases against the reference, at unaligned addresses and through the harness:
+# test_rowwise_families.py.
 
 
 def _one_config(variant: str, spec: OpSpec) -> Config:
@@ -515,32 +390,6 @@ def _one_config(variant: str, spec: OpSpec) -> Config:
     4097 columns, a second chunk that the head and tail can leave empty), few programs either way."""
     configs = OP.variant(variant).space(spec).configs()
     return max(configs, key=lambda c: (c["BLOCK_N"], -c["num_warps"])) if variant == "split_row" else configs[0]
-
-
-@pytest.mark.filterwarnings("error::RuntimeWarning")
-@pytest.mark.parametrize("variant", REALIGNED)
-def test_realigned_variants_match_the_reference(variant: str, device: str) -> None:
-    for i, (shape, dtype, distribution, scale) in enumerate(REALIGNED_CASES[variant]):
-        spec = OP.spec(shape, dtype, scale=scale)
-        config = _one_config(variant, spec)
-        (x,) = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
-        y = run_variant(variant, spec, config, x)
-        assert_close_to_reference(y, spec, x, f"{variant} {config.key} {spec.describe()} scale {scale:g}")
-
-
-@pytest.mark.parametrize("variant", REALIGNED)
-def test_realigned_variants_at_unaligned_addresses(variant: str, device: str) -> None:
-    """x and y 2 and 6 bytes past an aligned address (views at a storage offset): the pieces
-    assume an aligned base only for speed, never for which elements they cover."""
-    spec = OP.spec(ODD[variant], "bfloat16")
-    (x,) = OP.make_inputs(spec, seed=7, device=device)
-    x_moved = torch.empty(x.numel() + 1, dtype=x.dtype, device=device)[1:].view(x.shape)
-    x_moved.copy_(x)
-    buffer = torch.full((x.numel() + 3 + 64,), float("nan"), dtype=x.dtype, device=device)
-    y = buffer[3: 3 + x.numel()].view(x.shape)
-    OP.variant(variant).build(spec, _one_config(variant, spec))((x_moved,), (y,))
-    assert bool(torch.isnan(buffer[:3]).all()) and bool(torch.isnan(buffer[3 + x.numel():]).all())
-    assert_close_to_reference(y, spec, x, f"{variant} at unaligned addresses")
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
@@ -565,12 +414,3 @@ def test_split_row_fully_masked_row_is_nan_like_torch(device: str) -> None:
     assert_close_to_reference(y, spec, x, "split_row")  # and the other rows are right
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the stress data holds inf: inf - inf is NaN
-def test_validate_accepts_split_row_with_a_scale(device: str) -> None:
-    """The harness on split_row (no torch compute, poisoned outputs, stress data, tails)."""
-    from kernelsmith.evaluate.validate import validate
-    from kernelsmith.testing.validation_runs import validation_runs
-
-    spec = OP.spec((2, 2049), "float32", scale=1 / 0.7)
-    runs = validate(OP, spec, OP.variant("split_row").build, _one_config("split_row", spec), device, lambda: None)
-    assert runs in validation_runs(OP, spec)
