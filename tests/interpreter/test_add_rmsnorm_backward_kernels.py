@@ -1,9 +1,7 @@
 """Residual add + RMSNorm backward: specs, inputs, the references, the spaces, Gemma's weight
 offset, and the kernels against an independent formula.
 
-What the row-wise families share (every variant's config classes on small and odd shapes in
-every dtype against the float64 reference, the harness, the row groups and the parameters'
-reduction, bitwise determinism, eps) is tested once for all of them in test_rowwise_families.py.
+What the row-wise families share is tested once for all of them in test_rowwise_families.py.
 The kernels run in the Triton interpreter here (tests/conftest.py), so shapes stay small.
 """
 
@@ -17,16 +15,8 @@ from kernelsmith.ops import UnsupportedWorkload, get_op
 from kernelsmith.ops._rowwise import BACKWARD_MAX_ROW as MAX_WHOLE_ROW
 from kernelsmith.ops.add_rmsnorm_backward import OP, AddRMSNormBackward
 from kernelsmith.ops.rmsnorm_backward import OP as RMSNORM_BACKWARD
-from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
 from kernelsmith.testing.kernels import assert_guarded_outputs, launch_guarded
-
-GUARD = 64  # NaN elements after each output: a kernel writing past its end overwrites them
-
-
-def run_launcher(variant: str, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...]
-                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    return launch_guarded(OP, variant, spec, config, inputs, GUARD)
 
 
 def formula_fp64(inputs: tuple[torch.Tensor, ...], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,7 +44,7 @@ def test_kernels_match_an_independent_formula(variant: str, device: str) -> None
     inputs = OP.make_inputs(spec, seed=4, distribution="outliers", device=device)
     dsum64, dw64 = formula_fp64(inputs, 1e-5)
     config = OP.variant(variant).space(spec).configs()[0]
-    (dsum, dw), _ = run_launcher(variant, spec, config, inputs)
+    (dsum, dw), _ = launch_guarded(OP, variant, spec, config, inputs)
     assert dsum.dtype == torch.float32 and dsum.shape == (9, 200)
     assert dw.dtype == torch.float32 and dw.shape == (200,)
     assert torch.allclose(dsum.double(), dsum64, rtol=1e-4, atol=1e-5 * float(dsum64.abs().max()))
@@ -68,7 +58,7 @@ def test_bfloat16_stores_round_to_nearest(device: str) -> None:
     inputs = OP.make_inputs(spec, seed=5, device=device)
     truth = OP.reference_fp64(spec, inputs)[0].to(torch.bfloat16)
     for variant in OP.variants:
-        (dsum, _), _ = run_launcher(variant.name, spec, variant.space(spec).configs()[0], inputs)
+        (dsum, _), _ = launch_guarded(OP, variant.name, spec, variant.space(spec).configs()[0], inputs)
         assert float((dsum == truth).double().mean()) > 0.95, variant.name
 
 
@@ -264,13 +254,13 @@ def test_weight_offset_reaches_every_variant(variant: str, device: str) -> None:
     spec = OP.spec((5, 37), "float32", weight_offset=1.0)
     dy, dh, h, w = inputs = OP.make_inputs(spec, seed=3, distribution="outliers", device=device)
     config = OP.variant(variant).space(spec).configs()[0]
-    outs, guards = run_launcher(variant, spec, config, inputs)
+    outs, guards = launch_guarded(OP, variant, spec, config, inputs)
     assert_correct(spec, inputs, outs, guards, f"{variant} offset 1")
     dsum64, dw64 = formula_fp64((dy, dh, h, w + 1.0), 1e-6)
     close = {"rtol": 1e-4, "atol": 1e-5 * float(dsum64.abs().max())}
     assert torch.allclose(outs[0].double(), dsum64, **close)
     assert torch.allclose(outs[1].double(), dw64, rtol=1e-4, atol=1e-5 * float(dw64.abs().max()))
-    (plain, _), _ = run_launcher(variant, OP.spec((5, 37), "float32"), config, inputs)
+    (plain, _), _ = launch_guarded(OP, variant, OP.spec((5, 37), "float32"), config, inputs)
     assert not torch.allclose(plain.double(), dsum64, **close)
 
 

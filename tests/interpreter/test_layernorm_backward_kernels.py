@@ -1,11 +1,8 @@
 """LayerNorm backward: specs, inputs, the references, the spaces, and the kernels against an
 independent formula and the most accurate float32 result.
 
-What the row-wise families share (every variant's config classes on small and odd shapes in
-every dtype, on every affine form in turn, against the float64 reference; the harness; the row
-groups and the parameters' reduction; bitwise determinism; eps) is tested once for all of them in
-test_rowwise_families.py. The kernels run in the Triton interpreter here (tests/conftest.py), so
-shapes stay small.
+What the row-wise families share is tested once for all of them in test_rowwise_families.py.
+The kernels run in the Triton interpreter here (tests/conftest.py), so shapes stay small.
 """
 
 from __future__ import annotations
@@ -20,19 +17,10 @@ from kernelsmith.ops import UnsupportedWorkload, get_op
 from kernelsmith.ops.layernorm import AFFINE
 from kernelsmith.ops.layernorm import OP as FORWARD
 from kernelsmith.ops.layernorm_backward import OP, LayerNormBackward
-from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
 from kernelsmith.testing.kernels import assert_guarded_outputs, launch_guarded
 
 VARIANTS = [v.name for v in OP.variants]
-GUARD = 64  # NaN elements after each output: a kernel writing past its end overwrites them
-
-
-def run_launcher(variant: str, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...]
-                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    return launch_guarded(OP, variant, spec, config, inputs, GUARD)
-
-
 def formula(inputs: tuple[torch.Tensor, ...], eps: float, dtype: torch.dtype = torch.float64,
             exact_centring: bool = False) -> tuple[torch.Tensor, ...]:
     """The module docstring's formulas written out (no autograd), computed in ``dtype``.
@@ -75,7 +63,7 @@ def test_kernels_match_an_independent_formula(variant: str, affine: str, device:
     inputs = OP.make_inputs(spec, seed=4, distribution="uniform", device=device)
     expected = formula(inputs, 1e-5)
     config = OP.variant(variant).space(spec).configs()[0]
-    outs, _ = run_launcher(variant, spec, config, inputs)
+    outs, _ = launch_guarded(OP, variant, spec, config, inputs)
     assert len(outs) == len(inputs) - 1  # dx, and a gradient per parameter
     for out, ref in zip(outs, expected, strict=True):
         assert out.dtype == torch.float32
@@ -92,7 +80,7 @@ def test_large_means_keep_float32_accuracy(variant: str, device: str) -> None:
         for distribution in ("offset", "normal"):
             inputs = OP.make_inputs(spec, seed=rows, distribution=distribution, device=device)
             best = formula(inputs, 1e-5, torch.float32, exact_centring=True)
-            outs, _ = run_launcher(variant, spec, OP.variant(variant).space(spec).configs()[0], inputs)
+            outs, _ = launch_guarded(OP, variant, spec, OP.variant(variant).space(spec).configs()[0], inputs)
             for out, ref64, lowp in zip(outs, OP.reference_fp64(spec, inputs), best, strict=True):
                 problem = check_close(out, ref64, lowp, OP.tolerance)
                 assert problem is None, f"{variant} {spec.describe()} {distribution}: {problem}"
@@ -291,6 +279,6 @@ def test_error_stats_of_the_kernels_are_near_float32_rounding(device: str) -> No
     spec = OP.spec((7, 341), "float32")
     inputs = OP.make_inputs(spec, seed=0, distribution="offset", device=device)
     for variant in VARIANTS:
-        outs, _ = run_launcher(variant, spec, OP.variant(variant).space(spec).configs()[0], inputs)
+        outs, _ = launch_guarded(OP, variant, spec, OP.variant(variant).space(spec).configs()[0], inputs)
         for out, ref64 in zip(outs, OP.reference_fp64(spec, inputs), strict=True):
             assert error_stats(out, ref64).rel_l2 < 1e-6, (variant, error_stats(out, ref64))

@@ -1,9 +1,7 @@
 """RMSNorm backward: specs, inputs, the references, the spaces, Gemma's weight offset, and the
 kernels against an independent formula.
 
-What the row-wise families share (every variant's config classes on small and odd shapes in
-every dtype against the float64 reference, the harness, the row groups and the parameters'
-reduction, bitwise determinism, eps) is tested once for all of them in test_rowwise_families.py.
+What the row-wise families share is tested once for all of them in test_rowwise_families.py.
 The kernels run in the Triton interpreter here (tests/conftest.py), so shapes stay small.
 """
 
@@ -16,16 +14,8 @@ from kernelsmith.evaluate.errors import check_close
 from kernelsmith.ops import UnsupportedWorkload
 from kernelsmith.ops._rowwise import BACKWARD_MAX_ROW as MAX_WHOLE_ROW
 from kernelsmith.ops.rmsnorm_backward import OP, RMSNormBackward
-from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
 from kernelsmith.testing.kernels import assert_guarded_outputs, covering_configs, launch_guarded
-
-GUARD = 64  # NaN elements after each output: a kernel writing past its end overwrites them
-
-
-def run_launcher(variant: str, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...]
-                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    return launch_guarded(OP, variant, spec, config, inputs, GUARD)
 
 
 def formula_fp64(inputs: tuple[torch.Tensor, ...], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,7 +43,7 @@ def test_kernels_match_an_independent_formula(variant: str, device: str) -> None
     inputs = OP.make_inputs(spec, seed=4, distribution="outliers", device=device)
     dx64, dw64 = formula_fp64(inputs, 1e-5)
     config = OP.variant(variant).space(spec).configs()[0]
-    (dx, dw), _ = run_launcher(variant, spec, config, inputs)
+    (dx, dw), _ = launch_guarded(OP, variant, spec, config, inputs)
     assert dw.dtype == torch.float32 and dw.shape == (200,)
     assert torch.allclose(dx.double(), dx64, rtol=1e-4, atol=1e-5 * float(dx64.abs().max()))
     assert torch.allclose(dw.double(), dw64, rtol=1e-4, atol=1e-5 * float(dw64.abs().max()))
@@ -196,9 +186,9 @@ def test_weight_offset_reaches_every_variant(variant: str, device: str) -> None:
         distribution = OP.distributions[i % len(OP.distributions)]
         inputs = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
         for config in configs if i == 3 else configs[:1]:
-            outs, guards = run_launcher(variant, spec, config, inputs)
+            outs, guards = launch_guarded(OP, variant, spec, config, inputs)
             assert_correct(spec, inputs, outs, guards, f"{variant} {config} {spec.describe()} offset 1")
-        (plain_dx, plain_dw), _ = run_launcher(variant, OP.spec(shape, dtype), configs[0], inputs)
+        (plain_dx, plain_dw), _ = launch_guarded(OP, variant, OP.spec(shape, dtype), configs[0], inputs)
         (dx64, dw64), (lowp_dx, lowp_dw) = OP.reference_fp64(spec, inputs), OP.reference(spec, inputs)
         assert check_close(plain_dx, dx64, lowp_dx, OP.tolerance) is not None
         assert check_close(plain_dw, dw64, lowp_dw, OP.tolerance) is None  # dw does not see the offset
@@ -209,7 +199,7 @@ def test_weight_offset_kernels_match_the_formula_with_the_offset_weight(variant:
     spec = OP.spec((9, 200), "float32", eps=1e-5, weight_offset=1.0)
     dy, x, w = inputs = OP.make_inputs(spec, seed=4, distribution="outliers", device=device)
     dx64, dw64 = formula_fp64((dy, x, w.double() + 1.0), 1e-5)
-    (dx, dw), _ = run_launcher(variant, spec, OP.variant(variant).space(spec).configs()[0], inputs)
+    (dx, dw), _ = launch_guarded(OP, variant, spec, OP.variant(variant).space(spec).configs()[0], inputs)
     assert torch.allclose(dx.double(), dx64, rtol=1e-4, atol=1e-5 * float(dx64.abs().max()))
     assert torch.allclose(dw.double(), dw64, rtol=1e-4, atol=1e-5 * float(dw64.abs().max()))
 
