@@ -193,18 +193,9 @@ class RoPE(OpFamily):
         _, h, s, d = shape
         return (1, min(h, 4), min(s, 16), d)
 
-    def spec(
-        self,
-        shape: tuple[int, ...],
-        dtype: str,
-        layout: str = "bhsd",
-        style: str = "half",
-        kv_heads: int | None = None,
-        rotary_dim: int | None = None,
-        memory: str | None = None,
-        batched_cos: bool = False,
-        **constants: Any,
-    ) -> OpSpec:
+    def spec(self, shape: tuple[int, ...], dtype: str, layout: str = "bhsd", style: str = "half",
+             kv_heads: int | None = None, rotary_dim: int | None = None, memory: str | None = None,
+             batched_cos: bool = False, **constants: Any) -> OpSpec:  # fmt: skip
         b, h, s, d = _ARGS.bhsd(shape, constants)
         layout = _ARGS.choice("layout", layout, LAYOUTS)
         style = _ARGS.choice("style", style, STYLES)
