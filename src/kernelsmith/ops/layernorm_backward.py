@@ -52,7 +52,7 @@ Variants (deterministic: no atomics, every sum in a fixed order)
     rows ``pid, pid + programs, ...`` with the whole row in registers (``BLOCK_N`` =
     next_power_of_two(N)): the shifted two-pass statistics, ``dx``, and its shares of ``dw`` and
     ``db`` in float32 registers, stored at the end to ``(programs, N)`` float32 scratch buffers.
-    :mod:`kernelsmith.ops._rowwise`'s reduction kernel then sums each scratch over programs, in a fixed
+    :mod:`kernelsmith.ops._rowwise_backward`'s reduction kernel then sums each scratch over programs, in a fixed
     order, into ``dw`` and ``db``. (Without a weight there is nothing to reduce: one kernel.)
 ``looped``
     For rows too wide for registers (and a contender for wide ones): the row statistics, then
