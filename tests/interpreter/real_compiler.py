@@ -9,9 +9,20 @@ no GPU and no driver, only the installed Triton's CUDA backend, so it runs here.
 Run as a script (not under pytest, whose conftest turns the interpreter on before the kernels are
 made) with ``MODULE:FUNCTION``: the function, found in a module next to this file, returns
 ``(op, variant name, spec, config)`` cases. Every case is built and launched on CPU tensors with
-the family module's ``direct_launch`` and its module-level kernels replaced by recorders, and
-every distinct (kernel, specialization) recorded is lowered. Exit status 1 and one line per
-failure on stderr if any does not lower.
+its launches recorded instead of run, and every distinct (kernel, specialization) recorded is
+lowered. Exit status 1 and one line per failure on stderr if any does not lower.
+
+Launches are recorded through :func:`kernelsmith.ops._launch.launches_through` (the switch the
+``kernelsmith::triton_kernel`` frontend builds its launchers under), so a build that hands over to
+another module's launchers is followed too; the module-level kernels of the build's own module are
+also replaced by recorders, for a kernel called as ``kernel[grid](...)``.
+
+``REAL_COMPILER_FLOATS=fp64`` types every Python float argument as ``fp64`` instead of Triton's
+own ``fp32``: the signature Inductor gives a user-defined Triton kernel's float arguments
+(``torch/_inductor/codegen/triton_utils.py``, ``signature_of``), where an eps or a scale promotes
+the kernel's float32 math to float64 unless the kernel casts it back. The kernels whose lowered
+Triton IR computes in float64 (:data:`F64_MATH`) are listed on stdout, one ``f64: ...`` line each:
+with fp64 floats, those that lower but would run float64 math on the GPU.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ import contextlib
 import importlib
 import inspect
 import os
+import re
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -32,6 +44,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
+from kernelsmith.ops._launch import launches_through  # noqa: E402
+
 TARGET = GPUTarget("cuda", 90, 32)  # the H200
 OPTIONS = ("num_warps", "num_stages")
 POINTER_TYPES = {
@@ -40,6 +54,15 @@ POINTER_TYPES = {
 }  # fmt: skip
 
 Launch = tuple[JITFunction, dict[str, Any], dict[str, Any]]  # kernel, arguments by name, options
+
+
+def float_type() -> str:
+    """The signature type of a Python float argument: Triton's ``fp32``, or Inductor's ``fp64``
+    under ``REAL_COMPILER_FLOATS=fp64`` (module docstring)."""
+    floats = os.environ.get("REAL_COMPILER_FLOATS", "fp32")
+    if floats not in ("fp32", "fp64"):
+        raise ValueError(f"REAL_COMPILER_FLOATS={floats!r}: fp32 or fp64")
+    return floats
 
 
 class _Recorder:
@@ -60,20 +83,23 @@ class _Recorder:
 
 @contextlib.contextmanager
 def recording(module: Any) -> Iterator[list[Launch]]:
-    """Replace ``module.direct_launch`` and the module's kernels by recorders for the duration."""
+    """Record every launch of the launchers built and called in this block: those made through
+    ``direct_launch`` in any module (by ``launches_through``), and ``module``'s own kernels,
+    replaced by recorders for the duration."""
     launches: list[Launch] = []
-    saved = dict(vars(module))
+    saved = {name: value for name, value in vars(module).items() if isinstance(value, JITFunction)}
+
+    def make(kernel: Any, grid: object) -> _Recorder:
+        return kernel if isinstance(kernel, _Recorder) else _Recorder(kernel, launches)
+
     try:
-        module.direct_launch = lambda kernel, grid: (
-            kernel if isinstance(kernel, _Recorder) else _Recorder(kernel, launches)
-        )
         for name, value in saved.items():
-            if isinstance(value, JITFunction):
-                setattr(module, name, _Recorder(value, launches))
-        yield launches
+            setattr(module, name, _Recorder(value, launches))
+        with launches_through(make):
+            yield launches
     finally:
-        for name in ("direct_launch", *(n for n, v in saved.items() if isinstance(v, JITFunction))):
-            setattr(module, name, saved[name])
+        for name, value in saved.items():
+            setattr(module, name, value)
 
 
 def _specialization(
@@ -81,7 +107,7 @@ def _specialization(
 ) -> tuple[dict[str, str], dict[tuple[int, ...], Any]]:
     """Triton's signature and constexprs for these arguments: tensors are pointers of their dtype,
     integers equal to 1 are specialized to the constant 1 (as Triton does), other scalars are i32,
-    i64, fp32 or i1, and the kernel's constexpr parameters are constants."""
+    i64, i1 or (a float) :func:`float_type`, and the kernel's constexpr parameters are constants."""
     signature: dict[str, str] = {}
     constants: dict[tuple[int, ...], Any] = {}
     for index, (name, value) in enumerate(arguments.items()):
@@ -97,14 +123,14 @@ def _specialization(
         elif isinstance(value, int):
             signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
         elif isinstance(value, float):
-            signature[name] = "fp32"
+            signature[name] = float_type()
         else:
             raise TypeError(f"{kernel.__name__}: argument {name} of type {type(value).__name__}")
     return signature, constants
 
 
-def lower(kernel: JITFunction, arguments: dict[str, Any], options: dict[str, Any]) -> None:
-    """Generate the TTIR of one launch; raises Triton's CompilationError where the compiler would."""
+def lower(kernel: JITFunction, arguments: dict[str, Any], options: dict[str, Any]) -> str:
+    """The TTIR of one launch, as text; raises Triton's CompilationError where the compiler would."""
     from triton._C.libtriton import ir
 
     backend = make_backend(TARGET)
@@ -114,7 +140,38 @@ def lower(kernel: JITFunction, arguments: dict[str, Any], options: dict[str, Any
     ir.load_dialects(context)
     backend.load_dialects(context)
     source = ASTSource(kernel, signature, constexprs=constants)
-    source.make_ir(TARGET, parsed, backend.get_codegen_implementation(parsed), backend.get_module_map(), context)
+    module = source.make_ir(TARGET, parsed, backend.get_codegen_implementation(parsed), backend.get_module_map(),
+                            context)  # fmt: skip
+    return str(module)
+
+
+# A float arithmetic, comparison or math-dialect op on float64, or a dot into float64
+# (``arith.mulf %a, %b : tensor<64xf64> loc(#loc7)``, ``math.rsqrt %x : f64``); a float64
+# argument merely converted or passed on is not float64 math. The TTIR prints one op a line.
+F64_MATH = re.compile(
+    r"= (arith\.(addf|subf|mulf|divf|remf|negf|cmpf|maximumf|minimumf|maxnumf|minnumf)|math\.\w+|tt\.dot)\b"
+    r"[^\n]*(: |-> )(tensor<[^>\n]*xf64>|f64)( loc\([^\n]*\))?$",
+    re.MULTILINE,
+)
+
+
+def f64_math(ttir: str) -> int:
+    """How many float64 arithmetic ops a kernel's TTIR holds (see F64_MATH)."""
+    return len(F64_MATH.findall(ttir))
+
+
+def _reason(error: BaseException) -> str:
+    """The innermost error of a failed lowering, in one line: the compiler wraps it once per call
+    level, and its CompilationError carries the kernel's whole source, of which the failing line
+    (number and text) is enough."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    node, message = getattr(error, "node", None), getattr(error, "error_message", None)
+    source = getattr(error, "src", None)
+    if node is None or not isinstance(source, str) or not hasattr(node, "lineno"):
+        return repr(error)
+    line = source.splitlines()[node.lineno - 1].strip() if node.lineno <= len(source.splitlines()) else ""
+    return f"line {node.lineno} ({line}): {message}"
 
 
 def main(target: str) -> int:
@@ -122,6 +179,7 @@ def main(target: str) -> int:
     cases = getattr(importlib.import_module(module_name), function_name)()
     lowered: set[tuple[Any, ...]] = set()
     failures: list[str] = []
+    in_f64: list[str] = []
     for op, variant, spec, config in cases:
         # The module whose direct_launch the build calls: the family's own, or its launchers' module.
         family = inspect.getmodule(op.variant(variant).build)
@@ -136,12 +194,15 @@ def main(target: str) -> int:
                 continue
             lowered.add(key)
             try:
-                lower(kernel, arguments, options)
+                ttir = lower(kernel, arguments, options)
             except Exception as error:  # every failure is reported, one line each
-                cause: BaseException = error
-                while cause.__cause__ is not None:  # the compiler wraps the error once per call level
-                    cause = cause.__cause__
-                failures.append(f"{variant} {config.key} {spec.describe()}: {kernel.__name__}: {cause!r}")
+                failures.append(f"{variant} {config.key} {spec.describe()}: {kernel.__name__}: {_reason(error)}")
+                continue
+            if f64_math(ttir):
+                in_f64.append(f"f64: {variant} {config.key} {spec.describe()}: {kernel.__name__}: "
+                              f"{f64_math(ttir)} float64 ops")  # fmt: skip
+    for line in in_f64:
+        print(line)
     for line in failures:
         print(line, file=sys.stderr)
     print(f"lowered {len(lowered)} kernel specializations, {len(failures)} failed")
