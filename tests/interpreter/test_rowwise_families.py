@@ -173,8 +173,9 @@ def _h_is_the_rounded_sum(spec: OpSpec, inputs: Sequence[torch.Tensor], outs: Se
 
 # Leading shapes: odd row counts (multiples of no ROWS), 1 row, several leading dims, and a 1-D x.
 NORM_LEADS: tuple[Shape, ...] = ((7,), (33,), (1,), (2, 3), ())
-# add_rmsnorm's further configs skip the 33 rows (the interpreter's time grows with rows times
-# loop steps); the backwards' first config also meets a 2-D lead, the others 1, 7 and 33 rows.
+# add_rmsnorm's and LayerNorm's further configs skip the 33 rows (the interpreter's time grows with
+# rows times loop steps); the backwards' first config also meets a 2-D lead, the others 1, 7 and
+# 33 rows.
 SMALL_LEADS: tuple[Shape, ...] = ((7,), (1,), (2, 3), ())
 BACKWARD_ROWS: tuple[Shape, ...] = ((1,), (7,), (33,))
 
@@ -263,8 +264,9 @@ FAMILIES = {
                harness=(*(Harness(v, (9, 200), "bfloat16") for v in ("whole_row", "multi_row", "looped",
                                                                     "persistent")),
                         Harness("whole_row", (9, 200), "bfloat16", OFFSET), *REALIGNED_HARNESS)),
-        # the last covering config on every lead: for welford the widest block, the fastest to interpret
-        Family("layernorm", LAYERNORM, ("y",), norm_cases(NORM_LEADS, NORM_LEADS, first=1),
+        # the last covering config on every lead (for welford the widest block, the fastest to
+        # interpret), the others on the smaller leads, as add_rmsnorm's
+        Family("layernorm", LAYERNORM, ("y",), norm_cases(NORM_LEADS, SMALL_LEADS, first=1),
                forms=tuple({"affine": a} for a in AFFINE), realigned=LAYERNORM_REALIGNED, eps=(1e-5, 1.0),
                multi_row_distribution="offset", persistent=({"affine": "weight"}, "uniform"),
                harness=(Harness("two_pass", (5, 100), "float16", {"affine": "weight_bias"}, "covering"),
