@@ -15,6 +15,9 @@
 #               TEST_ISOLATE=1: a process per path, so one CUDA fault fails only its file)
 #   overhead    benchmarks/dispatch_overhead.py              (120 s)
 #   ops         benchmarks/ops.py $OPS_ARGS                  (OPS_TIMEOUT, default 540 s)
+#   ops-before  the same in $BEFORE_TREE (default before/: an export of an older commit, e.g.
+#               git archive REV src benchmarks pyproject.toml | tar -x -C before), on its own package and
+#               database: LANE0="ops-before ops", then benchmarks/compare_ops.py ops-before.json ops.json
 #   attention   benchmarks/attention.py $ATTENTION_ARGS      (ATTENTION_TIMEOUT, default 300 s)
 #   matmul      benchmarks/matmul.py $MATMUL_ARGS            (MATMUL_TIMEOUT, default 300 s)
 #   decode      benchmarks/decode.py --budget $DECODE_BUDGET $DECODE_ARGS (DECODE_TIMEOUT, default 900 s):
@@ -46,6 +49,7 @@ set -uo pipefail
 OUT=${OUT:-out}
 RESULTS=${RESULTS:-/tmp/ks-session}
 mkdir -p "$OUT" "$RESULTS"
+REPO=$PWD
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -84,6 +88,10 @@ step() {  # step NAME: one step, its log in $RESULTS/NAME.log, then a marker $RE
            fi ;;
     overhead) timeout 120 python3 benchmarks/dispatch_overhead.py --out "$RESULTS/overhead.json" ;;
     ops) timeout "${OPS_TIMEOUT:-540}" python3 benchmarks/ops.py --out "$RESULTS/ops.json" ${OPS_ARGS:-} ;;
+    ops-before) # the old tree's own benchmark on the old tree's package, its own database
+           (cd "${BEFORE_TREE:-before}" && export PYTHONPATH="$PWD/src${PYTHONPATH#"$REPO/src"}" \
+            && timeout "${OPS_TIMEOUT:-540}" python3 benchmarks/ops.py --out "$RESULTS/ops-before.json" \
+                 --db /tmp/ks-ops-before.db ${OPS_ARGS:-}) ;;
     attention) timeout "${ATTENTION_TIMEOUT:-300}" python3 benchmarks/attention.py --out "$RESULTS/attention.json" \
                  --db "/tmp/ks-attention.db" ${ATTENTION_ARGS:-} ;;
     matmul) timeout "${MATMUL_TIMEOUT:-300}" python3 benchmarks/matmul.py --out "$RESULTS/matmul.json" \
