@@ -25,8 +25,9 @@ from kernelsmith.space import Config, next_power_of_two
 from kernelsmith.spec import OpSpec
 from kernelsmith.testing.kernels import covering_configs
 
-# The four schedules; aligned_row (the realigned rows) has its own cases at the end.
-VARIANTS = [v.name for v in OP.variants if v.name != "aligned_row"]
+# The four schedules; aligned_row (the realigned rows) has its own cases at the end, split_row (rows
+# of more than 8 KB cut across programs) its own file, test_layernorm_split_row.py.
+VARIANTS = [v.name for v in OP.variants if v.name not in ("aligned_row", "split_row")]
 DTYPES = ("float16", "bfloat16", "float32")
 GUARD = 64  # NaN elements after the output: a kernel writing past its end overwrites them
 
@@ -346,6 +347,7 @@ def test_spaces_are_non_empty_and_valid(width: int) -> None:
                 "multi_row": block_n > 8192,
                 "persistent": block_n + block_n * AFFINE_PARAMS[affine] // 2 > 16384,
                 "aligned_row": block_n > 16384 or width % 16 == 0,  # rows Triton proves aligned
+                "split_row": width * 2 <= 8192,  # rows of 8 KB or less are not split
             }[variant.name]
             assert (len(space) == 0) == expected_empty, (variant.name, width, affine)
             for config in space:
@@ -361,6 +363,8 @@ def test_space_sizes_are_modest(shape: tuple[int, int]) -> None:
             spec = OP.spec(shape, dtype, affine=affine)
             sizes = {v.name: len(v.space(spec)) for v in OP.variants}
             assert sizes.pop("aligned_row") == 0  # Triton proves these rows aligned: two_pass is the same kernel
+            row_bytes = shape[1] * spec.inputs[0].torch_dtype.itemsize
+            assert (sizes.pop("split_row") == 0) == (row_bytes <= 8192)  # only rows of more than 8 KB are split
             assert all(size > 0 for size in sizes.values()), sizes
             assert 100 <= sum(sizes.values()) <= 250, (shape, dtype, affine, sizes)
     assert len({v.source_hash for v in OP.variants}) == len(OP.variants)

@@ -34,7 +34,9 @@ here instead sums squares of *centred* values, which are small, so no cancellati
   compute the mean, then the variance of ``x - mean`` (the classical two-pass algorithm);
 - ``welford``, which streams the row in blocks, keeps Welford's running mean and ``M2`` (sum of
   squared deviations from the running mean) per lane and merges the lanes with Chan, Golub &
-  LeVeque's formula, ``M2 = sum M2_j + sum n_j (mean_j - mean)^2``: same-signed terms only.
+  LeVeque's formula, ``M2 = sum M2_j + sum n_j (mean_j - mean)^2``: same-signed terms only;
+- ``split_row`` computes each chunk's two-pass statistics (count, mean, ``M2``) in registers and
+  merges the chunks with the same formula.
 
 That alone still leaves the centred values ``x - mean`` wrong by the rounding error of ``mean``
 itself: half a float32 ulp of 300 is 1.5e-5, against a spread of 1. PyTorch's float32 result has
@@ -57,7 +59,7 @@ The variants
     One program per row; the whole (power-of-two padded) row sits in registers, so ``x`` is read
     once: sum it for the mean, sum the squared centred values for the variance, normalise, store.
     The default for the usual hidden sizes (768 to 16384); rows wider than 16384 do not fit
-    without spilling registers (``welford`` takes them).
+    without spilling registers (``welford`` and ``split_row`` take them).
 ``welford``
     One program per row, two loops over column blocks of ``BLOCK_N``. The first computes the
     statistics in one pass: every lane ``j`` keeps a Welford running mean and ``M2`` of the
@@ -78,9 +80,14 @@ The variants
 ``aligned_row``
     ``two_pass`` on a row cut into a 16-byte-aligned body (vector loads and stores) and a short
     head and tail, for widths that are not a multiple of 16, whose rows Triton cannot prove
-    aligned (see the row-wise skeleton's section on them). (The skeleton's ``split_row`` is not
-    offered here yet: its statistics would be each chunk's count, mean and ``M2``, merged with
-    Chan's formula.)
+    aligned (see the row-wise skeleton's section on them).
+``split_row``
+    ``(row, chunk)`` programs and two launches (the skeleton's schedule): each chunk's count,
+    mean and ``M2`` into a float32 scratch, then each chunk normalised with the row's statistics,
+    the chunks' merged with Chan's formula in one fixed order (deterministic, no atomics; the
+    kernels: :mod:`kernelsmith.ops._layernorm_split`). For rows of more than 8 KB: rows too wide
+    for one program's registers, and few wide rows, where one program a row leaves most
+    multiprocessors idle; it reads ``x`` twice (the second time from L2 on small workloads).
 
 ``num_stages`` is a parameter of the kernels with a loop (``welford``, ``persistent``) only: the
 compiler software-pipelines loops, so the loop-free kernels would compile to the same code for
@@ -114,7 +121,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from kernelsmith.ops import _layernorm_kernels
+from kernelsmith.ops import _layernorm_kernels, _layernorm_split
 from kernelsmith.ops import _rowwise as skeleton
 from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, check_eps, generator, rows_and_width
 from kernelsmith.ops._layernorm_kernels import (
@@ -131,7 +138,8 @@ DEFAULT_EPS = 1e-5  # torch.nn.LayerNorm's default
 AFFINE = ("weight_bias", "weight", "none")  # which of weight and bias the op applies
 AFFINE_PARAMS = {"weight_bias": 2, "weight": 1, "none": 0}  # how many parameter tensors follow x
 
-# The kernels are in kernelsmith.ops._layernorm_kernels.
+# The kernels are in kernelsmith.ops._layernorm_kernels, split_row's in kernelsmith.ops._layernorm_split
+# (imported as a module: the other variants' source hashes do not cover it).
 
 
 # =================================================================================================
@@ -192,6 +200,11 @@ def _aligned_row_space(spec: OpSpec) -> Space:
     return skeleton.aligned_row_space(spec, skeleton.LAYERNORM_WARPS, max_row=_WHOLE_ROW_MAX_BLOCK)
 
 
+def _split_row_space(spec: OpSpec) -> Space:
+    # A chunk of BLOCK_N body elements in registers (and the 2 * ALIGN edge lanes: a few more).
+    return skeleton.split_row_space(spec, skeleton.LAYERNORM_WARPS)
+
+
 # variant -> its kernel, its space, and whether the kernel takes NUM_STAGES (it has a loop).
 _KERNELS: dict[str, tuple[Any, Callable[[OpSpec], Space], bool]] = {
     "two_pass": (_layernorm_two_pass_kernel, _two_pass_space, False),
@@ -202,7 +215,34 @@ _KERNELS: dict[str, tuple[Any, Callable[[OpSpec], Space], bool]] = {
 }
 
 
+def _space_of(variant: str) -> Callable[[OpSpec], Space]:
+    return _split_row_space if variant == "split_row" else _KERNELS[variant][1]
+
+
+def _split_row_launcher(spec: OpSpec, config: Config, save_stats: bool) -> Launcher:
+    """split_row's two launches (the skeleton's launcher), with a (rows, chunks, 3) scratch."""
+    skeleton.checked("layernorm", _split_row_space(spec), config)
+    has_weight, has_bias = _has_weight_and_bias(spec)
+
+    def apply_tensors(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor],
+                      partial: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # (x, weight, bias, y, mean, rstd, partial), placeholders (x, y) for what the op lacks.
+        x, y = inputs[0], outputs[0]
+        w = inputs[1] if has_weight else x
+        b = inputs[2] if has_bias else x
+        mean, rstd = (outputs[1], outputs[2]) if save_stats else (y, y)
+        return x, w, b, y, mean, rstd, partial
+
+    stats = skeleton.SplitKernel(_layernorm_split._layernorm_split_stats_kernel,
+                                 lambda inputs, outputs, partial: (inputs[0], partial))
+    apply = skeleton.SplitKernel(_layernorm_split._layernorm_split_apply_kernel, apply_tensors, skeleton.eps_of(spec),
+                                 (("HAS_WEIGHT", has_weight), ("HAS_BIAS", has_bias), ("STORE_STATS", save_stats)))
+    return skeleton.split_row_launcher(spec, config, stats, apply, n_stats=_layernorm_split.N_STATS)
+
+
 def _launcher(variant: str, spec: OpSpec, config: Config, save_stats: bool) -> Launcher:
+    if variant == "split_row":
+        return _split_row_launcher(spec, config, save_stats)
     kernel, space, pipelined = _KERNELS[variant]
     skeleton.checked("layernorm", space(spec), config)
     has_weight, has_bias = _has_weight_and_bias(spec)
@@ -226,8 +266,11 @@ def _variant(name: str, summary: str) -> Variant:
     def build(spec: OpSpec, config: Config) -> Launcher:
         return _launcher(name, spec, config, save_stats=False)
 
-    # The source hash covers the kernels' module and the skeleton's as well as this one.
-    return Variant(name, summary, _KERNELS[name][1], build, modules=(skeleton.__name__, _layernorm_kernels.__name__))
+    # The source hash covers the kernels' module and the skeleton's as well as this one (and
+    # split_row's own kernels' module, which calls the other's jitted helpers).
+    split = (_layernorm_split.__name__,) if name == "split_row" else ()
+    return Variant(name, summary, _space_of(name), build,
+                   modules=(skeleton.__name__, _layernorm_kernels.__name__, *split))
 
 
 # ---- with statistics (for a training forward and the backward) -----------------------------------
@@ -243,8 +286,9 @@ def stats_output_specs(spec: OpSpec) -> tuple[TensorSpec, ...]:
 def build_with_stats(variant: str, spec: OpSpec, config: Config) -> Launcher:
     """The launcher of ``variant`` that also writes each row's mean and rstd: it takes the
     outputs ``(y, mean, rstd)`` of :func:`stats_output_specs` (contiguous)."""
-    if variant not in _KERNELS:
-        raise KeyError(f"layernorm has no variant {variant!r} (known: {sorted(_KERNELS)})")
+    known = (*_KERNELS, "split_row")
+    if variant not in known:
+        raise KeyError(f"layernorm has no variant {variant!r} (known: {sorted(known)})")
     return _launcher(variant, spec, config, save_stats=True)
 
 
@@ -294,6 +338,8 @@ class LayerNorm(LayerNormSpecs):
                  "whole rows in registers, a fixed grid of programs striding over the rows, parameters loaded once"),
         _variant("aligned_row", "two_pass with each row's 16-byte-aligned body apart from its head and tail, for "
                  "widths whose rows Triton cannot prove aligned"),
+        _variant("split_row", "(row, chunk) programs: chunk counts, means and M2, then each chunk normalised with "
+                 "the row's merged statistics; for wide rows and few rows"),
     )
 
     # ---- specs (spec: LayerNormSpecs') ------------------------------------------------------------
