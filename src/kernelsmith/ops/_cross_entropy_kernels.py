@@ -175,6 +175,7 @@ def _ce_online_row_kernel(
     SMOOTH: tl.constexpr,  # label_smoothing > 0: also accumulate the sum of the logits
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the loop (1: none)
 ):  # fmt: skip
+    smoothing = tl.cast(smoothing, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row, x_row, target, valid = _ce_program_row(x_ptr, t_ptr, x_row_stride, ignore_index)
     x_t = _ce_target_logit(x_row, target, valid, n_cols)
 
@@ -190,6 +191,7 @@ def _ce_whole_row_kernel(
     SMOOTH: tl.constexpr,
     EVICT_X: tl.constexpr,  # "" or "evict_first": the logits are read once
 ):  # fmt: skip
+    smoothing = tl.cast(smoothing, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row, x_row, target, valid = _ce_program_row(x_ptr, t_ptr, x_row_stride, ignore_index)
     x_t = _ce_target_logit(x_row, target, valid, n_cols)
     _, m, _, s, sum_x = _ce_whole_row_stats(x_row, n_cols, valid, BLOCK_V, SMOOTH, EVICT_X)
@@ -230,6 +232,7 @@ def _ce_split_combine_kernel(
     SMOOTH: tl.constexpr,
     REDUCE: tl.constexpr,  # 0: write per-row losses; 1: their sum; 2: their mean (grid of 1)
 ):  # fmt: skip
+    smoothing = tl.cast(smoothing, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     rows64, row_mask, target, valid = _ce_program_rows(t_ptr, n_rows, ignore_index, ROWS)
     x_t = _ce_target_logit(x_ptr + rows64 * x_row_stride, target, valid, n_cols)
     m, s, sum_x, _, _ = _ce_merge_chunks(stats_ptr, rows64, row_mask, valid, n_chunks, plane_stride, CHUNKS, 2, SMOOTH)
@@ -365,6 +368,8 @@ def _ceb_online_row_kernel(
 ):  # fmt: skip
     """One row's statistics (and loss), then its gradient; ``dx_ptr`` may be ``x_ptr`` (each
     element is read before it is written, by the same program)."""
+    smoothing = tl.cast(smoothing, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
+    softcap = tl.cast(softcap, tl.float32)
     row, x_row, target, valid = _ce_program_row(x_ptr, t_ptr, x_row_stride, ignore_index)
     dx_row = dx_ptr + row * dx_row_stride
     n_read = tl.where(valid, n_cols, 0)  # an ignored row reads nothing
@@ -389,6 +394,7 @@ def _ceb_whole_row_kernel(
     SCALE: tl.constexpr, LOSS: tl.constexpr, SMOOTH: tl.constexpr,
     EVICT_X: tl.constexpr,  # "" or "evict_first": the logits are read once
 ):  # fmt: skip
+    smoothing = tl.cast(smoothing, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row, x_row, target, valid = _ce_program_row(x_ptr, t_ptr, x_row_stride, ignore_index)
 
     cols, m, e, s, sum_x = _ce_whole_row_stats(x_row, n_cols, valid, BLOCK_V, SMOOTH, EVICT_X)
@@ -415,6 +421,7 @@ def _ceb_split_grad_kernel(
     SCALE: tl.constexpr, LOSS: tl.constexpr, SMOOTH: tl.constexpr, NUM_STAGES: tl.constexpr,
 ):  # fmt: skip
     """Program (row, chunk): combine the row's chunk statistics, then write the chunk's gradient."""
+    smoothing = tl.cast(smoothing, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row, x_row, target, valid = _ce_program_row(x_ptr, t_ptr, x_row_stride, ignore_index)
     chunk = tl.program_id(1)
     dx_row = dx_ptr + row * dx_row_stride

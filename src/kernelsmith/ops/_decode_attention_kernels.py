@@ -139,6 +139,7 @@ def _decode_attn_kernel(
     [0, position), and the last split alone adds the new key and value (``kn_ptr``/``vn_ptr``,
     (B, Hk, 1, D)) from registers and stores them into the cache at the position: no program
     reads the row being written."""
+    qk_scale = tl.cast(qk_scale, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     ROWS: tl.constexpr = GROUP * Q_LEN
     bh = tl.program_id(0)
     split = tl.program_id(1)

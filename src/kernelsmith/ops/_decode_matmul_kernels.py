@@ -225,6 +225,7 @@ def _decode_gemv_kernel(
     """gemv: program i computes rows block i % (M blocks) of weight rows block i // (M blocks)
     over all of K (so the RMSNorm sum of squares comes with the loop), then the epilogue and the
     store (M blocks of one N block run together)."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     num_pid_m = tl.cdiv(M, BLOCK_M)
     pid = tl.program_id(0)
     pid_m = pid % num_pid_m
@@ -257,6 +258,7 @@ def _decode_split_k_kernel(
     all of K, read again) and the epilogue, stores, and sets the counter back to 0 for the next
     launch: one launch instead of two. Otherwise the matmul family's reduction kernel runs next
     (no RMSNorm or RoPE then: the spaces say so)."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_blocks = tl.cdiv(K, BLOCK_K)

@@ -102,6 +102,7 @@ def _lce_stats_kernel(
 ):  # fmt: skip
     """Program (row block, split): the online log-sum-exp of the logits of BLOCK_M rows over the
     split's ``split_cols`` columns (a multiple of BLOCK_N), tile by tile, logits in registers."""
+    softcap = tl.cast(softcap, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     pid_m = tl.program_id(0)
     split = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -147,6 +148,7 @@ def _lce_combine_kernel(
     """Per-row losses from the splits' statistics: cross-entropy's merge of chunk statistics
     (the sum of logits in plane 3), and ``z[t]`` from plane 2 (the split holding the target's
     column stored it, the others 0)."""
+    smoothing = tl.cast(smoothing, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     rows64, row_mask, target, valid = _ce_program_rows(t_ptr, T, ignore_index, ROWS)
     m, s, sum_z, at, mask = _ce_merge_chunks(stats_ptr, rows64, row_mask, valid, n_splits, plane_stride, SPLITS, 3,
                                              SMOOTH)  # fmt: skip
@@ -167,6 +169,7 @@ def _lceb_logits_kernel(
     CAP: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """Step 1: tile (pid_m, pid_n) of the chunk's float32 logits."""
+    softcap = tl.cast(softcap, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

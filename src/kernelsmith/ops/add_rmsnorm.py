@@ -153,6 +153,7 @@ def _add_rmsnorm_whole_row_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, x_row_strid
                                   h_row_stride, N, eps, BLOCK_N: tl.constexpr, EVICT_X: tl.constexpr,
                                   WEIGHT_OFFSET: tl.constexpr):
     """One program a row, the whole row (``BLOCK_N``, the padded row) in registers."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
@@ -177,6 +178,7 @@ def _add_rmsnorm_multi_row_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, x_row_strid
                                   h_row_stride, n_rows, N, eps, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
                                   WEIGHT_OFFSET: tl.constexpr):
     """``ROWS`` rows a program, as one [ROWS, BLOCK_N] block (``BLOCK_N``: the padded row)."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < N
@@ -205,6 +207,7 @@ def _add_rmsnorm_looped_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, x_row_stride, 
                                WEIGHT_OFFSET: tl.constexpr):
     """One program a row, two passes over column blocks of ``BLOCK_N``, each loop pipelined
     ``NUM_STAGES`` deep (1: not at all)."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
     r_row = r_ptr + row * r_row_stride
@@ -245,6 +248,7 @@ def _add_rmsnorm_persistent_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, x_row_stri
                                    WEIGHT_OFFSET: tl.constexpr):
     """A fixed grid of programs walking rows ``pid, pid + programs, ...`` (whole rows of
     ``BLOCK_N``), the row loop pipelined ``NUM_STAGES`` deep; the weight is loaded once."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # once per program
@@ -290,6 +294,7 @@ def _add_rmsnorm_aligned_row_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, N, eps, B
                                     EVICT_X: tl.constexpr, WEIGHT_OFFSET: tl.constexpr, ALIGN: tl.constexpr):
     """whole_row on a row cut into an aligned body and a head and tail, so that the body's loads
     and stores are 16-byte vectors whatever the width."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row_start = tl.program_id(0).to(tl.int64) * N
     body, body_mask, hf, edge, edge_mask, hf_edge = _add_pieces(x_ptr, r_ptr, h_ptr, row_start, N, 0, BLOCK_N,
                                                                 ALIGN, EVICT_X)
@@ -315,6 +320,7 @@ def _add_rmsnorm_split_apply_kernel(h_ptr, w_ptr, y_ptr, partial_ptr, N, eps, BL
                                     SPLITS: tl.constexpr, ALIGN: tl.constexpr, WEIGHT_OFFSET: tl.constexpr):
     """split_row, second launch: the row's rstd from its chunks' sums (one fixed order), then the
     chunk's y from the rounded h the first launch stored (one tensor re-read, as looped does)."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     chunks = tl.num_programs(1)

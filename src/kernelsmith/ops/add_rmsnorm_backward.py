@@ -112,6 +112,7 @@ def _two_stage_rows_kernel(
     WEIGHT_OFFSET: tl.constexpr,  # added to the weight (Gemma: 1.0); 0.0 compiles no add
 ):
     """Rows pid, pid + programs, ...: dsum for each, and the sum of their dy * h * r."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     cols, mask = row_columns(BLOCK_N, N)
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
     w = scaled_weight(w_ptr, cols, mask, WEIGHT_OFFSET)

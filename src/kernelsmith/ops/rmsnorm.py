@@ -114,6 +114,7 @@ DEFAULT_EPS = 1e-6
 def _rmsnorm_whole_row_kernel(x_ptr, w_ptr, y_ptr, x_row_stride, y_row_stride, N, eps,
                               BLOCK_N: tl.constexpr, EVICT_X: tl.constexpr, WEIGHT_OFFSET: tl.constexpr):
     """One program normalises one row held entirely in registers (BLOCK_N >= N)."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)  # 64-bit, so that row * stride cannot overflow
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
@@ -135,6 +136,7 @@ def _rmsnorm_multi_row_kernel(x_ptr, w_ptr, y_ptr, x_row_stride, y_row_stride, n
                               ROWS: tl.constexpr, BLOCK_N: tl.constexpr, WEIGHT_OFFSET: tl.constexpr):
     """Program ``pid`` normalises rows ``pid * ROWS`` to ``pid * ROWS + ROWS - 1``, as one
     [ROWS, BLOCK_N] block."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rows64 = rows.to(tl.int64)  # for the offsets
     cols = tl.arange(0, BLOCK_N)
@@ -160,6 +162,7 @@ def _rmsnorm_multi_row_kernel(x_ptr, w_ptr, y_ptr, x_row_stride, y_row_stride, n
 def _rmsnorm_looped_kernel(x_ptr, w_ptr, y_ptr, x_row_stride, y_row_stride, N, eps,
                            BLOCK_N: tl.constexpr, WEIGHT_OFFSET: tl.constexpr):
     """One program normalises one row in two passes over column blocks of BLOCK_N."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
     y_row = y_ptr + row * y_row_stride
@@ -191,6 +194,7 @@ def _rmsnorm_persistent_kernel(x_ptr, w_ptr, y_ptr, x_row_stride, y_row_stride, 
                                BLOCK_N: tl.constexpr, WEIGHT_OFFSET: tl.constexpr):
     """A fixed grid of programs; each loads the weight once, then normalises rows
     pid, pid + num_programs, pid + 2 * num_programs, ... (a grid-stride loop)."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     # A 64-bit start makes the loop counter 64-bit (the compiler gives it the widest type of
     # start, end and step), so that row * stride cannot overflow.
     first_row = tl.program_id(0).to(tl.int64)
@@ -222,6 +226,7 @@ def _rmsnorm_aligned_row_kernel(x_ptr, w_ptr, y_ptr, N, eps, BLOCK_N: tl.constex
                                 WEIGHT_OFFSET: tl.constexpr, ALIGN: tl.constexpr):  # ALIGN: elements in 16 bytes
     """whole_row on a row cut into an aligned body and a head and tail (``skeleton.row_pieces``),
     so that the body's loads and stores are 16-byte vectors whatever the width."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row_start = tl.program_id(0).to(tl.int64) * N
     body, body_mask, edge, edge_mask = skeleton.row_pieces(row_start, N, 0, BLOCK_N, ALIGN)
     x = tl.load(x_ptr + body, mask=body_mask, other=0.0, eviction_policy=EVICT_X).to(tl.float32)
@@ -251,6 +256,7 @@ def _rmsnorm_split_apply_kernel(x_ptr, w_ptr, y_ptr, partial_ptr, N, eps, BLOCK_
                                 SPLITS: tl.constexpr, ALIGN: tl.constexpr, WEIGHT_OFFSET: tl.constexpr):
     """split_row, second launch: the row's rstd from its chunks' sums (added in one fixed order),
     then the chunk normalised again from x."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     chunks = tl.num_programs(1)

@@ -134,6 +134,7 @@ def _two_stage_rows_kernel(
     WEIGHT_OFFSET: tl.constexpr,
 ):
     """Rows pid, pid + programs, ...: dx for each, and the sum of their dy * x * r."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     cols, mask = row_columns(BLOCK_N, N)
     w = scaled_weight(w_ptr, cols, mask, WEIGHT_OFFSET)
     dw = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -160,6 +161,7 @@ def _looped_stats_kernel(
     WEIGHT_OFFSET: tl.constexpr = 0.0,
 ):
     """One program per row: both row reductions in one pass over column blocks."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     sum_sq = tl.zeros([BLOCK_N], dtype=tl.float32)
     sum_gx = tl.zeros([BLOCK_N], dtype=tl.float32)
