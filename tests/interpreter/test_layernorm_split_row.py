@@ -219,7 +219,7 @@ def test_the_space() -> None:
 _LOWER = """
 import sys
 import torch
-from real_compiler import lower, recording
+from real_compiler import f64_math, lower, recording
 from kernelsmith.ops import layernorm
 from kernelsmith.ops.layernorm import OP, build_with_stats, stats_output_specs
 names = set()
@@ -237,20 +237,24 @@ for (shape, dtype), affine, stats, pick in __CASES__:
             OP.variant("split_row").build(spec, config)(inputs, outputs)
     assert len(launches) == 2, launches
     for kernel, arguments, options in launches:
-        lower(kernel, arguments, options)
+        # no float64 math, even with eps typed fp64 (REAL_COMPILER_FLOATS=fp64: Inductor's typing)
+        assert f64_math(lower(kernel, arguments, options)) == 0, (kernel.__name__, spec.describe(), config)
         names.add(kernel.__name__)
 print("lowered", sorted(names))
 """
 
 
-def test_both_kernels_lower_under_the_real_triton_compiler() -> None:
+@pytest.mark.parametrize("floats", ["fp32", "fp64"])
+def test_both_kernels_lower_under_the_real_triton_compiler(floats: str) -> None:
     """Every affine form, with and without the statistics, each dtype, the narrowest chunks and
-    the widest (ALIGN 4 and 8)."""
+    the widest (ALIGN 4 and 8); eps typed as Triton types it (fp32) and as Inductor does (fp64),
+    float32 math either way."""
     cases = [(((3, 4099), DTYPES[i % 3]), affine, stats, pick)
              for i, (affine, stats, pick) in enumerate(product(AFFINE, (False, True), (0, -1)))]
     code = _LOWER.replace("__CASES__", repr(cases))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    env["REAL_COMPILER_FLOATS"] = floats
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
                           check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-6000:]

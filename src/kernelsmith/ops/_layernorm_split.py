@@ -94,6 +94,7 @@ def _layernorm_split_apply_kernel(
 ):
     """split_row, second launch: the row's mean and rstd from its chunks' statistics (Chan's
     merge, in one fixed order), then the chunk normalised again from x."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     chunks = tl.num_programs(1)
