@@ -85,32 +85,15 @@ def _configs(op: OpFamily, variant: str, spec: OpSpec) -> list[Config]:
     return list({c.key: c for c in configs[:1] + configs[-1:]}.values())
 
 
-# Families whose kernels do not yet keep float32 math with fp64 floats (their files were being
-# edited by another change when this test was written); the fix is the others': the scalar cast
-# to float32 at the top of the kernel. softmax: the online kernel's running max turns fp64 inside
-# its loop (does not lower), the others compute in float64; mean: tl.math.div_rn by the fp64 width
-# (does not lower); layernorm_backward: two_stage's dw turns fp64 inside its loop (does not lower),
-# looped's statistics compute in float64; layernorm: every kernel's rstd computes in float64.
-PENDING = ("layernorm", "layernorm_backward", "mean", "softmax")
-
-
-def _cases(names: list[str]) -> list[tuple[OpFamily, str, OpSpec, Config]]:
-    """Every variant of the families ``names``, on each of their SPECS, at the ends of its space."""
+def float_scalar_cases() -> list[tuple[OpFamily, str, OpSpec, Config]]:
+    """Every variant of every family, on each of its SPECS, at the ends of its space."""
     cases = []
-    for name in names:
+    for name, specs in SPECS.items():
         op = get_op(name)
-        for shape, dtype, constants in SPECS[name]:
+        for shape, dtype, constants in specs:
             spec = op.spec(shape, dtype, **constants)
             cases += [(op, v.name, spec, c) for v in op.variants for c in _configs(op, v.name, spec)]
     return cases
-
-
-def float_scalar_cases() -> list[tuple[OpFamily, str, OpSpec, Config]]:
-    return _cases([name for name in SPECS if name not in PENDING])
-
-
-def pending_cases() -> list[tuple[OpFamily, str, OpSpec, Config]]:
-    return _cases(list(PENDING))
 
 
 def _lower(target: str, floats: str) -> dict[str, int]:
@@ -144,23 +127,14 @@ def test_the_cases_cover_every_family_and_variant() -> None:
     interpreter nor a GPU and so no tensor descriptors: their kernels lower on the H200, where
     every test compiles for real.)"""
     assert set(SPECS) == set(op_names())
-    covered = {(op.name, variant) for op, variant, _, _ in float_scalar_cases() + pending_cases()}
+    covered = {(op.name, variant) for op, variant, _, _ in float_scalar_cases()}
     assert covered == {(name, v.name) for name in op_names() for v in get_op(name).variants}
 
 
 # As real_compiler.py's other users: it records launchers built on CPU tensors, where no GPU is.
-NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="real_compiler.py runs where there is no GPU")
-
-
-@NO_GPU
+@pytest.mark.skipif(torch.cuda.is_available(), reason="real_compiler.py runs where there is no GPU")
 def test_every_kernel_keeps_float32_math_with_fp64_float_scalars() -> None:
     """The real front end lowers every kernel launched by the cases with its float arguments
     typed fp64, as Inductor types them, and into the same float32 math as with fp32 (module docstring)."""
     _assert_float32_math("test_inductor_float_scalars:float_scalar_cases")
 
-
-@NO_GPU
-@pytest.mark.xfail(strict=True, reason="PENDING: these families' kernels do not cast their float scalars yet")
-def test_the_pending_families_keep_float32_math_with_fp64_float_scalars() -> None:
-    """PENDING's families fail the test above; once they pass, they join the others (strict)."""
-    _assert_float32_math("test_inductor_float_scalars:pending_cases")

@@ -132,6 +132,7 @@ def _layernorm_two_pass_kernel(
     EVICT_X: tl.constexpr,  # "" or "evict_first": x is read once, so it need not stay in L2
 ):
     """One program normalises one row held entirely in registers (BLOCK_N >= N)."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)  # 64-bit, so that row * stride cannot overflow
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
@@ -155,6 +156,7 @@ def _layernorm_aligned_row_kernel(
     """two_pass on a row cut into an aligned body and a head and tail (``skeleton.row_pieces``),
     so that the body's loads and stores are 16-byte vectors whatever the width: the same shift,
     mean and centred variance, each a sum over both pieces."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     row_start = row * N
     body, body_mask, edge, edge_mask = skeleton.row_pieces(row_start, N, 0, BLOCK_N, ALIGN)
@@ -183,6 +185,7 @@ def _layernorm_welford_kernel(
 ):
     """One program normalises one row: a Welford pass for the statistics, then a normalising
     pass, both over column blocks of BLOCK_N."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
     y_row = y_ptr + row * y_row_stride
@@ -221,6 +224,7 @@ def _layernorm_multi_row_kernel(
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr,  # rows per program; next_power_of_two(N)
 ):
     """One program normalises ROWS consecutive rows as a [ROWS, BLOCK_N] block."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     row_mask = rows < n_rows  # the last program may run past the final row
@@ -253,6 +257,7 @@ def _layernorm_persistent_kernel(
 ):
     """A fixed grid of programs; each loads the parameters once, then normalises rows
     pid, pid + num_programs, pid + 2 * num_programs, ... (a grid-stride loop)."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
     if HAS_WEIGHT:

@@ -167,6 +167,7 @@ def _two_stage_rows_kernel(
     HAS_BIAS: tl.constexpr,
 ):
     """Rows pid, pid + programs, ...: dx for each, and the sums of their dy * xhat and dy."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     cols, mask = row_columns(BLOCK_N, N)
     if HAS_WEIGHT:
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -200,6 +201,7 @@ def _looped_stats_kernel(
     HAS_WEIGHT: tl.constexpr,
 ):
     """One program per row: all four row statistics in one pass over column blocks."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     shift = _shift(x_ptr, row, x_row_stride)

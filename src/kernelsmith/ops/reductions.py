@@ -151,6 +151,7 @@ def _reduce_whole_row_kernel(
     BLOCK_N: tl.constexpr,  # next_power_of_two(n_cols): the whole row in one block
     EVICT_X: tl.constexpr,  # "" or "evict_first": x is read once, so it need not stay in L2
 ):
+    width = tl.cast(width, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
@@ -165,6 +166,7 @@ def _reduce_looped_kernel(
     BLOCK_N: tl.constexpr,  # columns per loop step; the row may be any multiple of it, or not
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the loop (1: none)
 ):
+    width = tl.cast(width, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
     cols = tl.arange(0, BLOCK_N)
@@ -200,6 +202,7 @@ def _reduce_multi_row_kernel(
     ROWS: tl.constexpr,  # rows per program
     BLOCK_N: tl.constexpr,  # next_power_of_two(n_cols)
 ):
+    width = tl.cast(width, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     row_mask = rows < n_rows  # the last program may run past the end when ROWS does not divide

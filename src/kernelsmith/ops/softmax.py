@@ -117,6 +117,7 @@ def _softmax_whole_row_kernel(
     EVICT_X: tl.constexpr,  # "" or "evict_first": x is read once, so it need not stay in L2
     HAS_SCALE: tl.constexpr,  # False: no multiply is compiled (the plain softmax)
 ):
+    scale = tl.cast(scale, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
@@ -139,6 +140,7 @@ def _softmax_online_kernel(
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of both loops (1: none)
     HAS_SCALE: tl.constexpr,
 ):
+    scale = tl.cast(scale, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_row_stride
     y_row = y_ptr + row * y_row_stride
@@ -190,6 +192,7 @@ def _softmax_multi_row_kernel(
     BLOCK_N: tl.constexpr,  # next_power_of_two(n_cols)
     HAS_SCALE: tl.constexpr,
 ):
+    scale = tl.cast(scale, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     row_mask = rows < n_rows  # the last program may run past the end when ROWS does not divide
@@ -220,6 +223,7 @@ def _softmax_persistent_kernel(
     NUM_STAGES: tl.constexpr,  # software-pipelining depth of the row loop (1: none)
     HAS_SCALE: tl.constexpr,
 ):
+    scale = tl.cast(scale, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
     # A fixed grid (a few programs per multiprocessor) strides over the rows. NUM_STAGES > 1
@@ -244,6 +248,7 @@ def _softmax_aligned_row_kernel(
 ):
     """whole_row on a row cut into an aligned body and a head and tail (``skeleton.row_pieces``),
     so that the body's loads and stores are 16-byte vectors whatever the width."""
+    scale = tl.cast(scale, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row_start = tl.program_id(0).to(tl.int64) * n_cols
     body, body_mask, edge, edge_mask = skeleton.row_pieces(row_start, n_cols, 0, BLOCK_N, ALIGN)
     x = tl.load(x_ptr + body, mask=body_mask, other=float("-inf"), eviction_policy=EVICT_X)
@@ -282,6 +287,7 @@ def _softmax_split_stats_kernel(
     chunk can be empty (the head and tail went to chunk 0) or -inf throughout (a masked prefix)
     where the row is not: its max is then -inf and its sum 0, the exponentials taken relative to
     0 instead of -inf (exp(-inf - 0) = 0, where exp(-inf - -inf) would be NaN)."""
+    scale = tl.cast(scale, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     _, _, x, _, _, x_edge = _split_chunk(x_ptr, row * n_cols, n_cols, chunk, scale, BLOCK_N, ALIGN, HAS_SCALE)
@@ -301,6 +307,7 @@ def _softmax_split_apply_kernel(
     """split_row, second launch: the row's max and sum from its chunks' (each chunk's sum rescaled
     to the row max, as the online kernel rescales its running sum), then the chunk's
     probabilities from x again."""
+    scale = tl.cast(scale, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     chunks = tl.num_programs(1)
