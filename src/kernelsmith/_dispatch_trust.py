@@ -24,6 +24,16 @@ from kernelsmith.spec import OpSpec
 log = logging.getLogger("kernelsmith.dispatch")  # this code's logger in dispatch.py, before the split
 
 
+def _read(db: Any, read: Callable[[Any], Any]) -> Any:
+    """``read(database)`` on ``db`` (a path, a URL or an open database), closing what it opened."""
+    database = open_database(db)
+    try:
+        return read(database)
+    finally:
+        if database is not db:
+            database.close()
+
+
 def refuse_unservable(op: str, decision: DecisionRecord) -> None:
     """Raise LookupError (saying what to run) unless ``decision`` was measured here or is an
     imported claim validated here (DESIGN.md rule 13)."""
@@ -40,12 +50,7 @@ def refuse_untrusted_source(op: str, source_hash: str, db: Any = None) -> None:
     """Raise LookupError unless this user trusts the kernel source ``source_hash`` (stored by
     the tuner after the harness passed it here, or trusted with ``kernelsmith db trust``; see
     :mod:`kernelsmith.db.trust`). Called before the text is parsed or loaded at all."""
-    database = open_database(db)
-    try:
-        record = database.variant_source(source_hash) if source_hash else None
-    finally:
-        if database is not db:
-            database.close()
+    record = _read(db, lambda database: database.variant_source(source_hash) if source_hash else None)
     if record is None:
         raise LookupError(f"{op}: no stored source for variant {source_hash or '(no hash)'} in the database")
     if not record.trusted:
@@ -73,12 +78,7 @@ def load_stored_source(op: str, source_hash: str, db: Any = None) -> Callable[[O
             return _SOURCE_BUILDS[source_hash]
     from kernelsmith.evaluate.kernel_file import KernelFileError, parse_kernel_file
 
-    database = open_database(db)
-    try:
-        source = database.get_variant_source(source_hash) if source_hash else None
-    finally:
-        if database is not db:
-            database.close()
+    source = _read(db, lambda database: database.get_variant_source(source_hash) if source_hash else None)
     if source is None:
         raise LookupError(f"{op}: no stored source for variant {source_hash or '(no hash)'} in the database")
     if variant_source_hash(source) != source_hash:
