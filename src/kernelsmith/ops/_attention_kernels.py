@@ -157,6 +157,7 @@ def _attn_tile(
     USE_DESC: tl.constexpr,
 ):  # fmt: skip
     """Attention of one tile of query rows over the keys [split * keys_per_split, ...)."""
+    qk_scale = tl.cast(qk_scale, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     rows = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
     pos = rows // PACK
     qh = (head * PACK + rows % PACK).to(tl.int64)  # each row's query head
@@ -231,7 +232,6 @@ def _attn_flash_kernel(
     """One program per tile; the query blocks of one head are consecutive programs (they share
     its keys and values in L2), the heaviest first when causal. USE_DESC (the tma variant): k and
     v are read through tensor descriptors; otherwise k_desc and v_desc are unused."""
-    qk_scale = tl.cast(qk_scale, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     pid = tl.program_id(0)
     m_block = pid % M_BLOCKS
     if CAUSAL:
@@ -255,7 +255,6 @@ def _attn_persistent_kernel(
     TWO_LOOPS: tl.constexpr, PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
 ):  # fmt: skip
     """A fixed grid striding over the tiles in the flash kernel's order."""
-    qk_scale = tl.cast(qk_scale, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     for tile in tl.range(tl.program_id(0), N_TILES, tl.num_programs(0)):
         m_block = tile % M_BLOCKS
         if CAUSAL:
@@ -281,7 +280,6 @@ def _attn_split_kernel(
     TWO_LOOPS: tl.constexpr, PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
 ):  # fmt: skip
     """One program per (key split, tile): the partial results of one key range."""
-    qk_scale = tl.cast(qk_scale, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     pid = tl.program_id(0)
     split = (pid % SPLITS).to(tl.int64)  # int64: split * (the partials' split stride) may pass 2**31
     rest = pid // SPLITS
