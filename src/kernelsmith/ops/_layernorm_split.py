@@ -95,12 +95,7 @@ def _layernorm_split_apply_kernel(
     """split_row, second launch: the row's mean and rstd from its chunks' statistics (Chan's
     merge, in one fixed order), then the chunk normalised again from x."""
     eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    chunks = tl.num_programs(1)
-    lanes = tl.arange(0, SPLITS)
-    at = partial_ptr + (row * chunks + lanes) * 3
-    real = lanes < chunks  # the padding lanes of SPLITS: count 0, no weight
+    row, chunk, at, real = skeleton.split_partials(partial_ptr, 3, SPLITS)  # padding lanes: count 0, no weight
     counts = tl.load(at, mask=real, other=0.0)
     means = tl.load(at + 1, mask=real, other=0.0)
     m2s = tl.load(at + 2, mask=real, other=0.0)

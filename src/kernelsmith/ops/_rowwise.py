@@ -456,6 +456,17 @@ def row_pieces(row_start, N, chunk, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
     return body, body_mask, edge, edge_mask
 
 
+@triton.jit
+def split_partials(partial_ptr, STATS: tl.constexpr, SPLITS: tl.constexpr):
+    """Where a split_row second-launch program stands: (its row, int64; its chunk; the addresses of
+    the row's chunks' STATS statistics in the (rows, chunks, STATS) float32 partials, one per lane of
+    SPLITS; which lanes are real chunks: SPLITS is the chunk count rounded up to a power of two)."""
+    row = tl.program_id(0).to(tl.int64)
+    chunks = tl.num_programs(1)
+    lanes = tl.arange(0, SPLITS)
+    return row, tl.program_id(1), partial_ptr + (row * chunks + lanes) * STATS, lanes < chunks
+
+
 def aligned_row_space(spec: OpSpec, warps: Warps, in_flight: int = 1, stages: tuple[int, ...] = (),
                       max_row: int = MAX_WHOLE_ROW) -> Space:
     """:func:`whole_row_space` for rows whose alignment Triton cannot prove (empty for the others:

@@ -308,13 +308,9 @@ def _softmax_split_apply_kernel(
     to the row max, as the online kernel rescales its running sum), then the chunk's
     probabilities from x again."""
     scale = tl.cast(scale, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
-    row = tl.program_id(0).to(tl.int64)
-    chunk = tl.program_id(1)
-    chunks = tl.num_programs(1)
-    lanes = tl.arange(0, SPLITS)
-    at = partial_ptr + (row * chunks + lanes) * 2
-    maxes = tl.load(at, mask=lanes < chunks, other=float("-inf"))
-    sums = tl.load(at + 1, mask=lanes < chunks, other=0.0)
+    row, chunk, at, real = skeleton.split_partials(partial_ptr, 2, SPLITS)
+    maxes = tl.load(at, mask=real, other=float("-inf"))
+    sums = tl.load(at + 1, mask=real, other=0.0)
     m = tl.max(maxes, axis=0)
     total = tl.sum(sums * tl.exp(maxes - m), axis=0)  # a row -inf throughout: NaN, as torch.softmax
     row_start = row * n_cols
