@@ -97,10 +97,9 @@ def _attn_steps(
             mask_ptrs = mask_rows[:, None] + (cols.to(tl.int64) * mask_sk)[None, :]
         if MASK_KIND == 1:  # additive: natural units, the mask added to the scaled scores
             bias = _load_block(mask_ptrs, row_ok, cols_ok, True, EDGE)
-            s = (qk * qk_scale).to(tl.float32) + bias.to(tl.float32)
+            s = qk * qk_scale + bias.to(tl.float32)
         else:
-            # float32 whatever the scale's type: Inductor passes a Python float to a user kernel as fp64
-            s = (qk * qk_scale).to(tl.float32)
+            s = qk * qk_scale
         if MASK_KIND == 2:  # boolean: False is -inf (rows past Sq load False: never stored)
             keep = _load_block(mask_ptrs, row_ok, cols_ok, True, EDGE)
             s = tl.where(keep != 0, s, float("-inf"))

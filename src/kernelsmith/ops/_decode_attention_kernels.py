@@ -60,7 +60,7 @@ def _attend_new_row(q, acc, m_i, l_i, kn_ptr, vn_ptr, kn_base, vn_base, qk_scale
     d_ok = d < HEAD_DIM
     k = tl.load(kn_ptr + kn_base + d, mask=d_ok, other=0.0)
     v = tl.load(vn_ptr + vn_base + d, mask=d_ok, other=0.0)
-    s = (tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], 1) * qk_scale).to(tl.float32)  # [BLOCK_Q]
+    s = tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], 1) * qk_scale  # [BLOCK_Q]
     m_new = tl.maximum(m_i, s)
     alpha = tl.exp2(m_i - m_new)  # 0 for a row that saw no cached key (m_i = -inf)
     p = tl.exp2(s - m_new)
@@ -101,9 +101,7 @@ def _attend(q, token, k_ptr, v_ptr, k_base, v_base, k_ss, v_ss, start, end, leng
             visible = tl.load(mask_ptr + m_offsets, mask=n_ok[None, :], other=0) != 0
         else:
             visible = n[None, :] < limit[:, None]
-        # Inductor hands a user kernel a Python float as fp64 (torch._inductor.config.
-        # _use_fp64_for_unbacked_floats): the scores stay float32 whatever the scale's type.
-        s = tl.where(visible, (s * qk_scale).to(tl.float32), float("-inf"))
+        s = tl.where(visible, s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
         alpha = tl.exp2(m_i - shift)
