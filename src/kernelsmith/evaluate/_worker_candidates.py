@@ -14,13 +14,13 @@ times.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from kernelsmith.evaluate.device_lock import device_lock
 from kernelsmith.evaluate.kernel_file import KernelFileError, check_kernel_file, parse_kernel_file
 from kernelsmith.evaluate.protocol import Candidate
 from kernelsmith.evaluate.validate import Rejected, allocate_outputs, run_checked
@@ -110,15 +110,8 @@ def _gpu_lock(path: str) -> Iterator[None]:
     beside another's timing would distort the measurement, and several full-size validations at
     once can exhaust the device's memory. Compilation runs outside it, in parallel.
     """
-    if not path:
+    with device_lock(path):
         yield
-        return
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # A workload whose tensors take more than this share of the device's memory is compiled under the

@@ -97,6 +97,7 @@ _HARNESS_MODULES = (
     "kernelsmith.evaluate.worker",
     "kernelsmith.evaluate._worker_candidates",
     "kernelsmith.evaluate._worker_timing",
+    "kernelsmith.evaluate.device_lock",
     "kernelsmith.ops._base",
 )
 _SEALED: dict[str, dict[str, int]] = {}

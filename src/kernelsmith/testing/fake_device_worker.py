@@ -9,8 +9,9 @@ metrics that tell the test where and how it ran:
 - ``lock_id``: a checksum of the request's timing-lock path (0 for none), so a test can see which
   lock each device's requests carried;
 - ``start_s``/``end_s``: when it held that lock, sleeping ``config["sleep_ms"]`` inside it the way
-  a real worker times inside it; the lock is taken exactly as the real worker takes it
-  (``fcntl.flock``), so overlapping intervals on one device would be a broken lock.
+  a real worker times inside it; the lock is the real worker's own
+  (:func:`kernelsmith.evaluate.device_lock.device_lock`), so overlapping intervals on one device
+  would be a broken lock.
 
 ``--fails-on DEVICE``: a worker pinned to that device exits before its greeting, like a worker
 whose GPU is gone: the pool must send its candidates to another worker.
@@ -19,16 +20,14 @@ whose GPU is gone: the pool must send its candidates to another worker.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import os
 import sys
 import time
 import zlib
-from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
 from kernelsmith.evaluate import sandbox
+from kernelsmith.evaluate.device_lock import device_lock
 from kernelsmith.evaluate.protocol import (
     EvalRequest,
     EvalResult,
@@ -39,23 +38,10 @@ from kernelsmith.evaluate.protocol import (
 )
 
 
-@contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
-    if not path:
-        yield
-        return
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _answer(request: EvalRequest, device: str) -> WorkerReply:
     results = []
     for candidate in request.candidates:
-        with _locked(request.lock_path):
+        with device_lock(request.lock_path):
             started = time.time()
             time.sleep(float(candidate.config.get("sleep_ms", 0)) / 1000)
             ended = time.time()
