@@ -86,6 +86,23 @@ def test_large_means_keep_float32_accuracy(variant: str, device: str) -> None:
                 assert problem is None, f"{variant} {spec.describe()} {distribution}: {problem}"
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_an_outlier_first_element_costs_no_accuracy(variant: str, device: str) -> None:
+    """Rows whose first element is a spike (the 'spikes' stress data's case): the statistics are
+    shifted by the mean of the first elements, as in the forward, not by the spike itself (which
+    put every other element near -spike, with an ulp of 1e4 of rounding error each)."""
+    spec = OP.spec((3, 1000), "float32", affine="none")
+    for seed, spike in ((0, 3e4), (1, -2e4)):
+        dy, x = OP.make_inputs(spec, seed=seed, device=device)
+        x[:, 0] = spike
+        inputs = (dy, x)
+        best = formula(inputs, 1e-5, torch.float32, exact_centring=True)
+        outs, _ = launch_guarded(OP, variant, spec, OP.variant(variant).space(spec).configs()[0], inputs)
+        for out, ref64, lowp in zip(outs, OP.reference_fp64(spec, inputs), best, strict=True):
+            problem = check_close(out, ref64, lowp, OP.tolerance)
+            assert problem is None, f"{variant} seed {seed}: {problem}"
+
+
 def test_the_accuracy_test_catches_sums_of_raw_x(device: str) -> None:
     # Forming the dx sums from raw x (sum(g * x) - mean * sum(g), as PyTorch's CPU backward does)
     # cancels on 'offset' rows and fails the test above; centring first passes it.

@@ -155,7 +155,8 @@ def test_runs_are_bitwise_reproducible(device: str) -> None:
 
 
 def test_large_means_do_not_cost_float32_accuracy(device: str) -> None:
-    """'offset' rows (|mean| 100..400, std 1): the shift by x[0] and the centred chunk statistics
+    """'offset' rows (|mean| 100..400, std 1): the shift (the mean of the row's first elements) and the
+    centred chunk statistics
     keep the error at float32 rounding of the output, as the other variants' (test_layernorm_kernels.py)."""
     spec = OP.spec((3, 4099), "float32", affine="none")
     for seed in range(2):
@@ -163,6 +164,16 @@ def test_large_means_do_not_cost_float32_accuracy(device: str) -> None:
         out = run_and_check(spec, widest(spec), inputs, "split_row offset")
         (ref64,) = OP.reference_fp64(spec, inputs)
         assert error_stats(out, ref64).rel_l2 < 1e-6, error_stats(out, ref64)
+
+
+def test_an_outlier_first_element_costs_no_accuracy(device: str) -> None:
+    """Rows whose first element is a spike: every chunk shifts by the mean of the row's first
+    elements (the same value in each program of a row), not by the spike itself."""
+    spec = OP.spec((2, 4099), "float32", affine="none")
+    for seed, spike in ((0, 3e4), (1, -2e4)):
+        (x,) = OP.make_inputs(spec, seed=seed, device=device)
+        x[:, 0] = spike
+        run_and_check(spec, widest(spec), (x,), f"split_row spike {spike}")
 
 
 def test_split_row_at_unaligned_addresses(device: str) -> None:

@@ -2,10 +2,10 @@
 
 Split from the family's module (its specs, references, inputs, spaces and launchers) at the seam
 a reader looks for: the module docstring of :mod:`kernelsmith.ops.layernorm` says what each
-kernel computes and why (the shift by the row's first element, the centred variance, Welford's
+kernel computes and why (the shift by the mean of the row's first elements, the centred variance, Welford's
 pass, the statistics a training forward stores); this module holds the kernels themselves, and
 the jitted pieces of row math they share with :mod:`kernelsmith.ops.layernorm_backward`
-(:func:`centred_row`, and Welford's pass: :func:`welford_start`, :func:`welford_step`,
+(:func:`row_shift`, :func:`centred_row`, and Welford's pass: :func:`welford_start`, :func:`welford_step`,
 :func:`welford_merge`). The variants' source hashes, the backward's too, cover it
 (``Variant.modules``).
 """
@@ -36,12 +36,40 @@ def _affine(xhat, w_ptr, b_ptr, cols, mask, HAS_WEIGHT: tl.constexpr, HAS_BIAS: 
     return y
 
 
+# How many of a row's first elements the shift averages (see row_shift). A Triton global must be
+# a constexpr.
+SHIFT_SPAN = tl.constexpr(64)
+
+
+@triton.jit
+def row_shift(x_row, N):
+    """The row's shift: the float32 mean of its first ``min(N, SHIFT_SPAN)`` elements (``x_row``
+    points at the row's first element).
+
+    A value near the row's mean that every program of a row computes alike, before any pass
+    over the row (the module docstring of :mod:`kernelsmith.ops.layernorm` says why the kernels
+    shift). The first element alone would do for rows of a large mean, but not when it is itself
+    an outlier: shifting by a spike of 1e4 puts every other element near -1e4, whose rounding
+    errors then swamp the spread."""
+    span = tl.arange(0, SHIFT_SPAN)
+    head = tl.load(x_row + span, mask=span < N, other=0.0).to(tl.float32)
+    return tl.sum(head, axis=0) / tl.minimum(N, SHIFT_SPAN).to(tl.float32)
+
+
+@triton.jit
+def rows_shift(x_rows, row_mask, N):
+    """:func:`row_shift` of a block of rows at once (``x_rows``: their first elements' pointers)."""
+    span = tl.arange(0, SHIFT_SPAN)
+    mask = row_mask[:, None] & (span[None, :] < N)
+    head = tl.load(x_rows[:, None] + span[None, :], mask=mask, other=0.0).to(tl.float32)
+    return tl.sum(head, axis=1) / tl.minimum(N, SHIFT_SPAN).to(tl.float32)
+
+
 @triton.jit
 def centred_row(x, shift, mask, N, eps):
     """The shifted two-pass statistics of one row held in registers (float32 ``x`` on the lanes
-    of ``mask``): ``(mean(d), xc, rstd)`` with ``d = x - shift`` (the row's first element, see
-    the module docstring of :mod:`kernelsmith.ops.layernorm`) and ``xc = d - mean(d)``, the
-    centred values, zero on the padding lanes."""
+    of ``mask``): ``(mean(d), xc, rstd)`` with ``d = x - shift`` (the row's :func:`row_shift`)
+    and ``xc = d - mean(d)``, the centred values, zero on the padding lanes."""
     # Padding lanes zeroed, so that they add nothing to the sums (a padded 0.0 minus the shift is
     # not zero).
     d = tl.where(mask, x - shift, 0.0)
@@ -139,7 +167,7 @@ def _layernorm_two_pass_kernel(
 
     x_row = x_ptr + row * x_row_stride
     x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy=EVICT_X).to(tl.float32)
-    shift = tl.load(x_row).to(tl.float32)  # d = x - x[0]: see the module docstring
+    shift = row_shift(x_row, N)  # d = x - shift: see the module docstring
     mean_d, xc, rstd = centred_row(x, shift, mask, N, eps)
 
     y = _affine(xc * rstd, w_ptr, b_ptr, cols, mask, HAS_WEIGHT, HAS_BIAS)  # float32, rounded once
@@ -160,7 +188,7 @@ def _layernorm_aligned_row_kernel(
     row = tl.program_id(0).to(tl.int64)
     row_start = row * N
     body, body_mask, edge, edge_mask = skeleton.row_pieces(row_start, N, 0, BLOCK_N, ALIGN)
-    shift = tl.load(x_ptr + row_start).to(tl.float32)
+    shift = row_shift(x_ptr + row_start, N)
     x = tl.load(x_ptr + body, mask=body_mask, other=0.0, eviction_policy=EVICT_X).to(tl.float32)
     x_edge = tl.load(x_ptr + edge, mask=edge_mask, other=0.0).to(tl.float32)
     d = tl.where(body_mask, x - shift, 0.0)
@@ -191,9 +219,10 @@ def _layernorm_welford_kernel(
     y_row = y_ptr + row * y_row_stride
     cols = tl.arange(0, BLOCK_N)
 
-    # The statistics are those of d = x - x[0], the row shifted by its first element (see the
-    # module docstring); the variance is the same, the mean is x[0] + mean(d).
-    shift = tl.load(x_row).to(tl.float32)
+    # The statistics are those of d = x - shift, the row shifted by the mean of its first
+    # elements (row_shift; see the module docstring); the variance is the same, the mean is
+    # shift + mean(d).
+    shift = row_shift(x_row, N)
 
     # Pass 1: every lane keeps Welford's running statistics of the d values it sees, then the
     # lanes are merged (Chan): both in the helpers above.
@@ -236,7 +265,7 @@ def _layernorm_multi_row_kernel(
     x = tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     # centred_row's recipe, one shift, mean and variance per row (reductions along axis 1). Rows
     # past the end load zeros: variance 0, rstd = 1/sqrt(eps); never stored.
-    shift = tl.load(x_rows, mask=row_mask, other=0.0).to(tl.float32)
+    shift = rows_shift(x_rows, row_mask, N)
     d = tl.where(mask, x - shift[:, None], 0.0)
     mean_d = tl.sum(d, axis=1) / N
     xc = tl.where(mask, d - mean_d[:, None], 0.0)
@@ -269,7 +298,7 @@ def _layernorm_persistent_kernel(
         row64 = tl.cast(row, tl.int64)  # (tl.cast: in the interpreter, row is a Python int)
         x_row = x_ptr + row64 * x_row_stride
         x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-        shift = tl.load(x_row).to(tl.float32)
+        shift = row_shift(x_row, N)
         mean_d, xc, rstd = centred_row(x, shift, mask, N, eps)
         y = xc * rstd
         if HAS_WEIGHT:

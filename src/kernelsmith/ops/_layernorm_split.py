@@ -6,8 +6,8 @@ takes the row's unaligned head and tail), runs one program per (row, chunk), and
 
 1. :func:`_layernorm_split_stats_kernel`: every chunk's statistics, three float32 values, into a
    ``(rows, chunks, 3)`` scratch buffer: its count ``n_c``, its mean ``mean_c`` and its ``M2_c``
-   (the sum of squared deviations from ``mean_c``), all of ``d = x - x[0]``, the row shifted by
-   its first element as every LayerNorm kernel does (the module docstring of
+   (the sum of squared deviations from ``mean_c``), all of ``d = x - shift``, the row shifted by
+   the mean of its first elements as every LayerNorm kernel does (the module docstring of
    :mod:`kernelsmith.ops.layernorm` says why). A chunk is in registers, so its own statistics are
    the classical two-pass ones: mean first, then the squares of the centred values.
 2. :func:`_layernorm_split_apply_kernel`: every program loads its row's ``chunks`` statistics as
@@ -47,11 +47,11 @@ N_STATS = 3  # a chunk's count, mean and M2: the scratch buffer's last dimension
 
 @triton.jit
 def _chunk_centred(x_ptr, row_start, N, chunk, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
-    """The shifted values ``d = x - x[0]`` of one chunk of a row, as the skeleton cuts it: the
+    """The shifted values ``d = x - shift`` (``row_shift``) of one chunk of a row, as the skeleton cuts it: the
     body and the edge (head and tail, in chunk 0 only), each zero off its mask, with their
     offsets and masks: ``(body, body_mask, d, edge, edge_mask, d_edge)``."""
     body, body_mask, edge, edge_mask = skeleton.row_pieces(row_start, N, chunk, BLOCK_N, ALIGN)
-    shift = tl.load(x_ptr + row_start).to(tl.float32)  # the row's first element: the same in every chunk
+    shift = kernels.row_shift(x_ptr + row_start, N)  # the same in every chunk
     x = tl.load(x_ptr + body, mask=body_mask, other=0.0).to(tl.float32)
     x_edge = tl.load(x_ptr + edge, mask=edge_mask, other=0.0).to(tl.float32)
     # Masked lanes zeroed: a padded 0.0 minus the shift is not zero.
@@ -63,7 +63,7 @@ def _chunk_centred(x_ptr, row_start, N, chunk, BLOCK_N: tl.constexpr, ALIGN: tl.
 @triton.jit
 def _layernorm_split_stats_kernel(
     x_ptr,
-    partial_ptr,  # (rows, chunks, 3) float32: each chunk's count, mean and M2 of d = x - x[0]
+    partial_ptr,  # (rows, chunks, 3) float32: each chunk's count, mean and M2 of d = x - shift
     N,
     BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, ALIGN: tl.constexpr,
 ):
@@ -116,6 +116,5 @@ def _layernorm_split_apply_kernel(
     # row stores them (every program of the row has the same).
     if STORE_STATS:  # noqa: SIM102
         if chunk == 0:
-            shift = tl.load(x_ptr + row_start).to(tl.float32)
-            tl.store(mean_ptr + row, shift + mean_d)
+            tl.store(mean_ptr + row, kernels.row_shift(x_ptr + row_start, N) + mean_d)
             tl.store(rstd_ptr + row, rstd)

@@ -29,12 +29,12 @@ The kernels recompute ``mean`` and ``rstd`` from ``x`` (one extra reduction per 
 by the forward is needed, so the inputs are exactly ``(dy, *forward inputs)``), do all arithmetic
 in float32, and round ``dx`` once, on the store.
 
-Accuracy: centred values, shifted by the row's first element
-------------------------------------------------------------
+Accuracy: centred values, shifted by the mean of the row's first elements
+-------------------------------------------------------------------------
 As in the forward, no statistic is formed from raw ``x`` (``sum(g * x) - mean * sum(g)`` and
 ``E[x^2] - E[x]^2`` cancel catastrophically when the mean dwarfs the spread, as on the
-``offset`` input distribution), and every row is first shifted by its first element, ``d = x -
-x[0]``, which is exact for such rows, so that ``xhat = (d - mean(d)) * rstd`` is accurate to
+``offset`` input distribution), and every row is first shifted by the mean of its first
+elements, ``d = x - shift``, which is exact for such rows, so that ``xhat = (d - mean(d)) * rstd`` is accurate to
 float32 rounding of the spread rather than of the mean (see :mod:`layernorm`'s docstring).
 
 Reference
@@ -60,9 +60,9 @@ Variants (deterministic: no atomics, every sum in a fixed order)
     Welford's running mean and sum of squared deviations per lane (merged with Chan's formula,
     as in :mod:`layernorm`'s ``welford`` kernel) for ``mean`` and ``rstd``, and the running sums
     of ``g`` and ``g * d``, from which ``mean(g * xhat) = rstd * (sum(g d) - mean(d) sum(g)) / N``
-    (that difference cancels only by the ratio of ``|x[0] - mean|`` to the spread, a few units:
+    (that difference cancels only by the ratio of ``|shift - mean|`` to the spread, a few units:
     harmless, as the term is a small correction to ``dx``). It stores ``(mean(d), rstd, mean(g),
-    mean(g * xhat))`` to a ``(rows, 4)`` float32 scratch. The second runs a grid of (column
+    mean(g * xhat), shift)`` to a ``(rows, 5)`` float32 scratch. The second runs a grid of (column
     blocks, ``GROUPS`` x multiprocessors): each program walks its group's rows over one column
     block, writes ``dx`` and accumulates the block's ``dw`` and ``db`` shares; the third is
     ``two_stage``'s reduction. ``x`` and ``dy`` are read twice (the first time to reduce).
@@ -96,7 +96,7 @@ from kernelsmith.ops._base import (
     check_eps,
     tensor_specs,
 )
-from kernelsmith.ops._layernorm_kernels import centred_row, welford_merge, welford_start, welford_step
+from kernelsmith.ops._layernorm_kernels import centred_row, row_shift, welford_merge, welford_start, welford_step
 from kernelsmith.ops._rowwise_backward import column_block, load_row, row_columns, store_row, store_share
 from kernelsmith.ops.layernorm import (
     AFFINE,
@@ -120,9 +120,9 @@ LOOPED_VALUES_PER_COLUMN = 6
 
 
 @triton.jit
-def _shift(x_ptr, i, x_row_stride):
-    """Row ``i``'s first element in float32: the shift ``d = x - x[0]``, as in the forward."""
-    return tl.load(x_ptr + tl.cast(i, tl.int64) * x_row_stride).to(tl.float32)
+def _shift(x_ptr, i, x_row_stride, N):
+    """Row ``i``'s shift (the forward's ``row_shift``: the mean of its first elements)."""
+    return row_shift(x_ptr + tl.cast(i, tl.int64) * x_row_stride, N)
 
 
 @triton.jit
@@ -176,9 +176,9 @@ def _two_stage_rows_kernel(
     for i in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
         x = load_row(x_ptr, i, x_row_stride, cols, mask)
         dy = load_row(dy_ptr, i, dy_row_stride, cols, mask)
-        # The forward's statistics, shifted two-pass: d = x - x[0], its mean, then the variance
+        # The forward's statistics, shifted two-pass: d = x - shift, its mean, then the variance
         # of the centred values (the forward's helper).
-        _, xc, rstd = centred_row(x, _shift(x_ptr, i, x_row_stride), mask, N, eps)
+        _, xc, rstd = centred_row(x, _shift(x_ptr, i, x_row_stride, N), mask, N, eps)
         xhat = xc * rstd  # zero on padding lanes, as is dy (so g and g * xhat are too)
         g = dy
         if HAS_WEIGHT:
@@ -194,7 +194,7 @@ def _two_stage_rows_kernel(
 @triton.jit
 def _looped_stats_kernel(
     dy_ptr, x_ptr, w_ptr,
-    stats_ptr,  # (rows, 4) float32: mean(d), rstd, mean(g), mean(g * xhat)
+    stats_ptr,  # (rows, 5) float32: mean(d), rstd, mean(g), mean(g * xhat), the shift
     dy_row_stride, x_row_stride, N, eps,
     BLOCK_N: tl.constexpr,  # columns per loop step; N need not be a multiple of it
     NUM_STAGES: tl.constexpr,
@@ -204,7 +204,7 @@ def _looped_stats_kernel(
     eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
-    shift = _shift(x_ptr, row, x_row_stride)
+    shift = _shift(x_ptr, row, x_row_stride, N)
 
     # Lane j sees columns j, j + BLOCK_N, ... and keeps Welford's running mean and M2 of their
     # d values (the forward's welford_step), and the running sums of g and g * d.
@@ -229,10 +229,11 @@ def _looped_stats_kernel(
     total_g = tl.sum(sum_g, axis=0)
     # sum(g * (d - mean(d))) = sum(g * d) - mean(d) * sum(g)
     mean_gxhat = rstd * (tl.sum(sum_gd, axis=0) - mean_d * total_g) / N
-    tl.store(stats_ptr + row * 4, mean_d)
-    tl.store(stats_ptr + row * 4 + 1, rstd)
-    tl.store(stats_ptr + row * 4 + 2, total_g / N)
-    tl.store(stats_ptr + row * 4 + 3, mean_gxhat)
+    tl.store(stats_ptr + row * 5, mean_d)
+    tl.store(stats_ptr + row * 5 + 1, rstd)
+    tl.store(stats_ptr + row * 5 + 2, total_g / N)
+    tl.store(stats_ptr + row * 5 + 3, mean_gxhat)
+    tl.store(stats_ptr + row * 5 + 4, shift)  # the rows kernel's d = x - shift, without recomputing it
 
 
 @triton.jit
@@ -255,11 +256,11 @@ def _looped_rows_kernel(
     db = tl.zeros([BLOCK_N], dtype=tl.float32)
     for i in tl.range(tl.program_id(1), n_rows, tl.num_programs(1), num_stages=NUM_STAGES):
         row = tl.cast(i, tl.int64)
-        mean_d = tl.load(stats_ptr + row * 4)
-        rstd = tl.load(stats_ptr + row * 4 + 1)
-        mean_g = tl.load(stats_ptr + row * 4 + 2)
-        mean_gxhat = tl.load(stats_ptr + row * 4 + 3)
-        shift = _shift(x_ptr, i, x_row_stride)  # the statistics are those of d = x - x[0]
+        mean_d = tl.load(stats_ptr + row * 5)
+        rstd = tl.load(stats_ptr + row * 5 + 1)
+        mean_g = tl.load(stats_ptr + row * 5 + 2)
+        mean_gxhat = tl.load(stats_ptr + row * 5 + 3)
+        shift = tl.load(stats_ptr + row * 5 + 4)  # the statistics are those of d = x - shift
         x = load_row(x_ptr, i, x_row_stride, cols, mask)
         dy = load_row(dy_ptr, i, dy_row_stride, cols, mask)
         xhat = (x - shift - mean_d) * rstd
@@ -293,7 +294,7 @@ def _constexprs(spec: OpSpec) -> dict[str, Any]:
 
 # The kernels call the forward's row math (_layernorm_kernels): the variants' hashes cover it.
 KERNELS = backward.Backward(__name__, _two_stage_rows_kernel, _looped_stats_kernel, _looped_rows_kernel,
-                            width_input=1, stats_width=4, share_slots=2, operands=_operands,
+                            width_input=1, stats_width=5, share_slots=2, operands=_operands,
                             constexprs=_constexprs, modules=(_layernorm_kernels.__name__,))
 
 

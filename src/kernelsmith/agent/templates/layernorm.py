@@ -1,11 +1,14 @@
 """LayerNorm with weight and bias, one program per row: ``(x - mean) / sqrt(var + eps) * w + b``.
 
 The whole row (padded to a power of two, ``BLOCK_N``) is loaded once into registers. The
-statistics are taken of the row shifted by its first element, ``d = x - x[0]``: with a large
-common offset (the "offset" inputs) ``mean(x**2) - mean(x)**2`` would cancel catastrophically,
-while the shifted values are small. Pass 1 takes the mean of ``d``; pass 2, over the same
-registers, the variance of the centred values. Padding lanes are zeroed explicitly (a padded 0.0
-minus the shift is not zero). All math is float32, rounded once on the store.
+statistics are taken of the row shifted by its own mean, ``d = x - mean(x)`` (in float32, so
+only near the true mean): with a large common offset (the "offset" inputs) ``mean(x**2) -
+mean(x)**2`` would cancel catastrophically, while the shifted values are small and, the mean
+being within a factor of two of every element there, exact. Pass 1 takes the mean of ``d``, which
+recovers the rounding error of the first mean (the "corrected two-pass" algorithm); pass 2, over
+the same registers, the variance of the centred values. (Shifting by the first element instead
+fails when that element is an outlier: the "spikes" inputs.) Padding lanes are zeroed explicitly
+(a padded 0.0 minus the shift is not zero). All math is float32, rounded once on the store.
 
 Only the ``affine="weight_bias"`` form (``torch.nn.LayerNorm``'s default, inputs ``x, weight,
 bias``) is launched by this file: the constraint below leaves the space empty for the others.
@@ -36,7 +39,7 @@ def _layernorm_row_kernel(
     mask = cols < N
     x_row = x_ptr + row * x_row_stride
     x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy=EVICT_X).to(tl.float32)
-    shift = tl.load(x_row).to(tl.float32)
+    shift = tl.sum(x, axis=0) / N  # padding lanes loaded as 0.0: they add nothing
     d = tl.where(mask, x - shift, 0.0)
     mean_d = tl.sum(d, axis=0) / N  # over the N real elements, not BLOCK_N
     xc = tl.where(mask, d - mean_d, 0.0)
