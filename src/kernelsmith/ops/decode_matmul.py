@@ -38,6 +38,11 @@ are this family's own, each adding inputs after matmul's and constants a plain s
     ``BLOCK_N`` weight rows then holds ``BLOCK_N / 2`` channels of one head's first half and their
     partners (``_weight_rows``), so the rotation pairs sit in one program's registers; ``BLOCK_N``
     divides ``D``. A bias may come before the rotation, no other epilogue.
+``epilogue="rope"`` with ``rope=(heads, 0)``
+    ``w`` is one projection whose ``heads * D`` output columns all rotate: Llama's separate
+    ``q_proj`` (``rope=(num_heads, 0)``) or ``k_proj`` (``rope=(num_kv_heads, 0)``), whose outputs
+    Hugging Face views to ``(B, S, heads, D)`` and rotates the same way. Nothing else changes: the
+    kernels rotate the columns below ``(heads + kv_heads) * D``, which are all of them here.
 
 The variants
 ------------
@@ -198,7 +203,8 @@ def _rope_split(epilogue: Any) -> tuple[Any, bool]:
 def apply_rope_half(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
     """Hugging Face's ``apply_rotary_pos_emb`` (rotate_half) on the q and k parts of a fused QKV
     projection's output ``h`` (..., (heads + 2 kv_heads) * D), cos and sin (..., D) at each row's
-    position; v's part unchanged. In h's dtype, as Hugging Face computes it."""
+    position; v's part unchanged (kv_heads = 0: h is one projection's heads x D, all rotated). In
+    h's dtype, as Hugging Face computes it."""
     d = cos.shape[-1]
     lead = h.shape[:-1]
     qk = h[..., : (heads + kv_heads) * d].reshape(*lead, heads + kv_heads, d)
@@ -213,12 +219,12 @@ class DecodeMatmul(Matmul):
     summary = (f"decode-shaped y = epilogue(x @ w.T + bias) for at most {MAX_M} rows of x against an nn.Linear "
                "weight, streaming the weight at the bandwidth limit (split-N, split-K, persistent); epilogues "
                "as matmul's (none, gelu, gelu_tanh, silu, residual add, swiglu) or RoPE on a fused QKV "
-               "output; optionally RMSNorm of x in the prologue")  # fmt: skip
+               "output or a single q or k projection; optionally RMSNorm of x in the prologue")  # fmt: skip
     shape_help = (
         f"MxNxK: x (M, K) with M <= {MAX_M} times a weight (N, K) as nn.Linear stores it, e.g. 1x2048x8192 for "
         "Llama-3.2-1B's down projection at batch 1; more leading sizes are batch dims of x (4x2x4096x4096); "
         "--epilogue bias|gelu|silu|residual|swiglu|rope, or bias+gelu; constants prologue=rmsnorm (eps), "
-        "rope=[heads, kv_heads] (with the rope epilogue)"
+        "rope=[heads, kv_heads] (with the rope epilogue; kv_heads 0: one projection of heads x D, all rotated)"
     )
     # (mypy infers Matmul.variants as a tuple of four variants; any tuple of variants will do)
     variants = (  # type: ignore[assignment]
@@ -290,8 +296,9 @@ class DecodeMatmul(Matmul):
                 heads, kv_heads = (int(v) for v in rope)
             except (TypeError, ValueError):
                 raise UnsupportedWorkload(f"{self.name}: rope must be (heads, kv_heads), not {rope!r}") from None
-            if heads <= 0 or kv_heads <= 0:
-                raise UnsupportedWorkload(f"{self.name}: rope heads must be positive, not {rope!r}")
+            if heads <= 0 or kv_heads < 0:
+                raise UnsupportedWorkload(f"{self.name}: rope wants heads > 0 and kv_heads >= 0 (0: one "
+                                          f"projection, all rotated), not {rope!r}")  # fmt: skip
             n = _geometry(base).n
             d = n // (heads + 2 * kv_heads)
             inputs += [TensorSpec((*x.shape[:-1], d), x.dtype)] * 2
@@ -310,7 +317,7 @@ class DecodeMatmul(Matmul):
             raise UnsupportedWorkload(f"{self.name}: the constants prologue='rmsnorm' and eps go together")
         rope = spec.constants.get("rope", [1, 1])
         if (not isinstance(rope, list | tuple) or len(rope) != 2
-                or not all(isinstance(v, int) and v > 0 for v in rope)):  # fmt: skip
+                or not all(isinstance(v, int) for v in rope) or rope[0] <= 0 or rope[1] < 0):  # fmt: skip
             raise UnsupportedWorkload(f"{self.name}: rope must be [heads, kv_heads], not {rope!r}")
         f = _fusions(spec)
         if f.extra < 2:
@@ -335,8 +342,9 @@ class DecodeMatmul(Matmul):
             d = f.rope_dim
             if g.epilogue != EPI_NONE or d * (heads + 2 * kv_heads) != g.n or d % 2:
                 raise UnsupportedWorkload(f"{self.name}: RoPE wants a fused QKV output of (heads + 2 kv_heads) x an "
-                                          f"even head dim columns ({heads} + 2 x {kv_heads} heads do not split "
-                                          f"{g.n}) and no other epilogue than a bias")  # fmt: skip
+                                          f"even head dim columns, or kv_heads = 0 and heads x D ({heads} + 2 x "
+                                          f"{kv_heads} heads do not split {g.n}), and no other epilogue than a "
+                                          "bias")  # fmt: skip
             if d % BLOCKS_N[0]:
                 raise UnsupportedWorkload(f"{self.name}: RoPE needs a head dim that is a multiple of {BLOCKS_N[0]}, "
                                           f"not {d}")  # fmt: skip
