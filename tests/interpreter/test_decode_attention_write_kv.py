@@ -1,5 +1,6 @@
-"""decode_attention with ``write_kv=True``: Hugging Face's ``StaticCache.update`` (the new token's key
-and value stored into the cache at ``cache_position``) fused into the attention's own pass.
+"""decode_attention with ``write_kv=True``: Hugging Face's ``StaticCache.update`` (the new tokens' keys
+and values stored into the cache at ``cache_position``) fused into the attention's own pass, for one
+new token and for several (a speculative verify step, a chunked prefill into a static cache).
 
 Every case checks both things the op does: the output against the float64 reference, and the caches
 bit for bit against ``index_copy_`` (nothing else in them moved). Then the same through the
@@ -66,10 +67,57 @@ def test_attends_and_writes_the_new_rows(case: tuple[Any, ...], variant: str, de
         assert torch.equal(inputs[i], before[i]), f"input {i} changed"
 
 
+# (B, H, kv_heads, L, D, Sq, dtype, distribution, BLOCK_N, SPLITS) with several new tokens: B 1 and 3,
+# kv heads 1 and 2, groups 1 and 4, odd cache lengths, D = 64; Sq = L (the cache holds only the new
+# tokens), a Sq no power of two, and as many rows as a program holds (4 heads x 4 tokens = 16).
+MULTI_CASES = [
+    (1, 4, 1, 17, 64, 3, "float32", "uneven", 16, 4),
+    (3, 8, 2, 19, 64, 2, "bfloat16", "full", 16, 2),
+    (3, 2, 2, 9, 64, 4, "float16", "uneven", 32, 4),
+    (1, 1, 1, 5, 64, 5, "float32", "full", 16, 8),
+    (3, 4, 1, 33, 64, 4, "bfloat16", "peaked", 16, 4),
+    (1, 2, 2, 21, 64, 3, "float32", "uneven", 64, 2),
+]
+
+
 @pytest.mark.parametrize("variant", ("single_pass", "split_kv"))
-def test_a_repeated_call_gives_the_same_output_and_cache(variant: str, device: str) -> None:
+@pytest.mark.parametrize("case", MULTI_CASES, ids=lambda c: f"{c[0]}x{c[1]}/{c[2]}x{c[3]}x{c[4]}-q{c[5]}-{c[6]}-{c[7]}")
+def test_several_new_tokens_attend_causally_and_write_consecutive_rows(case: tuple[Any, ...], variant: str,
+                                                                       device: str) -> None:  # fmt: skip
+    b, h, hk, cache_len, d, q_len, dtype, distribution, block_n, splits = case
+    spec = OP.spec((b, h, cache_len, d), dtype, kv_heads=hk, q_len=q_len, write_kv=True)
+    inputs = OP.make_inputs(spec, seed=sum(case[:6]), distribution=distribution, device=device)
+    before = tuple(t.clone() for t in inputs)
+    y = call(spec, variant, config(variant, block_n, splits), inputs)
+    assert_matches_fp64(OP, spec, before, y, variant)
+    k_after, v_after = OP.reference_written(spec, before)
+    assert torch.equal(inputs[1], k_after) and torch.equal(inputs[2], v_after), "the caches are not HF's update"
+    rows = slice(int(before[5]), int(before[5]) + q_len)
+    assert torch.equal(inputs[1][:, :, rows], before[3]) and torch.equal(inputs[2][:, :, rows], before[4])  # in order
+    for i in (0, 3, 4, 5):
+        assert torch.equal(inputs[i], before[i]), f"input {i} changed"
+
+
+@pytest.mark.parametrize("variant", ("single_pass", "split_kv"))
+def test_several_new_tokens_at_position_zero_see_only_each_other(variant: str, device: str) -> None:
+    """An empty past (every split's cached range empty): token i sees new tokens 0 .. i only, the
+    first exactly its own value (softmax over one key)."""
+    spec = OP.spec((3, 8, 23, 64), "float32", kv_heads=2, q_len=3, write_kv=True)
+    inputs = list(OP.make_inputs(spec, seed=11, device=device))
+    inputs[5] = torch.zeros(1, dtype=torch.int64, device=device)
+    before = tuple(t.clone() for t in inputs)
+    y = call(spec, variant, config(variant), tuple(inputs))
+    assert_matches_fp64(OP, spec, before, y, variant)
+    group = 4
+    torch.testing.assert_close(y[:, :, 0], before[4][:, :, 0].repeat_interleave(group, dim=1))
+    assert torch.equal(inputs[1][:, :, :3], before[3]) and torch.equal(inputs[1][:, :, 3:], before[1][:, :, 3:])
+
+
+@pytest.mark.parametrize("variant", ("single_pass", "split_kv"))
+@pytest.mark.parametrize("q_len", (1, 3))
+def test_a_repeated_call_gives_the_same_output_and_cache(variant: str, q_len: int, device: str) -> None:
     """Idempotence, which the harness's reruns and timing rounds rely on."""
-    spec = OP.spec((2, 8, 40, 32), "bfloat16", kv_heads=2, write_kv=True)
+    spec = OP.spec((2, 8, 40, 32), "bfloat16", kv_heads=2, q_len=q_len, write_kv=True)
     inputs = OP.make_inputs(spec, seed=3, distribution="uneven", device=device)
     first = call(spec, variant, config(variant), inputs)
     caches = (inputs[1].clone(), inputs[2].clone())
@@ -78,9 +126,11 @@ def test_a_repeated_call_gives_the_same_output_and_cache(variant: str, device: s
 
 
 @pytest.mark.parametrize("variant", ("single_pass", "split_kv"))
-@pytest.mark.parametrize("position", (-1, 24, 1000))
-def test_a_position_outside_the_cache_writes_nothing_and_gives_nan(variant: str, position: int, device: str) -> None:
-    spec = OP.spec((2, 4, 24, 16), "float32", kv_heads=2, write_kv=True)
+@pytest.mark.parametrize(("q_len", "position"), [(1, -1), (1, 24), (1, 1000), (3, -1), (3, 22), (3, 1000)])
+def test_a_position_outside_the_cache_writes_nothing_and_gives_nan(variant: str, q_len: int, position: int,
+                                                                   device: str) -> None:  # fmt: skip
+    """(3 new tokens at 22 of a cache of 24: the first two would fit, the third not; nothing is written.)"""
+    spec = OP.spec((2, 4, 24, 16), "float32", kv_heads=2, q_len=q_len, write_kv=True)
     inputs = list(OP.make_inputs(spec, seed=5, device=device))
     inputs[5] = torch.tensor([position], dtype=torch.int64, device=device)
     before = [t.clone() for t in inputs]
@@ -111,9 +161,9 @@ def test_the_reference_is_index_copy_then_sdpa(device: str) -> None:
 
 
 # ---- through the harness ----------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype", ("bfloat16", "float32"))
-def test_one_config_of_each_variant_passes_the_harness(dtype: str, device: str) -> None:
-    spec = OP.spec((2, 4, 24, 16), dtype, kv_heads=2, write_kv=True)
+@pytest.mark.parametrize(("dtype", "q_len"), [("bfloat16", 1), ("float32", 1), ("float32", 3)])
+def test_one_config_of_each_variant_passes_the_harness(dtype: str, q_len: int, device: str) -> None:
+    spec = OP.spec((2, 4, 24, 16), dtype, kv_heads=2, q_len=q_len, write_kv=True)
     assert OP.written_inputs(spec) == (1, 2)
     for variant in OP.variants:
         cfg = min(variant.space(spec).configs(), key=lambda c: (c["BLOCK_N"], c.get("SPLITS", 1), c["num_warps"],
@@ -192,11 +242,13 @@ def test_spec_for_hugging_face_tensors_and_views(device: str) -> None:
 @pytest.mark.parametrize(
     ("make", "match"),
     [
-        (lambda: OP.spec((1, 4, 24, 16), "float32", kv_heads=2, write_kv=True, q_len=2), "one new token"),
+        (lambda: OP.spec((1, 4, 24, 16), "float32", kv_heads=2, write_kv=True, q_len=25), "do not fit"),
         (lambda: OP.spec((1, 4, 24, 16), "float32", kv_heads=2, write_kv=True, cache="dynamic"), "static cache"),
         (lambda: OP.spec((1, 4, 24, 16), "float32", kv_heads=2, write_kv="yes"), "True or False"),
         (lambda: OP.spec_for(torch.zeros(1, 4, 1, 16), torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8, 16),
                              torch.zeros(1, 2, 2, 16), torch.zeros(1, 2, 1, 16), torch.tensor([1])), "k_new"),
+        (lambda: OP.spec_for(torch.zeros(1, 4, 2, 16), torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8, 16),
+                             torch.zeros(1, 2, 2, 16), torch.zeros(1, 2, 1, 16), torch.tensor([1])), "v_new"),
         (lambda: OP.spec_for(torch.zeros(1, 4, 1, 16), torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 8, 16),
                              torch.zeros(1, 2, 1, 16), torch.zeros(1, 2, 1, 16), torch.tensor([1.0])),
          "cache_position"),
@@ -210,8 +262,9 @@ def test_refuses_what_it_does_not_know(make: Any, match: str) -> None:
 # ---- the real compiler (tests/interpreter/real_compiler.py; run by test_decode_attention.py's test) ----
 def real_compiler_cases() -> list[tuple[DecodeAttention, str, OpSpec, Config]]:
     cases = []
-    for dtype in ("bfloat16", "float16", "float32"):
-        spec = OP.spec((2, 32, 64, 128), dtype, kv_heads=8, write_kv=True)
+    specs = [OP.spec((2, 32, 64, 128), d, kv_heads=8, write_kv=True) for d in ("bfloat16", "float16", "float32")]
+    specs.append(OP.spec((2, 32, 64, 128), "bfloat16", kv_heads=8, q_len=3, write_kv=True))  # several new rows
+    for spec in specs:
         for variant in OP.variants:
             configs = sorted(variant.space(spec, prune=False).configs(), key=lambda c: (c["BLOCK_N"], c.key))  # type: ignore[call-arg]
             cases += [(OP, variant.name, spec, c) for c in {c.key: c for c in configs[:1] + configs[-1:]}.values()]

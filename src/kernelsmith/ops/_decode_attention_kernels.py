@@ -37,12 +37,13 @@ def _group_rows(q_ptr, bh, H, Hk, q_sb, q_sh, q_ss,
 def _sequence_length(len_ptr, b, L, Q_LEN: tl.constexpr, HAS_LENGTHS: tl.constexpr, WRITE_KV: tl.constexpr):
     """(the valid length clamped into [0, L], whether lengths[b] was out of range [Q_LEN, L]).
 
-    ``WRITE_KV``: ``len_ptr`` is the new token's cache position (one for the batch, as Hugging
-    Face's ``cache_position``); the cache holds the ``position`` past tokens before it, which is
-    the length returned, and a position outside [0, L) is bad."""
+    ``WRITE_KV``: ``len_ptr`` is the first new token's cache position (one for the batch, as
+    Hugging Face's ``cache_position[0]``); the cache holds the ``position`` past tokens before it,
+    which is the length returned, and the ``Q_LEN`` new rows at ``position .. position + Q_LEN - 1``
+    must fit: a position outside [0, L - Q_LEN] is bad."""
     if WRITE_KV:
         position = tl.load(len_ptr).to(tl.int64)
-        bad = (position < 0) | (position >= L)
+        bad = (position < 0) | (position + Q_LEN > L)
         length = tl.minimum(tl.maximum(position, 0), L)
     else:
         length = tl.load(len_ptr + b).to(tl.int64) if HAS_LENGTHS else tl.cast(L, tl.int64)
@@ -52,22 +53,34 @@ def _sequence_length(len_ptr, b, L, Q_LEN: tl.constexpr, HAS_LENGTHS: tl.constex
 
 
 @triton.jit
-def _attend_new_row(q, acc, m_i, l_i, kn_ptr, vn_ptr, kn_base, vn_base, qk_scale,
-                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
-    """The new token's own key and value (not yet in the cache: read from ``k_new``/``v_new``)
-    folded into the online softmax state of the query block. Returns (acc, m, l, k row, v row)."""
+def _attend_new_rows(q, token, acc, m_i, l_i, k_ptr, v_ptr, k_base, v_base, k_ss, v_ss, kn_ptr, vn_ptr,
+                     kn_base, vn_base, kn_ss, vn_ss, position, bad, qk_scale,
+                     Q_LEN: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """The new tokens' own keys and values (not yet in the cache: read from ``k_new``/``v_new``)
+    folded into the online softmax state of the query block, causally: new row ``j`` is seen by
+    the query rows of token ``j`` and later. Each row is stored into the caches at ``position + j``
+    as it goes (``bad``, a position outside the cache: nothing is stored). Returns (acc, m, l).
+
+    Row 0 is seen by every query row, so after it every row's running max is finite and the
+    rescaling ``2^(m_old - m_new)`` below never meets ``-inf - -inf``."""
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
-    k = tl.load(kn_ptr + kn_base + d, mask=d_ok, other=0.0)
-    v = tl.load(vn_ptr + vn_base + d, mask=d_ok, other=0.0)
-    s = tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], 1) * qk_scale  # [BLOCK_Q]
-    m_new = tl.maximum(m_i, s)
-    alpha = tl.exp2(m_i - m_new)  # 0 for a row that saw no cached key (m_i = -inf)
-    p = tl.exp2(s - m_new)
-    l_i = l_i * alpha + p
-    pv = p.to(v.dtype).to(tl.float32)  # the value product in the cache's precision, as _attend
-    acc = acc * alpha[:, None] + pv[:, None] * v.to(tl.float32)[None, :]
-    return acc, m_new, l_i, k, v
+    write_ok = d < tl.where(bad, 0, HEAD_DIM)
+    for j in tl.static_range(Q_LEN):
+        k = tl.load(kn_ptr + kn_base + j * kn_ss + d, mask=d_ok, other=0.0)
+        v = tl.load(vn_ptr + vn_base + j * vn_ss + d, mask=d_ok, other=0.0)
+        s = tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], 1) * qk_scale  # [BLOCK_Q]
+        s = tl.where(token >= j, s, float("-inf"))  # causal among the new tokens
+        m_new = tl.maximum(m_i, s)
+        alpha = tl.exp2(m_i - m_new)  # 0 for a row that saw no cached key (m_i = -inf)
+        p = tl.exp2(s - m_new)
+        l_i = l_i * alpha + p
+        pv = p.to(v.dtype).to(tl.float32)  # the value product in the cache's precision, as _attend
+        acc = acc * alpha[:, None] + pv[:, None] * v.to(tl.float32)[None, :]
+        m_i = m_new
+        tl.store(k_ptr + k_base + (position + j) * k_ss + d, k, mask=write_ok)
+        tl.store(v_ptr + v_base + (position + j) * v_ss + d, v, mask=write_ok)
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -99,8 +112,8 @@ def _attend(q, token, k_ptr, v_ptr, k_base, v_base, k_ss, v_ss, start, end, leng
         if MASKED:  # the mask alone (past the range it loads False)
             m_offsets = m_base + token.to(tl.int64)[:, None] * m_ss + n.to(tl.int64)[None, :] * m_sl
             visible = tl.load(mask_ptr + m_offsets, mask=n_ok[None, :], other=0) != 0
-        else:
-            visible = n[None, :] < limit[:, None]
+        else:  # (n_ok too: with WRITE_KV the limit runs past the cached range by the new tokens)
+            visible = (n[None, :] < limit[:, None]) & n_ok[None, :]
         s = tl.where(visible, s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
@@ -123,7 +136,7 @@ def _attend(q, token, k_ptr, v_ptr, k_base, v_base, k_ss, v_ss, start, end, leng
 def _decode_attn_kernel(
     q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, acc_ptr, ml_ptr, kn_ptr, vn_ptr,
     qk_scale, H, Hk, L, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, m_sb, m_ss, m_sl,
-    kn_sb, kn_sh, vn_sb, vn_sh,
+    kn_sb, kn_sh, kn_ss, vn_sb, vn_sh, vn_ss,
     SPLITS: tl.constexpr, Q_LEN: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LENGTHS: tl.constexpr,
     IEEE: tl.constexpr, UPCAST: tl.constexpr, MASKED: tl.constexpr, WRITE_KV: tl.constexpr = False,
@@ -133,10 +146,10 @@ def _decode_attn_kernel(
     go to acc_ptr ([bh, split, row, d], float32) and ml_ptr ([2, bh, split, row]: m then l).
     ``MASKED``: len_ptr is the boolean (B, 1, Q_LEN, L) mask (batch stride m_sb), every position
     is scanned and the mask says which each row sees.
-    ``WRITE_KV`` (one new token): len_ptr is its cache position; the splits cover the cached past
-    [0, position), and the last split alone adds the new key and value (``kn_ptr``/``vn_ptr``,
-    (B, Hk, 1, D)) from registers and stores them into the cache at the position: no program
-    reads the row being written."""
+    ``WRITE_KV``: len_ptr is the first new token's cache position; the splits cover the cached
+    past [0, position), and the last split alone adds the Q_LEN new keys and values (``kn_ptr``/
+    ``vn_ptr``, (B, Hk, Q_LEN, D), token stride kn_ss/vn_ss) from registers and stores them into
+    the cache at position .. position + Q_LEN - 1: no program reads a row being written."""
     qk_scale = tl.cast(qk_scale, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     ROWS: tl.constexpr = GROUP * Q_LEN
     bh = tl.program_id(0)
@@ -152,7 +165,9 @@ def _decode_attn_kernel(
     end = tl.minimum(start + per_split, length)
     k_base = b.to(tl.int64) * k_sb + kvh.to(tl.int64) * k_sh
     v_base = b.to(tl.int64) * v_sb + kvh.to(tl.int64) * v_sh
-    acc, m_i, l_i = _attend(q, token, k_ptr, v_ptr, k_base, v_base, k_ss, v_ss, start, end, length, qk_scale,
+    # The keys each row sees end at the new tokens: with WRITE_KV past the cached ``length`` by Q_LEN.
+    visible_len = length + Q_LEN if WRITE_KV else length
+    acc, m_i, l_i = _attend(q, token, k_ptr, v_ptr, k_base, v_base, k_ss, v_ss, start, end, visible_len, qk_scale,
                             len_ptr, b.to(tl.int64) * m_sb, m_ss, m_sl,
                             Q_LEN, HEAD_DIM, BLOCK_D, BLOCK_Q, BLOCK_N, IEEE, UPCAST, MASKED)  # fmt: skip
     d = tl.arange(0, BLOCK_D)
@@ -160,11 +175,9 @@ def _decode_attn_kernel(
     if WRITE_KV and split == SPLITS - 1:
         kn_base = b.to(tl.int64) * kn_sb + kvh.to(tl.int64) * kn_sh
         vn_base = b.to(tl.int64) * vn_sb + kvh.to(tl.int64) * vn_sh
-        acc, m_i, l_i, k_row, v_row = _attend_new_row(q, acc, m_i, l_i, kn_ptr, vn_ptr, kn_base, vn_base,
-                                                      qk_scale, HEAD_DIM, BLOCK_D)  # fmt: skip
-        write_ok = d < tl.where(bad, 0, HEAD_DIM)  # a position outside the cache writes nothing
-        tl.store(k_ptr + k_base + length * k_ss + d, k_row, mask=write_ok)
-        tl.store(v_ptr + v_base + length * v_ss + d, v_row, mask=write_ok)
+        acc, m_i, l_i = _attend_new_rows(q, token, acc, m_i, l_i, k_ptr, v_ptr, k_base, v_base, k_ss, v_ss,
+                                         kn_ptr, vn_ptr, kn_base, vn_base, kn_ss, vn_ss, length, bad,
+                                         qk_scale, Q_LEN, HEAD_DIM, BLOCK_D)  # fmt: skip
     r = tl.arange(0, BLOCK_Q)
     store_ok = r_ok[:, None] & d_ok[None, :]
     if SPLITS == 1:

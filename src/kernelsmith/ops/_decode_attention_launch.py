@@ -124,7 +124,7 @@ def _launcher(spec: OpSpec, config: Config, splits: int) -> Launcher:
         k_new = v_new = q  # (never read without write_kv)
         if dims.write_kv:  # (q, k_cache, v_cache, k_new, v_new, cache_position)
             k_new, v_new, lengths = inputs[3], inputs[4], inputs[5]
-        new_strides = (k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1))
+        new_strides = (*k_new.stride()[:3], *v_new.stride()[:3])  # (for q: never read)
         mask_strides = (lengths.stride(0), lengths.stride(2), lengths.stride(3)) if dims.masked else (0, 0, 0)
         o = outputs[0]
         acc = ml = o  # unused by one pass

@@ -42,8 +42,8 @@ def command_line_spec(
 ) -> OpSpec:
     """``shape`` is ``(B, H, L, D)``; a static cache adds an int64 ``lengths`` of ``(B,)``, a
     masked one a boolean mask of ``(B, 1, Sq, L)``; ``write_kv`` (a static cache) takes the
-    new ``k_new``, ``v_new`` of ``(B, Hk, 1, D)`` and an int64 ``cache_position`` of ``(1,)``
-    instead of the lengths.
+    new ``k_new``, ``v_new`` of ``(B, Hk, Sq, D)`` and an int64 ``cache_position`` of ``(1,)``
+    (the first new token's) instead of the lengths.
 
     """
     if constants:
@@ -186,8 +186,9 @@ def check_spec(spec: OpSpec) -> None:
 
 
 def _check_write_kv(spec: OpSpec) -> None:
-    """``write_kv``'s own layout: a static cache, one new token, k_new and v_new shaped
-    (B, Hk, 1, D) in the caches' dtype with a unit stride along D, a (1,) integer position."""
+    """``write_kv``'s own layout: a static cache, k_new and v_new shaped (B, Hk, Sq, D) like q's
+    new tokens, in the caches' dtype with a unit stride along D, a (1,) integer position (the
+    first new token's: the Sq rows go to consecutive positions from it)."""
     if spec.constants["cache"] != "static":
         raise UnsupportedWorkload(f"decode_attention: write_kv needs a static cache, not "
                                   f"{spec.constants['cache']!r}")  # fmt: skip
@@ -195,11 +196,11 @@ def _check_write_kv(spec: OpSpec) -> None:
         raise UnsupportedWorkload(f"decode_attention: write_kv takes {WRITE_KV_INPUTS} inputs, not "
                                   f"{len(spec.inputs)}")  # fmt: skip
     q, k, _, k_new, v_new, position = spec.inputs
-    if len(q.shape) != 4 or q.shape[2] != 1:
-        raise UnsupportedWorkload(f"decode_attention: write_kv takes one new token (q of (B, H, 1, D)), not {q}")
+    if len(q.shape) != 4:
+        raise UnsupportedWorkload(f"decode_attention: write_kv takes q of (B, H, Sq, D), not {q}")
     if len(k.shape) != 4:
         raise UnsupportedWorkload("decode_attention: k_cache must be 4-D (B, Hk, L, D)")
-    wanted = (k.shape[0], k.shape[1], 1, k.shape[3])
+    wanted = (k.shape[0], k.shape[1], q.shape[2], k.shape[3])
     for label, t in (("k_new", k_new), ("v_new", v_new)):
         if t.shape != wanted or t.dtype != k.dtype or t.strides[3] != 1 or any(s < 0 for s in t.strides):
             raise UnsupportedWorkload(f"decode_attention: {label} {t} must be {k.dtype} of shape {wanted} with a "

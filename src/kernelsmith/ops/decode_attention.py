@@ -39,20 +39,23 @@ Inputs ``(q, k_cache, v_cache[, lengths])``, output ``o`` shaped like ``q``:
   position ``len - Sq + i`` and attends keys ``0 .. len - Sq + i`` (causal, bottom-right aligned,
   which is what Hugging Face's mask at ``cache_position`` is). With ``Sq = 1`` that is every valid key.
 - ``scale`` multiplies the scores (default ``1 / sqrt(D)``).
-- The constant ``write_kv=True`` (a static cache, one new token) fuses Hugging Face's cache
-  update into the op: the inputs are ``(q, k_cache, v_cache, k_new, v_new, cache_position)``,
-  ``k_new``/``v_new`` the new token's key and value ``(B, Hk, 1, D)`` (any strides with a unit one
-  along ``D``), ``cache_position`` ``(1,)`` int32/int64 on the device (shared by the batch, as
-  ``StaticCache.update``'s ``cache_position``). The op stores the new rows into both caches at
-  that position, in place (``index_copy_`` along the length, as the update does), and attends
-  over positions ``0 .. position``. The kernels' programs read the past ``[0, position)`` from the
-  cache and the new token's own key and value from ``k_new``/``v_new`` (one program per
-  (sequence, key/value head) adds them and stores them): no program reads a row another writes,
-  and the position is read on the device, so the step stays CUDA-graph capturable. A position
-  outside ``[0, L)`` writes nothing and gives NaN. The family declares the caches written
-  (:meth:`DecodeAttention.written_inputs`): the harness checks them bit for bit against
-  ``index_copy_``, every other input unchanged (rule 2). Writing the same rows at the same
-  position again leaves the same cache, so repeated calls (validation's rerun, timing) agree.
+- The constant ``write_kv=True`` (a static cache) fuses Hugging Face's cache update into the
+  op: the inputs are ``(q, k_cache, v_cache, k_new, v_new, cache_position)``, ``k_new``/``v_new``
+  the ``Sq`` new tokens' keys and values ``(B, Hk, Sq, D)`` (any strides with a unit one along
+  ``D``), ``cache_position`` ``(1,)`` int32/int64 on the device: the *first* new token's position
+  ``p``, shared by the batch (``StaticCache.update``'s ``cache_position`` is ``p .. p + Sq - 1``,
+  consecutive; a caller passes its first element). The op stores the new rows into both caches
+  at ``p .. p + Sq - 1``, in place (``index_copy_`` along the length, as the update does), and
+  query ``i`` attends over positions ``0 .. p + i`` (``Sq > 1``: a speculative verify step, or a
+  chunk of a prefill into a static cache). The kernels' programs read the past ``[0, p)`` from the
+  cache and the new tokens' own keys and values from ``k_new``/``v_new`` (one program per
+  (sequence, key/value head) adds them, causally among themselves, and stores them): no program
+  reads a row another writes, and the position is read on the device, so the step stays
+  CUDA-graph capturable. A position outside ``[0, L - Sq]`` writes nothing and gives NaN. The
+  family declares the caches written (:meth:`DecodeAttention.written_inputs`): the harness checks
+  them bit for bit against ``index_copy_``, every other input unchanged (rule 2). Writing the
+  same rows at the same position again leaves the same cache, so repeated calls (validation's
+  rerun, timing) agree.
 
 Math, for query row ``(b, h, i)`` with ``n = len - Sq + i + 1`` visible keys and ``g = h // (H / Hk)``::
 
@@ -150,8 +153,8 @@ def check_lengths(lengths: torch.Tensor, q_len: int, cache_len: int) -> None:
 
 def _lengths(spec: OpSpec, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
     dims = _dims(spec)
-    if dims.write_kv:  # the position's past and the new token
-        return (inputs[5].to(torch.int64) + 1).expand(dims.batch)
+    if dims.write_kv:  # the position's past and the new tokens
+        return (inputs[5].to(torch.int64) + dims.q_len).expand(dims.batch)
     if dims.has_lengths:
         return inputs[3].to(torch.int64)
     return torch.full((dims.batch,), dims.cache_len, dtype=torch.int64, device=inputs[0].device)
@@ -176,15 +179,16 @@ def _poison_bad(out: torch.Tensor, bad: torch.Tensor) -> torch.Tensor:
 
 
 def _write_new_rows(spec: OpSpec, inputs: Sequence[torch.Tensor], k: torch.Tensor, v: torch.Tensor) -> None:
-    """``write_kv``: Hugging Face's ``StaticCache.update`` into ``k`` and ``v`` (in place): the new
-    rows ``index_copy_``-ed at the cache position, and nothing written for a position outside the
-    cache (the index is clamped and the old row written back, without a host sync)."""
+    """``write_kv``: Hugging Face's ``StaticCache.update`` into ``k`` and ``v`` (in place): the
+    ``Sq`` new rows ``index_copy_``-ed at the positions ``p .. p + Sq - 1`` from the first one,
+    and nothing written where they do not all fit the cache (the indices are clamped and the old
+    rows written back, without a host sync)."""
     k_new, v_new, position = inputs[3], inputs[4], inputs[5].to(torch.int64)
-    cache_len = k.shape[2]
-    bad = (position < 0) | (position >= cache_len)
-    index = position.clamp(0, cache_len - 1)
+    cache_len, q_len = k.shape[2], k_new.shape[2]
+    bad = (position < 0) | (position + q_len > cache_len)  # (1,)
+    index = (position + torch.arange(q_len, device=position.device)).clamp(0, cache_len - 1)
     for cache, new in ((k, k_new), (v, v_new)):
-        kept = torch.where(bad[None, None, :, None], cache.index_select(2, index), new.to(cache.dtype))
+        kept = torch.where(bad[:, None, None, None], cache.index_select(2, index), new.to(cache.dtype))
         cache.index_copy_(2, index, kept)
 
 
@@ -201,8 +205,8 @@ class DecodeAttention(OpFamily):
         "BxHxLxD: batch, query heads, cache length (max_cache_len for a static cache), head dim, e.g. "
         "1x32x1024x64; constants: kv_heads (default H), q_len (new tokens, default 1), "
         "cache=static|dynamic|masked (static takes a lengths tensor, masked a boolean mask), "
-        "scale (default 1/sqrt(D)), write_kv=True (static, one new token: k_new, v_new and cache_position; "
-        "the new rows stored into the cache)"
+        "scale (default 1/sqrt(D)), write_kv=True (static: k_new, v_new and the first new token's "
+        "cache_position; the q_len new rows stored into the cache)"
     )
     # full: every sequence fills the cache (what the bytes model assumes; timed); uneven: lengths
     # from q_len to L, the positions past each length stale (see STALE_KEY); peaked: full, with
@@ -374,17 +378,17 @@ class DecodeAttention(OpFamily):
         device: str | torch.device,
     ) -> tuple[torch.Tensor, ...]:
         """``write_kv``'s (k_new, v_new, cache_position): the new rows standard normal (k_new times
-        ``spread``), the position the last one (``full``, ``peaked``: the cache full after the
-        write) or drawn from ``[0, L)`` (``uneven``). The caches at and past the position hold
+        ``spread``), the first position ``L - Sq`` (``full``, ``peaked``: the cache full after the
+        write) or drawn from ``[0, L - Sq]`` (``uneven``). The caches at and past the position hold
         stale rows, so a kernel that skips the write or reads past the position is caught."""
         dims = _dims(spec)
         new = []
         for t, factor in zip(spec.inputs[3:5], (spread, 1.0), strict=True):
             x = torch.randn(t.shape, generator=g, device=device, dtype=torch.float32) * factor
             new.append(torch.empty_strided(t.shape, t.strides, dtype=t.torch_dtype, device=device).copy_(x))
-        position = torch.full((1,), dims.cache_len - 1, dtype=torch.int64, device=device)
+        position = torch.full((1,), dims.cache_len - dims.q_len, dtype=torch.int64, device=device)
         if distribution == "uneven":
-            position = torch.randint(0, dims.cache_len, (1,), generator=g, device=device)
+            position = torch.randint(0, dims.cache_len - dims.q_len + 1, (1,), generator=g, device=device)
         stale = torch.arange(dims.cache_len, device=device) >= position
         k.masked_fill_(stale[None, None, :, None], STALE_KEY)
         v.masked_fill_(stale[None, None, :, None], STALE_VALUE)
