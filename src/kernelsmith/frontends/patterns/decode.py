@@ -56,13 +56,35 @@ prologue has no weight offset). A residual add before the norm (``h = a + b; rms
 ``add_rmsnorm`` folds elsewhere) stays a node of the graph: its sum is the next residual, so only
 the norm is folded, and the projections read ``h``.
 
-Two fusions of the family are not matched here. Gemma's norm would need a ``weight_offset`` in
-the prologue (the rmsnorm family has one, the decode kernels do not). RoPE in the epilogue
-(``epilogue="rope"``, ``rope=(heads, kv_heads)``) rotates a *fused* QKV output of ``(heads + 2
-kv_heads) x D`` columns (Phi-3's ``qkv_proj``); Llama's separate q and k projections are no such
-output (``kv_heads`` must be positive and the columns must split so), and matching Phi-3's split,
-views and ``apply_rotary_pos_emb`` would take a site whose kernel replaces the product and whose
-rotated q and k are then read through the graph's own slices: not built yet.
+Gemma's norm is not matched: it would need a ``weight_offset`` in the prologue (the rmsnorm family
+has one, the decode kernels do not).
+
+RoPE epilogues (Llama's separate q and k projections)
+-----------------------------------------------------
+Hugging Face's Llama attention projects, views and rotates::
+
+    q = F.linear(x, Wq).view(B, S, H, D).transpose(1, 2)        # (B, H, S, D)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)               # (B, 1, S, D), shared by q and k
+    q = q * cos + rotate_half(q) * sin                          # rotate_half(q) = cat(-q2, q1)
+
+and k the same with its KV heads. :func:`rope_sites` makes of each such chain one
+``decode_matmul`` site with ``epilogue="rope"``, ``rope=(H, 0)`` (the whole output rotated):
+the region is the product, the view, the transpose and the rotation's nodes (every node reached
+from the transpose that only the chain reads, up to the one node they all flow into), its inputs
+``x``, ``Wq`` and the two position tables, read by the kernel as ``(B, S, D)`` rows (one per row
+of ``x``; a table shared over the batch, ``(1, 1, S, D)`` with ``B > 1``, is refused). The site's
+check runs the region as a module on random inputs and compares it, transposed back to ``(B, S,
+H * D)``, with the family's reference; which table is ``cos`` is what that check decides (the
+rotation is linear in each, so random tables tell them apart). What the spelling does not
+compute is refused by that check or by the family's spec: GPT-J's interleaved rotary (pairs
+``2i, 2i + 1``), partial rotary (``rotary_dim < D``: tables of ``rotary_dim`` columns, or a pass
+through half), a rotation of anything else than the product.
+
+The kernel's output is the projection's layout, ``(B, S, H * D)``, and the graph reads the site's
+output as ``(B, H, S, D)``: the rewrite must insert ``.view(B, S, H, D).transpose(1, 2)`` after the
+kernel (:attr:`RopeSite.output_view`); the ``Site`` record and the rewrite
+(``_backend_sites``, ``_backend_rewrite``) do not carry such an output view yet, so these sites
+are found and checked here but not yet offered by ``find_sites``.
 
 The backend then checks each region exactly as it checks its other sites (the region run on
 random inputs through :func:`~kernelsmith.frontends.recognize.recognize`, its output compared
@@ -84,6 +106,7 @@ import torch
 from torch import fx
 
 from kernelsmith.frontends._backend_sites import (
+    OpInput,
     Site,
     _input_meta,
     _moves_across_barrier,
@@ -243,6 +266,168 @@ def with_prologue(
     return dataclasses.replace(site, inputs=inputs, constants=constants, spec=spec, prologue=list(norm.region))
 
 
+# ---- RoPE epilogues on Llama's separate q and k projections (module docstring) ---------------------
+
+_VIEWS = frozenset({"view", "reshape"})
+_TRANSPOSES = frozenset({"transpose"})
+# What a rotation's spelling is made of: products, sums, negation, the halves, their concatenation.
+_ROTATION_OPS = frozenset({"mul", "__mul__", "add", "__add__", "sub", "__sub__", "neg", "__neg__", "getitem",
+                           "cat", "narrow", "chunk", "split", "stack", "flatten"})  # fmt: skip
+_MAX_ROTATION = 16  # nodes: Hugging Face's spelling takes 7 (mul, two slices, neg, cat, mul, add)
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeSite:
+    """A checked ``decode_matmul`` site computing a rotated projection, and the view the rewrite
+    must put after its kernel: ``output.view(output_view).transpose(1, 2)`` is the graph's
+    ``(B, H, S, D)`` value."""
+
+    site: Site
+    output_view: tuple[int, int, int, int]  # (B, S, H, D)
+
+
+def _rotation(
+    transposed: fx.Node, shape: tuple[int, ...], order: dict[fx.Node, int]
+) -> tuple[fx.Node, list[fx.Node]] | str:
+    """``(output, nodes)`` of the rotation that reads ``transposed``: the first node ``out`` (in
+    graph order) of ``shape`` such that the rotation ops between ``transposed`` and ``out`` hold
+    every reader of ``transposed`` and every reader of each other but ``out``'s (what reads
+    ``out`` is the rest of the model); or why there is none."""
+    if any(not _is_call(user, _ROTATION_OPS) for user in transposed.users):
+        return "the heads are read by more than a rotation"
+    reached: set[fx.Node] = set()  # what the rotation ops reach from the heads, a few nodes deep
+    frontier = [transposed]
+    while frontier and len(reached) <= _MAX_ROTATION:
+        for user in frontier.pop().users:
+            if user not in reached and _is_call(user, _ROTATION_OPS):
+                reached.add(user)
+                frontier.append(user)
+    why = "no node of the rotation is the rotated (B, H, S, D) projection"
+    for out in sorted(reached, key=order.__getitem__):
+        value = _value(out)
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape:
+            continue
+        region = {n for n in reached if n is out or _reaches(n, out, reached)}
+        if set(transposed.users) - region:
+            continue  # a reader of the heads comes later: not the end yet
+        outside = [n for n in region if n is not out and set(n.users) - region]
+        if outside:
+            why = f"{outside[0].name} is read outside the rotation"
+            continue
+        return out, sorted(region, key=order.__getitem__)
+    return why
+
+
+def _reaches(node: fx.Node, target: fx.Node, within: set[fx.Node]) -> bool:
+    """Whether ``target`` reads ``node`` through nodes of ``within``."""
+    frontier, seen = [node], {node}
+    while frontier:
+        for user in frontier.pop().users:
+            if user is target:
+                return True
+            if user in within and user not in seen:
+                seen.add(user)
+                frontier.append(user)
+    return False
+
+
+def rope_site(
+    gm: fx.GraphModule,
+    linear: fx.Node,
+    nodes: list[fx.Node],
+    order: dict[fx.Node, int],
+    generators: dict[torch.device, torch.Generator],
+) -> RopeSite | str:
+    """The RoPE site of the decode projection ``linear`` (module docstring, "RoPE epilogues"),
+    checked on random inputs against the family's reference; or why it is none."""
+    from kernelsmith.frontends.decorator import _differs_from_op
+
+    if decode_rows(linear) is None or any(a is not None for a in (*linear.args[2:], *linear.kwargs.values())):
+        return "not a decode-shaped F.linear(x, w) without a bias"
+    x_node, w_node = linear.args[:2]
+    x = _value(x_node)  # a tensor with a 2-D weight: decode_rows says so
+    if not isinstance(x_node, fx.Node) or not isinstance(w_node, fx.Node) or x.dim() != 3:
+        return "x is not (B, S, K)"
+    batch, seq = x.shape[0], x.shape[1]
+    view = _only_user(linear)
+    if view is None or not _is_call(view, _VIEWS):
+        return "the product is not viewed to heads"
+    viewed = _value(view)
+    if not isinstance(viewed, torch.Tensor) or viewed.dim() != 4 or tuple(viewed.shape[:2]) != (batch, seq):
+        return "the product is not viewed to (B, S, H, D)"
+    heads, d = viewed.shape[2], viewed.shape[3]
+    transpose = _only_user(view)
+    if transpose is None or not _is_call(transpose, _TRANSPOSES):
+        return "the heads are not transposed to (B, H, S, D)"
+    if tuple(_value(transpose).shape) != (batch, heads, seq, d):
+        return "the heads are not transposed to (B, H, S, D)"
+    found = _rotation(transpose, (batch, heads, seq, d), order)
+    if isinstance(found, str):
+        return found
+    out, rotation = found
+    region = sorted({linear, view, transpose, *rotation}, key=order.__getitem__)
+    if _moves_across_barrier(nodes, order[linear], order[out], region):
+        return "an in-place op or a side effect lies between the product and its rotation"
+    outside = _region_inputs(region, order)
+    tables = [n for n in outside if n not in (x_node, w_node)]
+    if set(outside) - set(tables) != {x_node, w_node} or len(tables) != 2:
+        return f"the rotation reads {len(tables)} tensors besides x and w, not cos and sin"
+    rows = (batch, seq, d)
+    for table in tables:  # one (B, S, D) row per row of x, as (B, 1, S, D) or (B, S, D)
+        value = _value(table)
+        if not isinstance(value, torch.Tensor) or value.numel() != math.prod(rows) or (
+            tuple(value.shape) not in ((batch, 1, seq, d), rows)
+        ):  # fmt: skip
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
+            return f"the position table {table.name} {shape} is not one (B, S, D) row per row of x"
+    device = x.device
+    generator = generators.setdefault(device, torch.Generator(device=device))
+    generator.manual_seed(0)
+    samples = {n: _sample(_value(n), generator) for n in outside}
+    try:
+        with torch.no_grad():
+            produced = _region_module(gm, region, outside)(*(samples[n] for n in outside))
+    except Exception as exc:  # a region that cannot run on random inputs: not this site
+        return f"the region does not run: {type(exc).__name__}: {exc}"
+    as_projection = produced.transpose(1, 2).reshape(batch, seq, heads * d)
+    problem = "no order of the tables"
+    for cos, sin in (tables, tables[::-1]):  # which one is cos: the check tells (module docstring)
+        inputs = [OpInput(x_node), OpInput(w_node), OpInput(cos, rows), OpInput(sin, rows)]
+        constants: dict[str, object] = {"layout": "linear", "epilogue": "rope", "bias": False, "rope": (heads, 0)}
+        spec = decode_spec([_input_meta(i) for i in inputs], constants)
+        if isinstance(spec, str):
+            return spec
+        bound = tuple(samples[i.node].reshape(rows) if i.reshape else samples[i.node] for i in inputs)
+        try:
+            with torch.no_grad():
+                problem = _differs_from_op(get_op(OP), spec, bound, as_projection) or ""
+        except Exception as exc:  # the reference refusing the inputs: not this site
+            problem = f"{type(exc).__name__}: {exc}"
+        if not problem:
+            site = Site(OP, out, region, inputs, {**constants, "rope": [heads, 0]}, spec)
+            return RopeSite(site, (batch, seq, heads, d))
+    return f"the product and its rotation do not compute RoPE's rotate_half: {problem}"
+
+
+def rope_sites(gm: fx.GraphModule, taken: set[fx.Node]) -> Iterator[RopeSite | tuple[fx.Node, str]]:
+    """For each decode-shaped ``F.linear`` of ``gm`` not taken, its RoPE site, or ``(the linear,
+    why not)``."""
+    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    generators: dict[torch.device, torch.Generator] = {}
+    for node in nodes:
+        if node in taken or decode_rows(node) is None:
+            continue
+        found = rope_site(gm, node, nodes, order, generators)
+        if isinstance(found, str):
+            log.debug("%s takes no RoPE epilogue: %s", node.name, found)
+            yield node, found
+        elif set(found.site.region) & taken:
+            yield node, "a node of the rotation belongs to another site"
+        else:
+            yield found
+
+
 def decode_spec(inputs: list[torch.Tensor], constants: dict[str, object]) -> OpSpec | str:
     """The ``decode_matmul`` spec of a recognized ``matmul`` site (its inputs as meta tensors,
     strides kept, and the match's constants), or why it is none: the family's own reason
@@ -253,4 +438,7 @@ def decode_spec(inputs: list[torch.Tensor], constants: dict[str, object]) -> OpS
         return str(exc)
 
 
-__all__ = ["OP", "candidate_regions", "decode_rows", "decode_spec", "prologue_norms", "with_prologue"]
+__all__ = [
+    "OP", "RopeSite", "candidate_regions", "decode_rows", "decode_spec", "prologue_norms", "rope_site", "rope_sites",
+    "with_prologue",
+]  # fmt: skip
