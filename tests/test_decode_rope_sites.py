@@ -201,3 +201,29 @@ def test_transformers_llama_attention_q_and_k_are_rope_sites(batch: int) -> None
     # the site's kernel inputs are the graph's x, the projection weight and HF's (B, S, D) tables
     q = sites[0].site
     assert q.spec.inputs[2].shape == (batch, 1, D) and q.inputs[2].reshape == (batch, 1, D)
+
+
+def test_transformers_llama_for_causal_lm_step_has_a_rope_site_per_q_and_k() -> None:
+    """A whole LlamaForCausalLM forward of one token per sequence (two layers, the tables computed
+    in the graph by its LlamaRotaryEmbedding): q and k of every layer, nothing else."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+                                      max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    graphs: list[fx.GraphModule] = []
+
+    def keep(gm: fx.GraphModule, _example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=keep)(input_ids=torch.tensor([[3], [5]]), position_ids=torch.tensor([[4], [6]]),
+                                           use_cache=False)  # fmt: skip
+    assert len(graphs) == 1
+    sites, _ = found(graphs[0])
+    assert [(s.site.spec.constants["rope"], weight_of(s).split("layers_modules_")[1][:1]) for s in sites] == [
+        ([HEADS, 0], "0"), ([KV_HEADS, 0], "0"), ([HEADS, 0], "1"), ([KV_HEADS, 0], "1")]  # fmt: skip
+    assert all("q_proj" in weight_of(s) for s in sites[::2]) and all("k_proj" in weight_of(s) for s in sites[1::2])
