@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernelsmith.frontends import backend as ks_backend
-from kernelsmith.frontends.patterns.decode_attention import lengths_from_positions
+from kernelsmith.frontends.patterns import decode_attention as pattern
+from kernelsmith.frontends.patterns.decode_attention import first_position, lengths_from_positions
 from kernelsmith.testing.decisions import store_kernel_decisions
 from test_backend import kernel_ops, record_inductor, spy_runners
 
@@ -188,17 +189,21 @@ class StaticDecoder(nn.Module):
     written at their positions, repeat_kv, and the causal mask built from the positions."""
 
     def __init__(self, batch: int, heads: int, kv_heads: int, head_dim: int, cache_len: int, q_len: int = 1,
-                 mask: str = "causal") -> None:  # fmt: skip
+                 mask: str = "causal", write: str = "at-positions") -> None:  # fmt: skip
         super().__init__()
-        self.heads, self.kv_heads, self.q_len, self.mask = heads, kv_heads, q_len, mask
+        self.heads, self.kv_heads, self.q_len, self.mask, self.write = heads, kv_heads, q_len, mask, write
         self.register_buffer("k_cache", torch.zeros(batch, kv_heads, cache_len, head_dim))
         self.register_buffer("v_cache", torch.zeros(batch, kv_heads, cache_len, head_dim))
 
     def forward(self, q, k, v, offset, valid=None):
         device = self.k_cache.device
         positions = torch.arange(self.q_len, device=device) + offset
-        self.k_cache.index_copy_(2, positions, k)
-        self.v_cache.index_copy_(2, positions, v)
+        # the write's index: the mask's positions, or an equal tensor computed apart (as
+        # transformers 5's StaticCache does, from its own cumulative_length)
+        index = positions if self.write != "other-index" else torch.arange(self.q_len, device=device) + offset
+        self.k_cache.index_copy_(-2 if self.write == "dim-minus-2" else 2, index, k)
+        self.v_cache.index_copy_(2, index, v)
+        peek = self.k_cache.sum() if self.write == "read-between" else None  # a reader of the new rows
         keys = torch.arange(self.k_cache.shape[2], device=device)[None, None, None, :]
         query = positions[None, None, :, None]
         if self.mask == "causal":
@@ -213,7 +218,8 @@ class StaticDecoder(nn.Module):
         b, hk, n, d = self.k_cache.shape
         key = self.k_cache[:, :, None].expand(b, hk, group, n, d).reshape(b, hk * group, n, d)
         value = self.v_cache[:, :, None].expand(b, hk, group, n, d).reshape(b, hk * group, n, d)
-        return F.scaled_dot_product_attention(q, key, value, attn_mask=mask)
+        out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask)
+        return out if peek is None else out + peek
 
 
 def decoder_inputs(batch, heads, kv_heads, head_dim, q_len, offset):
@@ -315,3 +321,103 @@ def test_lengths_come_from_the_last_position_on_the_device():
     lengths = lengths_from_positions(torch.tensor([6, 7, 8]), 3)
     assert lengths.dtype == torch.int64 and lengths.is_contiguous() and lengths.tolist() == [9, 9, 9]
     assert lengths_from_positions(torch.tensor([0]), 1).tolist() == [1]
+
+
+# ---- folding the cache writes into the site (write_kv; off until the backend can serve it) --------
+
+
+def _target(node) -> str:
+    return node.target if isinstance(node.target, str) else node.target.__name__
+
+
+@pytest.mark.parametrize(
+    ("batch", "heads", "kv_heads", "cache_len", "q_len", "write"),
+    [(1, 8, 2, 17, 1, "at-positions"), (3, 4, 1, 19, 3, "at-positions"), (3, 8, 2, 17, 1, "dim-minus-2")],
+    ids=["gqa-one-token", "mqa-three-tokens", "dim-minus-2"],
+)
+def test_folded_cache_writes_become_write_kv_inputs(monkeypatch, batch, heads, kv_heads, cache_len, q_len, write):
+    """With folding on, the two index_copy_ writes are in the site's region (the rewrite erases
+    them), and its inputs are q, the caches, the new rows and the first position; the site's check
+    ran the writes too (the caches they leave vs the family's update)."""
+    monkeypatch.setattr(pattern, "FOLD_CACHE_WRITES", True)
+    head_dim = 64
+    decoder = StaticDecoder(batch, heads, kv_heads, head_dim, cache_len, q_len, write=write)
+    inputs = decoder_inputs(batch, heads, kv_heads, head_dim, q_len, cache_len - q_len)
+    sites = attention_sites(decoder, *inputs)
+    assert [s.op for s in sites] == ["decode_attention"], sites
+    spec = sites[0].spec
+    assert spec.constants["write_kv"] is True and sites[0].constants["write_kv"] is True
+    assert [str(t) for t in spec.inputs[3:]] == [f"{batch}x{kv_heads}x{q_len}x{head_dim}:float32"] * 2 + ["1:int64"]
+    region = [_target(n) for n in sites[0].region]
+    assert region.count("index_copy_") == 2 and region[-1] == "scaled_dot_product_attention"
+    assert sites[0].inputs[5].derive is first_position
+
+
+def test_without_folding_the_writes_stay_the_original_code():
+    decoder = StaticDecoder(3, 4, 1, 16, 19, 3)
+    (site,) = attention_sites(decoder, *decoder_inputs(3, 4, 1, 16, 3, 16))
+    assert "write_kv" not in site.spec.constants and len(site.spec.inputs) == 4
+    assert "index_copy_" not in [_target(n) for n in site.region]
+
+
+@pytest.mark.parametrize(
+    ("write", "reason"),
+    [
+        ("other-index", "not at the positions the mask comes from"),
+        ("read-between", "between the cache write and the attention"),
+    ],
+)
+def test_writes_that_cannot_fold_leave_the_read_only_site(monkeypatch, caplog, write, reason):
+    """A write at an index tensor other than the mask's positions (equal or not: nothing proves it
+    without the host), or a reader of the cache between the write and the attention: the writes
+    stay, and the attention is the read-only static site."""
+    monkeypatch.setattr(pattern, "FOLD_CACHE_WRITES", True)
+    decoder = StaticDecoder(2, 4, 2, 16, CACHE_LEN, write=write)
+    with caplog.at_level(logging.DEBUG, logger="kernelsmith.frontends.backend"):
+        sites = attention_sites(decoder, *decoder_inputs(2, 4, 2, 16, 1, 5))
+    assert [(s.spec.const("cache"), len(s.spec.inputs)) for s in sites] == [("static", 4)]
+    kept = [r.getMessage() for r in caplog.records if "keeps its cache writes" in r.getMessage()]
+    assert len(kept) == 1 and reason in kept[0], caplog.text
+
+
+def test_the_fold_check_runs_the_writes_against_the_family_update(monkeypatch, caplog):
+    """Planted: a family whose update is a different write (one position later). The region's
+    index_copy_ writes leave other caches, so the check refuses the fold (the read-only site stays):
+    the written cache state is part of the check, not only the output."""
+    from kernelsmith.ops.decode_attention import DecodeAttention
+
+    def shifted(self, spec, inputs):
+        k, v = inputs[1].clone(), inputs[2].clone()
+        index = (inputs[5].to(torch.int64) + 1).clamp(max=k.shape[2] - 1)
+        return [k.index_copy_(2, index, inputs[3]), v.index_copy_(2, index, inputs[4])]
+
+    monkeypatch.setattr(pattern, "FOLD_CACHE_WRITES", True)
+    monkeypatch.setattr(DecodeAttention, "reference_written", shifted)
+    decoder = StaticDecoder(2, 4, 2, 16, CACHE_LEN)
+    with caplog.at_level(logging.DEBUG, logger="kernelsmith.frontends.backend"):
+        sites = attention_sites(decoder, *decoder_inputs(2, 4, 2, 16, 1, 5))
+    assert [len(s.spec.inputs) for s in sites] == [4]
+    kept = [r.getMessage() for r in caplog.records if "keeps its cache writes" in r.getMessage()]
+    assert len(kept) == 1 and "the key cache it leaves is not the family's" in kept[0], caplog.text
+
+
+def test_hf_static_cache_writes_do_not_fold_they_index_at_their_own_positions(hf_llama, monkeypatch, caplog):
+    """transformers 5's StaticCache writes at ``arange(Sq) + cumulative_length`` (its own buffer)
+    while the mask comes from the model's positions: two nodes, so the fold is refused (reported in
+    the task's notes: folding HF needs the two proved equal, e.g. on the device)."""
+    monkeypatch.setattr(pattern, "FOLD_CACHE_WRITES", True)
+    ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(1))
+    cache, logits = prefilled(hf_llama, ids)
+    with caplog.at_level(logging.DEBUG, logger="kernelsmith.frontends.backend"):
+        sites = attention_sites(
+            lambda t: hf_llama(t, past_key_values=cache, use_cache=True).logits, logits[:, -1:].argmax(-1)
+        )
+    assert [s.spec.const("cache") for s in sites] == ["static", "static"]
+    assert all("write_kv" not in s.spec.constants for s in sites)
+    kept = [r.getMessage() for r in caplog.records if "keeps its cache writes" in r.getMessage()]
+    assert len(kept) == 2 and all("not at the positions the mask comes from" in k for k in kept), caplog.text
+
+
+def test_the_first_position_is_a_device_op():
+    position = first_position(torch.tensor([6, 7, 8], dtype=torch.int32))
+    assert position.dtype == torch.int64 and position.tolist() == [6]

@@ -46,6 +46,31 @@ How a site is found (:func:`sites`), for each SDPA call:
    or is not a causal prefix fails, whatever its spelling, and falls back to being read as a
    mask); for a masked one on a random mask.
 
+Folding the cache writes (``write_kv``; off until the backend can emit it, see below)
+-------------------------------------------------------------------------------------
+The two ``index_copy_`` writes before a static-cache site are the family's ``write_kv`` layout
+(one pass stores the new rows and attends: the rows are not written by one kernel and read back
+by the next). :func:`_write_kv_site` takes them into the site when
+
+- each cache has exactly one in-place writer before the attention, ``cache.index_copy_(2, P,
+  new)`` (or dim -2) whose result nothing uses, ``P`` the very positions node the mask comes
+  from (so the rows written are the rows the mask shows: a write at another index tensor, even
+  an equal one, is refused: nothing proves it equal without reading both on the host);
+- nothing else reads or writes the cache, the new rows or ``P`` between the write and the
+  attention (the kernel runs where the attention was: a reader in between would see the old rows);
+- the family's ``spec_for`` accepts ``(q, k_cache, v_cache, k_new, v_new, P[0])``: new rows of the
+  caches' dtype and shape ``(B, Hk, Sq, D)``, a static cache (``Sq > 1`` needs ``P`` consecutive,
+  which step 3 already checked).
+
+Its check runs the writes, the views and the attention as a module on random caches and rows
+(the positions at or past each offset stale) and requires both the output and the caches it left
+to be the family's (:meth:`~kernelsmith.ops.decode_attention.DecodeAttention.reference_written`,
+bit for bit). Anything else keeps the read-only site above, the writes left to Inductor.
+
+:data:`FOLD_CACHE_WRITES` is False: ``kernelsmith::kernel`` is declared without mutations (and
+refuses a family that writes its inputs), so a folded site cannot be served yet; the backend
+needs a kernel op that declares the caches written, and the rewrite calling it, first.
+
 Refused (the original code runs): additive float masks and boolean ones of another shape (per
 head: layouts the family does not know), ``is_causal=True``, several new tokens without a mask,
 an input mutated before the attention, and whatever the family's ``spec_for`` refuses (head dim,
@@ -86,6 +111,9 @@ _SDPA = "scaled_dot_product_attention"
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _FRESH = frozenset({"add", "__add__", "arange"})  # ops whose result is a new tensor, never a view
 _REPEAT_VIEWS = ("getitem", "expand", "reshape")  # repeat_kv, read backwards: reshape(expand(x[:, :, None]))
+# Whether static-cache sites take the index_copy_ writes before them (the module docstring's
+# "Folding the cache writes"). Off: kernelsmith::kernel cannot declare the caches written yet.
+FOLD_CACHE_WRITES = False
 
 
 class Refused(Exception):
@@ -149,6 +177,11 @@ def _site(gm: fx.GraphModule, sdpa: fx.Node, order: dict[fx.Node, int], taken: s
         return _checked_site(gm, sdpa, region, [], operands, "dynamic", scale, order, generators)
     try:
         positions, mask_nodes = _positions(mask, q_len, order)
+        if FOLD_CACHE_WRITES:
+            try:
+                return _write_kv_site(gm, sdpa, region, mask_nodes, operands, positions, scale, order, generators)
+            except Refused as why:  # the read-only site, the writes left to Inductor
+                log.debug("%s keeps its cache writes: %s", sdpa.name, why)
         lengths = OpInput(positions, derive=lengths_from_positions, derive_args=(batch,))
         return _checked_site(gm, sdpa, region, mask_nodes, [*operands, lengths], "static", scale, order, generators)
     except Refused as why:  # not the positions' causal prefix: the mask itself, where the kernels can read it
@@ -156,16 +189,72 @@ def _site(gm: fx.GraphModule, sdpa: fx.Node, order: dict[fx.Node, int], taken: s
         return _checked_site(gm, sdpa, region, [], [*operands, read], "masked", scale, order, generators)
 
 
+def first_position(positions: torch.Tensor) -> torch.Tensor:
+    """``write_kv``'s ``(1,)`` int64 cache position: the first new token's, ``positions[0]`` (the
+    positions are consecutive). A device op, as :func:`lengths_from_positions`."""
+    return positions.reshape(-1)[:1].to(torch.int64)
+
+
+def _write_kv_site(gm: fx.GraphModule, sdpa: fx.Node, region: list[fx.Node], mask_nodes: list[fx.Node],
+                   operands: list[OpInput], positions: fx.Node, scale: Any, order: dict[fx.Node, int],
+                   generators: dict[torch.device, torch.Generator]) -> Site:  # fmt: skip
+    """The static-cache site with the caches' ``index_copy_`` writes taken in (``write_kv``): see
+    the module docstring's "Folding the cache writes"."""
+    k_cache, v_cache = operands[1].node, operands[2].node
+    if k_cache is v_cache:
+        raise Refused("the keys and values are one tensor")
+    writes = [_cache_write(cache, sdpa, positions, order) for cache in (k_cache, v_cache)]
+    news = [w.args[3] for w in writes]
+    assert all(isinstance(n, fx.Node) for n in news)  # (checked by _cache_write)
+    first, last = min(order[w] for w in writes), order[sdpa]
+    allowed = {*writes, *region, *mask_nodes}
+    for node in (k_cache, v_cache, positions, *news):  # nothing between the writes and the kernel
+        between = [u for u in node.users if first < order[u] < last and u not in allowed]  # type: ignore[union-attr]
+        if between:
+            raise Refused(f"{between[0].name} uses {node.name} between the cache write and the attention")  # type: ignore[union-attr]
+    inputs = [*operands, *(OpInput(n) for n in news), OpInput(positions, derive=first_position)]  # type: ignore[arg-type]
+    site = _checked_site(gm, sdpa, sorted({*writes, *region}, key=order.__getitem__), mask_nodes, inputs,
+                         "static", scale, order, generators, write_kv=True)  # fmt: skip
+    return site
+
+
+def _cache_write(cache: fx.Node, sdpa: fx.Node, positions: fx.Node, order: dict[fx.Node, int]) -> fx.Node:
+    """The one ``cache.index_copy_(2, positions, new)`` before ``sdpa`` (its result unused), or Refused."""
+    writers = [u for u in cache.users if _mutates(u) and order[u] < order[sdpa]]
+    if len(writers) != 1:
+        raise Refused(f"{cache.name} has {len(writers)} in-place writers before the attention, not one")
+    write = writers[0]
+    args = (*write.args, *write.kwargs.values())
+    if _target_name(write) != "index_copy_" or len(args) != 4 or args[0] is not cache:
+        raise Refused(f"{cache.name} is written by {write.name} ({_target_name(write)}), not index_copy_(2, P, new)")
+    _, dim, index, new = args
+    if dim not in (2, -2):
+        raise Refused(f"{write.name} writes {cache.name} along dim {dim}, not the length (2)")
+    if index is not positions:
+        raise Refused(f"{write.name} writes at {getattr(index, 'name', index)}, not at the positions the mask "
+                      f"comes from ({positions.name})")  # fmt: skip
+    if not isinstance(new, fx.Node) or not isinstance(_value(new), torch.Tensor):
+        raise Refused(f"{write.name} writes no tensor")
+    if _value(new).dtype != _value(cache).dtype:
+        raise Refused(f"{write.name} writes {_value(new).dtype} rows into a {_value(cache).dtype} cache")
+    if write.users:
+        raise Refused(f"{write.name}'s result is used")
+    return write
+
+
 def _checked_site(gm: fx.GraphModule, sdpa: fx.Node, region: list[fx.Node], mask_nodes: list[fx.Node],
                   inputs: list[OpInput], kind: str, scale: Any, order: dict[fx.Node, int],
-                  generators: dict[torch.device, torch.Generator]) -> Site:  # fmt: skip
-    """The site of layout ``kind`` on ``inputs``, its spec from the family and the check passed."""
+                  generators: dict[torch.device, torch.Generator], write_kv: bool = False) -> Site:  # fmt: skip
+    """The site of layout ``kind`` on ``inputs`` (``write_kv``: the caches' writes in ``region``),
+    its spec from the family and the check passed."""
     caches = {inputs[1].node, inputs[2].node}  # written in place before the attention, by design
     for op_input in inputs:
         node = op_input.node
         if node not in caches and any(_mutates(u) and u.args[:1] == (node,) for u in node.users):
             raise Refused(f"{node.name} is changed in place before the attention reads it")
     constants: dict[str, Any] = {"cache": kind, "scale": None if scale is None else float(scale)}
+    if write_kv:
+        constants["write_kv"] = True
     try:
         spec = get_op(OP).spec_for(*(_meta_of(i) for i in inputs), **constants)
     except UnsupportedWorkload as exc:
@@ -338,14 +427,19 @@ def _check(gm: fx.GraphModule, nodes: list[fx.Node], inputs: list[OpInput], spec
     device = _value(inputs[0].node).device
     generator = generators.setdefault(device, torch.Generator(device=device))
     generator.manual_seed(0)
+    write_kv = bool(spec.constants.get("write_kv", False))
     offsets = dict.fromkeys((0, (cache_len - q_len) // 2, cache_len - q_len)) if kind == "static" else [0]
     for offset in offsets:
         first: dict[fx.Node, torch.Tensor] = {}  # k and v may be one tensor (one node): one sample
         tensors = [first.setdefault(i.node, _random(_value(i.node), generator)) for i in inputs[:3]]
+        if write_kv:  # the new rows
+            tensors += [_random(_value(i.node), generator) for i in inputs[3:5]]
         if kind == "static":
-            positions = _value(inputs[3].node)
+            positions = _value(inputs[-1].node)
             tensors.append((torch.arange(q_len, device=device) + offset).to(positions.dtype).reshape(positions.shape))
-            stale = torch.arange(cache_len, device=device) >= offset + q_len
+            # stale from the new tokens on; with write_kv the rows they go to are stale too, so
+            # that a write at other rows (or none) leaves them and is caught
+            stale = torch.arange(cache_len, device=device) >= offset + (0 if write_kv else q_len)
             tensors[1][:, :, stale] = STALE_KEY
             tensors[2][:, :, stale] = STALE_VALUE
         elif kind == "masked":  # random, with each row's last position seen (no row sees nothing)
@@ -358,13 +452,26 @@ def _check(gm: fx.GraphModule, nodes: list[fx.Node], inputs: list[OpInput], spec
         )
         try:
             with torch.no_grad():
+                before = tuple(t.clone() for t in bound)  # the region writes the caches (write_kv)
                 produced = module(*(by_node[n] for n in outside))
-                problem = _differs_from_op(family, spec, bound, produced)
+                problem = _written_differs(family, spec, before, by_node[inputs[1].node], by_node[inputs[2].node])
+                problem = problem or _differs_from_op(family, spec, before, produced)
         except Exception as exc:  # a region that cannot run on random inputs is not a site
             problem = f"{type(exc).__name__}: {exc}"
         if problem:
             where = f"at offset {offset}" if kind == "static" else "on a random mask" if kind == "masked" else "here"
             raise Refused(f"{where} the attention does not compute decode_attention: {problem}")
+
+
+def _written_differs(family: Any, spec: OpSpec, before: tuple[torch.Tensor, ...], k: torch.Tensor,
+                     v: torch.Tensor) -> str | None:  # fmt: skip
+    """Rule 2 for the region: the caches it left are the family's update of ``before`` bit for
+    bit (unchanged where the family writes nothing)."""
+    want = family.reference_written(spec, before) if family.written_inputs(spec) else list(before[1:3])
+    for name, got, expected in (("key", k, want[0]), ("value", v, want[1])):
+        if not torch.equal(got, expected):
+            return f"the {name} cache it leaves is not the family's"
+    return None
 
 
 def _random(value: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -373,4 +480,4 @@ def _random(value: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.empty_strided(tuple(value.shape), value.stride(), dtype=value.dtype, device=value.device).copy_(data)
 
 
-__all__ = ["OP", "broadcast_mask", "lengths_from_positions", "sites"]
+__all__ = ["FOLD_CACHE_WRITES", "OP", "broadcast_mask", "first_position", "lengths_from_positions", "sites"]
