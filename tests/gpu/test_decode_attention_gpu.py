@@ -104,3 +104,59 @@ def test_hf_generate_reduce_overhead_with_decode_attention_gives_eager_tokens(tm
                                   variants=("eager", "kernelsmith"), backend=backend)  # fmt: skip
     assert report.ok, report.to_dict()
     assert {s.status for s in backend.sites if s.op == "decode_attention"} == {"replaced"}
+
+
+@pytest.mark.parametrize("q_len", [2, 4])
+def test_several_new_tokens_write_kv_replays_inside_a_capture_at_new_positions(q_len):
+    """write_kv with Sq > 1 (a speculative verify step): the compiled kernels store the Sq rows at
+    consecutive positions from the device-side cache_position and attend causally, inside a CUDA
+    graph replayed at new positions, rows and caches; output vs SDPA and caches bit for bit."""
+    family = get_op("decode_attention")
+    spec = family.spec((3, 32, 300, 64), "bf16", kv_heads=8, q_len=q_len, write_kv=True)
+    for variant in family.variants:
+        config = variant.space(family.bucket(spec)).configs()[0]
+        runner = dispatch.KernelRunner.build(family, spec, variant.build(spec, config), variant.name, config)
+        inputs = family.make_inputs(spec, 0, "uneven", "cuda")
+        runner(inputs)  # compiles
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            (out,) = runner(inputs)
+        for seed in (1, 2, 3):
+            fresh = family.make_inputs(spec, seed, "uneven", "cuda")
+            for buffer, new in zip(inputs, fresh, strict=True):
+                buffer.copy_(new)
+            graph.replay()
+            torch.cuda.synchronize()
+            (expected,) = family.reference(spec, [t.clone() for t in fresh])
+            torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2, msg=f"{variant.name} {config}")
+            k_after, v_after = family.reference_written(spec, fresh)
+            assert torch.equal(inputs[1], k_after) and torch.equal(inputs[2], v_after), variant.name
+
+
+@pytest.mark.skip(reason="needs a kernel op that declares the caches written (issue 13): FOLD_CACHE_WRITES is off")
+def test_a_captured_plain_decoder_with_folded_cache_writes_gives_eager_outputs(tmp_path, monkeypatch):
+    """Once the backend can serve write_kv: the plain StaticDecoder (writes at the mask's
+    positions) with its index_copy_ writes folded, replayed as a graph, matches eager step by step,
+    caches included. (Hugging Face's StaticCache writes at its own positions: not folded.)"""
+    from kernelsmith.frontends.patterns import decode_attention as pattern
+
+    monkeypatch.setattr(pattern, "FOLD_CACHE_WRITES", True)
+    batch, heads, kv_heads, head_dim, cache_len = 1, 32, 8, 64, 256
+    eager = StaticDecoder(batch, heads, kv_heads, head_dim, cache_len).cuda()
+    served = StaticDecoder(batch, heads, kv_heads, head_dim, cache_len).cuda()
+    probe = ks_backend.KernelsmithBackend(discover=True, families=("decode_attention",))
+    first = [t.cuda() for t in decoder_inputs(batch, heads, kv_heads, head_dim, 1, 0)]
+    with torch.no_grad():
+        torch.compile(served, backend=probe)(*first)
+        eager(*first)
+    assert [s.spec.constants.get("write_kv") for s in probe.sites] == [True]
+    db = str(tmp_path / "k.db")
+    store_kernel_decisions(db, [s.spec for s in probe.sites])
+    torch._dynamo.reset()
+    compiled = torch.compile(served, backend=ks_backend.KernelsmithBackend(db=db, families=("decode_attention",)),
+                             mode="reduce-overhead")  # fmt: skip
+    with torch.no_grad():
+        for offset in range(1, 40):
+            inputs = [t.cuda() for t in decoder_inputs(batch, heads, kv_heads, head_dim, 1, offset)]
+            torch.testing.assert_close(compiled(*inputs), eager(*inputs), rtol=2e-2, atol=2e-2)
+            assert torch.equal(served.k_cache, eager.k_cache) and torch.equal(served.v_cache, eager.v_cache)
