@@ -205,19 +205,27 @@ _NEAR_TRIED: set[tuple[str, str]] = set()
 _NEAR_LOCK = threading.Lock()
 
 
-def revalidate_near_winners(db: Database, family: OpFamily, spec: OpSpec, mode: str) -> None:
+def revalidate_near_winners(
+    db: Database, family: OpFamily, spec: OpSpec, mode: str, compare_dtypes: bool = True
+) -> None:
     """Re-validate here (:func:`lookup_or_revalidate`) every winner :func:`carried_winners` would
     find for ``spec`` under a *near* fingerprint (another driver build or kernelsmith release)
     for a workload this fingerprint has no decision for, once per process: a graph made after an
     upgrade then carries the winners of every bucket tuned before it, as the eager decorator
     serves them bucket by bucket. One tuner carry-over (a harness evaluation and a re-timing)
-    per workload, once per upgrade."""
+    per workload, once per upgrade.
+
+    A training graph asks this for its backward family too, with the forward call's ``spec``
+    and ``compare_dtypes=False``: the backward's inputs (gradients, saved tensors) are not the
+    forward's, so its winners are matched on the constants alone, as the graph then carries
+    them (:func:`carried_winners`). A record that fails validation or loses the re-timing is
+    not stored here, so the graph does not carry it."""
     fp = current_fingerprint(mode)
     here = {r.workload for r in db.decisions(fp.hash, family.name)}
     for other in db.fingerprints():
         if not fp.near(other):
             continue
-        for record in carried_winners(db, family, spec, mode, fingerprint=other.hash):
+        for record in carried_winners(db, family, spec, mode, compare_dtypes=compare_dtypes, fingerprint=other.hash):
             key = (fp.hash, record.workload)
             with _NEAR_LOCK:
                 if record.workload in here or key in _NEAR_TRIED:

@@ -101,7 +101,8 @@ class _Resolver:
                 dispatch.revalidate_near_winners(db, family, site.spec, mode)
                 records = dispatch.carried_winners(db, family, site.spec, mode)
                 if records and site.needs_grad and family.backward is not None:
-                    backward = get_op(family.backward)
+                    backward = get_op(family.backward)  # its winners match on the constants alone
+                    dispatch.revalidate_near_winners(db, backward, site.spec, mode, compare_dtypes=False)
                     records += dispatch.carried_winners(db, backward, site.spec, mode, compare_dtypes=False)
         except DatabaseError as exc:
             warn_unusable_database(exc)

@@ -25,6 +25,8 @@ plan is then
   bound arguments and carries ``decisions`` (:func:`kernelsmith.dispatch.encode_decisions`):
   every stored winner of the op with these constants and dtypes on this machine (one per tuned
   bucket), plus those of its backward family when gradients are needed, or the pinned config.
+  Where the op (or, in training, its backward family) has none under this fingerprint, the
+  winners stored under a near one (before an upgrade) are re-validated here first.
   At run time the concrete shape picks its exact workload's or its bucket's entry, else the
   local database, else the family's PyTorch reference.
 
@@ -271,9 +273,19 @@ def _make_plan(state: Optimized, described: tuple[Any, ...]) -> Plan:
     if needs_grad and family.backward is None:
         raise _NoPlan(f"inputs require grad and {match.op} has no backward family")
     records = state.carried_decisions(family, spec, mode, inputs if needs_grad else None)
-    if not any(r.op == family.name for r in records) and state.config is None:
-        with open_database(state.db) as db:  # after an upgrade: the winners tuned before it, re-validated here
-            dispatch.revalidate_near_winners(db, family, spec, mode)
+    # After an upgrade (another driver build or kernelsmith release): the winners tuned before
+    # it, re-validated here, for the forward (unless a config is pinned) and, in a training
+    # graph, for the backward family, each once per workload and process. A backward that does
+    # not re-validate is not carried: the call's backward then resolves at run time.
+    backward = get_op(family.backward) if needs_grad and family.backward is not None else None
+    near_forward = not any(r.op == family.name for r in records) and state.config is None
+    near_backward = backward is not None and not any(r.op == backward.name for r in records)
+    if near_forward or near_backward:
+        with open_database(state.db) as db:
+            if near_forward:
+                dispatch.revalidate_near_winners(db, family, spec, mode)
+            if backward is not None and near_backward:
+                dispatch.revalidate_near_winners(db, backward, spec, mode, compare_dtypes=False)
         records = state.carried_decisions(family, spec, mode, inputs if needs_grad else None)
     if not any(r.op == family.name for r in records):
         raise _NoPlan(f"no {match.op} kernel with these constants and dtypes is stored or pinned")
