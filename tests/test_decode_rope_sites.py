@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from kernelsmith.frontends import _backend_sites as ks_sites
 from kernelsmith.frontends.patterns import decode
 from kernelsmith.ops.decode_matmul import MAX_M, OP
 from kernelsmith.testing.kernels import run_single_output
@@ -203,9 +204,9 @@ def test_transformers_llama_attention_q_and_k_are_rope_sites(batch: int) -> None
     assert q.spec.inputs[2].shape == (batch, 1, D) and q.inputs[2].reshape == (batch, 1, D)
 
 
-def test_transformers_llama_for_causal_lm_step_has_a_rope_site_per_q_and_k() -> None:
-    """A whole LlamaForCausalLM forward of one token per sequence (two layers, the tables computed
-    in the graph by its LlamaRotaryEmbedding): q and k of every layer, nothing else."""
+def llama_step_graph() -> fx.GraphModule:
+    """The graph of a whole transformers LlamaForCausalLM forward of one token per sequence (two
+    layers; the tables computed in the graph by its LlamaRotaryEmbedding)."""
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(vocab_size=128, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
@@ -223,7 +224,43 @@ def test_transformers_llama_for_causal_lm_step_has_a_rope_site_per_q_and_k() -> 
         torch.compile(model, backend=keep)(input_ids=torch.tensor([[3], [5]]), position_ids=torch.tensor([[4], [6]]),
                                            use_cache=False)  # fmt: skip
     assert len(graphs) == 1
-    sites, _ = found(graphs[0])
+    return graphs[0]
+
+
+def test_transformers_llama_for_causal_lm_step_has_a_rope_site_per_q_and_k() -> None:
+    """q and k of every layer, nothing else."""
+    sites, _ = found(llama_step_graph())
     assert [(s.site.spec.constants["rope"], weight_of(s).split("layers_modules_")[1][:1]) for s in sites] == [
         ([HEADS, 0], "0"), ([KV_HEADS, 0], "0"), ([HEADS, 0], "1"), ([KV_HEADS, 0], "1")]  # fmt: skip
     assert all("q_proj" in weight_of(s) for s in sites[::2]) and all("k_proj" in weight_of(s) for s in sites[1::2])
+
+
+def test_the_input_norm_folds_into_a_rope_site_s_prologue() -> None:
+    """Llama's input_layernorm before q_proj: with_prologue makes the RoPE site prologue="rmsnorm"
+    (gamma before cos and sin, as the family orders them), checked with the heads transposed back;
+    without that view the same check refuses it (the check compares, it does not wave through)."""
+    from kernelsmith.frontends._backend_sites import _CHARACTERISTIC, _levels, _recognize_region, _target_name
+
+    gm = llama_step_graph()
+    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    generators: dict[torch.device, torch.Generator] = {}
+    q = found(gm)[0][0]
+    x = q.site.inputs[0].node
+    assert x in set(decode.prologue_norms(gm, set()))
+    norm = None
+    for region in reversed(_levels(x, set())):  # as the backend's _decode_sites looks for it
+        if not any(_target_name(n) in _CHARACTERISTIC for n in region):
+            break
+        norm = _recognize_region(gm, x, region, nodes, order, {"rmsnorm"}, generators)
+        if norm is not None:
+            break
+    assert norm is not None
+    fused = decode.with_prologue(gm, q.site, norm, nodes, order, generators, q.output_view)
+    assert isinstance(fused, ks_sites.Site), fused
+    assert fused.spec.constants["prologue"] == "rmsnorm" and fused.spec.constants["rope"] == [HEADS, 0]
+    assert [t.shape for t in fused.spec.inputs] == [(2, 1, HIDDEN), (HEADS * D, HIDDEN), (HIDDEN,), (2, 1, D),
+                                                    (2, 1, D)]  # fmt: skip
+    assert fused.prologue == list(norm.region)
+    unviewed = decode.with_prologue(gm, q.site, norm, nodes, order, generators)
+    assert isinstance(unviewed, str) and "do not compute" in unviewed

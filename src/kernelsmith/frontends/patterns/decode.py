@@ -78,7 +78,9 @@ H * D)``, with the family's reference; which table is ``cos`` is what that check
 rotation is linear in each, so random tables tell them apart). What the spelling does not
 compute is refused by that check or by the family's spec: GPT-J's interleaved rotary (pairs
 ``2i, 2i + 1``), partial rotary (``rotary_dim < D``: tables of ``rotary_dim`` columns, or a pass
-through half), a rotation of anything else than the product.
+through half), a rotation of anything else than the product. The input norm before q and k folds
+into a RoPE site's prologue as into any projection's (:func:`with_prologue`, given the site's
+output view so that its check compares the projection's layout).
 
 The kernel's output is the projection's layout, ``(B, S, H * D)``, and the graph reads the site's
 output as ``(B, H, S, D)``: the rewrite must insert ``.view(B, S, H, D).transpose(1, 2)`` after the
@@ -225,9 +227,12 @@ def with_prologue(
     nodes: list[fx.Node],
     order: dict[fx.Node, int],
     generators: dict[torch.device, torch.Generator],
+    output_view: tuple[int, int, int, int] | None = None,
 ) -> Site | str:
     """``site`` (a ``decode_matmul`` site whose ``x`` is ``norm``'s output) computing the norm in
-    its prologue, checked on random inputs against the family's reference; or why not."""
+    its prologue, checked on random inputs against the family's reference; or why not.
+    ``output_view``: a RoPE site's (:class:`RopeSite`), whose region ends at the (B, H, S, D)
+    heads; gamma then goes before cos and sin, as the family orders its inputs."""
     from kernelsmith.frontends.decorator import _differs_from_op
 
     if norm.op != "rmsnorm" or norm.status != "found":
@@ -238,7 +243,8 @@ def with_prologue(
     if x.reshape is not None or site.inputs[0].reshape is not None:
         return "the norm's input or the product's x is reshaped on the way"
     constants = {**site.constants, "prologue": "rmsnorm", "eps": norm.constants["eps"]}
-    inputs = [x, *site.inputs[1:], gamma]
+    tables = site.inputs[-2:] if "rope" in site.constants else []  # cos and sin come last
+    inputs = [x, *site.inputs[1 : len(site.inputs) - len(tables)], gamma, *tables]
     spec = decode_spec([_input_meta(i) for i in inputs], constants)
     if isinstance(spec, str):
         return spec
@@ -258,6 +264,9 @@ def with_prologue(
     try:
         with torch.no_grad():
             produced = _region_module(gm, region, outside)(*(samples[n] for n in outside))
+            if output_view is not None:  # the heads back to the projection's (B, S, H * D)
+                b, s, h, d = output_view
+                produced = produced.transpose(1, 2).reshape(b, s, h * d)
             problem = _differs_from_op(get_op(OP), spec, bound, produced)
     except Exception as exc:  # a region that cannot run on random inputs: not this site
         problem = f"{type(exc).__name__}: {exc}"
