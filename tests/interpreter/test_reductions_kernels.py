@@ -219,20 +219,24 @@ def test_space_sizes_are_modest(name: str, shape: tuple[int, int]) -> None:
     op = FAMILIES[name]
     spec = op.spec(shape, "bfloat16")
     sizes = {v.name: len(v.space(spec)) for v in op.variants}
-    assert [v.name for v in op.variants] == VARIANTS
-    assert all(size > 0 for size in sizes.values()), sizes
+    # split_row has its own tests (test_reductions_split_row.py); its space is empty for rows of
+    # at most 8 KB, so that the spaces recorded for those rows are unchanged.
+    assert [v.name for v in op.variants] == [*VARIANTS, "split_row"]
+    assert all(sizes[name] > 0 for name in VARIANTS), sizes
+    assert (sizes["split_row"] > 0) == (shape[1] * 2 > 8192), sizes
     assert 30 <= sum(sizes.values()) <= 200, sizes
     if shape == (8192, 4096):
-        assert sizes == {"whole_row": 10, "looped": 78, "multi_row": 7}
+        assert sizes == {"whole_row": 10, "looped": 78, "multi_row": 7, "split_row": 0}
     if shape == (32768, 1024):
-        assert sizes == {"whole_row": 12, "looped": 42, "multi_row": 18}
+        assert sizes == {"whole_row": 12, "looped": 42, "multi_row": 18, "split_row": 0}
 
 
 @pytest.mark.parametrize("width", [1, 2, 3, 17, 64, 100])
 def test_tiny_rows_have_a_config_in_every_variant(width: int) -> None:
     spec = SUM.spec((5, width), "float16")
-    for v in SUM.variants:
-        assert len(v.space(spec)) > 0, (v.name, width)
+    for name in VARIANTS:
+        assert len(SUM.variant(name).space(spec)) > 0, (name, width)
+    assert len(SUM.variant("split_row").space(spec)) == 0  # a row of 8 KB or less is never split
     warps = sorted({c["num_warps"] for c in SUM.variant("whole_row").space(spec)})
     assert warps == ([1] if width <= 32 else [1, 2] if width <= 64 else [1, 2, 4])
     assert {c["BLOCK_N"] for c in SUM.variant("looped").space(spec)} == {64}
@@ -249,6 +253,7 @@ def test_wide_rows_leave_only_the_variants_that_can_hold_them() -> None:
     wide = sizes(65537)
     assert wide["whole_row"] == wide["multi_row"] == 0
     assert wide["looped"] > 0  # any width: the row is walked in blocks
+    assert wide["split_row"] > 0  # cut in chunks across programs (up to 1024 chunks of 8192)
     assert sizes(10**7)["looped"] > 0
 
 
@@ -273,7 +278,7 @@ def test_every_config_respects_its_budgets(width: int) -> None:
 
 def test_variants_are_described() -> None:
     for op in FAMILIES.values():
-        assert [v.name for v in op.variants] == VARIANTS
+        assert [v.name for v in op.variants] == [*VARIANTS, "split_row"]
         for v in op.variants:
             assert v.summary
             assert re.fullmatch(r"[0-9a-f]{16}", v.source_hash)

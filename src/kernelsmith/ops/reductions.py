@@ -59,6 +59,18 @@ The variants
 ``multi_row``
     ``ROWS`` rows per program as one ``[ROWS, BLOCK_N]`` block reduced along its columns, for
     narrow rows whose single-row programs would have too little work to hide memory latency.
+``split_row``
+    ``(row, chunk)`` programs and two launches, for rows wider than one program should hold and
+    for few rows (a handful of programs cannot keep a GPU's bandwidth busy): the first launch
+    reduces each ``BLOCK_N``-element chunk of a row to one float32 statistic, the second merges
+    a row's chunks' statistics in a fixed order (a tree over the chunk lanes, the same tree on
+    every run) and stores the result. No atomics: the result is bitwise the same from run to run.
+    The merge of the chunks is the reduction itself: a sum is the sum of the chunks' sums; the
+    mean is that sum divided by ``N`` (once, correctly rounded, never a mean of means); the max is
+    the max of the chunks' maxes, NaN as soon as one chunk's is (each chunk's max already is NaN
+    when the chunk holds one, and the merge reduces the same NaN-propagating keys). Offered only
+    for rows of more than 8 KB (the skeleton's ``split_row_space``), so narrower rows' spaces are
+    as they were.
 
 Only ``looped`` has a loop, so only it has a ``num_stages`` parameter (the compiler pipelines
 loops; the other kernels compile to the same code for every value). Spaces have about 70 to 100
@@ -76,9 +88,9 @@ import triton
 import triton.language as tl
 
 from kernelsmith.ops import _rowwise as skeleton
-from kernelsmith.ops._base import OpFamily, UnsupportedWorkload, Variant, generator, rows_and_width
+from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator, rows_and_width
 from kernelsmith.ops._last_dim import check_last_dim, one_tensor
-from kernelsmith.space import Space
+from kernelsmith.space import Config, Space
 from kernelsmith.spec import OpSpec, TensorSpec
 
 # The reduction kinds, the KIND constexpr of every kernel.
@@ -214,6 +226,63 @@ def _reduce_multi_row_kernel(
     tl.store(y_ptr + rows, result.to(y_ptr.dtype.element_ty), mask=row_mask)
 
 
+@triton.jit
+def _reduce_split_stats_kernel(
+    x_ptr,
+    partial_ptr,  # (rows, chunks, 1) float32: each chunk's sum (KIND 0 and 1) or max (KIND 2)
+    n_cols,
+    KIND: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # body elements a chunk
+    SPLITS: tl.constexpr,  # chunks a row rounded up to a power of two (the merge's lanes; unused here)
+    ALIGN: tl.constexpr,  # elements in 16 bytes: the body is cut at 16-byte boundaries
+):
+    """split_row, first launch: one chunk's statistic. The skeleton's ``row_pieces`` cuts the row
+    into a 16-byte-aligned body of ``BLOCK_N``-element chunks plus a short head and tail that chunk
+    0 takes; every element is in exactly one chunk. A chunk can be empty (a row whose body is
+    shorter than the chunk count times BLOCK_N): its sum is 0 and its max -inf, the identities of
+    the merge, so it changes nothing."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    body, body_mask, edge, edge_mask = skeleton.row_pieces(row * n_cols, n_cols, chunk, BLOCK_N, ALIGN)
+    if KIND == 2:
+        # Masked lanes read -inf (never the max). Each piece's max is NaN if the piece holds a
+        # NaN; tl.maximum with PropagateNan.ALL keeps a NaN of either piece.
+        x = tl.load(x_ptr + body, mask=body_mask, other=float("-inf")).to(tl.float32)
+        x_edge = tl.load(x_ptr + edge, mask=edge_mask, other=float("-inf")).to(tl.float32)
+        stat = tl.maximum(_nan_max(x, 0), _nan_max(x_edge, 0), propagate_nan=tl.PropagateNan.ALL)
+    else:
+        # Masked lanes read 0 (adds nothing). The mean's division waits for the merge: the
+        # chunks keep plain sums.
+        x = tl.load(x_ptr + body, mask=body_mask, other=0.0).to(tl.float32)
+        x_edge = tl.load(x_ptr + edge, mask=edge_mask, other=0.0).to(tl.float32)
+        stat = tl.sum(x, axis=0) + tl.sum(x_edge, axis=0)
+    tl.store(partial_ptr + row * tl.num_programs(1) + chunk, stat)
+
+
+@triton.jit
+def _reduce_split_merge_kernel(
+    partial_ptr, y_ptr, n_cols, width,
+    KIND: tl.constexpr,
+    BLOCK_N: tl.constexpr,  # (the launcher passes the first launch's meta; unused here)
+    SPLITS: tl.constexpr,  # chunks a row rounded up to a power of two: one lane a chunk
+    ALIGN: tl.constexpr,  # (unused here)
+):
+    """split_row, second launch: the row's result from its chunks' statistics, in one fixed-order
+    reduction over the chunk lanes (lanes past the last chunk read the merge's identity: 0 for a
+    sum, -inf for a max). The launcher's grid is (rows, chunks), as for the families whose second
+    launch writes every chunk; here only a row's chunk-0 program has something to store."""
+    width = tl.cast(width, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
+    row, chunk, at, real = skeleton.split_partials(partial_ptr, 1, SPLITS)
+    if chunk == 0:
+        if KIND == 2:
+            # max of the chunks' maxes; the integer keys of _nan_max make a NaN chunk win.
+            result = _nan_max(tl.load(at, mask=real, other=float("-inf")), 0)
+        else:
+            # sum of the chunks' sums; the mean divides the row's sum by N once, correctly rounded.
+            result = _sum(tl.load(at, mask=real, other=0.0), 0, width, KIND)
+        tl.store(y_ptr + row, result.to(y_ptr.dtype.element_ty))
+
+
 # =================================================================================================
 # Spaces (the launchers are the skeleton's: kernelsmith.ops._rowwise)
 #
@@ -237,6 +306,27 @@ def _multi_row_space(spec: OpSpec) -> Space:
     return skeleton.multi_row_space(spec, skeleton.REDUCTION_WARPS, rows=_MULTI_ROWS)
 
 
+def _split_row_space(spec: OpSpec) -> Space:
+    # One chunk of BLOCK_N elements in flight; empty for rows of at most 8 KB.
+    return skeleton.split_row_space(spec, skeleton.REDUCTION_WARPS)
+
+
+def _split_row_build(kind: int) -> Callable[[OpSpec, Config], Launcher]:
+    """The split_row build of reduction ``kind``: chunk statistics, then the rows' merge, through
+    the skeleton's two-launch launcher with one float32 statistic a chunk."""
+
+    def build(spec: OpSpec, config: Config) -> Launcher:
+        skeleton.checked(spec.op, _split_row_space(spec), config)
+        constexprs = (("KIND", kind),)
+        stats = skeleton.SplitKernel(_reduce_split_stats_kernel,
+                                     lambda inputs, outputs, partial: (inputs[0], partial), (), constexprs)
+        merge = skeleton.SplitKernel(_reduce_split_merge_kernel,
+                                     lambda inputs, outputs, partial: (partial, outputs[0]), _width(spec), constexprs)
+        return skeleton.split_row_launcher(spec, config, stats, merge, n_stats=1)
+
+    return build
+
+
 def _width(spec: OpSpec) -> tuple[float]:
     """The kernels' scalar after N: N as a float, the divisor of the mean."""
     return (float(rows_and_width(spec)[1]),)
@@ -254,6 +344,8 @@ def _variants(kind: int) -> tuple[Variant, ...]:
                          KIND=kind),
         skeleton.variant(__name__, "multi_row", "ROWS rows per program as one [ROWS, BLOCK_N] block (narrow rows)",
                          _multi_row_space, _reduce_multi_row_kernel, strides=1, scalars=_width, KIND=kind),
+        Variant("split_row", "(row, chunk) programs: each chunk's sum or max, then a fixed-order merge a row; for "
+                "wide rows and few rows", _split_row_space, _split_row_build(kind), modules=(skeleton.__name__,)),
     )
 
 
