@@ -121,3 +121,80 @@ def test_autocast_is_part_of_the_call_key(db):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         fn(x)
     assert len(fn.kernelsmith.table) == 2
+
+
+def test_dynamic_true_serves_a_norm_whose_eps_dynamo_made_symbolic(db):
+    # Under dynamic=True Dynamo passes hf_rmsnorm's float eps as a tensor read back with .item(),
+    # and makes the width symbolic too; the backend found no site (the .item() between the norm's
+    # first node and its output was taken for a side effect) and said nothing.
+    store_decision(db, get_op("rmsnorm").spec_for(torch.randn(16, WIDTH), torch.ones(WIDTH), eps=1e-6))
+    backend = kernelsmith.backend(db=db)
+    compiled = torch.compile(hf_rmsnorm, backend=backend, dynamic=True)
+    w = torch.randn(WIDTH)
+    for n in (10, 13, 16):
+        x = torch.randn(n, WIDTH)
+        torch.testing.assert_close(compiled(x, w), hf_rmsnorm(x, w), atol=1e-5, rtol=1e-4)
+    # one graph reported: the first trace, whose guard specialized eps, was retraced with eps constant
+    assert [(s.op, s.status) for s in backend.sites] == [("rmsnorm", "replaced")]
+    assert backend.sites[0].constants == {"eps": 1e-6}
+    assert served_rows("rmsnorm") == {10: True, 13: True, 16: True}
+
+
+def test_another_eps_recompiles_instead_of_reusing_the_baked_constant(db):
+    store_decision(db, get_op("rmsnorm").spec_for(torch.randn(16, WIDTH), torch.ones(WIDTH), eps=1e-6))
+    backend = kernelsmith.backend(db=db)
+    compiled = torch.compile(hf_rmsnorm, backend=backend, dynamic=True)
+    w = torch.randn(WIDTH)
+    x = torch.randn(12, WIDTH) * 1e-2  # small rows: eps=0.5 vs 1e-6 changes the result by far more than tolerance
+    torch.testing.assert_close(compiled(x, w), hf_rmsnorm(x, w), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(compiled(x, w, 0.5), hf_rmsnorm(x, w, 0.5), atol=1e-5, rtol=1e-4)
+    assert sorted(s.constants["eps"] for s in backend.sites) == [1e-6, 0.5]  # the second graph's own constant
+
+
+@torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True)  # x[keep] stays in the graph
+def test_a_softmax_with_a_data_dependent_row_count_is_not_served_and_says_why(db, caplog):
+    def picked_softmax(x, keep):
+        return torch.softmax(x[keep], dim=-1)  # x[keep]: a row count known only at run time
+
+    backend = kernelsmith.backend(db=db)
+    compiled = torch.compile(picked_softmax, backend=backend, fullgraph=True)
+    x, keep = torch.randn(8, WIDTH), torch.arange(8) % 2 == 0
+    with caplog.at_level("INFO", logger="kernelsmith.frontends.backend"):
+        torch.testing.assert_close(compiled(x, keep), torch.softmax(x[keep], -1))
+    assert backend.sites == []
+    notes = [r.getMessage() for r in caplog.records if "data-dependent" in r.getMessage()]
+    assert any(m.startswith("softmax at ") and "not served" in m for m in notes), notes
+    assert any("no op kernelsmith recognizes" in r.getMessage() and "data-dependent" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_an_int_argument_the_constants_are_read_at_is_guarded(db):
+    # An int argument stays a SymInt under dynamic=True (no retrace, unlike a float): without the
+    # backend's guard on it, eps=3 ran the graph compiled for eps=2 with the kernel's eps=2.
+    def rmsnorm_int_eps(x, w, eps):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+    store_decision(db, get_op("rmsnorm").spec_for(torch.randn(16, WIDTH), torch.ones(WIDTH), eps=2.0))
+    backend = kernelsmith.backend(db=db)
+    compiled = torch.compile(rmsnorm_int_eps, backend=backend, dynamic=True)
+    w, x = torch.randn(WIDTH), torch.randn(12, WIDTH) * 0.1
+    for eps in (2, 3):
+        torch.testing.assert_close(compiled(x, w, eps), rmsnorm_int_eps(x, w, eps), atol=1e-5, rtol=1e-4)
+    assert [(s.status, s.constants["eps"]) for s in backend.sites] == [("replaced", 2.0), ("not tuned", 3.0)]
+
+
+def test_a_view_on_the_batch_symbol_before_a_softmax_keeps_one_graph(db):
+    # x.view(n, -1) reads the row count as a SymInt input of a candidate region: guarding it, as an
+    # eps is guarded, would recompile for every batch. (Today the recognizer turns down the region
+    # holding the view anyway; the size-symbol filter in _recognize_region is the second line.)
+    def viewed_softmax(x):
+        return torch.softmax(x.view(x.shape[0], -1) * 2.0, dim=-1)
+
+    store_decision(db, get_op("softmax").spec_for(torch.randn(8, WIDTH)))
+    counter = torch._dynamo.testing.CompileCounterWithBackend(kernelsmith.backend(db=db))
+    compiled = torch.compile(viewed_softmax, backend=counter, dynamic=True)
+    for n in (5, 7):
+        x = torch.randn(n, WIDTH)
+        torch.testing.assert_close(compiled(x), viewed_softmax(x), atol=1e-6, rtol=1e-5)
+    assert counter.frame_count == 1

@@ -94,6 +94,10 @@ class Site:
     decisions: str = ""  # a dynamic graph's site: the winners its op call carries, one chosen per call
     # a static site called through kernelsmith::triton_kernel (Inductor sees its kernel): its one decision
     triton_decision: str = ""
+    # symbolic scalar inputs of the region (a float argument such as ``eps`` under ``dynamic=True``,
+    # which Dynamo passes as a tensor and reads back with ``.item()``) whose example values the
+    # site's constants were read at: the backend guards each on that value when it replaces the site
+    specialized: list[fx.Node] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready line for reports."""
@@ -127,6 +131,47 @@ def _static_tensor(value: Any) -> bool:
     except RuntimeError:  # an unbacked size (data-dependent): nothing to sample it at
         return False
     return True
+
+
+def _scalar_hint(value: Any) -> int | float | bool | None:
+    """A symbolic scalar's example value (its hint), or None: not a symbolic scalar, or an
+    unbacked one (data-dependent: no example value to read a constant at)."""
+    if not isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return None
+    hint = value.node.hint
+    return hint if isinstance(hint, int | float | bool) else None
+
+
+def _size_symbols(tensors: Iterable[torch.Tensor]) -> set[Any]:
+    """The symbols the sizes and strides of ``tensors`` are expressions of (sympy symbols)."""
+    return {
+        symbol
+        for t in tensors
+        for size in (*t.shape, *t.stride())
+        if isinstance(size, torch.SymInt)
+        for symbol in size.node.expr.free_symbols
+    }
+
+
+def _unbacked(size: Any) -> bool:
+    try:
+        torch_op.size_hint(size)
+    except RuntimeError:
+        return True
+    return False
+
+
+def _unusable_input(value: Any) -> str | None:
+    """Why a value (a region's input, a characteristic op's output) that is neither a tensor with
+    known sizes nor a symbolic scalar with an example value keeps a site from being found, when
+    that is a dynamic-shape reason worth telling the user (None otherwise: a non-tensor value is
+    simply not an op's input)."""
+    if isinstance(value, torch.Tensor):  # not _static_tensor: a size or stride has no hint
+        sizes = [str(s) for s in (*value.shape, *value.stride()) if _unbacked(s)]
+        return f"a data-dependent (unbacked) size ({', '.join(dict.fromkeys(sizes))})"
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        return f"a data-dependent scalar ({value})"
+    return None
 
 
 def _dynamic(value: Any) -> bool:
@@ -202,10 +247,13 @@ def _region_inputs(region: Iterable[fx.Node], order: dict[fx.Node, int]) -> list
     return list(inputs)
 
 
-def _region_module(gm: fx.GraphModule, nodes: list[fx.Node], inputs: list[fx.Node]) -> fx.GraphModule:
-    """The region as a module of its own, taking its inputs positionally."""
+def _region_module(
+    gm: fx.GraphModule, nodes: list[fx.Node], inputs: list[fx.Node], fixed: dict[fx.Node, Any] | None = None
+) -> fx.GraphModule:
+    """The region as a module of its own, taking its inputs positionally; the inputs in ``fixed``
+    are not arguments but written into the module as those constant values."""
     graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
+    env: dict[fx.Node, Any] = dict(fixed or {})
     for i, node in enumerate(inputs):
         env[node] = graph.placeholder(f"input_{i}")
     for node in nodes:
@@ -241,9 +289,13 @@ def _moves_across_barrier(nodes: list[fx.Node], start: int, stop: int, skip: Ite
     return any(_barrier(n) for n in nodes[start + 1 : stop] if n not in excluded)
 
 
-def find_sites(gm: fx.GraphModule, families: Iterable[str] = FAMILIES, fuse_residual: bool = True) -> list[Site]:
+def find_sites(
+    gm: fx.GraphModule, families: Iterable[str] = FAMILIES, fuse_residual: bool = True, notes: list[str] | None = None
+) -> list[Site]:
     """The regions of ``gm`` that compute one of ``families``, in graph order (see the module
-    docstring). Nothing here raises for a region it cannot handle: it is simply not a site."""
+    docstring). Nothing here raises for a region it cannot handle: it is simply not a site; where
+    a candidate region is turned down for a dynamic-shape reason (a data-dependent size) the
+    reason is logged at info and appended to ``notes``, for the backend's "nothing replaced" line."""
     wanted = set(families)
     if fuse_residual and "add_rmsnorm" in wanted:
         wanted.add("rmsnorm")  # an add_rmsnorm site is an RMSNorm site with its add folded in
@@ -262,6 +314,7 @@ def find_sites(gm: fx.GraphModule, families: Iterable[str] = FAMILIES, fuse_resi
         sites += _linear_cross_entropy_sites(gm, nodes, order, taken, generators)
     for out in reversed(nodes):
         if out in taken or not _absorbable(out) or not isinstance(_value(out), torch.Tensor):
+            _note_unbacked_output(out, notes)
             continue
         levels = _levels(out, taken)
         if not any(_target_name(n) in _CHARACTERISTIC for n in levels[-1]):
@@ -269,7 +322,7 @@ def find_sites(gm: fx.GraphModule, families: Iterable[str] = FAMILIES, fuse_resi
         for region in reversed(levels):
             if not any(_target_name(n) in _CHARACTERISTIC for n in region):
                 break
-            site = _recognize_region(gm, out, region, nodes, order, wanted, generators)
+            site = _recognize_region(gm, out, region, nodes, order, wanted, generators, notes)
             if site is not None:
                 sites.append(site)
                 taken |= region
@@ -281,6 +334,19 @@ def find_sites(gm: fx.GraphModule, families: Iterable[str] = FAMILIES, fuse_resi
     return sorted((s for s in sites if s.op in asked), key=lambda s: order[s.output])
 
 
+def _note_unbacked_output(out: fx.Node, notes: list[str] | None) -> None:
+    """Say why a characteristic op (a softmax, a norm's rsqrt) whose output has a data-dependent
+    size is no site's output: there is no example size to recognize it, or describe its workload, at."""
+    if notes is None or out.op not in ("call_function", "call_method") or _target_name(out) not in _CHARACTERISTIC:
+        return
+    value = _value(out)
+    if not isinstance(value, torch.Tensor) or _static_tensor(value):
+        return
+    note = f"{_target_name(out)} at {out.name} is not served: {_unusable_input(value)}"
+    log.info("%s", note)
+    notes.append(note)
+
+
 def _recognize_region(
     gm: fx.GraphModule,
     out: fx.Node,
@@ -289,19 +355,45 @@ def _recognize_region(
     order: dict[fx.Node, int],
     wanted: set[str],
     generators: dict[torch.device, torch.Generator],
+    notes: list[str] | None = None,
 ) -> Site | None:
     from kernelsmith.frontends.decorator import _differs_from_op
     from kernelsmith.frontends.recognize import recognize
 
     inputs = _region_inputs(region, order)
     values = [_value(n) for n in inputs]
-    if not all(_static_tensor(v) for v in values):
+    # A symbolic scalar input (a float argument under dynamic=True) is sampled at its example
+    # value: the family's constants (eps) are read at it, and the backend guards the symbol on it
+    # when the site is replaced, so another value recompiles instead of reusing a wrong constant.
+    # It is written into the region's module as a constant, as a plain float argument would be:
+    # the recognizer reads an op's constants from the captured code, not from its arguments.
+    # Never a size of a tensor (a view's s0): guarding it would make the batch static again.
+    sizes = _size_symbols(v for v in values if isinstance(v, torch.Tensor))
+    fixed = {
+        n: _scalar_hint(v)
+        for n, v in zip(inputs, values, strict=True)
+        if _scalar_hint(v) is not None and not (v.node.expr.free_symbols & sizes)
+    }
+    specialized = list(fixed)
+    inputs = [n for n in inputs if n not in fixed]
+    values = [_value(n) for n in inputs]
+    for node, value in zip(inputs, values, strict=True):
+        if _static_tensor(value):
+            continue
+        why = _unusable_input(value)
+        if why is not None and notes is not None:
+            note = f"the region ending at {out.name} is not recognized: its input {node.name} has {why}"
+            if note not in notes:  # each level of the same output would say it again
+                log.info("%s", note)
+                notes.append(note)
         return None
     nodes = sorted(region, key=order.__getitem__)
-    if _moves_across_barrier(graph_nodes, order[nodes[0]], order[out], region):
-        return None  # the op would run at the output's place: nothing may change state in between
+    # The op would run at the output's place: nothing may change state in between. A symbolic
+    # scalar input read there (``eps.item()``) is no side effect, only a non-tensor value.
+    if _moves_across_barrier(graph_nodes, order[nodes[0]], order[out], [*region, *specialized]):
+        return None
     try:
-        module = _region_module(gm, nodes, inputs)
+        module = _region_module(gm, nodes, inputs, fixed)
         device = values[0].device if values else _value(out).device
         generator = generators.setdefault(device, torch.Generator(device=device))
         generator.manual_seed(0)
@@ -333,6 +425,7 @@ def _recognize_region(
     metas = [_input_meta(i) for i in op_inputs]
     needs_grad = bool(getattr(expected, "requires_grad", False))
     site = Site(match.op, out, nodes, op_inputs, dict(match.constants), OpSpec(match.op, (), {}), needs_grad)
+    site.specialized = specialized
     try:
         site.spec = family.spec_for(*metas, **match.constants)
     except UnsupportedWorkload as exc:

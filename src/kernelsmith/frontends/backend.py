@@ -76,7 +76,10 @@ Dynamic shapes. In a graph with symbolic sizes (``dynamic=True``, ``mark_dynamic
 automatic dynamic graph of a second shape) sites are found at the sizes' example values; each
 kept site's op call carries every stored winner of its family with its constants and dtypes, and
 each call's concrete shape picks its bucket's (else the database's, else the PyTorch reference):
-one graph for every shape, with no launcher installed for one of them.
+one graph for every shape, with no launcher installed for one of them. A scalar argument Dynamo
+made symbolic too (an RMSNorm's ``eps`` under ``dynamic=True``) is read at its example value into
+the site's constants and guarded on it, so another value recompiles. A region that cannot be
+recognized because a size is data-dependent (unbacked) is named in an info line.
 
 Limits. Inputs must be
 contiguous (the kernels' contract); a site whose region has an in-place op or a grad-mode switch
@@ -123,14 +126,30 @@ BACKEND_OPTIONS = frozenset({"tune", "budget", "strategy", "db", "families", "co
 _warned_nothing_replaced = False  # the warning below is given once per process
 
 
-def _warn_nothing_replaced(sites: Sequence[Site]) -> None:
+def _specialize(site: Site) -> None:
+    """Guard each symbolic scalar the site's constants were read at on its example value.
+
+    Under ``dynamic=True`` Dynamo passes a float argument (an RMSNorm's ``eps``) as a symbol; the
+    op bakes the value it had when the site was recognized into its constants, so the compiled
+    graph is right only for that value. The guard (ShapeEnv's, which Dynamo turns into a guard on
+    the argument) makes another value recompile rather than run with the wrong constant.
+    """
+    from torch.fx.experimental.symbolic_shapes import guard_scalar
+
+    for node in site.specialized:
+        value = guard_scalar(_value(node))
+        log.info("%s at %s: %s specialized to %r (its example value)", site.op, site.output.name, node.name, value)
+
+
+def _warn_nothing_replaced(sites: Sequence[Site], notes: Sequence[str] = ()) -> None:
     """Say once, as a warning, that a graph with sites kernelsmith recognizes runs on Inductor
     alone, and why: most often nothing is tuned for these shapes on this machine yet, and a user
     who wrote ``backend="kernelsmith"`` would otherwise never learn that it did nothing. (A graph
     with no recognized site is only logged, at info: graph breaks make many such small graphs.)"""
     global _warned_nothing_replaced
     if not sites:
-        log.info("no op kernelsmith recognizes in this graph: Inductor compiles it alone")
+        why = f" ({'; '.join(notes)})" if notes else ""  # a region turned down for a dynamic-shape reason
+        log.info("no op kernelsmith recognizes in this graph: Inductor compiles it alone%s", why)
         return
     if _warned_nothing_replaced or all(site.status == "no database" for site in sites):
         return  # a broken database has had its own warning (kernelsmith.db.warn_unusable_database)
@@ -217,7 +236,21 @@ class KernelsmithBackend:
         return self
 
     def _compile(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        graph_sites = self._sites(gm)
+        from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+
+        reported = len(self.sites)
+        try:
+            return self._compile_graph(gm, example_inputs)
+        except TensorifyScalarRestartAnalysis:
+            # A site's guard specialized a float argument (_specialize): Inductor asks Dynamo to
+            # trace the frame again with that float as a constant, and the retrace's graph, not this
+            # one, is what runs and what reports its sites.
+            del self.sites[reported:]
+            raise
+
+    def _compile_graph(self, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        notes: list[str] = []
+        graph_sites = self._sites(gm, notes)
         self.sites.extend(graph_sites)
         if self.discover:
             return gm.forward
@@ -226,9 +259,10 @@ class KernelsmithBackend:
             why = f" ({site.reason})" if site.reason else ""
             log.info("%s %s: %s%s", site.op, site.spec.describe(), site.status, why)
         if not replaced:
-            _warn_nothing_replaced(graph_sites)
+            _warn_nothing_replaced(graph_sites, notes)
             return self._inductor(gm, example_inputs)
         for site in replaced:
+            _specialize(site)
             device = _value(site.output).device
             for op, inputs, runner in site.runners:
                 _install(op, inputs, dispatch.constants_json(site.constants), runner, device, self.resolver.db)
@@ -259,9 +293,9 @@ class KernelsmithBackend:
             timing=str(ours.get("timing", self.timing)),
         )
 
-    def _sites(self, gm: fx.GraphModule) -> list[Site]:
+    def _sites(self, gm: fx.GraphModule, notes: list[str] | None = None) -> list[Site]:
         try:
-            sites = find_sites(gm, self.families, self.fuse_residual)
+            sites = find_sites(gm, self.families, self.fuse_residual, notes)
         except Exception:  # matching is an optimization: it must never break compilation
             log.warning("kernelsmith could not match patterns in a graph; compiling it unchanged", exc_info=True)
             return []
