@@ -242,8 +242,9 @@ SOFTMAX_SCALE: Constants = {"scale": 1 / 0.7}
 def _reduction(op: OpFamily, runs: Callable[[OpFamily, OpSpec], set[int]] = validation_runs) -> Family:
     # validate on the target and on tails (1 row, an odd count); multi_row's last config: ROWS
     # divides no tail
+    # split_row (rows over 8 KB cut across programs) has its own file, test_reductions_split_row.py
     return Family(op.name, op, ("y",), shape_cases(op, REDUCTION_SHAPES), empty=(("multi_row", 8200),),
-                  strict_warnings=True, choices_at=16384,
+                  realigned={"split_row": ()}, strict_warnings=True, choices_at=16384,
                   harness=tuple(Harness(v, shape, dtype, runs=runs) for v in ("whole_row", "looped", "multi_row")
                                 for shape, dtype in (((9, 100), "bfloat16"), ((2, 3, 5), "float16"))))  # fmt: skip
 
