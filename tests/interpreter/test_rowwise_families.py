@@ -245,8 +245,9 @@ def _reduction(op: OpFamily, runs: Callable[[OpFamily, OpSpec], set[int]] = vali
     # split_row (rows over 8 KB cut across programs) has its own file, test_reductions_split_row.py
     return Family(op.name, op, ("y",), shape_cases(op, REDUCTION_SHAPES), empty=(("multi_row", 8200),),
                   realigned={"split_row": ()}, strict_warnings=True, choices_at=16384,
-                  harness=tuple(Harness(v, shape, dtype, runs=runs) for v in ("whole_row", "looped", "multi_row")
-                                for shape, dtype in (((9, 100), "bfloat16"), ((2, 3, 5), "float16"))))  # fmt: skip
+                  harness=(*(Harness(v, shape, dtype, runs=runs) for v in ("whole_row", "looped", "multi_row")
+                             for shape, dtype in (((9, 100), "bfloat16"), ((2, 3, 5), "float16"))),
+                           Harness("split_row", (2, 4099), "bfloat16", pick="one", runs=runs)))  # fmt: skip
 
 
 FAMILIES = {
