@@ -134,11 +134,16 @@ def _packaged_without_kernelsmith(
                    if not name.endswith((".so", ".o")))
     torch.save(x.cpu(), tmp_path / "x.pt")
     code = textwrap.dedent(f"""
+        import faulthandler
         import sys
         import torch
         import torch._inductor
-        runner = torch._inductor.aoti_load_package({package!r})
+        faulthandler.enable()  # a crash in the loader shows where, not an empty stderr
+        # CUDA initialized before the package is loaded: on the H200 machine (torch 2.11.0+cu130)
+        # loading any AOTInductor package, one of plain Inductor code included, into a process
+        # that has not touched CUDA yet segfaults in the loader.
         x = torch.load({str(tmp_path / "x.pt")!r}).cuda()
+        runner = torch._inductor.aoti_load_package({package!r})
         with torch.no_grad():
             out = runner(x)
         out = out[0] if isinstance(out, (list, tuple)) else out
