@@ -69,3 +69,33 @@ def test_the_script_prints_the_table_and_writes_its_json(tmp_path):
     missing = subprocess.run([sys.executable, str(BENCHMARKS / "compare_ops.py"), str(tmp_path / "no.json"),
                               str(after)], capture_output=True, text=True, check=False)  # fmt: skip
     assert missing.returncode == 2 and "compare_ops:" in missing.stderr
+
+
+def test_one_baseline_swinging_alone_does_not_excuse_a_slower_kernel(compare_ops):
+    """The row's noise is its baselines' median drift: torch.compile alone moving 1.5x (its default
+    mode times a reduction's configs at the first call) leaves the kernel's 10% loss visible."""
+    steady = {"max-autotune": 11.0, "liger": 13.0}
+    before = report({**row("rmsnorm", 10.0, 20.0, 12.0), "us": {"kernelsmith": 10.0, "eager": 20.0, "compile": 12.0,
+                                                                **steady}})
+    after = report({**row("rmsnorm", 11.0, 20.2, 18.0), "us": {"kernelsmith": 11.0, "eager": 20.2, "compile": 18.0,
+                                                               "max-autotune": 11.1, "liger": 13.1}})
+    (only,) = compare_ops.compare(before, after, margin=0.02)["rows"]
+    assert only["noise"] == pytest.approx(1.01, abs=0.005)
+    assert only["verdict"] == "slower"
+
+
+def test_a_kernel_that_slowed_into_a_fallback_is_caught_by_its_paired_speedup(compare_ops):
+    """The served time can hide a kernel regression (the decision falls back to a baseline as fast
+    as the old kernel); the tuner's best candidate, paired with eager in the same rounds, cannot."""
+    def tuned(kernel_us: float | None, candidate_us: float, compile_us: float) -> dict:
+        r = row("layernorm", kernel_us, 65.0, compile_us)
+        r["tune"]["top"] = [{"variant": "two_pass", "median_us": candidate_us, "baseline_us": 65.0}]
+        return r
+
+    before = report(tuned(40.0, 40.0, compile_us=41.0))
+    after = report(tuned(None, 44.0, compile_us=40.4))  # the kernel 10% slower: compile's 40.4 us now served
+    (only,) = compare_ops.compare(before, after, margin=0.02)["rows"]
+    assert only["verdict"] == "same"  # 40.4 us against 40 us: within what the served time allows
+    assert only["kernel_ratio"] == pytest.approx(1.1)
+    assert only["kernel_verdict"] == "slower"
+    assert compare_ops.compare(before, after, margin=0.02)["slower"] == [only]
