@@ -15,8 +15,9 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import replace
@@ -27,6 +28,7 @@ from kernelsmith.cost import LLM_TOKENS_KEY
 from kernelsmith.db import Database, DecisionRecord, Fingerprint
 from kernelsmith.db.records import variant_source_hash
 from kernelsmith.decide import Comparison, compare
+from kernelsmith.evaluate.compile_ahead import FAILED, Ahead, CompileAhead
 from kernelsmith.evaluate.confirm import plausible
 from kernelsmith.evaluate.executor import Executor
 from kernelsmith.evaluate.protocol import Candidate, EvalResult, TimingSettings
@@ -34,6 +36,7 @@ from kernelsmith.evaluate.timing import pinned_graph_replay
 from kernelsmith.llm._base import Metered
 from kernelsmith.ops import OpFamily
 from kernelsmith.settings import compile_baseline_wanted
+from kernelsmith.settings import get as setting
 from kernelsmith.spec import OpSpec
 from kernelsmith.strategies import Strategy, make_strategy
 from kernelsmith.strategies.warm import Seeds
@@ -96,6 +99,7 @@ class _Search:
         progress: Progress | None,
         copy_gbps: float | None = None,
         since: float = 0.0,
+        compile_ahead: CompileAhead | None = None,
     ) -> None:
         self.family, self.spec, self.fp, self.db = family, spec, fp, db
         self.evaluator, self.progress = evaluator, progress
@@ -114,6 +118,10 @@ class _Search:
         self.claimed: set[tuple[str, str, str]] = set()
         self.finished = threading.Event()  # ends the threads waiting on other tuners' claims
         self.stopped_at_ceiling = ""  # why the search stopped early at the copy ceiling, if it did
+        # Compiling waiting candidates ahead of their worker (kernelsmith.evaluate.compile_ahead):
+        # the one given (tests), else one made where it can help; what it did, for the decision.
+        self.given_compile_ahead = compile_ahead
+        self.compile_report: dict[str, Any] = {}
 
     def candidates(self) -> list[Candidate]:
         return [Candidate(v.name, c) for v in self.family.variants for c in v.space(self.spec)]
@@ -137,34 +145,60 @@ class _Search:
 
     def _drive(self, strategy: Strategy, budget: int, stop: Callable[[], bool] | None) -> None:
         """Run ``strategy`` (set up) to its end or ``budget``, then let go of unstored claims."""
+        compiler = self._compile_ahead()
         try:
-            self._loop(strategy, budget, stop)
+            self._loop(strategy, budget, stop, compiler)
         finally:
             self.finished.set()
+            if compiler is not None:
+                compiler.close()
+            self._report_compiles(compiler)
             for candidate_id in list(self.claimed):  # not stored (an error): let others have it
                 self.db.release_evaluation(self.fp.hash, self.spec.workload_hash, *candidate_id, owner=self.owner)
+
+    def _compile_ahead(self) -> CompileAhead | None:
+        """The compiler of this search's waiting candidates, or None: ``KERNELSMITH_COMPILE_AHEAD``
+        off, or (unless a test gave one) no GPU or workers that do not share this process's
+        Triton cache (a Ray cluster's), where compiling here could not help."""
+        if not setting("KERNELSMITH_COMPILE_AHEAD"):
+            return None
+        if self.given_compile_ahead is not None:
+            return self.given_compile_ahead
+        if not getattr(self.evaluator, "shares_triton_cache", False) or self.evaluator.mode != "gpu":
+            return None
+        return CompileAhead(self.family, self.spec)
 
     def _loop(
         self,
         strategy: Strategy,
         budget: int,
         stop: Callable[[], bool] | None,
+        compiler: CompileAhead | None = None,
     ) -> None:
         """The body of :meth:`run`. A candidate no trial is stored for is claimed before it is
         evaluated; one another tuner claimed (it is measuring it right now) is waited for in a
         thread, without taking a worker or budget, and its trial reused once stored, or
-        evaluated here if that tuner's claim lapses first (it died)."""
+        evaluated here if that tuner's claim lapses first (it died).
+
+        With a ``compiler`` the search proposes up to ``compiler.depth`` candidates more than
+        there are workers: a proposal that finds a worker free (and none waiting before it) goes
+        to it at once, the others wait in ``queued``, in proposal order, each compiled here
+        meanwhile, and go to the next free worker in that order (:meth:`_send_queued`). Without
+        one, every proposal goes to a worker at once, as it always did."""
         running: set[Future[EvalResult]] = set()
         waiting: dict[Future[EvalResult | None], Candidate] = {}  # being evaluated by another tuner
+        queued: deque[tuple[Candidate, Future[Ahead]]] = deque()  # claimed, compiling here, waiting for a worker
+        workers = self.evaluator.n_workers
+        in_flight = workers + (compiler.depth if compiler is not None else 0)
         exhausted = False
         while True:
-            while not exhausted and len(running) < self.evaluator.n_workers and self.evaluated + len(running) < budget:
-                if stop is not None and stop():
+            while (not exhausted and len(running) + len(queued) < in_flight
+                   and self.evaluated + len(running) + len(queued) < budget):  # fmt: skip
+                if (stop is not None and stop()) or self._at_ceiling():
+                    if self.stopped_at_ceiling:
+                        log.info("%s: %s", self.spec.op, self.stopped_at_ceiling)
                     exhausted = True
-                    break
-                if self._at_ceiling():
-                    log.info("%s: %s", self.spec.op, self.stopped_at_ceiling)
-                    exhausted = True
+                    self._drop_queued(queued)  # not sent to a worker yet: not evaluated
                     break
                 proposal = strategy.propose(1)
                 if not proposal:
@@ -173,15 +207,27 @@ class _Search:
                 known = self._known(proposal[0])
                 if known is not None:  # measured (or failed) before: reuse, free of budget
                     self._record(strategy, known, fresh=False, budget=budget)
-                elif self._claim(proposal[0]):
+                elif not self._claim(proposal[0]):
+                    waiting[self._wait_for_other(proposal[0])] = proposal[0]
+                elif compiler is None or (not queued and len(running) < workers):
                     running.add(self.evaluator.submit(self.spec, proposal[0]))
                 else:
-                    waiting[self._wait_for_other(proposal[0])] = proposal[0]
-            if not running and not waiting:
+                    queued.append((proposal[0], compiler.start(proposal[0])))
+            if self._send_queued(queued, running, strategy, budget, compiler):
+                continue  # a compile failure was recorded: its place goes to the next proposal
+            if not running and not waiting and not queued:
                 break
             pending: set[Future[Any]] = {*running, *waiting}
+            head_compiling = bool(queued) and len(running) < workers  # a worker is free: wait for that compile
+            if head_compiling:
+                pending.add(queued[0][1])
+            waited_from = time.perf_counter()
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            if head_compiling and compiler is not None:
+                compiler.waited_s += time.perf_counter() - waited_from
             for future in done:
+                if future is (queued[0][1] if queued else None):
+                    continue  # the compile a free worker waited for: sent on the next turn
                 if future in waiting:
                     candidate = waiting.pop(future)
                     other = future.result()
@@ -193,6 +239,61 @@ class _Search:
                 running.discard(future)
                 self.evaluated += 1
                 self._record(strategy, future.result(), fresh=True, budget=budget)
+
+    def _send_queued(
+        self,
+        queued: deque[tuple[Candidate, Future[Ahead]]],
+        running: set[Future[EvalResult]],
+        strategy: Strategy,
+        budget: int,
+        compiler: CompileAhead | None,
+    ) -> bool:
+        """Send the queued candidates, in order, to the free workers, and return whether a compile
+        failure was recorded. The first in the queue goes once its compile here is done; one
+        whose compile has not started yet (every compiling thread busy) goes at once, its
+        compile cancelled (its worker compiles it); one compiling now is waited for. A
+        candidate that failed to compile is recorded as its "build" failure, as a worker would
+        have reported it, and takes no worker."""
+        recorded = False
+        while queued and len(running) < self.evaluator.n_workers:
+            candidate, compiling = queued[0]
+            if compiling.cancel():  # not started: no worse off than without compile-ahead
+                assert compiler is not None
+                compiler.sent_uncompiled += 1
+            elif not compiling.done():
+                break  # compiling now: the loop waits for it
+            queued.popleft()
+            outcome = None if compiling.cancelled() else compiling.result()
+            if outcome is not None and outcome.status == FAILED:
+                assert compiler is not None
+                self.evaluated += 1
+                self._record(strategy, compiler.failure(outcome, self._source_hash(candidate)), fresh=True,
+                             budget=budget)  # fmt: skip
+                recorded = True
+            else:
+                running.add(self.evaluator.submit(self.spec, candidate))
+        return recorded
+
+    def _drop_queued(self, queued: deque[tuple[Candidate, Future[Ahead]]]) -> None:
+        """Forget the queued candidates (the search stopped): their claims are released."""
+        while queued:
+            candidate, compiling = queued.popleft()
+            compiling.cancel()
+            self._release(candidate)
+
+    def _report_compiles(self, compiler: CompileAhead | None) -> None:
+        """What compiling took on and off the timing path, in :attr:`compile_report` (the
+        decision's ``compile_ahead`` metrics) and the log: with compile-ahead on, the compiles
+        done here and the time the search waited for them with a worker free; either way the
+        workers' loading, compiling and validation seconds (``validate_s``, which a compile done
+        ahead shortens to a load from Triton's cache; lock waits included)."""
+        fresh = [r for r, new in zip(self.results, self.fresh, strict=True) if new]
+        report: dict[str, Any] = {"enabled": compiler is not None}
+        if compiler is not None:
+            report.update(compiler.report())
+        report["worker_validate_s"] = round(sum(float(r.metrics.get("validate_s", 0.0)) for r in fresh), 3)
+        self.compile_report = report
+        log.info("%s: compiles: %s", self.spec.op, report)
 
     def _candidate_id(self, candidate: Candidate) -> tuple[str, str, str]:
         return candidate.variant, self._source_hash(candidate), candidate.config.key
@@ -399,6 +500,8 @@ class _Search:
             notes.append("no candidate beat the baseline with confidence")
         if self.stopped_at_ceiling:
             metrics["stopped_at_ceiling"] = self.stopped_at_ceiling
+        if self.compile_report:
+            metrics["compile_ahead"] = self.compile_report
         if notes:
             metrics["note"] = "; ".join(notes)
         if won:

@@ -122,6 +122,9 @@ SETTINGS: dict[str, Setting] = _settings(
             "Also time the op's PyTorch reference compiled by `torch.compile` when deciding, and keep a kernel "
             "only if it beats that too: `auto` (on a GPU only), `on` (the interpreter too: slow, for tests), `off`.",
             ("auto", "on", "off")),
+    Setting("KERNELSMITH_COMPILE_AHEAD", "bool", True,
+            "On a GPU, compile the search's built-in candidates waiting for a worker in the tuning process "
+            "(into Triton's cache, launching nothing), ahead of the worker; `0`: the workers compile everything."),
     Setting("KERNELSMITH_INTERPRET", "bool", False,
             "Run kernels on CPU tensors in the Triton interpreter (sets `TRITON_INTERPRET=1`): "
             "correctness only, timings are not performance."),

@@ -351,6 +351,10 @@ class Evaluator(RequestPool):
     >>> # results = evaluator.evaluate(spec, [Candidate("whole_row", Config(num_warps=4, num_stages=1))])
     """
 
+    # The workers compile into this process's own Triton cache (user_triton_cache), so what this
+    # process compiles ahead of them is there for them (kernelsmith.evaluate.compile_ahead).
+    shares_triton_cache = True
+
     def __init__(
         self,
         mode: str,
