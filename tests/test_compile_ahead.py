@@ -261,6 +261,53 @@ def test_compile_only_turns_launches_into_warmups_on_its_thread_only(monkeypatch
     assert seen == [(here, True), ("other", False), (here, False)]
 
 
+def _fake_kernel() -> Any:
+    """A Triton kernel as direct_launch sees it (a JITFunction) whose ``kernel[grid]``, what a
+    launcher going through Triton calls, is a marker."""
+    from triton.runtime.jit import JITFunction
+
+    class FakeKernel(JITFunction):  # type: ignore[misc]
+        def __getitem__(self, grid: Any) -> Any:
+            return "through triton"
+
+    return object.__new__(FakeKernel)
+
+
+def test_compile_variant_calls_the_launchers_on_meta_tensors_built_through_triton() -> None:
+    """compile_variant builds each validation shape's launcher so that it goes through Triton
+    (a direct launcher would load the module onto the device here) and calls it with meta
+    tensors of the workload's shapes, inside compile-only."""
+    rmsnorm = get_op("rmsnorm")
+    spec = rmsnorm.spec_for(torch.randn(37, 48), torch.randn(48))
+    calls: list[tuple[Any, list[Any], list[Any], bool]] = []
+
+    def build(vspec: Any, config: Any) -> Any:
+        from kernelsmith.ops._launch import direct_launch
+
+        launch = direct_launch(_fake_kernel(), (1,))
+
+        def launcher(inputs: list[Any], outputs: list[Any]) -> None:
+            calls.append((launch, [(t.device.type, tuple(t.shape)) for t in inputs],
+                          [t.device.type for t in outputs], compile_ahead._THREAD.compile_only))  # fmt: skip
+
+        return launcher
+
+    class _Family:
+        def variant(self, name: str) -> Any:
+            return type("V", (), {"build": staticmethod(build)})()
+
+        validation_specs = rmsnorm.validation_specs
+        output_specs = rmsnorm.output_specs
+
+    compile_ahead.compile_variant(_Family(), spec, Candidate("any", _first_config(rmsnorm, spec)))  # type: ignore[arg-type]
+    vspecs = rmsnorm.validation_specs(spec)
+    assert len(calls) == len(vspecs) >= 1
+    for (launch, inputs, outputs, compile_only), vspec in zip(calls, vspecs, strict=True):
+        assert launch == "through triton" and compile_only
+        assert inputs == [("meta", tuple(t.shape)) for t in vspec.inputs] and set(outputs) == {"meta"}
+    assert not compile_ahead._THREAD.compile_only  # off again after
+
+
 @pytest.mark.gpu
 def test_compile_variant_compiles_into_the_cache_without_launching(tmp_path: Any, monkeypatch: Any) -> None:
     """On a GPU: a built-in candidate compiled ahead lands in Triton's on-disk cache, and nothing

@@ -15,9 +15,11 @@ callable that ends in ``kernel[grid](...)``; :func:`compile_variant` calls it on
 workload's shapes, dtypes and strides, no memory; a meta tensor's address is 0, 16-byte aligned
 like the device's allocations, and a view keeps its offset) while :func:`_compile_only` turns
 every Triton launch *on that thread* into a warmup. Nothing runs on the device and no device
-memory is taken, so compiling here never overlaps a timing measurement's use of the GPU; only the
-worker's first launch loads the module, as before. (Triton's ``run`` still asks the driver for the
-current device and stream; the tuning process has a CUDA context once it read its fingerprint.)
+memory is taken, and no module is loaded (the launchers are built to go through Triton, never
+to read a compiled kernel's launch handle), so compiling here never overlaps a timing
+measurement's use of the GPU; only the worker's first launch loads the module, as before.
+(Triton's ``run`` still asks the driver for the current device and stream, which initializes
+CUDA in the tuning process where nothing had yet.)
 
 The trust boundary: only built-in variants, kernelsmith's own code, are built here. A kernel
 file (an agent's or an LLM's source) is never built in this process; it goes to its worker,
@@ -49,6 +51,7 @@ import torch
 
 from kernelsmith.evaluate.protocol import Candidate, EvalResult
 from kernelsmith.ops._base import OpFamily
+from kernelsmith.ops._launch import launches_through
 from kernelsmith.spec import OpSpec
 
 log = logging.getLogger(__name__)
@@ -118,13 +121,23 @@ def _compile_only() -> Iterator[None]:
         _THREAD.compile_only = previous
 
 
+def _through_triton(kernel: Any, grid: Any) -> Any:
+    return kernel[grid]
+
+
 def compile_variant(family: OpFamily, spec: OpSpec, candidate: Candidate) -> None:
     """Compile a built-in variant's candidate for every shape its worker validates and times
-    (the workload and its tail shapes, as the worker's ``_compile``), launching nothing."""
+    (the workload and its tail shapes, as the worker's ``_compile``), launching nothing.
+
+    The launchers are built to go through Triton on every call (``launches_through``): a direct
+    launcher (:mod:`kernelsmith.ops._launch`) would read the compiled kernel's launch handle,
+    which loads the module onto the device, here, in the tuning process.
+    """
     variant = family.variant(candidate.variant)
     with _compile_only():
         for vspec in family.validation_specs(spec):
-            launcher = variant.build(vspec, candidate.config)
+            with launches_through(_through_triton):
+                launcher = variant.build(vspec, candidate.config)
             inputs = [torch.empty_strided(t.shape, t.strides, dtype=t.torch_dtype, device="meta") for t in vspec.inputs]
             outputs = [torch.empty(t.shape, dtype=t.torch_dtype, device="meta") for t in family.output_specs(vspec)]
             launcher(inputs, outputs)
