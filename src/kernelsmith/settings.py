@@ -155,6 +155,10 @@ SETTINGS: dict[str, Setting] = _settings(
             "Unset: no notifications.", secret=True),
     Setting("KERNELSMITH_WEBHOOK_EVENTS", "str", "",
             "A comma-separated subset of `done,error` to notify about. Unset: all."),
+    Setting("KERNELSMITH_LCE_SCRATCH_MIB", "float", 0.0,
+            "The most scratch memory (MiB) the fused linear + cross-entropy gradient's tuned config may allocate "
+            "per call (chunk logits, float32 dW/db accumulators); larger configs are not searched. `0`: 3/16 of "
+            "the T x V x 2-byte logits, at least 64 MiB. The smallest config's need is always allowed."),
 )
 
 
