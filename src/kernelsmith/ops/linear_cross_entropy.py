@@ -38,6 +38,12 @@ Soft-capping is computed without ``tanh`` (``tl.math`` lacks it): ``tanh(x) = si
 (1 + e)`` with ``e = exp(-2|x|)`` (never overflows), and its Taylor series below ``|x| < 1/4``,
 where ``1 - e`` would cancel.
 
+Memory: besides its inputs and output a call allocates float32 ``(4, T, n_splits)`` running
+statistics (``n_splits <= SPLITS``, :func:`split_layout`) and, for "mean"/"sum", the ``(T,)``
+per-row losses: ``4 * T * (4 * n_splits + 1)`` bytes, at most 516 a token (32 splits), never
+growing with the vocabulary (:func:`online_lse_scratch_bytes`), so the forward's space has no
+memory cap; the backward's chunk scratch does grow with it, and its space is capped.
+
 The gradients are in :mod:`kernelsmith.ops.linear_cross_entropy_backward`; the kernels of both
 in :mod:`kernelsmith.ops._linear_cross_entropy_kernels`.
 """
@@ -199,6 +205,15 @@ def split_layout(vocab: int, splits: int, block_n: int) -> tuple[int, int]:
     """``(split_cols, n_splits)``: about ``vocab / splits`` columns a split in whole tiles."""
     split_cols = triton.cdiv(triton.cdiv(vocab, splits), block_n) * block_n
     return split_cols, triton.cdiv(vocab, split_cols)
+
+
+def online_lse_scratch_bytes(spec: OpSpec, config: Config) -> int:
+    """Bytes one call of the forward allocates besides its inputs and output for ``config``:
+    float32 ``(4, T, n_splits)`` statistics, plus ``(T,)`` losses unless the reduction is "none"."""
+    t, _, v = shape_of(spec)
+    _, n_splits = split_layout(v, config["SPLITS"], config["BLOCK_N"])
+    row_losses = t if spec.const("reduction") != "none" else 0
+    return 4 * (4 * t * n_splits + row_losses)
 
 
 def _online_lse_build(spec: OpSpec, config: Config) -> Launcher:
@@ -463,6 +478,10 @@ class LinearCrossEntropy(OpFamily):
     def flops(self, spec: OpSpec) -> int:
         t, h, v = shape_of(spec)
         return 2 * t * h * v + 5 * t * v
+
+    def scratch_bytes(self, spec: OpSpec, config: Config) -> int:
+        """The bytes a call allocates besides its inputs and output: :func:`online_lse_scratch_bytes`."""
+        return online_lse_scratch_bytes(spec, config)
 
 
 OP = LinearCrossEntropy()

@@ -46,16 +46,33 @@ count of non-ignored tokens over *all* chunks first: cross-entropy backward's co
 Ignored rows have zero gradient; an out-of-range target makes its row of ``g`` NaN (and so the
 loss, ``dh``'s row, and all of ``dW`` and ``db``): see the forward for the error the front door
 raises instead.
+
+Memory
+------
+What a call allocates besides its inputs and outputs (:func:`chunked_scratch_bytes`, also
+``OP.scratch_bytes(spec, config)``), all of it float32 and alive for the whole call, in bytes:
+
+    4 * min(CHUNK, T) * V    the chunk's logits (then, in place, their gradient g)
+  + 4 * V * H                the dW accumulator, if DW_ACC is float32 and W is not
+  + 4 * V                    the db accumulator, if there is a bias and it is not float32
+  + 4 * T                    the per-row losses before "mean"/"sum" (the fused op only)
+  + 4                        the scale 1 / (tokens not ignored), for "mean"
+
+At 16k tokens, V 128256, H 2048 in bfloat16 the first two terms are up to 4 GiB (CHUNK 8192) and
+1 GiB, against the 4 GiB of bfloat16 logits the fused loss exists not to hold, so the search's
+space caps them (:func:`scratch_cap_bytes`, ``KERNELSMITH_LCE_SCRATCH_MIB``): by default 3/16 of
+the ``T x V x 2``-byte logits, at least 64 MiB, and never below the smallest config's need.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import triton
 
+from kernelsmith import settings
 from kernelsmith.ops._base import (
     FINITE_STRESS_DISTRIBUTIONS,
     Launcher,
@@ -113,15 +130,66 @@ _CAST_BLOCK = 1024
 _AUX_WARPS = 4
 
 
+# The memory cap. The fused loss exists to not hold the (T, V) logits, so its scratch (the Memory
+# section above) should stay well under them whatever the tuner finds fastest: by default at most
+# 3/16 of the logits in a 16-bit dtype, T x V x 2 bytes. Not 1/8: with T a power of two the chunk
+# logits are a power-of-two fraction of the logits (CHUNK = T/16 is exactly 1/8), so a cap of 1/8
+# would drop that chunk for the few KiB of per-row losses beside it; 3/16 keeps CHUNK <= T/16
+# with room to spare and drops T/8. At 16k tokens x 128256 x 2048 (bf16) that is 752 MiB: chunks
+# of up to 1024 tokens (501 MiB), and the float32 dW accumulator (1 GiB) only where a user raises
+# the cap. Below 64 MiB memory is not worth a slower config (small workloads keep their whole
+# space), and the cap never drops the configs of the smallest scratch, so no space is left empty.
+SCRATCH_FRACTION_OF_LOGITS = 3 / 16
+SCRATCH_FLOOR_BYTES = 64 * 2**20
+
+
+def chunked_scratch_bytes(spec: OpSpec, config: Mapping[str, Any]) -> int:
+    """Bytes one call of the chunked launcher allocates for ``spec`` under ``config`` besides its
+    inputs and outputs (float32, all alive for the whole call): the formula of the module's Memory
+    section. Only ``CHUNK`` and ``DW_ACC`` of the config matter."""
+    t, h, v = shape_of(spec)
+    low_precision = dtype_of(spec).dtype != "float32"
+    reduction = str(spec.const("reduction"))
+    float32 = 4
+    chunk_logits = min(int(config["CHUNK"]), t) * v
+    dw_accumulator = v * h if config["DW_ACC"] == "float32" and low_precision else 0
+    db_accumulator = v if has_bias(spec) and low_precision else 0
+    row_losses = t if spec.op == FUSED_NAME and reduction != "none" else 0
+    mean_scale = 1 if reduction == "mean" else 0
+    return float32 * (chunk_logits + dw_accumulator + db_accumulator + row_losses + mean_scale)
+
+
+def scratch_cap_bytes(spec: OpSpec) -> int:
+    """The scratch the search's space allows for ``spec`` before the smallest-config rule:
+    ``KERNELSMITH_LCE_SCRATCH_MIB`` MiB where set (> 0), else :data:`SCRATCH_FRACTION_OF_LOGITS` of
+    the ``T x V x 2``-byte logits, at least :data:`SCRATCH_FLOOR_BYTES`."""
+    mib = float(settings.get("KERNELSMITH_LCE_SCRATCH_MIB"))
+    if mib < 0:
+        raise settings.SettingError(f"KERNELSMITH_LCE_SCRATCH_MIB={mib} is negative (0: the default cap)")
+    if mib > 0:
+        return int(mib * 2**20)
+    t, _, v = shape_of(spec)
+    return max(SCRATCH_FLOOR_BYTES, int(t * v * 2 * SCRATCH_FRACTION_OF_LOGITS))
+
+
 def _chunked_space(spec: OpSpec, prune: bool = True) -> Space:
     """The chunked variant's space. ``prune`` (the search's space) also keeps chunk sizes to
-    those that make sense for ``T`` tokens; builds check without it, because validation runs a
-    config chosen for ``T`` tokens on fewer (tails of 1, 7, ... tokens)."""
+    those that make sense for ``T`` tokens and scratch under the memory cap; builds check without
+    it, because validation runs a config chosen for ``T`` tokens on fewer (tails of 1, 7, ...
+    tokens), and a stored config stays correct whatever cap the user sets later."""
     t, h, v = shape_of(spec)
     element_size = dtype_of(spec).torch_dtype.itemsize
     widest_row = max(ROW_BLOCKS[0], next_power_of_two(v))
     dw_choices = DW_ACCUMULATORS if dtype_of(spec).dtype != "float32" else DW_ACCUMULATORS[:1]
     smallest_above = next(c for c in CHUNKS if c >= min(t, CHUNKS[-1]))
+
+    def chunk_fits(chunk: int) -> bool:
+        return chunk <= smallest_above and (triton.cdiv(t, chunk) <= MAX_CHUNKS or chunk == CHUNKS[-1])
+
+    # Scratch depends only on (CHUNK, DW_ACC), and every pair the chunk rules allow has the same
+    # tilings, so the smallest scratch over those pairs is met by some config of the space.
+    scratch = {(c, d): chunked_scratch_bytes(spec, {"CHUNK": c, "DW_ACC": d}) for c in CHUNKS for d in dw_choices}
+    cap = max(scratch_cap_bytes(spec), min(n for (c, _), n in scratch.items() if chunk_fits(c)))
     chunk_constraints = [
         Constraint(
             "CHUNK no larger than the smallest chunk holding every token", lambda c: c["CHUNK"] <= smallest_above
@@ -129,6 +197,11 @@ def _chunked_space(spec: OpSpec, prune: bool = True) -> Space:
         Constraint(
             f"at most {MAX_CHUNKS} chunks (or the largest chunk)",
             lambda c: triton.cdiv(t, c["CHUNK"]) <= MAX_CHUNKS or c["CHUNK"] == CHUNKS[-1],
+        ),
+        Constraint(
+            f"scratch (chunk logits, float32 dW/db) at most {cap} bytes (KERNELSMITH_LCE_SCRATCH_MIB; default: "
+            "3/16 of the T x V x 2-byte logits, at least 64 MiB); where none fits, the smallest-scratch configs stay",
+            lambda c: scratch[c["CHUNK"], c["DW_ACC"]] <= cap,
         ),
     ]
     return Space(
@@ -301,6 +374,10 @@ class _LinearCrossEntropyGradient(OpFamily):
     def flops(self, spec: OpSpec) -> int:
         t, h, v = shape_of(spec)
         return 3 * 2 * t * h * v + 10 * t * v
+
+    def scratch_bytes(self, spec: OpSpec, config: Mapping[str, Any]) -> int:
+        """The bytes a call allocates besides its inputs and outputs: :func:`chunked_scratch_bytes`."""
+        return chunked_scratch_bytes(spec, config)
 
 
 class LinearCrossEntropyBackward(_LinearCrossEntropyGradient):
