@@ -228,67 +228,36 @@ def _first_config(family: Any, spec: Any) -> Any:
     return family.variants[0].space(spec).configs()[0]
 
 
-def test_compile_only_turns_launches_into_warmups_on_its_thread_only(monkeypatch: Any) -> None:
-    """The seam under compile_variant: inside _compile_only, a Triton launch on this thread is a
-    warmup (compile, no launch); outside it, and on any other thread meanwhile, launches are
-    unchanged."""
-    from triton.runtime.jit import JITFunction
+def test_a_warmup_launch_compiles_through_triton_and_launches_nothing() -> None:
+    """The seam under compile_variant: what its launchers call is Triton's ``run`` with
+    ``warmup=True`` (compile this specialization, no launch), at the launcher's grid."""
+    seen: list[tuple[Any, Any, dict[str, Any]]] = []
 
-    seen: list[tuple[str, bool]] = []
+    class Kernel:
+        def run(self, *args: Any, **kwargs: Any) -> str:
+            seen.append((args, kwargs.pop("grid"), kwargs))
+            return "compiled"
 
-    def recording_run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
-        seen.append((threading.current_thread().name, warmup))
-
-    monkeypatch.setattr(JITFunction, "run", recording_run)
-    monkeypatch.setattr(compile_ahead, "_installed", False)
-    kernel = object.__new__(JITFunction)  # run is all that is called
-    other_started, other_done = threading.Event(), threading.Event()
-
-    def other_thread() -> None:
-        other_started.wait()
-        JITFunction.run(kernel, grid=(1,), warmup=False)
-        other_done.set()
-
-    thread = threading.Thread(target=other_thread, name="other")
-    thread.start()
-    with compile_ahead._compile_only():
-        JITFunction.run(kernel, 1, 2, grid=(1,), warmup=False)
-        other_started.set()
-        other_done.wait(5)
-    JITFunction.run(kernel, grid=(1,), warmup=False)
-    thread.join()
-    here = threading.current_thread().name
-    assert seen == [(here, True), ("other", False), (here, False)]
+    assert compile_ahead.WarmupLaunch(Kernel(), (3, 1))(1, 2, BLOCK=64) == "compiled"
+    assert seen == [((1, 2), (3, 1), {"warmup": True, "BLOCK": 64})]
 
 
-def _fake_kernel() -> Any:
-    """A Triton kernel as direct_launch sees it (a JITFunction) whose ``kernel[grid]``, what a
-    launcher going through Triton calls, is a marker."""
-    from triton.runtime.jit import JITFunction
-
-    class FakeKernel(JITFunction):  # type: ignore[misc]
-        def __getitem__(self, grid: Any) -> Any:
-            return "through triton"
-
-    return object.__new__(FakeKernel)
-
-
-def test_compile_variant_calls_the_launchers_on_meta_tensors_built_through_triton() -> None:
-    """compile_variant builds each validation shape's launcher so that it goes through Triton
+def test_compile_variant_calls_the_launchers_on_meta_tensors_built_to_warm_up() -> None:
+    """compile_variant builds each validation shape's launcher so that its launches are warmups
     (a direct launcher would load the module onto the device here) and calls it with meta
-    tensors of the workload's shapes, inside compile-only."""
+    tensors of the workload's shapes; launchers built outside it launch directly again."""
     rmsnorm = get_op("rmsnorm")
     spec = rmsnorm.spec_for(torch.randn(37, 48), torch.randn(48))
-    calls: list[tuple[Any, list[Any], list[Any], bool]] = []
+    calls: list[tuple[Any, list[Any], list[Any]]] = []
 
     def build(vspec: Any, config: Any) -> Any:
         from kernelsmith.ops._launch import direct_launch
 
-        launch = direct_launch(_fake_kernel(), (1,))
+        launch = direct_launch(object(), (1,))
 
         def launcher(inputs: list[Any], outputs: list[Any]) -> None:
             calls.append((launch, [(t.device.type, tuple(t.shape)) for t in inputs],
-                          [t.device.type for t in outputs], compile_ahead._THREAD.compile_only))  # fmt: skip
+                          [t.device.type for t in outputs]))  # fmt: skip
 
         return launcher
 
@@ -302,10 +271,16 @@ def test_compile_variant_calls_the_launchers_on_meta_tensors_built_through_trito
     compile_ahead.compile_variant(_Family(), spec, Candidate("any", _first_config(rmsnorm, spec)))  # type: ignore[arg-type]
     vspecs = rmsnorm.validation_specs(spec)
     assert len(calls) == len(vspecs) >= 1
-    for (launch, inputs, outputs, compile_only), vspec in zip(calls, vspecs, strict=True):
-        assert launch == "through triton" and compile_only
+    for (launch, inputs, outputs), vspec in zip(calls, vspecs, strict=True):
+        assert isinstance(launch, compile_ahead.WarmupLaunch) and launch.grid == (1,)
         assert inputs == [("meta", tuple(t.shape)) for t in vspec.inputs] and set(outputs) == {"meta"}
-    assert not compile_ahead._THREAD.compile_only  # off again after
+    from kernelsmith.ops._launch import direct_launch
+
+    class Plain:  # not a JITFunction: direct_launch's own launch is ``kernel[grid]``
+        def __getitem__(self, grid: Any) -> str:
+            return "launched"
+
+    assert direct_launch(Plain(), (1,)) == "launched"  # outside compile_variant: launches, as before
 
 
 @pytest.mark.gpu

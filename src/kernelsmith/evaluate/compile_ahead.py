@@ -13,10 +13,10 @@ How it compiles: with Triton's own ahead-of-time path, the JIT's ``run(..., warm
 which compiles (and fills the on-disk cache) without launching. A family's launcher is a plain
 callable that ends in ``kernel[grid](...)``; :func:`compile_variant` calls it on meta tensors (the
 workload's shapes, dtypes and strides, no memory; a meta tensor's address is 0, 16-byte aligned
-like the device's allocations, and a view keeps its offset) while :func:`_compile_only` turns
-every Triton launch *on that thread* into a warmup. Nothing runs on the device and no device
-memory is taken, and no module is loaded (the launchers are built to go through Triton, never
-to read a compiled kernel's launch handle), so compiling here never overlaps a timing
+like the device's allocations, and a view keeps its offset), built so that each of their launches
+is a warmup (:class:`WarmupLaunch`, through the launch seam every family uses; Triton itself is not
+patched). Nothing runs on the device and no device memory is taken, and no module is loaded (a
+warmup never reads a compiled kernel's launch handle), so compiling here never overlaps a timing
 measurement's use of the GPU; only the worker's first launch loads the module, as before.
 (Triton's ``run`` still asks the driver for the current device and stream, which initializes
 CUDA in the tuning process where nothing had yet.)
@@ -41,9 +41,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,63 +83,35 @@ class Ahead:
 
 
 # ---- Triton launches that only compile ----------------------------------------------------------
-_THREAD = threading.local()  # .compile_only: launches on this thread compile and return
-_INSTALL_LOCK = threading.Lock()
-_installed = False
+class WarmupLaunch:
+    """What a launcher built by :func:`compile_variant` calls instead of a launch: Triton's
+    ``kernel.run(..., grid=grid, warmup=True)``, which compiles the specialization of these
+    arguments (and fills the on-disk cache) and launches nothing. Given to the launchers through
+    :func:`kernelsmith.ops._launch.launches_through`, the seam every family's launch goes through,
+    so Triton itself is never patched and no other launch, on any thread, is touched."""
 
+    def __init__(self, kernel: Any, grid: Any) -> None:
+        self.kernel, self.grid = kernel, grid
 
-def _install_compile_only() -> None:
-    """Wrap ``JITFunction.run`` once so that a launch on a thread inside :func:`_compile_only`
-    is a warmup (compile, no launch). Every other launch, on every other thread, is unchanged:
-    the wrapper passes its arguments through."""
-    global _installed
-    from triton.runtime.jit import JITFunction
-
-    with _INSTALL_LOCK:
-        if _installed:
-            return
-        launch = JITFunction.run
-
-        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if getattr(_THREAD, "compile_only", False):
-                kwargs["warmup"] = True
-            return launch(self, *args, **kwargs)
-
-        JITFunction.run = run  # type: ignore[method-assign]
-        _installed = True
-
-
-@contextmanager
-def _compile_only() -> Iterator[None]:
-    _install_compile_only()
-    previous = getattr(_THREAD, "compile_only", False)
-    _THREAD.compile_only = True
-    try:
-        yield
-    finally:
-        _THREAD.compile_only = previous
-
-
-def _through_triton(kernel: Any, grid: Any) -> Any:
-    return kernel[grid]
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.kernel.run(*args, grid=self.grid, warmup=True, **kwargs)
 
 
 def compile_variant(family: OpFamily, spec: OpSpec, candidate: Candidate) -> None:
     """Compile a built-in variant's candidate for every shape its worker validates and times
     (the workload and its tail shapes, as the worker's ``_compile``), launching nothing.
 
-    The launchers are built to go through Triton on every call (``launches_through``): a direct
+    The launchers are built so that each of their launches is a :class:`WarmupLaunch`: a direct
     launcher (:mod:`kernelsmith.ops._launch`) would read the compiled kernel's launch handle,
     which loads the module onto the device, here, in the tuning process.
     """
     variant = family.variant(candidate.variant)
-    with _compile_only():
-        for vspec in family.validation_specs(spec):
-            with launches_through(_through_triton):
-                launcher = variant.build(vspec, candidate.config)
-            inputs = [torch.empty_strided(t.shape, t.strides, dtype=t.torch_dtype, device="meta") for t in vspec.inputs]
-            outputs = [torch.empty(t.shape, dtype=t.torch_dtype, device="meta") for t in family.output_specs(vspec)]
-            launcher(inputs, outputs)
+    for vspec in family.validation_specs(spec):
+        with launches_through(WarmupLaunch):
+            launcher = variant.build(vspec, candidate.config)
+        inputs = [torch.empty_strided(t.shape, t.strides, dtype=t.torch_dtype, device="meta") for t in vspec.inputs]
+        outputs = [torch.empty(t.shape, dtype=t.torch_dtype, device="meta") for t in family.output_specs(vspec)]
+        launcher(inputs, outputs)
 
 
 def _is_compile_error(exc: BaseException) -> bool:
