@@ -21,7 +21,7 @@ from torch import fx
 
 from kernelsmith import dispatch
 from kernelsmith.frontends import triton_ops
-from kernelsmith.frontends._backend_sites import Site, _value
+from kernelsmith.frontends._backend_sites import Site, _layout_problem, _value
 
 log = logging.getLogger("kernelsmith.frontends.backend")  # this code's logger in backend.py
 
@@ -98,7 +98,13 @@ def _rewrite_site(graph: fx.Graph, site: Site, val_map: dict[fx.Node, fx.Node], 
         target, decisions = (triton_ops.OP, site.triton_decision) if site.triton_decision else (_KERNEL, site.decisions)
         kernel = graph.call_function(target, (site.op, args, constants, decisions))
         results = [graph.call_function(operator.getitem, (kernel, i)) for i in range(2 if add is not None else 1)]
-    for node in (kernel, *results):
+        # A RoPE site's kernel writes the projection's (B, S, H * D) rows; the graph read the
+        # rotated heads through .view(B, S, H, D).transpose(1, 2): the same view and transpose here.
+        added = [kernel, *results]
+        if site.output_view is not None:
+            heads = graph.call_method("view", (results[0], site.output_view))
+            added += [heads, graph.call_method("transpose", (heads, 1, 2))]
+    for node in added:
         for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
             if key in out.meta:
                 node.meta[key] = out.meta[key]
@@ -106,6 +112,18 @@ def _rewrite_site(graph: fx.Graph, site: Site, val_map: dict[fx.Node, fx.Node], 
     for i, node in enumerate(results):
         if kernel.meta.get("example_value") is not None:
             node.meta["example_value"] = kernel.meta["example_value"][i]
+    if site.output_view is not None:
+        heads, transposed = added[-2:]
+        _set_value(heads, fake_mode, lambda: _value(results[0]).view(site.output_view))
+        _set_value(transposed, fake_mode, lambda: _value(heads).transpose(1, 2))
+        problem = _layout_problem(_value(transposed), _value(out))
+        if problem:  # the site finder checks this: a site that gets here anyway is left as the graph had it
+            log.warning("%s at %s left to the original code: %s", site.op, site.output.name, problem)
+            inserted_inputs = [a for a, i in zip(args, site.inputs, strict=True) if a is not val_map[i.node]]
+            for node in reversed([*inserted_inputs, *added]):
+                graph.erase_node(node)
+            return
+        results[0] = transposed
     out.replace_all_uses_with(results[0])
     val_map[site.output] = results[0]  # a later site may take this value as an input
     for node in reversed(region):

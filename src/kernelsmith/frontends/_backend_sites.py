@@ -86,6 +86,11 @@ class Site:
     # decode_matmul with prologue="rmsnorm": the norm's nodes, recomputed by the op and erased by
     # the rewrite once no user is left (kernelsmith.frontends.patterns.decode, "RMSNorm prologues")
     prologue: list[fx.Node] = field(default_factory=list)
+    # decode_matmul with epilogue="rope" on one of Llama's q or k projections: (B, S, H, D). The
+    # kernel writes the projection's (B, S, H * D) rows and the graph reads the rotated heads as
+    # (B, H, S, D), so the rewrite puts ``.view(B, S, H, D).transpose(1, 2)`` after the kernel
+    # (kernelsmith.frontends.patterns.decode, "RoPE epilogues"); None for every other site
+    output_view: tuple[int, int, int, int] | None = None
     status: str = "found"
     reason: str = ""
     speedup: float | None = None
@@ -290,12 +295,22 @@ def _moves_across_barrier(nodes: list[fx.Node], start: int, stop: int, skip: Ite
 
 
 def find_sites(
-    gm: fx.GraphModule, families: Iterable[str] = FAMILIES, fuse_residual: bool = True, notes: list[str] | None = None
+    gm: fx.GraphModule,
+    families: Iterable[str] = FAMILIES,
+    fuse_residual: bool = True,
+    notes: list[str] | None = None,
+    rope_decided: Callable[[Site], bool] | None = None,
 ) -> list[Site]:
     """The regions of ``gm`` that compute one of ``families``, in graph order (see the module
     docstring). Nothing here raises for a region it cannot handle: it is simply not a site; where
     a candidate region is turned down for a dynamic-shape reason (a data-dependent size) the
-    reason is logged at info and appended to ``notes``, for the backend's "nothing replaced" line."""
+    reason is logged at info and appended to ``notes``, for the backend's "nothing replaced" line.
+
+    ``rope_decided`` (decode sites only): whether a q or k projection with its RoPE rotation, one
+    ``decode_matmul`` site with ``epilogue="rope"``, has a decision to be served by
+    (:func:`kernel_decided` asks the database). Such a site takes the nodes the plain projection
+    would take, so one it turns down gives them back: the plain projection is found as before,
+    and a database tuned before RoPE sites existed serves what it served. None: no RoPE sites."""
     wanted = set(families)
     if fuse_residual and "add_rmsnorm" in wanted:
         wanted.add("rmsnorm")  # an add_rmsnorm site is an RMSNorm site with its add folded in
@@ -305,7 +320,7 @@ def find_sites(
     sites: list[Site] = []
     generators: dict[torch.device, torch.Generator] = {}
     if "decode_matmul" in wanted:  # first: at decode shapes the projections are the step, and their
-        sites += _decode_sites(gm, nodes, order, taken, generators)  # fused epilogues save launches
+        sites += _decode_sites(gm, nodes, order, taken, generators, rope_decided)  # fused epilogues save launches
     if "decode_attention" in wanted:
         from kernelsmith.frontends.patterns import decode_attention
 
@@ -332,6 +347,32 @@ def find_sites(
             _fold_residual_add(site, taken, nodes, order)
     asked = set(families)
     return sorted((s for s in sites if s.op in asked), key=lambda s: order[s.output])
+
+
+def kernel_decided(db: Any, tune: bool) -> Callable[[Site], bool]:
+    """The ``rope_decided`` test of :func:`find_sites` for a backend with database ``db``: a site
+    is decided when tuning is asked for and nothing is stored for its bucket (it will be tuned),
+    or when the decision stored (or a near fingerprint's, re-validated here, as the backend's
+    resolver looks it up) says the kernel wins. Not decided: no decision and no tuning, a
+    baseline win, tensors the kernels do not run on here, a database that cannot be used; the
+    smaller sites that then take the nodes get their own status, and reason, from the resolver."""
+    from kernelsmith.db import DatabaseError
+    from kernelsmith.frontends._backend_resolve import _Resolver
+
+    resolver = _Resolver(db, tune, budget=0, strategy="auto")  # only its lookup, which tuning never runs in
+
+    def decided(site: Site) -> bool:
+        mode = dispatch.mode_for([_value(i.node) for i in site.inputs])
+        if mode is None:
+            return False
+        family = get_op(site.op)
+        try:
+            decision = resolver._decision(family, family.bucket(site.spec), mode)
+        except DatabaseError:
+            return False
+        return tune if decision is None else decision.winner == "kernel"
+
+    return decided
 
 
 def _note_unbacked_output(out: fx.Node, notes: list[str] | None) -> None:
@@ -441,9 +482,13 @@ def _decode_sites(
     order: dict[fx.Node, int],
     taken: set[fx.Node],
     generators: dict[torch.device, torch.Generator],
+    rope_decided: Callable[[Site], bool] | None = None,
 ) -> list[Site]:
-    """``decode_matmul`` sites: the matmul pattern's match on a region around each decode-shaped
-    ``F.linear`` (largest region first), routed to the decode family when its shape is one
+    """``decode_matmul`` sites: first, where ``rope_decided`` is given, each q or k projection
+    with its RoPE rotation that it says is decided (:func:`find_sites`); then the matmul
+    pattern's match on a region around each decode-shaped ``F.linear`` left (largest region
+    first), routed to the decode family when its shape is one. Either kind takes the RMSNorm
+    before it into its prologue where the norm qualifies
     (:mod:`kernelsmith.frontends.patterns.decode`)."""
     from kernelsmith.frontends.patterns import decode
 
@@ -456,7 +501,35 @@ def _decode_sites(
             if norm is not None:
                 norms[x] = norm
                 break
+
+    def with_norm(site: Site) -> Site:
+        """``site`` computing the RMSNorm before it in its prologue, where that norm qualifies and
+        the fused site passes its check; else ``site`` as it is."""
+        norm = norms.get(site.inputs[0].node)
+        if norm is None:
+            return site
+        fused = decode.with_prologue(gm, site, norm, nodes, order, generators, site.output_view)
+        if isinstance(fused, str):
+            log.debug("%s keeps its norm %s: %s", site.output.name, norm.output.name, fused)
+            return site
+        return fused
+
     found: list[Site] = []
+    for rope in decode.rope_sites(gm, taken) if rope_decided is not None else ():
+        if not isinstance(rope, decode.RopeSite):
+            continue  # (the linear, why not): rope_sites logged it; the plain projection may be a site
+        problem = _output_view_problem(rope.site)
+        if problem:
+            log.debug("%s is no RoPE site: %s", rope.site.output.name, problem)
+            continue
+        rotated = with_norm(rope.site)
+        assert rope_decided is not None
+        if not rope_decided(rotated):  # its nodes stay free for the plain projection (find_sites)
+            log.debug("%s %s has no decision: its nodes go back to the plain projection", rotated.op,
+                      rotated.spec.describe())  # fmt: skip
+            continue
+        found.append(rotated)
+        taken |= {*rotated.region, *rotated.prologue}
     for candidates in decode.candidate_regions(gm, taken):
         for out, region in candidates:
             site = _recognize_region(gm, out, region, nodes, order, {"matmul"}, generators)
@@ -467,18 +540,50 @@ def _decode_sites(
                 log.debug("%s is not a decode projection: %s", out.name, routed)
                 break
             site.op, site.spec = decode.OP, routed
-            norm = norms.get(site.inputs[0].node)
-            if norm is not None:
-                fused = decode.with_prologue(gm, site, norm, nodes, order, generators)
-                if isinstance(fused, str):
-                    log.debug("%s keeps its norm %s: %s", out.name, norm.output.name, fused)
-                else:
-                    site = fused
-                    taken |= set(norm.region)
+            site = with_norm(site)
             found.append(site)
-            taken |= region
+            taken |= {*region, *site.prologue}
             break
     return found
+
+
+def _output_view_problem(site: Site) -> str:
+    """Why the kernel's output, viewed by the rewrite as ``site.output_view`` says, would not be
+    laid out as the value the graph's users of the site's output read (:func:`_layout_problem`);
+    "" when it is, or when the site has no output view. The kernel writes its (B, S, H * D)
+    output contiguous, so ``.view(B, S, H, D).transpose(1, 2)`` has strides (S*H*D, D, H*D, 1):
+    those of the graph's own view and transpose of ``F.linear``'s output, which the rotation's
+    elementwise ops give their result too (PyTorch lays an elementwise result out as its
+    inputs are); with S = 1 they differ only in the stride of that size-1 dim."""
+    if site.output_view is None:
+        return ""
+    (produced,) = get_op(site.op).output_specs(site.spec)
+    kernel_out = torch.empty(produced.shape, dtype=produced.torch_dtype, device="meta")
+    expected = _value(site.output)
+    try:
+        heads = kernel_out.view(site.output_view).transpose(1, 2)
+    except RuntimeError as exc:
+        return f"the kernel's {tuple(produced.shape)} output does not view as {site.output_view}: {exc}"
+    if not isinstance(expected, torch.Tensor):
+        return "the site's output is not a tensor"
+    return _layout_problem(heads, expected)
+
+
+def _layout_problem(produced: Any, expected: Any) -> str:
+    """Why ``produced`` (what a site's kernel gives, viewed as the rewrite views it) is not laid
+    out as ``expected`` (the value of the node it replaces): its shape, dtype, or the stride of a
+    dim longer than 1 (a size-1 dim is never stepped along, so its stride means nothing: PyTorch's
+    contiguity and ``view`` ignore it too); "" when it is, or when either is no tensor (a graph
+    with no example values: nothing to compare)."""
+    if not isinstance(produced, torch.Tensor) or not isinstance(expected, torch.Tensor):
+        return ""
+
+    def layout(t: torch.Tensor) -> tuple[Any, ...]:
+        strides = tuple(stride if size != 1 else None for size, stride in zip(t.shape, t.stride(), strict=True))
+        return tuple(t.shape), strides, t.dtype
+
+    got, want = layout(produced), layout(expected)
+    return "" if got == want else f"the kernel's output viewed is {got}, the graph reads {want}"
 
 
 def _linear_cross_entropy_sites(

@@ -83,10 +83,16 @@ into a RoPE site's prologue as into any projection's (:func:`with_prologue`, giv
 output view so that its check compares the projection's layout).
 
 The kernel's output is the projection's layout, ``(B, S, H * D)``, and the graph reads the site's
-output as ``(B, H, S, D)``: the rewrite must insert ``.view(B, S, H, D).transpose(1, 2)`` after the
-kernel (:attr:`RopeSite.output_view`); the ``Site`` record and the rewrite
-(``_backend_sites``, ``_backend_rewrite``) do not carry such an output view yet, so these sites
-are found and checked here but not yet offered by ``find_sites``.
+output as ``(B, H, S, D)``: the rewrite inserts ``.view(B, S, H, D).transpose(1, 2)`` after the
+kernel (:attr:`Site.output_view <kernelsmith.frontends._backend_sites.Site.output_view>`, also
+:attr:`RopeSite.output_view`), the same view and transpose the graph had, so the users of the
+rotated heads read the strides they read before (the site finder refuses a site where they would
+differ). ``find_sites`` offers these sites before the plain projections, and only where it is told
+the fused site is decided (its ``rope_decided``): a fused site with no decision gives its nodes
+back, so the plain q and k projections are found as before and a database tuned before RoPE
+sites existed keeps serving them (with the rotation left to Inductor). The backend object does
+not pass that test yet (``kernel_decided`` builds it from its database), so it finds no RoPE
+sites until it does.
 
 The backend then checks each region exactly as it checks its other sites (the region run on
 random inputs through :func:`~kernelsmith.frontends.recognize.recognize`, its output compared
@@ -413,8 +419,9 @@ def rope_site(
         except Exception as exc:  # the reference refusing the inputs: not this site
             problem = f"{type(exc).__name__}: {exc}"
         if not problem:
-            site = Site(OP, out, region, inputs, {**constants, "rope": [heads, 0]}, spec)
-            return RopeSite(site, (batch, seq, heads, d))
+            heads_view = (batch, seq, heads, d)
+            site = Site(OP, out, region, inputs, {**constants, "rope": [heads, 0]}, spec, output_view=heads_view)
+            return RopeSite(site, heads_view)
     return f"the product and its rotation do not compute RoPE's rotate_half: {problem}"
 
 
