@@ -50,10 +50,27 @@ def row_shift(x_row, N):
     over the row (the module docstring of :mod:`kernelsmith.ops.layernorm` says why the kernels
     shift). The first element alone would do for rows of a large mean, but not when it is itself
     an outlier: shifting by a spike of 1e4 puts every other element near -1e4, whose rounding
-    errors then swamp the spread."""
+    errors then swamp the spread. (two_pass shifts by the first element and re-centres on an
+    outlier instead: FAR_SHIFT.)"""
     span = tl.arange(0, SHIFT_SPAN)
     head = tl.load(x_row + span, mask=span < N, other=0.0).to(tl.float32)
     return tl.sum(head, axis=0) / tl.minimum(N, SHIFT_SPAN).to(tl.float32)
+
+
+# How far, in standard deviations, the first element may lie from the row's mean before a kernel
+# that shifts by it (two_pass) shifts the row again. The first pass measures it: mean(d) is the
+# mean's distance from x[0] and rstd is 1 / std. Shifting by x[0] puts a rounding error of about
+# half an ulp of |x[0] - mean| into every d = x - x[0]; relative to the spread that is float32's
+# epsilon times |x[0] - mean| / std, so at most about 3 epsilon below the bound (row_shift's mean
+# of 64 elements is typically std / 8 from the mean). A spike on x[0] lies about sqrt(N)
+# standard deviations out (it dominates the row's spread too: 11 at 129 columns, 31 at 1000),
+# and shifting by it cost the tolerance; above the bound the row is shifted again, by the mean
+# the first pass found, whose own error (the spike's rounding errors, averaged) is a few
+# epsilon of a standard deviation, and the centred values come out as accurate as with
+# row_shift (checked in float32 for spikes of 2e4-3e4 at 129-8192 columns). Under normal data
+# x[0] is more than three standard deviations out in 0.3% of rows: they pay a second pair of
+# reductions and a reload of the row from cache.
+FAR_SHIFT = tl.constexpr(3.0)
 
 
 @triton.jit
@@ -167,8 +184,18 @@ def _layernorm_two_pass_kernel(
 
     x_row = x_ptr + row * x_row_stride
     x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy=EVICT_X).to(tl.float32)
-    shift = row_shift(x_row, N)  # d = x - shift: see the module docstring
+    # d = x - shift (see the module docstring), shifted by the row's first element: a scalar every
+    # thread loads for itself, so the statistics start as soon as the row is in (row_shift's mean
+    # of 64 elements is a third block-wide reduction, whose load and barriers come first).
+    shift = tl.load(x_row).to(tl.float32)
     mean_d, xc, rstd = centred_row(x, shift, mask, N, eps)
+    if tl.abs(mean_d) * rstd > FAR_SHIFT:
+        # x[0] is an outlier (see FAR_SHIFT): once more, shifted by the mean just found, a
+        # small fraction of a standard deviation from the true one. The row is reloaded (from
+        # cache) rather than kept in registers through the first pass.
+        shift += mean_d
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        mean_d, xc, rstd = centred_row(x, shift, mask, N, eps)
 
     y = _affine(xc * rstd, w_ptr, b_ptr, cols, mask, HAS_WEIGHT, HAS_BIAS)  # float32, rounded once
     tl.store(y_ptr + row * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
