@@ -71,8 +71,13 @@ bit for bit). Anything else keeps the read-only site above, the writes left to I
 refuses a family that writes its inputs), so a folded site cannot be served yet; the backend
 needs a kernel op that declares the caches written, and the rewrite calling it, first.
 
-Refused (the original code runs): additive float masks and boolean ones of another shape (per
-head: layouts the family does not know), ``is_causal=True``, several new tokens without a mask,
+The same attention spelled out as two matmuls and a softmax over an additive float mask (Hugging
+Face's ``attn_implementation="eager"``) is matched by
+:mod:`~kernelsmith.frontends.patterns.decode_attention_eager` into the same sites, through these
+helpers and this check.
+
+Refused (the original code runs): additive float masks of an SDPA call and boolean ones of
+another shape (per head: layouts the family does not know), ``is_causal=True``, several new tokens without a mask,
 an input mutated before the attention, and whatever the family's ``spec_for`` refuses (head dim,
 too many rows per key/value head, strides). A position past the cache's end cannot be seen
 without reading ``P`` on the host: there the cache write before the attention (``index_copy_``)
@@ -84,6 +89,7 @@ from __future__ import annotations
 
 import logging
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,14 +143,26 @@ def lengths_from_positions(positions: torch.Tensor, batch: int) -> torch.Tensor:
 
 def sites(gm: fx.GraphModule, order: dict[fx.Node, int], taken: set[fx.Node],
           generators: dict[torch.device, torch.Generator]) -> list[Site]:  # fmt: skip
-    """The ``decode_attention`` sites of ``gm`` in graph order (see the module docstring); an SDPA
-    call that is not one is logged at debug level with the reason and left alone."""
+    """The ``decode_attention`` sites of ``gm`` in graph order (see the module docstring, and
+    :mod:`~kernelsmith.frontends.patterns.decode_attention_eager` for the attention spelled out as
+    matmuls and a softmax); an SDPA call or softmax that is not one is logged at debug level with
+    the reason and left alone."""
+    from kernelsmith.frontends.patterns import decode_attention_eager as eager  # (it imports this module)
+
     found: list[Site] = []
     for node in gm.graph.nodes:
-        if node in taken or node.op != "call_function" or _target_name(node) != _SDPA:
+        if node in taken or node.op not in ("call_function", "call_method"):
+            continue
+        name = _target_name(node)
+        build: Callable[..., Site]
+        if name == _SDPA and node.op == "call_function":
+            build = _site
+        elif name == eager.SOFTMAX:  # the attention spelled out: Hugging Face's eager_attention_forward
+            build = eager.site
+        else:
             continue
         try:
-            site = _site(gm, node, order, taken, generators)
+            site = build(gm, node, order, taken, generators)
         except Refused as why:
             log.debug("%s is not a decode attention site: %s", node.name, why)
             continue
@@ -325,15 +343,24 @@ def _mask_input(mask: fx.Node, shape: tuple[int, ...], why: Refused) -> OpInput:
     value = _value(mask)
     if not isinstance(value, torch.Tensor) or value.dtype != torch.bool or value.dim() != 4 or not _static(value):
         raise why
+    problem = mask_shape_problem(value, shape)
+    if problem:
+        raise Refused(f"{why}; and {problem}")
+    if tuple(value.shape) == shape:
+        return OpInput(mask)
+    return OpInput(mask, derive=broadcast_mask, derive_args=(shape,))
+
+
+def mask_shape_problem(value: torch.Tensor, shape: tuple[int, ...]) -> str | None:
+    """Why the 4-D mask ``value`` does not broadcast as the masked layout's ``(B, 1, Sq, L)``
+    ``shape`` (``(B | 1, 1, Sq | 1, L)``: one mask for every head), or None."""
     if (
         value.shape[1] != 1
         or value.shape[3] != shape[3]
         or any(n not in (1, want) for n, want in zip(value.shape, shape, strict=True))
     ):
-        raise Refused(f"{why}; and the mask's shape {tuple(value.shape)} is not (B | 1, 1, Sq | 1, L) = {shape}")
-    if tuple(value.shape) == shape:
-        return OpInput(mask)
-    return OpInput(mask, derive=broadcast_mask, derive_args=(shape,))
+        return f"the mask's shape {tuple(value.shape)} is not (B | 1, 1, Sq | 1, L) = {shape}"
+    return None
 
 
 def _inserts_dim_2(index: tuple[Any, ...]) -> bool:
@@ -347,12 +374,18 @@ def _inserts_dim_2(index: tuple[Any, ...]) -> bool:
 
 
 def _positions(mask: Any, q_len: int, order: dict[fx.Node, int]) -> tuple[fx.Node, list[fx.Node]]:
-    """``(P, the mask's nodes from P on)``: see step 3 of the module docstring."""
+    """``(P, the mask's nodes from P on)`` for a boolean mask: see step 3 of the module docstring."""
     if not isinstance(mask, fx.Node):
         raise Refused("the mask is not a tensor")
     value = _value(mask)
     if not isinstance(value, torch.Tensor) or value.dtype != torch.bool:
         raise Refused("the mask is not boolean (an additive mask: a layout the decode kernels do not read)")
+    return positions_of(mask, q_len, order)
+
+
+def positions_of(mask: fx.Node, q_len: int, order: dict[fx.Node, int]) -> tuple[fx.Node, list[fx.Node]]:
+    """``(P, the mask's nodes from P on)``, whatever the mask's dtype (the eager spelling's
+    additive float mask is built from ``P`` too), or Refused: step 3 of the module docstring."""
     ancestors = _ancestors(mask, stop=None)
     candidates = [n for n in ancestors if _fresh_positions(n, q_len)]
     for positions in sorted(candidates, key=order.__getitem__, reverse=True):  # the nearest first
@@ -443,9 +476,15 @@ def _check(gm: fx.GraphModule, nodes: list[fx.Node], inputs: list[OpInput], spec
             tensors[1][:, :, stale] = STALE_KEY
             tensors[2][:, :, stale] = STALE_VALUE
         elif kind == "masked":  # random, with each row's last position seen (no row sees nothing)
-            shape = tuple(_value(inputs[3].node).shape)
+            mask = _value(inputs[3].node)
+            shape = tuple(mask.shape)
             last = torch.tensor([shape[3] - 1], device=device)
-            tensors.append((torch.rand(shape, generator=generator, device=device) < 0.5).index_fill_(3, last, True))
+            visible = (torch.rand(shape, generator=generator, device=device) < 0.5).index_fill_(3, last, True)
+            if mask.dtype != torch.bool:  # the eager spelling's additive mask, the family reading it converted
+                from kernelsmith.frontends.patterns.decode_attention_eager import additive_mask
+
+                visible = additive_mask(visible, mask.dtype)
+            tensors.append(visible)
         by_node = dict(zip(sources, tensors, strict=True))
         bound = tuple(
             t if i.derive is None else i.derive(t, *i.derive_args) for i, t in zip(inputs, tensors, strict=True)
@@ -480,4 +519,5 @@ def _random(value: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.empty_strided(tuple(value.shape), value.stride(), dtype=value.dtype, device=value.device).copy_(data)
 
 
-__all__ = ["FOLD_CACHE_WRITES", "OP", "broadcast_mask", "first_position", "lengths_from_positions", "sites"]
+__all__ = ["FOLD_CACHE_WRITES", "OP", "broadcast_mask", "first_position", "lengths_from_positions",
+           "mask_shape_problem", "positions_of", "sites"]
