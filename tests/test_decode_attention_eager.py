@@ -162,6 +162,28 @@ def test_the_additive_mask_is_read_as_the_boolean_the_family_takes():
     assert read.shape == (3, 1, 1, CACHE_LEN) and read.stride()[0] == 0  # broadcast, not copied
 
 
+def test_a_passed_in_mask_holding_a_soft_bias_is_an_error_not_a_wrong_answer(tmp_path, monkeypatch):
+    """A mask the caller passes is data no graph node describes: one holding a soft bias (ALiBi's
+    slopes, -1e4 for hidden keys) would be read as all visible. The served site checks the values
+    where it reads them (a device-side assert: no host sync) and fails loudly instead."""
+    batch, heads, kv_heads = 2, 4, 1
+    served = EagerDecoder(batch, heads, kv_heads, mask="input").eval()
+    sites = attention_sites(served, *step_inputs(batch, heads, kv_heads, 0), padding_mask(batch))
+    db = str(tmp_path / "k.db")
+    store_kernel_decisions(db, [s.spec for s in sites])
+    record_inductor(monkeypatch)
+    torch._dynamo.reset()
+    backend = ks_backend.KernelsmithBackend(db=db, families=("decode_attention",), compare=False)
+    compiled = torch.compile(served, backend=backend)
+    with torch.no_grad():
+        compiled(*step_inputs(batch, heads, kv_heads, 1, seed=1), padding_mask(batch))  # HF's values: served
+        assert {s.status for s in backend.sites} == {"replaced"}
+        soft = padding_mask(batch).clone()
+        soft[0, :, :, :5] = -1e4  # a soft bias: eager gives these keys a little weight, the conversion all
+        with pytest.raises(RuntimeError, match=r"other than 0 and finfo\.min"):
+            compiled(*step_inputs(batch, heads, kv_heads, 2, seed=2), soft)
+
+
 # ---- refusals -------------------------------------------------------------------------------------
 
 

@@ -52,10 +52,11 @@ key's finite score: ``exp(s + finfo.min - max)`` underflows to exactly 0. So eag
 exactly 0 at the hidden keys and the softmax of the visible ones elsewhere: the family's math.
 What the check cannot see is the data a mask input holds at run time (the graph proves nothing
 about it): a mask with other values (a soft bias such as ALiBi, or ``-1e4`` for hidden keys)
-would be read as "visible" where eager weighs it, and a row that hides every key is eager's mean
-of the values where the family gives 0; neither occurs in Hugging Face's decoder masks (the new
-token always sees itself). This is the spelling's one assumption about data; every other is
-checked.
+would be read as "visible" where eager weighs it. So the rewritten graph checks the values where
+it reads them, on the device (:func:`visible_where_additive`: a device-side assert, no host
+sync): any value other than 0 or hidden is an error, never a wrong answer. Left unchecked: a row
+that hides every key is eager's mean of the values where the family gives 0 (no information
+either way; it does not occur in Hugging Face's decoder masks, where the new token sees itself).
 
 Refused (the original code runs, logged at debug level): a dropout with ``p > 0`` in training, a
 scaling that is not a constant number (a tensor), a softmax over another dim, a mask added after
@@ -98,8 +99,17 @@ _VALUE_VIEWS = frozenset({"getitem", "expand", "contiguous", "clone", "reshape",
 def visible_where_additive(mask: torch.Tensor, hidden_at_most: float, shape: tuple[int, ...]) -> torch.Tensor:
     """The masked layout's boolean ``(B, 1, Sq, L)`` mask (a broadcast view) of an additive one:
     visible where the value is above ``hidden_at_most`` (``finfo.min / 2``: see the module
-    docstring for why that is exact for Hugging Face's masks). A device op, which the rewritten
-    graph computes right before the kernel."""
+    docstring for why that is exact for Hugging Face's masks). Device ops, which the rewritten
+    graph computes right before the kernel.
+
+    The conversion is exact only for a mask of zeros and hidden values; a mask passed in by the
+    caller is data nothing in the graph describes, and a soft bias (ALiBi's slopes, a -1e4 for
+    hidden keys) would be read as visible: a wrong answer. So the values are checked where they
+    are read, on the device, with no host sync (the step stays CUDA-graph capturable): any other
+    value fails a device-side assert (a clear error, never a wrong answer)."""
+    zeros_or_hidden = ((mask == 0) | (mask <= hidden_at_most)).all()
+    torch._assert_async(zeros_or_hidden, "kernelsmith decode attention: the additive attention mask holds a value "
+                                         "other than 0 and finfo.min (a soft bias?); this site cannot read it")
     return (mask > hidden_at_most).expand(shape)
 
 
@@ -292,8 +302,8 @@ def _additive_mask_input(mask: fx.Node, shape: tuple[int, ...], why: Refused) ->
 
 def _values_problem(mask: fx.Node, hidden_at_most: float) -> str | None:
     """Why the conversion ``mask > hidden_at_most`` is not known to read ``mask`` right, or None:
-    under value-preserving views the mask is an input of the graph (the data a caller passes:
-    the module docstring's one assumption) or ``torch.where(c, 0, h)`` (either order) with ``h <=
+    under value-preserving views the mask is an input of the graph (the data a caller passes,
+    whose values the rewritten graph checks on the device) or ``torch.where(c, 0, h)`` (either order) with ``h <=
     hidden_at_most`` a constant (``eager_mask``'s spelling: 0 or ``h``, nothing else). A mask the
     graph computes otherwise (a bias, a scaled mask) may hold values the conversion misreads,
     and the check, which samples the mask where the site reads it, could not tell."""
