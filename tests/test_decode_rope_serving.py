@@ -6,16 +6,13 @@ site's winner, ``F.linear(x, Wq).view(B, S, H, D).transpose(1, 2)`` and its rota
 it holds only the plain projection's (a database tuned before RoPE sites existed), the fused site
 gives its nodes back and the plain projection is served as before, the rotation left in the graph.
 
-The backend (``backend.py``) does not pass ``find_sites`` its ``rope_decided`` test yet, so these
-tests pass it the way the backend would (:func:`offering_rope`): the rest of the path (resolver,
-rewrite, the compiled graph) is the backend's own. CPU, interpreter mode (conftest), Inductor
-replaced by a recorder and winners stored directly, as in test_decode_prologue; the modules and
-tables are test_decode_rope_sites'.
+The backend passes ``find_sites`` its resolver's ``kernel_decided`` as the ``rope_decided`` test.
+CPU, interpreter mode (conftest), Inductor replaced by a recorder and winners stored directly, as in
+test_decode_prologue; the modules and tables are test_decode_rope_sites'.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import operator
@@ -38,12 +35,6 @@ def small_attention(monkeypatch) -> None:
     monkeypatch.setattr(rope_graphs, "HIDDEN", ODD_K)
     monkeypatch.setattr(rope_graphs, "HEADS", HEADS)
     monkeypatch.setattr(rope_graphs, "KV_HEADS", KV_HEADS)
-
-
-def offering_rope(monkeypatch, db: str) -> None:
-    """The backend's find_sites given the rope_decided test it would pass (this database, no tuning)."""
-    find = functools.partial(_backend_sites.find_sites, rope_decided=_backend_sites.kernel_decided(db, tune=False))
-    monkeypatch.setattr(ks_backend, "find_sites", find)
 
 
 def decode_sites(fn, inputs, rope: bool) -> list[_backend_sites.Site]:
@@ -71,7 +62,6 @@ def rotations(gm: torch.fx.GraphModule) -> int:
 
 def compiled(fn, inputs, db: str, monkeypatch) -> tuple[torch.Tensor, ks_backend.KernelsmithBackend, list]:
     seen = record_inductor(monkeypatch)
-    offering_rope(monkeypatch, db)
     backend = ks_backend.KernelsmithBackend(db=db, compare=False, families=("decode_matmul",))
     torch._dynamo.reset()
     with torch.no_grad():
@@ -158,9 +148,8 @@ def test_a_site_whose_viewed_output_is_not_the_graph_s_is_refused(small_attentio
     assert [n.op for n in rewritten.graph.nodes] == [n.op for n in gm.graph.nodes]  # nothing added stays
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="backend.py does not pass find_sites rope_decided yet")
 def test_the_backend_itself_serves_rope(small_attention, tmp_path, monkeypatch):
-    """The day the backend passes ``rope_decided`` this passes, and offering_rope can go."""
+    """The backend as a user builds it (decode=True, nothing patched) serves the fused sites."""
     db = str(tmp_path / "k.db")
     attn, batch = rope_graphs.Attention(), 1
     inputs = (torch.randn(batch, 1, ODD_K), *rope_graphs.tables(batch))

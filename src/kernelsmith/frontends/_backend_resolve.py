@@ -163,6 +163,23 @@ class _Resolver:
             return "check failed", f"stored kernel for {bucket.describe()} not used: {problem}"
         return runner, decision
 
+    def kernel_decided(self, site: Site) -> bool:
+        """The ``rope_decided`` test of :func:`find_sites`: a fused site is offered only when its
+        kernel is what this resolver would serve: tuning is asked for and nothing is stored for its
+        bucket (it will be tuned), or the decision stored (or a near fingerprint's, re-validated
+        here) says the kernel wins. Not decided: no decision and no tuning, a baseline win, tensors
+        the kernels do not run on here, a database that cannot be used; the smaller sites that then
+        take the nodes get their own status, and reason, from :meth:`resolve`."""
+        mode = dispatch.mode_for([_value(i.node) for i in site.inputs])
+        if mode is None:
+            return False
+        family = get_op(site.op)
+        try:
+            decision = self._decision(family, family.bucket(site.spec), mode)
+        except DatabaseError:
+            return False
+        return self.tune if decision is None else decision.winner == "kernel"
+
     def _decision(self, family: OpFamily, bucket: OpSpec, mode: str) -> DecisionRecord | None:
         """The decision stored for ``bucket`` here, or a near fingerprint's re-validated here
         (another driver build or kernelsmith release: :func:`dispatch.lookup_or_revalidate`).

@@ -307,10 +307,11 @@ def find_sites(
     reason is logged at info and appended to ``notes``, for the backend's "nothing replaced" line.
 
     ``rope_decided`` (decode sites only): whether a q or k projection with its RoPE rotation, one
-    ``decode_matmul`` site with ``epilogue="rope"``, has a decision to be served by
-    (:func:`kernel_decided` asks the database). Such a site takes the nodes the plain projection
-    would take, so one it turns down gives them back: the plain projection is found as before,
-    and a database tuned before RoPE sites existed serves what it served. None: no RoPE sites."""
+    ``decode_matmul`` site with ``epilogue="rope"``, has a decision to be served by (the
+    backend's resolver asks its database: ``_Resolver.kernel_decided``). Such a site takes the
+    nodes the plain projection would take, so one it turns down gives them back: the plain
+    projection is found as before, and a database tuned before RoPE sites existed serves what it
+    served. None: no RoPE sites."""
     wanted = set(families)
     if fuse_residual and "add_rmsnorm" in wanted:
         wanted.add("rmsnorm")  # an add_rmsnorm site is an RMSNorm site with its add folded in
@@ -347,32 +348,6 @@ def find_sites(
             _fold_residual_add(site, taken, nodes, order)
     asked = set(families)
     return sorted((s for s in sites if s.op in asked), key=lambda s: order[s.output])
-
-
-def kernel_decided(db: Any, tune: bool) -> Callable[[Site], bool]:
-    """The ``rope_decided`` test of :func:`find_sites` for a backend with database ``db``: a site
-    is decided when tuning is asked for and nothing is stored for its bucket (it will be tuned),
-    or when the decision stored (or a near fingerprint's, re-validated here, as the backend's
-    resolver looks it up) says the kernel wins. Not decided: no decision and no tuning, a
-    baseline win, tensors the kernels do not run on here, a database that cannot be used; the
-    smaller sites that then take the nodes get their own status, and reason, from the resolver."""
-    from kernelsmith.db import DatabaseError
-    from kernelsmith.frontends._backend_resolve import _Resolver
-
-    resolver = _Resolver(db, tune, budget=0, strategy="auto")  # only its lookup, which tuning never runs in
-
-    def decided(site: Site) -> bool:
-        mode = dispatch.mode_for([_value(i.node) for i in site.inputs])
-        if mode is None:
-            return False
-        family = get_op(site.op)
-        try:
-            decision = resolver._decision(family, family.bucket(site.spec), mode)
-        except DatabaseError:
-            return False
-        return tune if decision is None else decision.winner == "kernel"
-
-    return decided
 
 
 def _note_unbacked_output(out: fx.Node, notes: list[str] | None) -> None:

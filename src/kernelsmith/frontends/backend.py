@@ -294,8 +294,13 @@ class KernelsmithBackend:
         )
 
     def _sites(self, gm: fx.GraphModule, notes: list[str] | None = None) -> list[Site]:
+        # A q or k projection with its RoPE rotation is one site only where its kernel would be
+        # served (discovery offers every one, to be tuned); elsewhere its nodes stay free for the
+        # plain projection and the rope family, so a database tuned before these sites existed
+        # still serves what it holds.
+        rope_decided = (lambda site: True) if self.discover else self.resolver.kernel_decided
         try:
-            sites = find_sites(gm, self.families, self.fuse_residual, notes)
+            sites = find_sites(gm, self.families, self.fuse_residual, notes, rope_decided=rope_decided)
         except Exception:  # matching is an optimization: it must never break compilation
             log.warning("kernelsmith could not match patterns in a graph; compiling it unchanged", exc_info=True)
             return []
