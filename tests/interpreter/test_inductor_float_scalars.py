@@ -38,9 +38,11 @@ WIDE = (2, 4097)  # split_row's: rows of more than 8 KB, split over programs
 SMOOTH = {"label_smoothing": 0.1}
 SPECS: dict[str, tuple[tuple[tuple[int, ...], str, dict[str, Any]], ...]] = {
     "rmsnorm": ((ROWS, "bfloat16", {"weight_offset": 1.0}), (ROWS, "float32", {}), (WIDE, "float16", {})),
-    "rmsnorm_backward": ((ROWS, "float16", {"weight_offset": 1.0}), ((3, 5), "float32", {})),
+    "rmsnorm_backward": ((ROWS, "float16", {"weight_offset": 1.0}), ((3, 5), "float32", {}),
+                         (WIDE, "bfloat16", {"weight_offset": 1.0})),
     "add_rmsnorm": ((ROWS, "bfloat16", {"weight_offset": 1.0}), (ROWS, "float32", {}), (WIDE, "bfloat16", {})),
-    "add_rmsnorm_backward": ((ROWS, "float16", {"weight_offset": 1.0}), ((3, 5), "float32", {})),
+    "add_rmsnorm_backward": ((ROWS, "float16", {"weight_offset": 1.0}), ((3, 5), "float32", {}),
+                             (WIDE, "float16", {})),
     "layernorm": (*((ROWS, d, {"affine": a}) for d, a in (("bfloat16", "weight_bias"), ("float32", "weight"),
                                                           ("float16", "none"))), (WIDE, "bfloat16", {})),
     "layernorm_backward": tuple((ROWS, d, {"affine": a}) for d, a in (("bfloat16", "weight_bias"),

@@ -218,6 +218,15 @@ ADD_RMSNORM_REALIGNED = _norm_realigned(ADD_RMSNORM, {
                     ((3, 1000), "bfloat16", OFFSET), ((1, 4097), "float32", NONE)],
     "split_row": [((1, 4097), "bfloat16", NONE), ((3, 4100), "float16", OFFSET), ((3, 2051), "float32", NONE)],
 })  # fmt: skip
+# The backwards' split_row (rows over 8 KB cut into column chunks; its own file is
+# test_rmsnorm_backward_split_row.py): one row just above 8 KB in bfloat16, 3 rows with the
+# weight offset in float32, each cut in two chunks at its widest.
+RMSNORM_BACKWARD_REALIGNED = _norm_realigned(RMSNORM_BACKWARD, {
+    "split_row": [((1, 4097), "bfloat16", NONE), ((3, 2051), "float32", OFFSET)],
+})  # fmt: skip
+ADD_RMSNORM_BACKWARD_REALIGNED = _norm_realigned(ADD_RMSNORM_BACKWARD, {
+    "split_row": [((3, 4099), "float16", OFFSET), ((1, 2049), "float32", NONE)],
+})  # fmt: skip
 SOFTMAX_REALIGNED = {
     "aligned_row": (
         Realigned((1, 1), "float32", NONE, "normal"), Realigned((3, 7), "bfloat16", NONE, "outliers"),
@@ -283,14 +292,16 @@ FAMILIES = {
         _reduction(MEAN),
         _reduction(MAX, _max_blind),
         Family("rmsnorm_backward", RMSNORM_BACKWARD, ("dx", "dw"),
-               norm_cases((*BACKWARD_ROWS, (3, 5)), BACKWARD_ROWS),
+               norm_cases((*BACKWARD_ROWS, (3, 5)), BACKWARD_ROWS), realigned=RMSNORM_BACKWARD_REALIGNED,
                harness=(*(Harness(v, (20, 300), "bfloat16", runs=_denormal_blind) for v in ("two_stage", "looped")),
                         *(Harness(v, (20, 300), "bfloat16", OFFSET, runs=_denormal_maybe_blind)
-                          for v in ("two_stage", "looped")))),
+                          for v in ("two_stage", "looped")),
+                        Harness("split_row", (2, 2049), "float32", OFFSET, "one"))),
         Family("add_rmsnorm_backward", ADD_RMSNORM_BACKWARD, ("dsum", "dw"),
-               norm_cases((*BACKWARD_ROWS, (3, 5)), BACKWARD_ROWS),
+               norm_cases((*BACKWARD_ROWS, (3, 5)), BACKWARD_ROWS), realigned=ADD_RMSNORM_BACKWARD_REALIGNED,
                harness=(*(Harness(v, (20, 300), "bfloat16", runs=_denormal_blind) for v in ("two_stage", "looped")),
-                        Harness("two_stage", (6, 100), "bfloat16", OFFSET, runs=_denormal_blind))),
+                        Harness("two_stage", (6, 100), "bfloat16", OFFSET, runs=_denormal_blind),
+                        Harness("split_row", (2, 2049), "float32", pick="one"))),
         # float16: in bfloat16, PyTorch's CPU backward is so inaccurate on 'offset' rows (dw
         # relative error ~0.4, measured) that the harness's canaries would pass its tolerance
         Family("layernorm_backward", LAYERNORM_BACKWARD, ("dx", "dw", "db"),
@@ -581,7 +592,7 @@ def test_groups_walk_several_rows_and_the_reduction_several_steps(family: str, d
 @pytest.mark.parametrize(("family", "variant"), [(f, v.name) for f in BACKWARDS for v in FAMILIES[f].op.variants])
 def test_the_backwards_are_bitwise_deterministic(family: str, variant: str, device: str) -> None:
     op = FAMILIES[family].op
-    spec = op.spec((33, 100), "bfloat16")
+    spec = op.spec((33, 4097 if variant == "split_row" else 100), "bfloat16")  # split_row: rows over 8 KB
     inputs = op.make_inputs(spec, seed=2, device=device)
     config = op.variant(variant).space(spec).configs()[-1]
     first, _ = launch_guarded(op, variant, spec, config, inputs, GUARD)

@@ -15,6 +15,10 @@ holds only its math (the kernels' arithmetic), reference, inputs and tolerance:
   grids, the scratch buffers, the order of the arguments and the share sums;
 - the two variants (:func:`variants`), whose source hash covers this module, the family's and
   the modules its kernels run;
+- a third schedule for wide rows and few rows, ``split_row`` (:func:`split_row_variant`, its
+  space :func:`split_row_space` and launcher :func:`split_row_launcher`, and the jitted
+  :func:`chunk_statistics_at`, :func:`row_chunk_statistics`), for the families that give its two
+  kernels (see the section on it below);
 - the draw of the upstream gradients for ``make_inputs`` (:func:`upstream_gradients`).
 
 Kernel conventions (what the launchers pass). A family (:class:`Backward`) has three kernels:
@@ -30,6 +34,13 @@ Kernel conventions (what the launchers pass). A family (:class:`Backward`) has t
 ``looped``'s rows kernel
     ``(*tensors, stats, grad, *shares, *row strides, n_rows, N)``, on a grid of (column blocks,
     groups).
+``split_row``'s statistics kernel
+    ``(*stats tensors, partial, *row strides, n_rows, N)``, on a grid of (chunks, groups): each
+    program writes, for each row of its group, its chunk's ``split_stats`` float32 partial sums
+    to ``partial`` (a ``(rows, chunks, split_stats)`` scratch).
+``split_row``'s rows kernel
+    ``(*tensors, partial, grad, *shares, *row strides, n_rows, N, eps)``, on a grid of (chunks,
+    groups); its constexprs also ``SPLITS`` (the chunk count padded to a power of two).
 
 Each kernel gets the family's constexprs its signature names. Every row stride is ``N``: the
 families refuse non-contiguous tensors. Kernels address rows in 64-bit integers (the helpers cast
@@ -51,7 +62,7 @@ import triton.language as tl
 from kernelsmith.ops import _rowwise as skeleton
 from kernelsmith.ops._base import Launcher, Variant, generator, rows_and_width
 from kernelsmith.ops._launch import direct_launch
-from kernelsmith.space import Config, Space, next_power_of_two
+from kernelsmith.space import Config, Param, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec
 
 # ---------------------------------------------------------------------------------------------
@@ -180,6 +191,11 @@ class Backward:
     operands: Callable[[int, Sequence[torch.Tensor], Sequence[torch.Tensor]], Operands]
     constexprs: Callable[[OpSpec], dict[str, Any]]  # the family's, for every kernel naming them
     modules: tuple[str, ...] = ()  # further modules whose code the kernels run
+    # split_row's two kernels and the float32 partial sums a chunk its first one writes (None:
+    # the family has no split_row)
+    split_stats_kernel: Any = None
+    split_rows_kernel: Any = None
+    split_stats: int = 0
 
     def rows_and_width(self, spec: OpSpec) -> tuple[int, int]:
         return rows_and_width(spec, input_index=self.width_input)
@@ -280,6 +296,113 @@ def variants(family: Backward, two_stage_space: Callable[[OpSpec], Space],
                 "a second kernel", two_stage_space, two_stage_build, modules),
         Variant("looped", looped_summary, looped_space, looped_build, modules),
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# split_row: rows cut into chunks across programs (issue 19)
+#
+# The forwards' split_row (kernelsmith.ops._rowwise, the section on rows split across programs)
+# for a backward: rows wider than a program should hold, and few rows, where one program a row
+# (or a row group) leaves most multiprocessors idle. A row's dx needs its whole-row sums (RMSNorm:
+# sum(x * x) and sum(dy * w * x)), so there are two launches and a sum:
+#
+# 1. the statistics kernel, one program per (chunk, row group): for each row of its group (rows
+#    group, group + groups, ...) its chunk's partial sums, float32, into a (rows, chunks,
+#    split_stats) scratch;
+# 2. the rows kernel, on the same grid, walking the same rows: for each it adds the row's
+#    chunks' partial sums (one block reduction over the chunks, the same values in the same order
+#    in every program of the row: deterministic), writes the chunk's dx and accumulates the
+#    chunk's columns of the dw share, which it stores as row ``group`` of a (groups, N) float32
+#    scratch;
+# 3. the fixed-order share sum (reducer) over the groups, as looped's.
+#
+# The dw share is why the chunks are plain column blocks (column_block: chunk c holds columns
+# c * BLOCK_N on) and not the forward's realigned pieces (row_pieces): those cut each row at its
+# own first 16-byte-aligned element, so the same lane holds a different column in rows of
+# another alignment, and a program could not add its rows' dw terms lane by lane. The dw share
+# needs the row's r, which only the second launch knows, so launch 1 holds no dw.
+#
+# The space is the forwards' (skeleton.split_row_space: rows of more than SPLIT_MIN_ROW_BYTES
+# only, so that the spaces recorded for narrower rows stand; two to MAX_SPLITS chunks) with
+# looped's GROUPS. No atomics, no waiting between programs: any grid is safe, and the scratch
+# buffers come from the caching allocator (CUDA-graph capturable).
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def chunk_statistics_at(partial_ptr, i, STATS: tl.constexpr):
+    """The address of this program's chunk's (axis 0 of the grid) first statistic of row ``i``
+    in the ``(rows, chunks, STATS)`` float32 partials; the others follow it."""
+    row = tl.cast(i, tl.int64)
+    return partial_ptr + (row * tl.num_programs(0) + tl.program_id(0)) * STATS
+
+
+@triton.jit
+def row_chunk_statistics(partial_ptr, i, STATS: tl.constexpr, SPLITS: tl.constexpr):
+    """The addresses of the first statistic of each of row ``i``'s chunks (one a lane of
+    ``SPLITS``, the chunk count rounded up to a power of two; as many chunks as axis 0 of the grid
+    has programs) and which lanes are real chunks: ``(addresses, mask)``."""
+    lanes = tl.arange(0, SPLITS)
+    chunks = tl.num_programs(0)
+    return partial_ptr + (tl.cast(i, tl.int64) * chunks + lanes) * STATS, lanes < chunks
+
+
+def split_row_space(spec: OpSpec, in_flight: int) -> Space:
+    """The forwards' split_row space (``BLOCK_N`` columns a chunk, ``num_warps``; ``in_flight``
+    chunk-sized float32 vectors held at once, under the norms' register rule) and ``GROUPS``, the
+    rows kernel's row groups per multiprocessor (as looped's)."""
+    chunks = skeleton.split_row_space(spec, skeleton.NORM_WARPS, in_flight)
+    return Space([*chunks.params, Param("GROUPS", skeleton.LOOPED_GROUPS)], chunks.constraints)
+
+
+def split_row_launcher(family: Backward, spec: OpSpec, config: Config) -> Launcher:
+    """Chunk statistics, then dx and the dw shares, both on (chunks, groups), then the share sums.
+    The rows are walked by groups, not given a grid axis each: a grid's second axis holds at
+    most 65535 programs on CUDA (the rows of a long sequence are more), and the groups' count is
+    a few per multiprocessor, which is as many as one row a program when the rows are few."""
+    rows, n = family.rows_and_width(spec)
+    block_n = int(config["BLOCK_N"])
+    chunks = triton.cdiv(n, block_n)
+    groups = row_groups(int(config["GROUPS"]), rows)
+    eps = float(spec.const("eps"))
+    constexprs = family.constexprs(spec)
+    meta = {"BLOCK_N": block_n, "num_warps": int(config["num_warps"])}
+    stats_meta = _kernel_constexprs(family.split_stats_kernel, constexprs, meta)
+    # the rows kernel loads a row's chunk sums as one block of SPLITS lanes
+    rows_meta = _kernel_constexprs(family.split_rows_kernel, constexprs,
+                                   {**meta, "SPLITS": next_power_of_two(chunks)})
+    stats_kernel = direct_launch(family.split_stats_kernel, (chunks, groups))
+    rows_kernel = direct_launch(family.split_rows_kernel, (chunks, groups))
+    reduce = reducer(n, LOOPED_REDUCE_ROWS)
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        ops = family.operands(n, inputs, outputs)
+        partial = ops.grad.new_empty((rows, chunks, family.split_stats), dtype=torch.float32)
+        shares = _shares(ops, groups, n, family.share_slots)
+        stats_strides = (n,) * (len(ops.stats_tensors) - 1)  # the activations' (not the weight's)
+        stats_kernel(*ops.stats_tensors, partial, *stats_strides, rows, n, **stats_meta)
+        strides = (n,) * len(ops.tensors)
+        rows_kernel(*ops.tensors, partial, ops.grad, *shares, *strides, rows, n, eps, **rows_meta)
+        for share, total in zip(shares, ops.sums, strict=False):  # the padding slots sum nothing
+            reduce(share, total, groups)
+
+    return launch
+
+
+def split_row_variant(family: Backward, space: Callable[[OpSpec], Space],
+                      summary: str = "(chunk, row group) programs: the chunks' partial row sums, then dx and the "
+                                     "dw shares, then the dw sum; for wide rows and few rows"
+                      ) -> Variant:
+    """The family's split_row variant (its ``split_*`` kernels must be given)."""
+    if family.split_stats_kernel is None or family.split_rows_kernel is None or family.split_stats < 1:
+        raise ValueError(f"{family.module} gives no split_row kernels")
+    op = family.module.rsplit(".", 1)[-1]
+
+    def build(spec: OpSpec, config: Config) -> Launcher:
+        skeleton.checked(op, space(spec), config)
+        return split_row_launcher(family, spec, config)
+
+    return Variant("split_row", summary, space, build, (family.module, skeleton.__name__, *family.modules))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -62,12 +62,18 @@ Variants (deterministic: no atomics, every sum in a fixed order)
     and ``r**3 / N * sum(g * h)`` into a ``(rows, 2)`` float32 scratch), then a grid of (column
     blocks, ``GROUPS`` x multiprocessors) programs writing ``dsum`` and ``dw`` shares, then the
     same reduction.
+``split_row``
+    For rows of more than 8 KB, wide or few (issue 19): :mod:`rmsnorm_backward`'s split_row
+    statistics kernel (each column chunk's ``sum(h * h)`` and ``sum(g * h)`` into a ``(rows,
+    chunks, 2)`` float32 scratch), then, on the same grid of (chunks, ``GROUPS`` x
+    multiprocessors) programs walking their group's rows, the chunk sums of each row merged in a
+    fixed order and ``dsum`` and ``dw`` shares written, then the same reduction.
 
 Scratch buffers are allocated by the launchers with ``new_empty`` on an output (the harness
 allows allocation, not computation); every element of them is written before it is read. The
 launchers and variants are the backward skeleton's (:mod:`kernelsmith.ops._rowwise_backward`);
 the specs, checks, references and inputs are :class:`~kernelsmith.ops.rmsnorm_backward.RMSNormBackward`'s
-over ``(dy, dh, h, weight)``: this file holds the two kernels and what differs.
+over ``(dy, dh, h, weight)``: this file holds the three rows kernels and what differs.
 """
 
 from __future__ import annotations
@@ -85,10 +91,14 @@ from kernelsmith.ops.rmsnorm_backward import KERNELS as RMSNORM_BACKWARD_KERNELS
 from kernelsmith.ops.rmsnorm_backward import (
     RMSNormBackward,
     _looped_stats_kernel,
+    _split_stats_kernel,
     block_gradient,
+    columns_gradient,
     looped_space,
     row_gradient,
     scaled_weight,
+    split_row_space,
+    split_statistics,
     two_stage_space,
 )
 from kernelsmith.space import Space
@@ -148,6 +158,31 @@ def _looped_rows_kernel(
     store_share(partial_ptr, tl.program_id(1), N, cols, dw, mask)
 
 
+@triton.jit
+def _split_rows_kernel(
+    dy_ptr, dh_ptr, h_ptr, w_ptr,
+    partial_ptr,  # (rows, chunks, 2) float32: each chunk's sum(h * h) and sum(g * h), from _split_stats_kernel
+    dsum_ptr, share_ptr,  # share: (groups, N) float32
+    dy_row_stride, dh_row_stride, h_row_stride, dsum_row_stride, n_rows, N, eps,
+    BLOCK_N: tl.constexpr,  # columns a chunk
+    SPLITS: tl.constexpr,  # the chunk count padded to a power of two
+    WEIGHT_OFFSET: tl.constexpr,
+):
+    """split_row, second launch: program (chunk, group): for rows group, group + groups, ..., the
+    row's statistics from its chunks' sums, then dsum of the chunk; and the chunk's share of dw."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
+    cols, mask = column_block(BLOCK_N, N)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    w = scaled_weight(w_ptr, cols, mask, WEIGHT_OFFSET)
+    for i in tl.range(tl.program_id(1), n_rows, tl.num_programs(1)):
+        rstd, coef = split_statistics(partial_ptr, i, N, eps, SPLITS)
+        dx, dw_term = columns_gradient(dy_ptr, h_ptr, i, dy_row_stride, h_row_stride, cols, mask, w, rstd, coef)
+        dw += dw_term
+        dh = load_row(dh_ptr, i, dh_row_stride, cols, mask)
+        store_row(dsum_ptr, i, dsum_row_stride, cols, _to_storage(dh + dx, dsum_ptr), mask)
+    store_share(share_ptr, tl.program_id(1), N, cols, dw, mask)
+
+
 # ---------------------------------------------------------------------------------------------
 # Spaces, launchers and variants: the skeleton's, with dh among the tensors
 # ---------------------------------------------------------------------------------------------
@@ -161,13 +196,15 @@ def _operands(n: int, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Te
     return backward.Operands(tuple(inputs), (dy, h, w), dsum, (dw,))
 
 
-# The variants also run rmsnorm_backward's looped statistics kernel, row math and spaces,
+# The variants also run rmsnorm_backward's looped and split_row statistics kernels, row math and spaces,
 # add_rmsnorm's _to_storage (the rounding of the stores) and the skeleton's spaces and share sum:
 # their hashes cover those modules, and rmsnorm, whose jitted code add_rmsnorm's kernels call (a
 # hash covers whole modules, so it covers what they call: tests/test_source_hashes.py).
 KERNELS = backward.Backward(__name__, _two_stage_rows_kernel, _looped_stats_kernel, _looped_rows_kernel,
                             width_input=2, stats_width=2, share_slots=1, operands=_operands,
                             constexprs=RMSNORM_BACKWARD_KERNELS.constexprs,
+                            split_stats_kernel=_split_stats_kernel, split_rows_kernel=_split_rows_kernel,
+                            split_stats=2,
                             modules=("kernelsmith.ops.rmsnorm_backward", "kernelsmith.ops.add_rmsnorm",
                                      "kernelsmith.ops.rmsnorm"))
 
@@ -196,7 +233,8 @@ class AddRMSNormBackward(RMSNormBackward):
     )
     input_names = ("dy", "dh", "h", "weight")
     flops_per_element = 12  # RMSNorm backward's 11 per element, and the add of dh
-    variants = backward.variants(KERNELS, _two_stage_space, looped_space)
+    variants = (*backward.variants(KERNELS, _two_stage_space, looped_space),
+                backward.split_row_variant(KERNELS, split_row_space))
 
 
 OP = AddRMSNormBackward()

@@ -55,14 +55,25 @@ Variants (deterministic: no atomics, every sum in a fixed order)
     ``GROUPS`` x multiprocessors): each program walks its group's rows over one column block,
     writes ``dx`` and accumulates the block's ``dw`` share; the third is ``two_stage``'s
     reduction. ``x`` and ``dy`` are read twice (the first time to reduce).
+``split_row``
+    For rows wider than a program should hold and for few rows (issue 19), rows of more than
+    8 KB only: each row cut into column chunks of ``BLOCK_N``, and two kernels on a grid of
+    (chunks, ``GROUPS`` x multiprocessors row groups, at most one a row), each program walking
+    its group's rows. The first stores each row's chunk ``sum(x * x)`` and ``sum(g * x)`` in a
+    ``(rows, chunks, 2)`` float32 scratch; the second adds the row's chunk sums in one fixed
+    order (every program of a row the same), writes the chunk's ``dx`` and accumulates the
+    chunk's ``dw`` share; the third is the share sum. ``x`` and ``dy`` are read twice, the
+    second time from L2 on the small workloads it is for. The chunks are plain column blocks,
+    not the forward's realigned pieces: the backward skeleton's section on split_row says why.
 
 This file holds the math: the row math as jitted helpers (:func:`row_gradient` for a whole row,
-:func:`block_gradient` for a column block, which add_rmsnorm_backward's kernels call too), the
-kernels, the reference, the inputs and the register rules of the spaces. The launchers, the
-scratch buffers, the fixed-order share sum, the variants and the kernels' addressing are the
-backward skeleton's (:mod:`kernelsmith.ops._rowwise_backward`); the schedules' spaces and their
-constants are the row-wise skeleton's (:mod:`kernelsmith.ops._rowwise`); the specs and their
-checks are every RMSNorm family's (:class:`kernelsmith.ops.rmsnorm.RMSNormLike`).
+:func:`block_gradient` for a column block, :func:`columns_gradient` and :func:`split_statistics`
+for a chunk, which add_rmsnorm_backward's kernels call too), the kernels, the reference, the
+inputs and the register rules of the spaces. The launchers, the scratch buffers, the fixed-order
+share sum, the variants and the kernels' addressing are the backward skeleton's
+(:mod:`kernelsmith.ops._rowwise_backward`); the schedules' spaces and their constants are the
+row-wise skeleton's (:mod:`kernelsmith.ops._rowwise`); the specs and their checks are every
+RMSNorm family's (:class:`kernelsmith.ops.rmsnorm.RMSNormLike`).
 """
 
 from __future__ import annotations
@@ -99,14 +110,29 @@ def scaled_weight(w_ptr, cols, mask, WEIGHT_OFFSET: tl.constexpr):
 
 
 @triton.jit
+def row_statistics(sum_sq, sum_gx, N, eps):
+    """A row's ``r`` and ``r**3 / N * sum(g * x)`` from its sums ``sum(x * x)`` and ``sum(g * x)``."""
+    rstd = tl.rsqrt(sum_sq / N + eps)
+    return rstd, rstd * rstd * rstd / N * sum_gx
+
+
+@triton.jit
 def row_gradient(dy_ptr, x_ptr, i, dy_row_stride, x_row_stride, cols, mask, w, N, eps):
     """Row ``i`` whole: ``dx`` and the row's term of ``dw`` (``dy * x * r``), ``r`` recomputed."""
     x = load_row(x_ptr, i, x_row_stride, cols, mask)
     dy = load_row(dy_ptr, i, dy_row_stride, cols, mask)
-    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
     g = dy * w
-    coef = rstd * rstd * rstd / N * tl.sum(g * x, axis=0)
+    rstd, coef = row_statistics(tl.sum(x * x, axis=0), tl.sum(g * x, axis=0), N, eps)
     return rstd * g - x * coef, dy * x * rstd
+
+
+@triton.jit
+def columns_gradient(dy_ptr, x_ptr, i, dy_row_stride, x_row_stride, cols, mask, w, rstd, coef):
+    """Row ``i`` at ``cols`` (a column block, a chunk): ``dx`` and the ``dw`` term, given the row's
+    statistics ``r`` and ``r**3 / N * sum(g * x)``."""
+    x = load_row(x_ptr, i, x_row_stride, cols, mask)
+    dy = load_row(dy_ptr, i, dy_row_stride, cols, mask)
+    return rstd * (dy * w) - x * coef, dy * x * rstd
 
 
 @triton.jit
@@ -116,9 +142,18 @@ def block_gradient(dy_ptr, x_ptr, stats_ptr, i, dy_row_stride, x_row_stride, col
     row = tl.cast(i, tl.int64)
     rstd = tl.load(stats_ptr + row * 2)
     coef = tl.load(stats_ptr + row * 2 + 1)
-    x = load_row(x_ptr, i, x_row_stride, cols, mask)
-    dy = load_row(dy_ptr, i, dy_row_stride, cols, mask)
-    return rstd * (dy * w) - x * coef, dy * x * rstd
+    return columns_gradient(dy_ptr, x_ptr, i, dy_row_stride, x_row_stride, cols, mask, w, rstd, coef)
+
+
+@triton.jit
+def split_statistics(partial_ptr, i, N, eps, SPLITS: tl.constexpr):
+    """Row ``i``'s ``r`` and ``r**3 / N * sum(g * x)`` from its chunks' partial sums, as
+    :func:`_split_stats_kernel` stored them (``(rows, chunks, 2)``): each sum added over the
+    chunks in one block reduction, the same in every program of the row."""
+    at, real = backward.row_chunk_statistics(partial_ptr, i, 2, SPLITS)
+    sum_sq = tl.sum(tl.load(at, mask=real, other=0.0), axis=0)
+    sum_gx = tl.sum(tl.load(at + 1, mask=real, other=0.0), axis=0)
+    return row_statistics(sum_sq, sum_gx, N, eps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,8 +208,7 @@ def _looped_stats_kernel(
         w = scaled_weight(w_ptr, cols, mask, WEIGHT_OFFSET)
         sum_sq += x * x
         sum_gx += dy * w * x
-    rstd = tl.rsqrt(tl.sum(sum_sq, axis=0) / N + eps)
-    coef = rstd * rstd * rstd / N * tl.sum(sum_gx, axis=0)
+    rstd, coef = row_statistics(tl.sum(sum_sq, axis=0), tl.sum(sum_gx, axis=0), N, eps)
     tl.store(stats_ptr + row * 2, rstd)
     tl.store(stats_ptr + row * 2 + 1, coef)
 
@@ -198,6 +232,46 @@ def _looped_rows_kernel(
     store_share(partial_ptr, tl.program_id(1), N, cols, dw, mask)
 
 
+@triton.jit
+def _split_stats_kernel(
+    dy_ptr, x_ptr, w_ptr, partial_ptr,  # partial: (rows, chunks, 2) float32
+    dy_row_stride, x_row_stride, n_rows, N,
+    BLOCK_N: tl.constexpr,
+    WEIGHT_OFFSET: tl.constexpr,
+):
+    """split_row, first launch: program (chunk, group) stores, for rows group, group + groups, ...,
+    its chunk's sum(x * x) and sum(g * x)."""
+    cols, mask = column_block(BLOCK_N, N)
+    w = scaled_weight(w_ptr, cols, mask, WEIGHT_OFFSET)
+    for i in tl.range(tl.program_id(1), n_rows, tl.num_programs(1)):
+        x = load_row(x_ptr, i, x_row_stride, cols, mask)
+        dy = load_row(dy_ptr, i, dy_row_stride, cols, mask)
+        at = backward.chunk_statistics_at(partial_ptr, i, 2)
+        tl.store(at, tl.sum(x * x, axis=0))
+        tl.store(at + 1, tl.sum(dy * w * x, axis=0))
+
+
+@triton.jit
+def _split_rows_kernel(
+    dy_ptr, x_ptr, w_ptr, partial_ptr, dx_ptr, share_ptr,  # share: (groups, N) float32, the dw shares
+    dy_row_stride, x_row_stride, dx_row_stride, n_rows, N, eps,
+    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+    WEIGHT_OFFSET: tl.constexpr,
+):
+    """split_row, second launch: program (chunk, group): for rows group, group + groups, ..., the
+    row's statistics from its chunks' sums, then dx of the chunk; and the chunk's share of dw."""
+    eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
+    cols, mask = column_block(BLOCK_N, N)
+    w = scaled_weight(w_ptr, cols, mask, WEIGHT_OFFSET)
+    dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for i in tl.range(tl.program_id(1), n_rows, tl.num_programs(1)):
+        rstd, coef = split_statistics(partial_ptr, i, N, eps, SPLITS)
+        dx, dw_term = columns_gradient(dy_ptr, x_ptr, i, dy_row_stride, x_row_stride, cols, mask, w, rstd, coef)
+        store_row(dx_ptr, i, dx_row_stride, cols, dx.to(dx_ptr.dtype.element_ty), mask)
+        dw += dw_term
+    store_share(share_ptr, tl.program_id(1), N, cols, dw, mask)
+
+
 # ---------------------------------------------------------------------------------------------
 # Spaces, launchers and variants: the skeleton's two schedules
 # ---------------------------------------------------------------------------------------------
@@ -215,7 +289,8 @@ def _constexprs(spec: OpSpec) -> dict[str, Any]:
 
 KERNELS = backward.Backward(__name__, _two_stage_rows_kernel, _looped_stats_kernel, _looped_rows_kernel,
                             width_input=1, stats_width=2, share_slots=1, operands=_operands,
-                            constexprs=_constexprs)
+                            constexprs=_constexprs, split_stats_kernel=_split_stats_kernel,
+                            split_rows_kernel=_split_rows_kernel, split_stats=2)
 
 
 # The spaces read the width and dtype of input 1: x here, dh in add_rmsnorm_backward (which uses
@@ -234,6 +309,12 @@ def looped_space(spec: OpSpec) -> Space:
     """Four BLOCK_N vectors: x, dy, weight and the dw share."""
     return skeleton.looped_backward_space(next_power_of_two(spec.inputs[1].shape[-1]), 4,
                                           "x, dy, weight and the dw share")
+
+
+def split_row_space(spec: OpSpec) -> Space:
+    """Four chunk-sized vectors in the rows kernel: x, dy, weight and the dw share; rows of more
+    than 8 KB only (the forwards' rule)."""
+    return backward.split_row_space(spec, in_flight=4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,7 +341,8 @@ class RMSNormBackward(RMSNormLike):
     stress_distributions = FINITE_STRESS_DISTRIBUTIONS  # no nonfinite: see kernelsmith.ops._base
     distributions = _RMSNORM.distributions
     tolerance = Tolerance()
-    variants = backward.variants(KERNELS, two_stage_space, looped_space)
+    variants = (*backward.variants(KERNELS, two_stage_space, looped_space),
+                backward.split_row_variant(KERNELS, split_row_space))
 
     def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
         """(dx, dw): dx like x, dw (N,) in float32."""
