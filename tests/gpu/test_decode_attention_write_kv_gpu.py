@@ -9,11 +9,10 @@ GPU only.
 from __future__ import annotations
 
 import pytest
-import torch
 
-from kernelsmith import dispatch
 from kernelsmith.ops import get_op
 from kernelsmith.space import Config
+from kernelsmith.testing.graph_replays import assert_write_kv_replays_at_new_positions
 from kernelsmith.testing.harness import evaluate_launcher
 
 pytestmark = pytest.mark.gpu
@@ -25,22 +24,7 @@ def test_every_variant_writes_the_rows_and_replays_at_new_positions_inside_a_cap
     spec = FAMILY.spec((3, 32, 300, 128), "bf16", kv_heads=8, write_kv=True)
     for variant in FAMILY.variants:
         for config in variant.space(FAMILY.bucket(spec)).configs()[:2]:
-            runner = dispatch.KernelRunner.build(FAMILY, spec, variant.build(spec, config), variant.name, config)
-            inputs = FAMILY.make_inputs(spec, 0, "uneven", "cuda")
-            runner(inputs)  # compiles
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                (out,) = runner(inputs)
-            for seed in (1, 2, 3):  # new caches, rows and positions in the same buffers
-                fresh = FAMILY.make_inputs(spec, seed, "uneven", "cuda")
-                for buffer, new in zip(inputs, fresh, strict=True):
-                    buffer.copy_(new)
-                graph.replay()
-                torch.cuda.synchronize()
-                (expected,) = FAMILY.reference(spec, [t.clone() for t in fresh])
-                torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2, msg=f"{variant.name} {config}")
-                k_after, v_after = FAMILY.reference_written(spec, fresh)
-                assert torch.equal(inputs[1], k_after) and torch.equal(inputs[2], v_after), f"{variant.name} {config}"
+            assert_write_kv_replays_at_new_positions(FAMILY, spec, variant, config)
 
 
 @pytest.mark.parametrize("variant", ["single_pass", "split_kv"])

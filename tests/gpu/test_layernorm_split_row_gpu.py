@@ -12,6 +12,7 @@ import torch
 
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.ops.layernorm import OP, build_with_stats, stats_output_specs
+from kernelsmith.testing.graph_replays import assert_sampled_configs_close_reproducible_and_graphed
 
 pytestmark = pytest.mark.gpu
 
@@ -27,22 +28,11 @@ def test_every_config_is_close_reproducible_and_replays_in_a_graph(shape: tuple[
     inputs = OP.make_inputs(spec, seed=1, distribution="offset", device="cuda")
     (ref64,) = OP.reference_fp64(spec, inputs)
     (lowp,) = OP.reference(spec, inputs)
-    configs = SPLIT.space(spec).configs()
-    assert configs
-    for config in configs[:: max(1, len(configs) // 8)]:  # every BLOCK_N or so, a few warp counts
-        launch = build_with_stats("split_row", spec, config)
-        first = [torch.full(t.shape, float("nan"), dtype=t.torch_dtype, device="cuda")
-                 for t in stats_output_specs(spec)]
-        launch(inputs, first)
-        problem = check_close(first[0], ref64, lowp, OP.tolerance)
-        assert problem is None, f"{config}: {problem}"
-        again = [torch.zeros_like(t) for t in first]
-        launch(inputs, again)
-        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True)), f"{config}: not reproducible"
-        graphed = [torch.zeros_like(t) for t in first]
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            launch(inputs, graphed)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert all(torch.equal(a, b) for a, b in zip(first, graphed, strict=True)), f"{config}: graph replay differs"
+    assert_sampled_configs_close_reproducible_and_graphed(
+        SPLIT.space(spec),
+        lambda config: build_with_stats("split_row", spec, config),
+        inputs,
+        lambda fill: [torch.full(t.shape, fill, dtype=t.torch_dtype, device="cuda") for t in stats_output_specs(spec)],
+        lambda outs: check_close(outs[0], ref64, lowp, OP.tolerance),  # y; mean and rstd reproducible only
+        "",
+    )

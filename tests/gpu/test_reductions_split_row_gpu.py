@@ -15,6 +15,7 @@ import torch
 
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.ops.reductions import MAX, MEAN, SUM
+from kernelsmith.testing.graph_replays import assert_sampled_configs_close_reproducible_and_graphed
 
 pytestmark = pytest.mark.gpu
 
@@ -27,29 +28,18 @@ OPS = {"sum": SUM, "mean": MEAN, "max": MAX}
 def test_every_config_is_close_reproducible_and_replays_in_a_graph(name: str, shape: tuple[int, int],
                                                                    dtype: str) -> None:  # fmt: skip
     op = OPS[name]
-    split = op.variant("split_row")
     spec = op.spec(shape, dtype)
     inputs = op.make_inputs(spec, seed=1, distribution="normal", device="cuda")
     (ref64,) = op.reference_fp64(spec, inputs)
     (lowp,) = op.reference(spec, inputs)
-    configs = split.space(spec).configs()
-    assert configs
-    for config in configs[:: max(1, len(configs) // 8)]:  # every BLOCK_N or so, a few warp counts
-        launch = split.build(spec, config)
-        first = torch.full((shape[0],), math.nan, dtype=inputs[0].dtype, device="cuda")
-        launch(inputs, (first,))
-        problem = check_close(first, ref64, lowp, op.tolerance)
-        assert problem is None, f"{name} {config}: {problem}"
-        again = torch.zeros_like(first)
-        launch(inputs, (again,))
-        assert torch.equal(first, again), f"{name} {config}: not reproducible"
-        graphed = torch.zeros_like(first)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            launch(inputs, (graphed,))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(first, graphed), f"{name} {config}: graph replay differs"
+    assert_sampled_configs_close_reproducible_and_graphed(
+        op.variant("split_row").space(spec),
+        lambda config: op.variant("split_row").build(spec, config),
+        inputs,
+        lambda fill: [torch.full((shape[0],), fill, dtype=inputs[0].dtype, device="cuda")],
+        lambda outs: check_close(outs[0], ref64, lowp, op.tolerance),
+        name,
+    )
 
 
 def test_max_propagates_a_nan_of_the_last_chunk() -> None:
