@@ -138,21 +138,64 @@ class CheckedRunner:
                 return self._checked(check, inputs)
         runner = self.runner
         if runner is None:
-            return _reference(self.op, inputs, self.constants)
+            return _reference_of(*_family_spec(self.op, inputs, self.constants), inputs)
         return runner(inputs)
 
     def _checked(self, check: servecheck.ServeCheck, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         runner = self.runner
         assert runner is not None  # a failed check is never due again
-        family, spec = _spec_of(self.op, inputs, self.constants)
+        family, spec = _family_spec(self.op, inputs, self.constants)
+        if family.written_inputs(spec):
+            return self._checked_writes(check, family, spec, runner, inputs)
 
         def reference64(clones: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
             with _autograd_inside_op():  # the references of backward families are autograd
                 return [t.detach() for t in family.reference_fp64(spec, clones)]
 
         results, _ = check.run(
-            family, spec, runner, inputs, lambda: _reference(self.op, inputs, self.constants), reference64,
+            family, spec, runner, inputs, lambda: _reference_of(family, spec, inputs), reference64,
             lambda: runner(inputs),
+        )
+        return list(results)
+
+    def _checked_writes(self, check: servecheck.ServeCheck, family: OpFamily, spec: OpSpec, runner: KernelRunner,
+                        inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:  # fmt: skip
+        """A checked call of a family that writes some inputs (``kernelsmith::kernel_mutating``).
+
+        The serve check compares the other inputs unchanged and the outputs; the written ones are
+        checked here, bit for bit against :meth:`~kernelsmith.ops.OpFamily.reference_written` of
+        the state the call started from (rule 2, as the harness does). The reference runs first
+        and writes them; the kernel then starts again from that first state (so a kernel that
+        writes nothing is caught) and, where it is wrong or raises, the reference's state is put
+        back before the check fails (the trusted result, caches included, is what the call leaves).
+        """
+        written = family.written_inputs(spec)
+        before = [t.detach().clone() for t in inputs]
+        expected_state = family.reference_written(spec, before)
+        read_only = [t for i, t in enumerate(inputs) if i not in written]
+
+        def restore(states: Sequence[torch.Tensor]) -> None:
+            for i, state in zip(written, states, strict=True):
+                inputs[i].copy_(state)
+
+        def kernel() -> list[torch.Tensor]:
+            restore([before[i] for i in written])
+            try:
+                outputs = runner(inputs)
+            except Exception:
+                restore(expected_state)
+                raise
+            wrong = [i for i, want in zip(written, expected_state, strict=True) if not torch.equal(inputs[i], want)]
+            if wrong:
+                restore(expected_state)
+                raise RuntimeError(f"the kernel left its written inputs {wrong} other than the family's update")
+            return outputs
+
+        def reference64(_: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+            return [t.detach() for t in family.reference_fp64(spec, before)]
+
+        results, _ = check.run(
+            family, spec, runner, read_only, lambda: _reference_of(family, spec, inputs), reference64, kernel
         )
         return list(results)
 
@@ -162,21 +205,38 @@ class CheckedRunner:
             self._on_failure()
 
 
-def _reference(op: str, inputs: Sequence[torch.Tensor], constants: str) -> list[torch.Tensor]:
-    """The op family's PyTorch reference, as ``kernelsmith::kernel`` returns it (fresh tensors)."""
-    family, spec = _spec_of(op, inputs, constants)
+def _reference(
+    op: str, inputs: Sequence[torch.Tensor], constants: str, written: tuple[int, ...] = ()
+) -> list[torch.Tensor]:
+    """The op family's PyTorch reference, as ``kernelsmith::kernel`` (``written`` empty) or
+    ``kernelsmith::kernel_mutating`` (``written``: the inputs it writes) returns it (fresh tensors;
+    a family that writes its inputs writes them here too)."""
+    family, spec = _spec_of(op, inputs, constants, written)
+    return _reference_of(family, spec, inputs)
+
+
+def _reference_of(family: OpFamily, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     with _autograd_inside_op():
         return [t.detach().clone() for t in family.reference(spec, inputs)]
 
 
-def _spec_of(op: str, inputs: Sequence[torch.Tensor], constants: str) -> tuple[OpFamily, OpSpec]:
-    """The op family and exact workload of a ``kernelsmith::kernel`` call."""
+def _family_spec(op: str, inputs: Sequence[torch.Tensor], constants: str) -> tuple[OpFamily, OpSpec]:
     family = get_op(op)
-    spec = family.spec_for(*inputs, **json.loads(constants))
-    written = family.written_inputs(spec)
-    if written:  # (decode attention's write_kv: the fused cache write is not served through this op yet)
-        raise UnsupportedWorkload(f"{op}: this workload writes its inputs {list(written)}, and kernelsmith::kernel "
-                                  "is declared without mutations (torch.compile would not see the write)")  # fmt: skip
+    return family, family.spec_for(*inputs, **json.loads(constants))
+
+
+def _spec_of(
+    op: str, inputs: Sequence[torch.Tensor], constants: str, written: tuple[int, ...] = ()
+) -> tuple[OpFamily, OpSpec]:
+    """The op family and exact workload of a call, which must write exactly the inputs ``written``
+    declares: none through ``kernelsmith::kernel`` (declared without mutations: torch.compile
+    would not see a write), the family's written inputs through ``kernelsmith::kernel_mutating``."""
+    family, spec = _family_spec(op, inputs, constants)
+    writes = tuple(family.written_inputs(spec))
+    if writes != tuple(written):
+        through = "kernelsmith::kernel_mutating" if written else "kernelsmith::kernel"
+        raise UnsupportedWorkload(f"{op}: this workload writes its inputs {list(writes)}, and {through} is called "
+                                  f"declaring {list(written)} written")  # fmt: skip
     return family, spec
 
 

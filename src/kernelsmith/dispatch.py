@@ -72,7 +72,7 @@ from kernelsmith._dispatch_decisions import stored_decision as stored_decision
 from kernelsmith._dispatch_runners import CheckedRunner as CheckedRunner
 from kernelsmith._dispatch_runners import KernelFunction as KernelFunction
 from kernelsmith._dispatch_runners import KernelRunner as KernelRunner
-from kernelsmith._dispatch_runners import _reference, _spec_of
+from kernelsmith._dispatch_runners import _family_spec, _reference, _spec_of
 from kernelsmith._dispatch_trust import load_stored_source as load_stored_source
 from kernelsmith._dispatch_trust import refuse_unservable as refuse_unservable
 from kernelsmith._dispatch_trust import refuse_untrusted_source as refuse_untrusted_source
@@ -134,9 +134,14 @@ def _served(
 
 
 def _runner_key(
-    op: str, inputs: Sequence[torch.Tensor], constants: str, device: torch.device | None = None, decisions: str = ""
+    op: str, inputs: Sequence[torch.Tensor], constants: str, device: torch.device | None = None, decisions: str = "",
+    written: tuple[int, ...] = (),
 ) -> tuple[Any, ...]:
-    return (op, constants, decisions, *((tuple(t.shape), t.dtype, t.stride(), device or t.device) for t in inputs))
+    """The call key: the op, its constants and decisions, each input's layout, and (last) the
+    inputs ``kernelsmith::kernel_mutating`` declares ``written``, so that ``kernelsmith::kernel``
+    never finds a runner that writes its inputs."""
+    shapes = ((tuple(t.shape), t.dtype, t.stride(), device or t.device) for t in inputs)
+    return (op, constants, decisions, *shapes, written)
 
 
 def install_runner(
@@ -151,24 +156,28 @@ def install_runner(
     dtypes, strides and device (``device`` overrides theirs: the compile backend installs from
     example tensors) in this process, with serve checks (a failure is recorded in ``db``);
     other calls resolve from the database as usual."""
-    key = _runner_key(op, inputs, constants, device)
+    family, spec = _family_spec(op, inputs, constants)
+    key = _runner_key(op, inputs, constants, device, written=tuple(family.written_inputs(spec)))
     where = device or inputs[0].device
     mode = "gpu" if where.type == "cuda" else "interpreter"
     with _RUNNERS_LOCK:
         _RUNNERS[key] = _served(key, runner, op, constants, mode, db)
 
 
-def runner_for(op: str, inputs: Sequence[torch.Tensor], constants: str, decisions: str = "") -> CheckedRunner | None:
+def runner_for(op: str, inputs: Sequence[torch.Tensor], constants: str, decisions: str = "",
+               written: tuple[int, ...] = ()) -> CheckedRunner | None:  # fmt: skip
     """The (checked) runner ``kernelsmith::kernel`` uses for these inputs: installed, or built
     from the decision ``decisions`` carry for their bucket, or from the stored decision (cached),
-    or None when the op's PyTorch reference must run."""
-    key = _runner_key(op, inputs, constants, decisions=decisions)
+    or None when the op's PyTorch reference must run. ``kernelsmith::kernel_mutating`` looks its
+    runners up here too, ``written`` the inputs it declares written (a call whose family writes
+    others is refused, and runs the reference, which refuses it too)."""
+    key = _runner_key(op, inputs, constants, decisions=decisions, written=written)
     if key in _RUNNERS:
         return _RUNNERS[key]
     runner: CheckedRunner | None = None
     mode = mode_for(inputs)
     try:
-        family, spec = _spec_of(op, inputs, constants)
+        family, spec = _spec_of(op, inputs, constants, written)
         if mode is not None:
             runner = _carried_runner(key, family, spec, constants, mode, decisions)
             if runner is None:
@@ -204,11 +213,13 @@ def _carried_runner(
     return _served(key, runner, family.name, constants, mode)
 
 
-def run_kernel(op: str, inputs: Sequence[torch.Tensor], constants: str, decisions: str = "") -> list[torch.Tensor]:
-    """The implementation of ``kernelsmith::kernel`` (:mod:`kernelsmith.frontends.torch_op`)."""
-    runner = runner_for(op, inputs, constants, decisions)
+def run_kernel(op: str, inputs: Sequence[torch.Tensor], constants: str, decisions: str = "",
+               written: tuple[int, ...] = ()) -> list[torch.Tensor]:  # fmt: skip
+    """The implementation of ``kernelsmith::kernel`` and, with the inputs it declares ``written``,
+    of ``kernelsmith::kernel_mutating`` (:mod:`kernelsmith.frontends.torch_op`): one runner table."""
+    runner = runner_for(op, inputs, constants, decisions, written)
     if runner is None:
-        return _reference(op, inputs, constants)
+        return _reference(op, inputs, constants, written)
     return runner(inputs)
 
 

@@ -124,3 +124,58 @@ def _backward(ctx: Any, grads: Sequence[torch.Tensor | None]) -> tuple[Any, ...]
 kernel_op.register_autograd(_backward, setup_context=_setup_context)
 
 KERNEL = torch.ops.kernelsmith.kernel.default
+
+
+# ---- kernelsmith::kernel_mutating: families that write some of their inputs in place -------------
+# A few families are defined by a write: decode_attention with ``write_kv`` stores the new tokens'
+# keys and values into the KV cache and attends in one pass. ``kernelsmith::kernel`` declares no
+# mutation (torch.compile would not see the write), so these run through a second op whose schema
+# says which tensors it writes: ``written`` (``Tensor(a!)[]``), the family's written inputs, which
+# ``written_at`` puts back at their places among ``inputs`` (the others) to make the family's
+# argument list. Under torch.compile, functionalization turns the call into an
+# ``auto_functionalized`` node and Inductor re-inplaces it (the kernel writes the caches themselves:
+# no copy); in an exported program the mutation is in the schema. Its one output (a Tensor, not
+# ``Tensor[]``: torch 2.13's auto_functionalize supports no list return) is a fresh tensor, never a
+# view of a written input (what ``torch.library`` requires of a mutating op). No autograd:
+# a write is not differentiated (the backend refuses such sites in training, the family having no
+# backward).
+
+
+def family_inputs(written: Sequence[torch.Tensor], written_at: Sequence[int],
+                  inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:  # fmt: skip
+    """The family's argument list: ``inputs`` with each ``written[i]`` inserted at ``written_at[i]``."""
+    if len(written) != len(written_at) or sorted(written_at) != list(written_at):
+        raise ValueError(f"kernelsmith::kernel_mutating: {len(written)} written tensors at {list(written_at)}")
+    merged = list(inputs)
+    for index, tensor in zip(written_at, written, strict=True):  # ascending: each index is final when inserted
+        if not 0 <= index <= len(merged):
+            raise ValueError(f"kernelsmith::kernel_mutating: a written input at {index} of {len(merged) + 1}")
+        merged.insert(index, tensor)
+    return merged
+
+
+@torch.library.custom_op("kernelsmith::kernel_mutating", mutates_args=("written",))
+def kernel_mutating_op(op: str, written: list[torch.Tensor], written_at: list[int], inputs: list[torch.Tensor],
+                       constants: str, decisions: str = "") -> torch.Tensor:  # fmt: skip
+    """Run op family ``op``, which writes ``written`` in place, as ``kernelsmith::kernel`` runs a
+    family (the carried decision, the stored winner or the reference; the same runner table), and
+    return its one output."""
+    from kernelsmith import dispatch
+
+    merged = family_inputs(written, written_at, inputs)
+    (output,) = dispatch.run_kernel(op, merged, constants, decisions, written=tuple(written_at))
+    return output
+
+
+@kernel_mutating_op.register_fake
+def _kernel_mutating_fake(op: str, written: list[torch.Tensor], written_at: list[int], inputs: list[torch.Tensor],
+                          constants: str, decisions: str = "") -> torch.Tensor:  # fmt: skip
+    merged = family_inputs(written, written_at, inputs)
+    outputs = output_metas(op, merged, constants)
+    if len(outputs) != 1:
+        raise RuntimeError(f"kernelsmith::kernel_mutating({op}) returns one output, and {op} has {len(outputs)}")
+    ((shape, dtype),) = outputs
+    return merged[0].new_empty(shape, dtype=dtype)
+
+
+KERNEL_MUTATING = torch.ops.kernelsmith.kernel_mutating.default
