@@ -1,7 +1,8 @@
 """Rewriting a copy of the graph with the kept sites, and timing graphs in context.
 
 Step 3 of the ``kernelsmith`` torch.compile backend (:mod:`kernelsmith.frontends.backend`): each
-kept site becomes one ``kernelsmith::kernel`` (or ``kernelsmith::triton_kernel``) call in a copy
+kept site becomes one ``kernelsmith::kernel`` (``kernelsmith::triton_kernel``, or
+``kernelsmith::kernel_mutating`` for a family that writes its inputs) call in a copy
 of the graph, with example values for the nodes it adds. :func:`time_graphs` times compiled
 graphs on the same inputs in alternating rounds, for the backend's ``compare`` option and the
 whole-model decode step.
@@ -22,11 +23,13 @@ from torch import fx
 from kernelsmith import dispatch
 from kernelsmith.frontends import triton_ops
 from kernelsmith.frontends._backend_sites import Site, _layout_problem, _value
+from kernelsmith.ops import get_op
 
 log = logging.getLogger("kernelsmith.frontends.backend")  # this code's logger in backend.py
 
 
 _KERNEL = torch.ops.kernelsmith.kernel.default
+_KERNEL_MUTATING = torch.ops.kernelsmith.kernel_mutating.default
 # ---------------------------------------------------------------------------------------------
 # Rewriting a copy of the graph
 # ---------------------------------------------------------------------------------------------
@@ -94,13 +97,15 @@ def _rewrite_site(graph: fx.Graph, site: Site, val_map: dict[fx.Node, fx.Node], 
                 node = graph.call_method("reshape", (node, shape))
                 _set_value(node, fake_mode, functools.partial(torch.reshape, source, shape))
             args.append(node)
-        # Inductor compiles kernelsmith::triton_kernel's kernel itself; kernelsmith::kernel stays a call.
-        target, decisions = (triton_ops.OP, site.triton_decision) if site.triton_decision else (_KERNEL, site.decisions)
-        kernel = graph.call_function(target, (site.op, args, constants, decisions))
-        results = [graph.call_function(operator.getitem, (kernel, i)) for i in range(2 if add is not None else 1)]
+        target, call_args = _kernel_call(site, args, constants)
+        kernel = graph.call_function(target, call_args)
+        if target is _KERNEL_MUTATING:  # its one output is the call itself (no list)
+            results = [kernel]
+        else:
+            results = [graph.call_function(operator.getitem, (kernel, i)) for i in range(2 if add is not None else 1)]
         # A RoPE site's kernel writes the projection's (B, S, H * D) rows; the graph read the
         # rotated heads through .view(B, S, H, D).transpose(1, 2): the same view and transpose here.
-        added = [kernel, *results]
+        added = list(dict.fromkeys([kernel, *results]))
         if site.output_view is not None:
             heads = graph.call_method("view", (results[0], site.output_view))
             added += [heads, graph.call_method("transpose", (heads, 1, 2))]
@@ -108,9 +113,9 @@ def _rewrite_site(graph: fx.Graph, site: Site, val_map: dict[fx.Node, fx.Node], 
         for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
             if key in out.meta:
                 node.meta[key] = out.meta[key]
-    _set_value(kernel, fake_mode, lambda: target(site.op, [_value(a) for a in args], constants, decisions))
+    _set_value(kernel, fake_mode, lambda: target(*fx.node.map_aggregate(call_args, _value)))
     for i, node in enumerate(results):
-        if kernel.meta.get("example_value") is not None:
+        if kernel.meta.get("example_value") is not None and node is not kernel:
             node.meta["example_value"] = kernel.meta["example_value"][i]
     if site.output_view is not None:
         heads, transposed = added[-2:]
@@ -133,6 +138,27 @@ def _rewrite_site(graph: fx.Graph, site: Site, val_map: dict[fx.Node, fx.Node], 
         add.replace_all_uses_with(results[1])
         val_map[site.residual_add] = results[1]
         graph.erase_node(add)
+
+
+def _kernel_call(site: Site, args: list[fx.Node], constants: str) -> tuple[Any, tuple[Any, ...]]:
+    """The op a site's kernel is called through, and its arguments.
+
+    Inductor compiles ``kernelsmith::triton_kernel``'s kernel itself; ``kernelsmith::kernel``
+    stays a call. A family that writes some of its inputs (decode attention's ``write_kv``: the
+    caches) is called through ``kernelsmith::kernel_mutating``, whose schema declares them written,
+    so that functionalization sees the write: the written inputs first, their places among the
+    family's inputs, then the others. The site's region holds the writes it replaces (the caches'
+    ``index_copy_``): erased with it, and the kernel's write happens where the attention was,
+    which the site finder checked is safe (nothing reads or writes the caches in between).
+    """
+    written = tuple(get_op(site.op).written_inputs(site.spec))
+    if written:
+        others = [a for i, a in enumerate(args) if i not in written]
+        return _KERNEL_MUTATING, (site.op, [args[i] for i in written], list(written), others, constants,
+                                  site.decisions)  # fmt: skip
+    if site.triton_decision:
+        return triton_ops.OP, (site.op, args, constants, site.triton_decision)
+    return _KERNEL, (site.op, args, constants, site.decisions)
 
 
 def _set_value(node: fx.Node, fake_mode: Any, compute: Callable[[], Any]) -> None:

@@ -46,7 +46,7 @@ How a site is found (:func:`sites`), for each SDPA call:
    or is not a causal prefix fails, whatever its spelling, and falls back to being read as a
    mask); for a masked one on a random mask.
 
-Folding the cache writes (``write_kv``; off until the backend can emit it, see below)
+Folding the cache writes (``write_kv``; behind :data:`FOLD_CACHE_WRITES`, see below)
 -------------------------------------------------------------------------------------
 The two ``index_copy_`` writes before a static-cache site are the family's ``write_kv`` layout
 (one pass stores the new rows and attends: the rows are not written by one kernel and read back
@@ -67,9 +67,16 @@ Its check runs the writes, the views and the attention as a module on random cac
 to be the family's (:meth:`~kernelsmith.ops.decode_attention.DecodeAttention.reference_written`,
 bit for bit). Anything else keeps the read-only site above, the writes left to Inductor.
 
-:data:`FOLD_CACHE_WRITES` is False: ``kernelsmith::kernel`` is declared without mutations (and
-refuses a family that writes its inputs), so a folded site cannot be served yet; the backend
-needs a kernel op that declares the caches written, and the rewrite calling it, first.
+A folded site is served through ``kernelsmith::kernel_mutating``
+(:mod:`kernelsmith.frontends.torch_op`), whose schema declares the caches written
+(``kernelsmith::kernel`` declares no mutation and refuses a family that writes its inputs): the
+rewrite calls it with the caches as its written inputs where the attention was and erases the
+two ``index_copy_`` nodes; functionalization makes it ``auto_functionalized`` and Inductor
+re-inplaces it, so the kernel writes the module's cache buffers themselves (no clone, no copy
+back). Its serve checks compare the caches it leaves with the family's update, bit for bit.
+:data:`FOLD_CACHE_WRITES` is still False: turning it on changes which op a plain static-cache
+decoder's site calls, which tests of the read-only site (``test_decode_attention_sites.py``)
+pin; and the captured (CUDA graph) decoder's GPU test has not run yet.
 
 The same attention spelled out as two matmuls and a softmax over an additive float mask (Hugging
 Face's ``attn_implementation="eager"``) is matched by
@@ -118,7 +125,8 @@ _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "s
 _FRESH = frozenset({"add", "__add__", "arange"})  # ops whose result is a new tensor, never a view
 _REPEAT_VIEWS = ("getitem", "expand", "reshape")  # repeat_kv, read backwards: reshape(expand(x[:, :, None]))
 # Whether static-cache sites take the index_copy_ writes before them (the module docstring's
-# "Folding the cache writes"). Off: kernelsmith::kernel cannot declare the caches written yet.
+# "Folding the cache writes"). Served through kernelsmith::kernel_mutating; off until the tests
+# that pin the read-only site are updated and the captured decoder's GPU test has passed.
 FOLD_CACHE_WRITES = False
 
 
