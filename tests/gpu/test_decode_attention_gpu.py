@@ -133,7 +133,6 @@ def test_several_new_tokens_write_kv_replays_inside_a_capture_at_new_positions(q
             assert torch.equal(inputs[1], k_after) and torch.equal(inputs[2], v_after), variant.name
 
 
-@pytest.mark.skip(reason="needs a kernel op that declares the caches written (issue 13): FOLD_CACHE_WRITES is off")
 def test_a_captured_plain_decoder_with_folded_cache_writes_gives_eager_outputs(tmp_path, monkeypatch):
     """Once the backend can serve write_kv: the plain StaticDecoder (writes at the mask's
     positions) with its index_copy_ writes folded, replayed as a graph, matches eager step by step,
