@@ -20,6 +20,7 @@ from torch import nn
 from kernelsmith.frontends import backend as ks_backend
 from kernelsmith.frontends.patterns.decode_attention_eager import additive_mask, visible_where_additive
 from kernelsmith.testing.decisions import store_kernel_decisions
+from kernelsmith.testing.models import tiny_llama
 from test_backend import kernel_ops, record_inductor, spy_runners
 from test_decode_attention_sites import attention_sites, decode_steps, prefilled, refusal
 
@@ -263,13 +264,7 @@ def test_a_positions_mask_that_is_not_the_causal_prefix_is_read_as_a_mask():
 
 @pytest.fixture(scope="module")
 def hf_eager_llama() -> nn.Module:
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager",
-    )  # fmt: skip
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = tiny_llama(attn_implementation="eager")
     assert model.config._attn_implementation == "eager"
     return model
 

@@ -20,6 +20,7 @@ from kernelsmith.frontends import backend as ks_backend
 from kernelsmith.frontends.patterns import decode_attention as pattern
 from kernelsmith.frontends.patterns.decode_attention import first_position, lengths_from_positions
 from kernelsmith.testing.decisions import store_kernel_decisions
+from kernelsmith.testing.models import tiny_llama
 from test_backend import kernel_ops, record_inductor, spy_runners
 
 CACHE_LEN = 17
@@ -48,13 +49,7 @@ def refusal(caplog, fn, *inputs) -> str:
 
 @pytest.fixture(scope="module")
 def hf_llama() -> nn.Module:
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    return transformers.LlamaForCausalLM(config).eval()
+    return tiny_llama()
 
 
 def prefilled(model: nn.Module, ids: torch.Tensor):

@@ -23,12 +23,15 @@ from kernelsmith.frontends import _backend_sites as ks_sites
 from kernelsmith.frontends.patterns import decode
 from kernelsmith.ops.decode_matmul import MAX_M, OP
 from kernelsmith.testing.kernels import run_single_output
+from kernelsmith.testing.models import tiny_llama
 
 HIDDEN, HEADS, KV_HEADS, D = 64, 4, 2, 16
 
 
-def capture(fn, *inputs) -> fx.GraphModule:
-    """The one graph Dynamo makes of ``fn`` on ``inputs`` (example values in each node's meta)."""
+def capture(fn, *inputs, fullgraph: bool = True, **keywords) -> fx.GraphModule:
+    """The one graph Dynamo makes of ``fn`` on ``inputs`` and ``keywords`` (example values in each
+    node's meta); ``fullgraph=False`` for a model whose forward is not compiled with it (one graph
+    all the same, or the assertion says so)."""
     graphs: list[fx.GraphModule] = []
 
     def keep(gm: fx.GraphModule, _example_inputs):
@@ -37,7 +40,7 @@ def capture(fn, *inputs) -> fx.GraphModule:
 
     torch._dynamo.reset()
     with torch.no_grad():
-        torch.compile(fn, backend=keep, fullgraph=True)(*inputs)
+        torch.compile(fn, backend=keep, fullgraph=fullgraph)(*inputs, **keywords)
     assert len(graphs) == 1
     return graphs[0]
 
@@ -207,24 +210,9 @@ def test_transformers_llama_attention_q_and_k_are_rope_sites(batch: int) -> None
 def llama_step_graph() -> fx.GraphModule:
     """The graph of a whole transformers LlamaForCausalLM forward of one token per sequence (two
     layers; the tables computed in the graph by its LlamaRotaryEmbedding)."""
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=128, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-                                      max_position_embeddings=64)  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    graphs: list[fx.GraphModule] = []
-
-    def keep(gm: fx.GraphModule, _example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    with torch.no_grad():
-        torch.compile(model, backend=keep)(input_ids=torch.tensor([[3], [5]]), position_ids=torch.tensor([[4], [6]]),
-                                           use_cache=False)  # fmt: skip
-    assert len(graphs) == 1
-    return graphs[0]
+    model = tiny_llama(hidden_size=HIDDEN, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS)
+    return capture(model, fullgraph=False, input_ids=torch.tensor([[3], [5]]), position_ids=torch.tensor([[4], [6]]),
+                   use_cache=False)  # fmt: skip
 
 
 def test_transformers_llama_for_causal_lm_step_has_a_rope_site_per_q_and_k() -> None:

@@ -18,6 +18,7 @@ from torch import nn
 from kernelsmith.frontends import backend as ks_backend
 from kernelsmith.models import get_model
 from kernelsmith.testing.decisions import store_kernel_decisions
+from kernelsmith.testing.models import tiny_llama
 from kernelsmith.whole_model import decode
 from test_backend import kernel_ops, record_inductor, spy_runners
 
@@ -252,13 +253,7 @@ def test_in_context_timing_follows_how_the_step_runs():
 
 @pytest.fixture(scope="module")
 def hf_llama() -> nn.Module:
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
-    return transformers.LlamaForCausalLM(config).eval()
+    return tiny_llama(num_hidden_layers=1)
 
 
 @pytest.mark.slow  # ~35 s
