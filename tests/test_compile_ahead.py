@@ -108,9 +108,12 @@ class _Counting(Strategy):
         return []
 
 
-def _search(db: Any, evaluator: _SlowEvaluator, compiler: CompileAhead | None) -> _Search:
+def _search(db: Any, evaluator: _SlowEvaluator, spy: _Spy | None = None, depth: int = 3) -> _Search:
+    """A search of rmsnorm on ``evaluator``'s workers; with ``spy``, compiling ahead through it on
+    one thread, up to ``depth`` candidates waiting (without, a test gives its own compiler later)."""
     family = get_op("rmsnorm")
     spec = family.spec_for(torch.randn(5, 48), torch.randn(48))
+    compiler = None if spy is None else CompileAhead(family, spec, spy, threads=1, depth=depth)
     return _Search(family, spec, current_fingerprint("interpreter"), db, evaluator, None,  # type: ignore[arg-type]
                    compile_ahead=compiler)  # fmt: skip
 
@@ -129,8 +132,7 @@ def test_waiting_candidates_are_compiled_before_they_reach_a_worker_in_order(tmp
     with open_database(tmp_path / "k.db") as db:
         spy = _Spy(seconds=2 * EVALUATION_S)
         evaluator = _SlowEvaluator(n_workers=1)
-        search = _search(db, evaluator, None)
-        search.given_compile_ahead = CompileAhead(search.family, search.spec, spy, threads=1, depth=3)
+        search = _search(db, evaluator, spy)
         budget = 7
         strategy = _grid(search, budget)
         search._drive(strategy, budget, None)
@@ -152,7 +154,7 @@ def test_a_compile_failure_is_the_candidates_build_failure_and_the_search_goes_o
     failure: its worker gets it. The budget is spent all the same."""
     with open_database(tmp_path / "k.db") as db:
         evaluator = _SlowEvaluator(n_workers=1)
-        search = _search(db, evaluator, None)
+        search = _search(db, evaluator)
         budget = 6
         strategy = _grid(search, budget)
         first = strategy.inner.propose(3)  # peek at the grid's order, then start it again
@@ -179,8 +181,7 @@ def test_the_setting_off_compiles_nothing_and_keeps_the_old_order(tmp_path: Any,
     with open_database(tmp_path / "k.db") as db:
         spy = _Spy()
         evaluator = _SlowEvaluator(n_workers=2)
-        search = _search(db, evaluator, None)
-        search.given_compile_ahead = CompileAhead(search.family, search.spec, spy, threads=1, depth=3)
+        search = _search(db, evaluator, spy)
         budget = 7
         strategy = _grid(search, budget)
         search._drive(strategy, budget, None)
@@ -196,11 +197,10 @@ def test_a_kernel_file_is_never_compiled_in_the_tuning_process(tmp_path: Any) ->
     with open_database(tmp_path / "k.db") as db:
         spy = _Spy()
         evaluator = _SlowEvaluator(n_workers=1)
-        search = _search(db, evaluator, None)
+        search = _search(db, evaluator, spy)
         built_in = search.candidates()[:3]
         kernel_file = Candidate("from_agent", built_in[0].config, source=source)
         seeds = [built_in[0], kernel_file, built_in[1], built_in[2]]
-        search.given_compile_ahead = CompileAhead(search.family, search.spec, spy, threads=1, depth=3)
         strategy = Seeds(seeds)
         strategy.setup(seeds)
         search._drive(strategy, len(seeds), None)
