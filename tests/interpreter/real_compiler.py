@@ -12,6 +12,11 @@ made) with ``MODULE:FUNCTION``: the function, found in a module next to this fil
 its launches recorded instead of run, and every distinct (kernel, specialization) recorded is
 lowered. Exit status 1 and one line per failure on stderr if any does not lower.
 
+With ``--launches MODULE:FUNCTION`` the function returns ``real_compiler_run.LaunchCase`` s
+instead: launchers the cases build themselves (a family's own entry point), each of which must
+make the case's number of launches, every one lowering with no float64 math (a failure here, not
+a listing); the kernels' names are printed on one ``lowered kernels ...`` line.
+
 Launches are recorded through :func:`kernelsmith.ops._launch.launches_through` (the switch the
 ``kernelsmith::triton_kernel`` frontend builds its launchers under), so a build that hands over to
 another module's launchers is followed too; the module-level kernels of the build's own module are
@@ -129,8 +134,10 @@ def _specialization(
     return signature, constants
 
 
-def lower(kernel: JITFunction, arguments: dict[str, Any], options: dict[str, Any]) -> str:
-    """The TTIR of one launch, as text; raises Triton's CompilationError where the compiler would."""
+def front_end(kernel: JITFunction, arguments: dict[str, Any], options: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """One launch through the compiler's front end: the Triton IR module it makes, the backend and
+    the parsed options (for a caller that goes on to run the compiler's own passes on the module).
+    Raises Triton's CompilationError where the compiler would."""
     from triton._C.libtriton import ir
 
     backend = make_backend(TARGET)
@@ -142,6 +149,12 @@ def lower(kernel: JITFunction, arguments: dict[str, Any], options: dict[str, Any
     source = ASTSource(kernel, signature, constexprs=constants)
     module = source.make_ir(TARGET, parsed, backend.get_codegen_implementation(parsed), backend.get_module_map(),
                             context)  # fmt: skip
+    return module, backend, parsed
+
+
+def lower(kernel: JITFunction, arguments: dict[str, Any], options: dict[str, Any]) -> str:
+    """The TTIR of one launch, as text (the front end's module, before the compiler's passes)."""
+    module, _, _ = front_end(kernel, arguments, options)
     return str(module)
 
 
@@ -174,6 +187,16 @@ def _reason(error: BaseException) -> str:
     return f"line {node.lineno} ({line}): {message}"
 
 
+def _lower_and_count(kernel: JITFunction, arguments: dict[str, Any], options: dict[str, Any]) -> tuple[str | None, int]:
+    """Lower one launch: why it failed (one line, None if it lowered) and how many float64 ops its
+    TTIR computes (0 where it failed). Every failure is caught, so that each is reported."""
+    try:
+        ttir = lower(kernel, arguments, options)
+    except Exception as error:
+        return _reason(error), 0
+    return None, f64_math(ttir)
+
+
 def main(target: str) -> int:
     module_name, function_name = target.split(":")
     cases = getattr(importlib.import_module(module_name), function_name)()
@@ -193,14 +216,12 @@ def main(target: str) -> int:
             if key in lowered:
                 continue
             lowered.add(key)
-            try:
-                ttir = lower(kernel, arguments, options)
-            except Exception as error:  # every failure is reported, one line each
-                failures.append(f"{variant} {config.key} {spec.describe()}: {kernel.__name__}: {_reason(error)}")
-                continue
-            if f64_math(ttir):
-                in_f64.append(f"f64: {variant} {config.key} {spec.describe()}: {kernel.__name__}: "
-                              f"{f64_math(ttir)} float64 ops")  # fmt: skip
+            failure, float64_ops = _lower_and_count(kernel, arguments, options)
+            what = f"{variant} {config.key} {spec.describe()}: {kernel.__name__}"
+            if failure is not None:
+                failures.append(f"{what}: {failure}")
+            elif float64_ops:
+                in_f64.append(f"f64: {what}: {float64_ops} float64 ops")
     for line in in_f64:
         print(line)
     for line in failures:
@@ -209,5 +230,29 @@ def main(target: str) -> int:
     return 1 if failures else 0
 
 
+def main_launches(target: str) -> int:
+    """``--launches``: every launch of every case lowered, strictly (module docstring)."""
+    module_name, function_name = target.split(":")
+    cases = getattr(importlib.import_module(module_name), function_name)()
+    names: set[str] = set()
+    failures: list[str] = []
+    for case in cases:
+        with recording(case.module) as launches:
+            case.build()(case.inputs, case.outputs)
+        if len(launches) != case.launches:
+            failures.append(f"{case.what}: {len(launches)} launches, not {case.launches}")
+        for kernel, arguments, options in launches:
+            names.add(kernel.__name__)
+            failure, float64_ops = _lower_and_count(kernel, arguments, options)
+            if failure is None and float64_ops:
+                failure = f"{float64_ops} float64 ops"
+            if failure is not None:
+                failures.append(f"{case.what}: {kernel.__name__}: {failure}")
+    for line in failures:
+        print(line, file=sys.stderr)
+    print("lowered kernels", " ".join(sorted(names)))
+    return 1 if failures else 0
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main_launches(sys.argv[2]) if sys.argv[1] == "--launches" else main(sys.argv[1]))

@@ -30,29 +30,20 @@ _LOWER = """
 import json
 import sys
 import torch
-from real_compiler import TARGET, _specialization, recording
+from real_compiler import front_end, recording
 from kernelsmith.ops import layernorm
 from kernelsmith.ops.layernorm import OP
 try:
-    from triton._C.libtriton import ir
     from triton.backends.compiler import Language
-    from triton.compiler.compiler import ASTSource, make_backend
 except ImportError as error:
     print("__API_DIFFERS__", error)
     sys.exit(0)
 
 
 def inlined_ttir(kernel, arguments, options):
-    backend = make_backend(TARGET)
-    signature, constants = _specialization(kernel, arguments)
-    parsed = backend.parse_options(dict(options))
-    context = ir.context()
-    ir.load_dialects(context)
-    backend.load_dialects(context)
-    module = ASTSource(kernel, signature, constexprs=constants).make_ir(
-        TARGET, parsed, backend.get_codegen_implementation(parsed), backend.get_module_map(), context)
+    module, backend, parsed = front_end(kernel, arguments, options)
     stages = {}
-    try:  # (a kernel's own errors are CompilationErrors, raised by make_ir above)
+    try:  # (a kernel's own errors are CompilationErrors, raised by front_end above)
         backend.add_stages(stages, parsed, Language.TRITON)
         return str(stages["ttir"](module, {}))
     except (AttributeError, KeyError, TypeError) as error:

@@ -18,22 +18,21 @@ chunks) are tested in test_rowwise_pieces.py.
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
+from functools import partial
 from itertools import product
-from pathlib import Path
 
 import pytest
 import torch
+from real_compiler_run import LaunchCase, lowered_kernels
 
 from kernelsmith.evaluate.errors import error_stats
 from kernelsmith.evaluate.validate import validate
 from kernelsmith.ops import _rowwise as skeleton
+from kernelsmith.ops import layernorm
 from kernelsmith.ops.layernorm import AFFINE, OP, build_with_stats, stats_output_specs
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
-from kernelsmith.testing.kernels import assert_guarded_outputs, covering_configs, launch_guarded
+from kernelsmith.testing.kernels import assert_guarded_outputs, covering_configs, run_guarded_and_check
 from kernelsmith.testing.validation_runs import validation_runs
 
 SPLIT = OP.variant("split_row")
@@ -50,11 +49,7 @@ def widest(spec: OpSpec) -> Config:
 def run_and_check(spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...], what: str) -> torch.Tensor:
     """Launch into a guarded NaN-filled output: fully written, nothing past its end, the inputs
     unchanged, within the tolerance of the float64 reference. Returns y."""
-    before = [t.clone() for t in inputs]
-    outs, guards = launch_guarded(OP, "split_row", spec, config, inputs, GUARD)
-    assert all(torch.equal(t, b) for t, b in zip(inputs, before, strict=True)), f"{what}: modified its inputs"
-    assert_guarded_outputs(OP, spec, inputs, outs, guards, ("y",), what)
-    return outs[0]
+    return run_guarded_and_check(OP, "split_row", spec, config, inputs, ("y",), what, GUARD)[0]
 
 
 # (leading shape, width, dtype, affine): 1 and 3 rows and a 2-D lead, every width with every dtype
@@ -225,48 +220,27 @@ def test_the_space() -> None:
 # ---- the real compiler ---------------------------------------------------------------------------
 # As real_compiler.py's main (which builds without statistics), also for build_with_stats: every
 # launch recorded, then lowered to Triton IR by the real front end, in a child process without the
-# interpreter.
+# interpreter (real_compiler_run.lowered_kernels).
 
-_LOWER = """
-import sys
-import torch
-from real_compiler import f64_math, lower, recording
-from kernelsmith.ops import layernorm
-from kernelsmith.ops.layernorm import OP, build_with_stats, stats_output_specs
-names = set()
-for (shape, dtype), affine, stats, pick in __CASES__:
-    spec = OP.spec(shape, dtype, affine=affine)
-    configs = OP.variant("split_row").space(spec).configs()
-    config = configs[pick]
-    inputs = OP.make_inputs(spec, seed=0, device="cpu")
-    specs = stats_output_specs(spec) if stats else OP.output_specs(spec)
-    outputs = tuple(torch.empty(o.shape, dtype=o.torch_dtype) for o in specs)
-    with recording(layernorm) as launches:
-        if stats:
-            build_with_stats("split_row", spec, config)(inputs, outputs)
-        else:
-            OP.variant("split_row").build(spec, config)(inputs, outputs)
-    assert len(launches) == 2, launches
-    for kernel, arguments, options in launches:
-        # no float64 math, even with eps typed fp64 (REAL_COMPILER_FLOATS=fp64: Inductor's typing)
-        assert f64_math(lower(kernel, arguments, options)) == 0, (kernel.__name__, spec.describe(), config)
-        names.add(kernel.__name__)
-print("lowered", sorted(names))
-"""
+
+def split_row_launches() -> list[LaunchCase]:
+    """Every affine form, with and without the statistics, each dtype, the narrowest chunks and
+    the widest (ALIGN 4 and 8): two launches each, the chunks' statistics and the apply."""
+    cases = []
+    for i, (affine, stats, pick) in enumerate(product(AFFINE, (False, True), (0, -1))):
+        spec = OP.spec((3, 4099), DTYPES[i % 3], affine=affine)
+        config = SPLIT.space(spec).configs()[pick]
+        build = partial(build_with_stats, "split_row", spec, config) if stats else partial(SPLIT.build, spec, config)
+        specs = stats_output_specs(spec) if stats else OP.output_specs(spec)
+        outputs = tuple(torch.empty(o.shape, dtype=o.torch_dtype) for o in specs)
+        cases.append(LaunchCase(f"{spec.describe()} stats={stats} {config}", layernorm, build,
+                                OP.make_inputs(spec, seed=0, device="cpu"), outputs, launches=2))  # fmt: skip
+    return cases
 
 
 @pytest.mark.parametrize("floats", ["fp32", "fp64"])
 def test_both_kernels_lower_under_the_real_triton_compiler(floats: str) -> None:
-    """Every affine form, with and without the statistics, each dtype, the narrowest chunks and
-    the widest (ALIGN 4 and 8); eps typed as Triton types it (fp32) and as Inductor does (fp64),
+    """split_row_launches, eps typed as Triton types it (fp32) and as Inductor does (fp64),
     float32 math either way."""
-    cases = [(((3, 4099), DTYPES[i % 3]), affine, stats, pick)
-             for i, (affine, stats, pick) in enumerate(product(AFFINE, (False, True), (0, -1)))]
-    code = _LOWER.replace("__CASES__", repr(cases))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
-    env["REAL_COMPILER_FLOATS"] = floats
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-                          check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-6000:]
-    assert "lowered ['_layernorm_split_apply_kernel', '_layernorm_split_stats_kernel']" in done.stdout, done.stdout
+    lowered = lowered_kernels("test_layernorm_split_row:split_row_launches", floats)
+    assert lowered == ["_layernorm_split_apply_kernel", "_layernorm_split_stats_kernel"]

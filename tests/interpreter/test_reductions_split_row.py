@@ -18,16 +18,14 @@ test_rowwise_pieces.py.
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from collections.abc import Sequence
+from functools import partial
 from itertools import product
-from pathlib import Path
 
 import pytest
 import torch
 import triton
+from real_compiler_run import LaunchCase, lowered_kernels
 
 from kernelsmith.evaluate.validate import Rejected, validate
 from kernelsmith.ops import _rowwise as skeleton
@@ -36,7 +34,7 @@ from kernelsmith.ops._base import Launcher, OpFamily
 from kernelsmith.ops.reductions import MAX, MEAN, SUM
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
-from kernelsmith.testing.kernels import assert_guarded_outputs, covering_configs, launch_guarded
+from kernelsmith.testing.kernels import covering_configs, run_guarded_and_check
 from kernelsmith.testing.validation_runs import validation_runs
 
 OPS = {"sum": SUM, "mean": MEAN, "max": MAX}
@@ -54,11 +52,7 @@ def run_and_check(op: OpFamily, spec: OpSpec, config: Config, inputs: Sequence[t
                   what: str) -> torch.Tensor:  # fmt: skip
     """Launch into a guarded NaN-filled output: fully written, nothing past its end, the input
     unchanged, within the tolerance of the float64 reference. Returns the result."""
-    before = [t.clone() for t in inputs]
-    outs, guards = launch_guarded(op, "split_row", spec, config, inputs, GUARD)
-    assert all(torch.equal(t, b) for t, b in zip(inputs, before, strict=True)), f"{what}: modified its input"
-    assert_guarded_outputs(op, spec, inputs, outs, guards, ("y",), what)
-    return outs[0]
+    return run_guarded_and_check(op, "split_row", spec, config, inputs, ("y",), what, GUARD)[0]
 
 
 # (family, leading shape, width, dtype): every width with every dtype once or more, every family
@@ -232,42 +226,27 @@ def test_the_space() -> None:
 
 # ---- the real compiler ---------------------------------------------------------------------------
 # Every launch recorded, then lowered to Triton IR by the real front end, in a child process
-# without the interpreter (as test_layernorm_split_row.py does).
+# without the interpreter (real_compiler_run.lowered_kernels, as test_layernorm_split_row.py).
 
-_LOWER = """
-import torch
-from real_compiler import f64_math, lower, recording
-from kernelsmith.ops import reductions
-from kernelsmith.ops.reductions import SUM, MEAN, MAX
-ops = {"sum": SUM, "mean": MEAN, "max": MAX}
-names = set()
-for name, (shape, dtype), pick in __CASES__:
-    op = ops[name]
-    spec = op.spec(shape, dtype)
-    config = op.variant("split_row").space(spec).configs()[pick]
-    inputs = op.make_inputs(spec, seed=0, device="cpu")
-    outputs = tuple(torch.empty(o.shape, dtype=o.torch_dtype) for o in op.output_specs(spec))
-    with recording(reductions) as launches:
-        op.variant("split_row").build(spec, config)(inputs, outputs)
-    assert len(launches) == 2, launches
-    for kernel, arguments, options in launches:
-        # no float64 math, even with the width typed fp64 (REAL_COMPILER_FLOATS=fp64: Inductor's)
-        assert f64_math(lower(kernel, arguments, options)) == 0, (kernel.__name__, spec.describe(), config)
-        names.add(kernel.__name__)
-print("lowered", sorted(names))
-"""
+
+def split_row_launches() -> list[LaunchCase]:
+    """Every family and dtype, the narrowest chunks and the widest (ALIGN 4 and 8): two launches
+    each, the chunks' statistics and their merge."""
+    cases = []
+    for i, (name, pick) in enumerate(product(OPS, (0, -1))):
+        op = OPS[name]
+        spec = op.spec((3, 4099), DTYPES[i % 3])
+        config = op.variant("split_row").space(spec).configs()[pick]
+        outputs = tuple(torch.empty(o.shape, dtype=o.torch_dtype) for o in op.output_specs(spec))
+        cases.append(LaunchCase(f"{name} {spec.describe()} {config}", reductions,
+                                partial(op.variant("split_row").build, spec, config),
+                                op.make_inputs(spec, seed=0, device="cpu"), outputs, launches=2))  # fmt: skip
+    return cases
 
 
 @pytest.mark.parametrize("floats", ["fp32", "fp64"])
 def test_both_kernels_lower_under_the_real_triton_compiler(floats: str) -> None:
-    """Every family and dtype, the narrowest chunks and the widest (ALIGN 4 and 8); the mean's
-    width typed as Triton types it (fp32) and as Inductor does (fp64), float32 math either way."""
-    cases = [(name, ((3, 4099), DTYPES[i % 3]), pick) for i, (name, pick) in enumerate(product(OPS, (0, -1)))]
-    code = _LOWER.replace("__CASES__", repr(cases))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
-    env["REAL_COMPILER_FLOATS"] = floats
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-                          check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-6000:]
-    assert "lowered ['_reduce_split_merge_kernel', '_reduce_split_stats_kernel']" in done.stdout, done.stdout
+    """split_row_launches, the mean's width typed as Triton types it (fp32) and as Inductor does
+    (fp64), float32 math either way."""
+    lowered = lowered_kernels("test_reductions_split_row:split_row_launches", floats)
+    assert lowered == ["_reduce_split_merge_kernel", "_reduce_split_stats_kernel"]

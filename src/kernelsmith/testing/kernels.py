@@ -79,6 +79,19 @@ def assert_guarded_outputs(
         assert problem is None, f"{what} {name}: {problem}"
 
 
+def run_guarded_and_check(
+    op: OpFamily, variant: str, spec: OpSpec, config: Config, inputs: Sequence[torch.Tensor],
+    names: Sequence[str], what: str, guard: int = 64,
+) -> list[torch.Tensor]:  # fmt: skip
+    """:func:`launch_guarded`, then the inputs unchanged and :func:`assert_guarded_outputs` on every
+    output (``names``, one per output, say which failed). Returns the outputs."""
+    before = [t.clone() for t in inputs]
+    outs, guards = launch_guarded(op, variant, spec, config, inputs, guard)
+    assert all(torch.equal(t, b) for t, b in zip(inputs, before, strict=True)), f"{what}: modified its inputs"
+    assert_guarded_outputs(op, spec, inputs, outs, guards, names, what)
+    return outs
+
+
 def run_single_output(
     op: OpFamily, spec: OpSpec, variant: str, config: Config, inputs: Sequence[torch.Tensor],
     launcher: Any = None, guard: int = 64,
