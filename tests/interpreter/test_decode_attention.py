@@ -11,14 +11,11 @@ the fewest a config allows.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from real_compiler_run import assert_every_kernel_lowers
 
 from kernelsmith.evaluate.validate import Rejected, validate
 from kernelsmith.ops import UnsupportedWorkload, get_op
@@ -256,27 +253,26 @@ def test_spaces_do_not_depend_on_batch_or_length() -> None:
 # ---- the real compiler -----------------------------------------------------------------------------
 
 
-def real_compiler_cases() -> list[tuple[DecodeAttention, str, OpSpec, Config]]:
-    """Both variants at each dtype and cache, the smallest and largest blocks of their spaces."""
+def smallest_and_largest_blocks(specs: list[OpSpec]) -> list[tuple[DecodeAttention, str, OpSpec, Config]]:
+    """real_compiler.py's cases on ``specs``: both variants on each, at the smallest and the largest
+    BLOCK_N of their unpruned spaces (one case where they are the same config)."""
     cases = []
-    for dtype, cache, q_len in (
-        ("bfloat16", "static", 1),
-        ("float32", "dynamic", 3),
-        ("float16", "static", 2),
-        ("bfloat16", "masked", 3),
-    ):
-        spec = OP.spec((2, 32, 64, 128), dtype, kv_heads=8, q_len=q_len, cache=cache)
+    for spec in specs:
         for variant in OP.variants:
             configs = sorted(variant.space(spec, prune=False).configs(), key=lambda c: (c["BLOCK_N"], c.key))  # type: ignore[call-arg]
             cases += [(OP, variant.name, spec, c) for c in {c.key: c for c in configs[:1] + configs[-1:]}.values()]
     return cases
 
 
+def real_compiler_cases() -> list[tuple[DecodeAttention, str, OpSpec, Config]]:
+    """Both variants at each dtype and cache, the smallest and largest blocks of their spaces."""
+    return smallest_and_largest_blocks([
+        OP.spec((2, 32, 64, 128), dtype, kv_heads=8, q_len=q_len, cache=cache)
+        for dtype, cache, q_len in (("bfloat16", "static", 1), ("float32", "dynamic", 3), ("float16", "static", 2),
+                                    ("bfloat16", "masked", 3))
+    ])  # fmt: skip
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the other tests compile for real")
 def test_every_variant_compiles_under_the_real_triton_compiler() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    helper = Path(__file__).with_name("real_compiler.py")
-    done = subprocess.run([sys.executable, str(helper), "test_decode_attention:real_compiler_cases"],
-                          env=env, capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-6000:]
-    assert "lowered" in done.stdout and ", 0 failed" in done.stdout, done.stdout
+    assert_every_kernel_lowers("test_decode_attention:real_compiler_cases")

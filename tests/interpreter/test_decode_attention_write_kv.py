@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import torch
+from real_compiler_run import assert_every_kernel_lowers
+from test_decode_attention import config, smallest_and_largest_blocks
 
 from kernelsmith.evaluate.validate import Rejected, validate
 from kernelsmith.ops import UnsupportedWorkload
@@ -23,11 +25,6 @@ from kernelsmith.spec import OpSpec
 from kernelsmith.testing.harness import evaluate_launcher
 from kernelsmith.testing.kernels import assert_matches_fp64
 from kernelsmith.testing.validation_runs import validation_runs
-
-
-def config(variant: str, block_n: int = 16, splits: int = 4) -> Config:
-    extra = {"SPLITS": splits} if variant == "split_kv" else {}
-    return Config(BLOCK_N=block_n, num_warps=4, num_stages=1, **extra)
 
 
 def call(spec: OpSpec, variant: str, cfg: Config, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -261,26 +258,11 @@ def test_refuses_what_it_does_not_know(make: Any, match: str) -> None:
 
 # ---- the real compiler (tests/interpreter/real_compiler.py; run by test_decode_attention.py's test) ----
 def real_compiler_cases() -> list[tuple[DecodeAttention, str, OpSpec, Config]]:
-    cases = []
     specs = [OP.spec((2, 32, 64, 128), d, kv_heads=8, write_kv=True) for d in ("bfloat16", "float16", "float32")]
     specs.append(OP.spec((2, 32, 64, 128), "bfloat16", kv_heads=8, q_len=3, write_kv=True))  # several new rows
-    for spec in specs:
-        for variant in OP.variants:
-            configs = sorted(variant.space(spec, prune=False).configs(), key=lambda c: (c["BLOCK_N"], c.key))  # type: ignore[call-arg]
-            cases += [(OP, variant.name, spec, c) for c in {c.key: c for c in configs[:1] + configs[-1:]}.values()]
-    return cases
+    return smallest_and_largest_blocks(specs)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the other tests compile for real")
 def test_write_kv_kernels_compile_under_the_real_triton_compiler() -> None:
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    helper = Path(__file__).with_name("real_compiler.py")
-    done = subprocess.run([sys.executable, str(helper), "test_decode_attention_write_kv:real_compiler_cases"],
-                          env=env, capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-6000:]
-    assert "lowered" in done.stdout and ", 0 failed" in done.stdout, done.stdout
+    assert_every_kernel_lowers("test_decode_attention_write_kv:real_compiler_cases")
