@@ -17,6 +17,7 @@ from kernelsmith import dispatch
 from kernelsmith.frontends import backend as ks_backend
 from kernelsmith.ops import get_op
 from kernelsmith.testing.decisions import store_kernel_decisions
+from kernelsmith.testing.graph_replays import assert_write_kv_replays_at_new_positions
 from kernelsmith.whole_model import decode
 from test_decode_attention_sites import StaticDecoder, decoder_inputs
 
@@ -114,23 +115,7 @@ def test_several_new_tokens_write_kv_replays_inside_a_capture_at_new_positions(q
     family = get_op("decode_attention")
     spec = family.spec((3, 32, 300, 64), "bf16", kv_heads=8, q_len=q_len, write_kv=True)
     for variant in family.variants:
-        config = variant.space(family.bucket(spec)).configs()[0]
-        runner = dispatch.KernelRunner.build(family, spec, variant.build(spec, config), variant.name, config)
-        inputs = family.make_inputs(spec, 0, "uneven", "cuda")
-        runner(inputs)  # compiles
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            (out,) = runner(inputs)
-        for seed in (1, 2, 3):
-            fresh = family.make_inputs(spec, seed, "uneven", "cuda")
-            for buffer, new in zip(inputs, fresh, strict=True):
-                buffer.copy_(new)
-            graph.replay()
-            torch.cuda.synchronize()
-            (expected,) = family.reference(spec, [t.clone() for t in fresh])
-            torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2, msg=f"{variant.name} {config}")
-            k_after, v_after = family.reference_written(spec, fresh)
-            assert torch.equal(inputs[1], k_after) and torch.equal(inputs[2], v_after), variant.name
+        assert_write_kv_replays_at_new_positions(family, spec, variant, variant.space(family.bucket(spec)).configs()[0])
 
 
 def test_a_captured_plain_decoder_with_folded_cache_writes_gives_eager_outputs(tmp_path, monkeypatch):
