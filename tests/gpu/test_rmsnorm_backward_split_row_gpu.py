@@ -8,8 +8,6 @@ GPU only; the interpreter's tests are tests/interpreter/test_rmsnorm_backward_sp
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -18,6 +16,7 @@ from kernelsmith.ops._base import OpFamily
 from kernelsmith.ops.add_rmsnorm_backward import OP as ADD_RMSNORM_BACKWARD
 from kernelsmith.ops.rmsnorm_backward import OP as RMSNORM_BACKWARD
 from kernelsmith.spec import OpSpec
+from kernelsmith.testing.graph_replays import assert_sampled_configs_close_reproducible_and_graphed
 
 pytestmark = pytest.mark.gpu
 
@@ -42,25 +41,18 @@ def test_every_config_is_close_reproducible_and_replays_in_a_graph(name: str, sh
     inputs = op.make_inputs(spec, seed=1, distribution="normal", device="cuda")
     refs64 = op.reference_fp64(spec, inputs)
     lowps = op.reference(spec, inputs)
-    configs = split.space(spec).configs()
-    assert configs
-    for config in configs[:: max(1, len(configs) // 8)]:  # every BLOCK_N or so, both GROUPS, a few warp counts
-        launch = split.build(spec, config)
-        first = _outputs(op, spec, math.nan)
-        launch(inputs, first)
-        for out, ref64, lowp, what in zip(first, refs64, lowps, ("dx", "dw"), strict=True):
-            problem = check_close(out, ref64, lowp, op.tolerance)
-            assert problem is None, f"{name} {config} {what}: {problem}"
-        again = _outputs(op, spec, 0.0)
-        launch(inputs, again)
-        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True)), f"{name} {config}: not reproducible"
-        graphed = _outputs(op, spec, -1.0)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            launch(inputs, graphed)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert all(torch.equal(a, b) for a, b in zip(first, graphed, strict=True)), f"{name} {config}: graph differs"
+
+    def problem(outputs: list[torch.Tensor]) -> str | None:
+        for out, ref64, lowp, what in zip(outputs, refs64, lowps, ("dx", "dw"), strict=True):
+            found = check_close(out, ref64, lowp, op.tolerance)
+            if found is not None:
+                return f"{what}: {found}"
+        return None
+
+    # every BLOCK_N or so, both GROUPS, a few warp counts; the graph's outputs poisoned with -1
+    assert_sampled_configs_close_reproducible_and_graphed(split.space(spec), lambda config: split.build(spec, config),
+                                                          inputs, lambda fill: _outputs(op, spec, fill), problem, name,
+                                                          graph_fill=-1.0)  # fmt: skip
 
 
 def test_the_space_is_empty_at_8_kb_rows() -> None:
