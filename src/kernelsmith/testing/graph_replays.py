@@ -23,35 +23,6 @@ from kernelsmith.spec import OpSpec
 CONFIG_SAMPLES = 8
 
 
-def assert_close_reproducible_and_graphed(
-    launch: Launcher,
-    inputs: Sequence[torch.Tensor],
-    outputs: Callable[[float], list[torch.Tensor]],
-    problem: Callable[[list[torch.Tensor]], str | None],
-    what: str,
-    graph_fill: float = 0.0,
-) -> None:
-    """``launch`` into ``outputs(nan)`` (so an element it skips stays NaN): ``problem`` of them
-    must be None (the family's tolerance check); then again into ``outputs(0.0)``, bit for bit the
-    same (no atomics, no order that depends on timing); then captured in a CUDA graph and
-    replayed into ``outputs(graph_fill)``, the same again (scratch allocated during the capture
-    comes from the graph's pool, and must work there)."""
-    first = outputs(math.nan)
-    launch(inputs, first)
-    found = problem(first)
-    assert found is None, f"{what}: {found}"
-    again = outputs(0.0)
-    launch(inputs, again)
-    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True)), f"{what}: not reproducible"
-    graphed = outputs(graph_fill)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        launch(inputs, graphed)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert all(torch.equal(a, b) for a, b in zip(first, graphed, strict=True)), f"{what}: graph replay differs"
-
-
 def assert_sampled_configs_close_reproducible_and_graphed(
     space: Space,
     build: Callable[[Config], Launcher],
@@ -61,13 +32,31 @@ def assert_sampled_configs_close_reproducible_and_graphed(
     what: str,
     graph_fill: float = 0.0,
 ) -> None:
-    """:func:`assert_close_reproducible_and_graphed` on a sample of ``space`` (which must not be
-    empty: a test of no config would pass on nothing), each config's launcher made by ``build``."""
+    """On a sample of ``space`` (which must not be empty: a test of no config would pass on
+    nothing), each config's launcher made by ``build``: launched into ``outputs(nan)`` (so an
+    element it skips stays NaN), ``problem`` of them must be None (the family's tolerance check);
+    then again into ``outputs(0.0)``, bit for bit the same (no atomics, no order that depends on
+    timing); then captured in a CUDA graph and replayed into ``outputs(graph_fill)``, the same
+    again (scratch allocated during the capture comes from the graph's pool, and must work there)."""
     configs = space.configs()
     assert configs, f"{what}: the space is empty"
     for config in configs[:: max(1, len(configs) // CONFIG_SAMPLES)]:
         label = f"{what} {config}".strip()
-        assert_close_reproducible_and_graphed(build(config), inputs, outputs, problem, label, graph_fill)
+        launch = build(config)
+        first = outputs(math.nan)
+        launch(inputs, first)
+        found = problem(first)
+        assert found is None, f"{label}: {found}"
+        again = outputs(0.0)
+        launch(inputs, again)
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True)), f"{label}: not reproducible"
+        graphed = outputs(graph_fill)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            launch(inputs, graphed)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for a, b in zip(first, graphed, strict=True)), f"{label}: graph replay differs"
 
 
 def assert_write_kv_replays_at_new_positions(family: OpFamily, spec: OpSpec, variant: Variant, config: Config) -> None:
