@@ -210,13 +210,15 @@ def test_the_worker_validates_and_times_a_writing_kernel() -> None:
 
 def test_kernelsmith_kernel_refuses_a_writing_workload(device: str) -> None:
     """``kernelsmith::kernel`` is declared without mutations: a write_kv call through it is an
-    error, never a silent write torch.compile would not see (the backend does not emit one yet)."""
+    error, never a silent write torch.compile would not see (the backend emits
+    ``kernelsmith::kernel_mutating`` for such a site, which declares the caches written)."""
     from kernelsmith import dispatch
 
     spec = OP.spec((1, 4, 24, 16), "float32", kv_heads=2, write_kv=True)
     inputs = list(OP.make_inputs(spec, seed=2, device=device))
     before = [t.clone() for t in inputs]
-    with pytest.raises(UnsupportedWorkload, match="declared without mutations"):
+    with pytest.raises(UnsupportedWorkload, match=r"writes its inputs \[1, 2\], and kernelsmith::kernel is called "
+                                                  r"declaring \[\] written"):
         dispatch.run_kernel("decode_attention", inputs, dispatch.constants_json({}))
     assert all(torch.equal(t, b) for t, b in zip(inputs, before, strict=True))
 
