@@ -113,7 +113,8 @@ def _rewrite_site(graph: fx.Graph, site: Site, val_map: dict[fx.Node, fx.Node], 
         for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
             if key in out.meta:
                 node.meta[key] = out.meta[key]
-    _set_value(kernel, fake_mode, lambda: target(*fx.node.map_aggregate(call_args, _value)))
+    # map_arg maps the nodes only: the op's name, constants and decisions stay the strings they are
+    _set_value(kernel, fake_mode, lambda: target(*fx.node.map_arg(call_args, _value)))
     for i, node in enumerate(results):
         if kernel.meta.get("example_value") is not None and node is not kernel:
             node.meta["example_value"] = kernel.meta["example_value"][i]
@@ -122,6 +123,8 @@ def _rewrite_site(graph: fx.Graph, site: Site, val_map: dict[fx.Node, fx.Node], 
         _set_value(heads, fake_mode, lambda: _value(results[0]).view(site.output_view))
         _set_value(transposed, fake_mode, lambda: _value(heads).transpose(1, 2))
         problem = _layout_problem(_value(transposed), _value(out))
+        if not problem and isinstance(_value(out), torch.Tensor) and _value(transposed) is None:
+            problem = "no example value for the kernel's viewed output, so its layout cannot be checked"
         if problem:  # the site finder checks this: a site that gets here anyway is left as the graph had it
             log.warning("%s at %s left to the original code: %s", site.op, site.output.name, problem)
             inserted_inputs = [a for a, i in zip(args, site.inputs, strict=True) if a is not val_map[i.node]]
