@@ -61,9 +61,9 @@ def attention64(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, o
     return torch.softmax(scores, -1) @ v
 
 
-def served_decoder(monkeypatch, tmp_path, batch, kv_heads, q_len, write="at-positions"):
-    """(eager, compiled, its backend, the graphs Inductor got, the kernel launches): two decoders
-    with equal caches (discovery's step run on both), the compiled one served from a stored winner."""
+def decoders_with_a_stored_winner(tmp_path, batch, kv_heads, q_len, write="at-positions"):
+    """(eager, served, a backend serving from a stored winner, the sites): two decoders with equal
+    caches (discovery's step run on both), the winner stored for the served one's sites."""
     eager, served = (StaticDecoder(batch, kv_heads * GROUP, kv_heads, HEAD_DIM, CACHE_LEN, q_len, write=write)
                      for _ in range(2))  # fmt: skip
     first = step_inputs(batch, kv_heads, q_len, 0)
@@ -72,11 +72,17 @@ def served_decoder(monkeypatch, tmp_path, batch, kv_heads, q_len, write="at-posi
         eager(*first)
     db = str(tmp_path / "k.db")
     store_kernel_decisions(db, [s.spec for s in sites])
-    seen = record_inductor(monkeypatch)
-    launches = spy_runners(monkeypatch)
     torch._dynamo.reset()
     dispatch._RUNNERS.clear()
-    backend = ks_backend.KernelsmithBackend(db=db, families=("decode_attention",), compare=False)
+    return eager, served, ks_backend.KernelsmithBackend(db=db, families=("decode_attention",), compare=False), sites
+
+
+def served_decoder(monkeypatch, tmp_path, batch, kv_heads, q_len, write="at-positions"):
+    """(eager, compiled, its backend, the graphs Inductor got, the kernel launches, the sites):
+    :func:`decoders_with_a_stored_winner`, the served one compiled, Inductor recorded."""
+    eager, served, backend, sites = decoders_with_a_stored_winner(tmp_path, batch, kv_heads, q_len, write)
+    seen = record_inductor(monkeypatch)
+    launches = spy_runners(monkeypatch)
     return eager, torch.compile(served, backend=backend), backend, seen, launches, sites
 
 
@@ -178,16 +184,7 @@ def test_inductor_refunctionalizes_the_op_and_the_compiled_step_writes_the_cache
     from torch._inductor.utils import run_and_get_code
 
     batch, kv_heads, q_len = 2, 2, 1
-    eager, served = (StaticDecoder(batch, kv_heads * GROUP, kv_heads, HEAD_DIM, CACHE_LEN, q_len) for _ in range(2))
-    first = step_inputs(batch, kv_heads, q_len, 0)
-    sites = attention_sites(served, *first)
-    with torch.no_grad():
-        eager(*first)
-    db = str(tmp_path / "k.db")
-    store_kernel_decisions(db, [s.spec for s in sites])
-    torch._dynamo.reset()
-    dispatch._RUNNERS.clear()
-    backend = ks_backend.KernelsmithBackend(db=db, families=("decode_attention",), compare=False)
+    eager, served, backend, _ = decoders_with_a_stored_winner(tmp_path, batch, kv_heads, q_len)
     compiled = torch.compile(served, backend=backend)
     with torch.no_grad():
         for offset in (1, 2, 9):
