@@ -114,6 +114,22 @@ from kernelsmith.spec import OpSpec
 
 
 @triton.jit
+def _row_results(dx, dw_term, dw, dsum_ptr, dh_ptr, i, dsum_row_stride, dh_row_stride, cols, mask):
+    """The end of each rows kernel's row step, given RMSNorm's float32 gradients of row ``i`` at
+    ``cols`` (``dx`` of h, ``dw_term`` of the weight): the row's term added to the program's dw
+    share (returned), and dsum = dh + dx stored.
+
+    The residual stream's gradient dh is loaded here, last, after h and dy are dead (so a row holds
+    no more values in registers than RMSNorm's backward); the sum is formed in float32 and rounded
+    once, on the store. Triton inlines the call: each kernel compiles to what it did with these
+    lines written out in its loop."""
+    dw += dw_term
+    dh = load_row(dh_ptr, i, dh_row_stride, cols, mask)
+    store_row(dsum_ptr, i, dsum_row_stride, cols, _to_storage(dh + dx, dsum_ptr), mask)
+    return dw
+
+
+@triton.jit
 def _two_stage_rows_kernel(
     dy_ptr, dh_ptr, h_ptr, w_ptr, dsum_ptr, partial_ptr,  # partial: (programs, N) float32, the dw shares
     dy_row_stride, dh_row_stride, h_row_stride, dsum_row_stride, n_rows, N, eps,
@@ -128,10 +144,7 @@ def _two_stage_rows_kernel(
     w = scaled_weight(w_ptr, cols, mask, WEIGHT_OFFSET)
     for i in tl.range(tl.program_id(0), n_rows, tl.num_programs(0), num_stages=NUM_STAGES):
         dx, dw_term = row_gradient(dy_ptr, h_ptr, i, dy_row_stride, h_row_stride, cols, mask, w, N, eps)
-        dw += dw_term
-        # The residual stream's gradient joins last, after h and dy are no longer needed.
-        dh = load_row(dh_ptr, i, dh_row_stride, cols, mask)
-        store_row(dsum_ptr, i, dsum_row_stride, cols, _to_storage(dh + dx, dsum_ptr), mask)
+        dw = _row_results(dx, dw_term, dw, dsum_ptr, dh_ptr, i, dsum_row_stride, dh_row_stride, cols, mask)
     store_share(partial_ptr, tl.program_id(0), N, cols, dw, mask)
 
 
@@ -152,9 +165,7 @@ def _looped_rows_kernel(
     w = scaled_weight(w_ptr, cols, mask, WEIGHT_OFFSET)
     for i in tl.range(tl.program_id(1), n_rows, tl.num_programs(1), num_stages=NUM_STAGES):
         dx, dw_term = block_gradient(dy_ptr, h_ptr, stats_ptr, i, dy_row_stride, h_row_stride, cols, mask, w)
-        dw += dw_term
-        dh = load_row(dh_ptr, i, dh_row_stride, cols, mask)
-        store_row(dsum_ptr, i, dsum_row_stride, cols, _to_storage(dh + dx, dsum_ptr), mask)
+        dw = _row_results(dx, dw_term, dw, dsum_ptr, dh_ptr, i, dsum_row_stride, dh_row_stride, cols, mask)
     store_share(partial_ptr, tl.program_id(1), N, cols, dw, mask)
 
 
@@ -177,9 +188,7 @@ def _split_rows_kernel(
     for i in tl.range(tl.program_id(1), n_rows, tl.num_programs(1)):
         rstd, coef = split_statistics(partial_ptr, i, N, eps, SPLITS)
         dx, dw_term = columns_gradient(dy_ptr, h_ptr, i, dy_row_stride, h_row_stride, cols, mask, w, rstd, coef)
-        dw += dw_term
-        dh = load_row(dh_ptr, i, dh_row_stride, cols, mask)
-        store_row(dsum_ptr, i, dsum_row_stride, cols, _to_storage(dh + dx, dsum_ptr), mask)
+        dw = _row_results(dx, dw_term, dw, dsum_ptr, dh_ptr, i, dsum_row_stride, dh_row_stride, cols, mask)
     store_share(share_ptr, tl.program_id(1), N, cols, dw, mask)
 
 
