@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -90,7 +91,7 @@ import triton.language as tl
 from kernelsmith.ops import _rowwise as skeleton
 from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator, rows_and_width
 from kernelsmith.ops._last_dim import check_last_dim, one_tensor
-from kernelsmith.space import Config, Space
+from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec, TensorSpec
 
 # The reduction kinds, the KIND constexpr of every kernel.
@@ -294,21 +295,12 @@ def _reduce_split_merge_kernel(
 _MULTI_ROWS = (*skeleton.ROWS_PER_PROGRAM, 64)
 
 
-def _whole_row_space(spec: OpSpec) -> Space:
-    return skeleton.whole_row_space(spec, skeleton.REDUCTION_WARPS)
-
-
-def _looped_space(spec: OpSpec) -> Space:
-    return skeleton.looped_space(spec, skeleton.REDUCTION_WARPS)
-
-
-def _multi_row_space(spec: OpSpec) -> Space:
-    return skeleton.multi_row_space(spec, skeleton.REDUCTION_WARPS, rows=_MULTI_ROWS)
-
-
-def _split_row_space(spec: OpSpec) -> Space:
-    # One chunk of BLOCK_N elements in flight; empty for rows of at most 8 KB.
-    return skeleton.split_row_space(spec, skeleton.REDUCTION_WARPS)
+# Each is the skeleton's space of its schedule under that rule: a function of the spec alone.
+_whole_row_space = partial(skeleton.whole_row_space, warps=skeleton.REDUCTION_WARPS)
+_looped_space = partial(skeleton.looped_space, warps=skeleton.REDUCTION_WARPS)
+_multi_row_space = partial(skeleton.multi_row_space, warps=skeleton.REDUCTION_WARPS, rows=_MULTI_ROWS)
+# One chunk of BLOCK_N elements in flight; empty for rows of at most 8 KB.
+_split_row_space = partial(skeleton.split_row_space, warps=skeleton.REDUCTION_WARPS)
 
 
 def _split_row_build(kind: int) -> Callable[[OpSpec, Config], Launcher]:

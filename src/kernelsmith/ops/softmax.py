@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -328,30 +329,15 @@ def _softmax_split_apply_kernel(
 # =================================================================================================
 
 
-def _whole_row_space(spec: OpSpec) -> Space:
-    return skeleton.whole_row_space(spec, skeleton.REDUCTION_WARPS)
-
-
-def _online_space(spec: OpSpec) -> Space:
-    # Blocks may be as wide as the padded row: the online loop over one block is still not the
-    # whole_row kernel's math.
-    return skeleton.looped_space(spec, skeleton.REDUCTION_WARPS, whole_row_block=True)
-
-
-def _multi_row_space(spec: OpSpec) -> Space:
-    return skeleton.multi_row_space(spec, skeleton.REDUCTION_WARPS)
-
-
-def _persistent_space(spec: OpSpec) -> Space:
-    return skeleton.persistent_space(spec, skeleton.REDUCTION_WARPS, in_registers=1, pipelined=1)
-
-
-def _aligned_row_space(spec: OpSpec) -> Space:
-    return skeleton.aligned_row_space(spec, skeleton.REDUCTION_WARPS)
-
-
-def _split_row_space(spec: OpSpec) -> Space:
-    return skeleton.split_row_space(spec, skeleton.REDUCTION_WARPS)
+# Each is the skeleton's space of its schedule under that rule: a function of the spec alone.
+_whole_row_space = partial(skeleton.whole_row_space, warps=skeleton.REDUCTION_WARPS)
+# Blocks may be as wide as the padded row: the online loop over one block is still not the
+# whole_row kernel's math.
+_online_space = partial(skeleton.looped_space, warps=skeleton.REDUCTION_WARPS, whole_row_block=True)
+_multi_row_space = partial(skeleton.multi_row_space, warps=skeleton.REDUCTION_WARPS)
+_persistent_space = partial(skeleton.persistent_space, warps=skeleton.REDUCTION_WARPS, in_registers=1, pipelined=1)
+_aligned_row_space = partial(skeleton.aligned_row_space, warps=skeleton.REDUCTION_WARPS)
+_split_row_space = partial(skeleton.split_row_space, warps=skeleton.REDUCTION_WARPS)
 
 
 def scale_of(spec: OpSpec) -> float:
