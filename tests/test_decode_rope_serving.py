@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import test_decode_rope_sites as rope_graphs
-from kernelsmith.frontends import _backend_rewrite, _backend_sites
+from kernelsmith.frontends import _backend_decode_sites, _backend_rewrite, _backend_sites
 from kernelsmith.frontends import backend as ks_backend
 from kernelsmith.testing.decisions import store_kernel_decisions
 from test_backend import kernel_ops, record_inductor, spy_runners
@@ -136,9 +136,9 @@ def test_a_site_whose_viewed_output_is_not_the_graph_s_is_refused(small_attentio
     attn, batch = rope_graphs.Attention(), 2
     sites = decode_sites(attn, (torch.randn(batch, 1, ODD_K), *rope_graphs.tables(batch)), rope=True)
     q = next(s for s in sites if "rope" in s.spec.constants)
-    assert _backend_sites._output_view_problem(q) == ""
+    assert _backend_decode_sites.output_view_problem(q) == ""
     q.output_view = (batch, 1, rope_graphs.D, HEADS)  # the same elements, heads and head dim swapped
-    assert "the graph reads" in _backend_sites._output_view_problem(q)
+    assert "the graph reads" in _backend_decode_sites.output_view_problem(q)
 
     gm = q.output.graph.owning_module
     with caplog.at_level(logging.WARNING, logger="kernelsmith.frontends.backend"):

@@ -237,7 +237,7 @@ def test_the_input_norm_folds_into_a_rope_site_s_prologue() -> None:
     x = q.site.inputs[0].node
     assert x in set(decode.prologue_norms(gm, set()))
     norm = None
-    for region in reversed(_levels(x, set())):  # as the backend's _decode_sites looks for it
+    for region in reversed(_levels(x, set())):  # as the backend's decode_sites looks for it
         if not any(_target_name(n) in _CHARACTERISTIC for n in region):
             break
         norm = _recognize_region(gm, x, region, nodes, order, {"rmsnorm"}, generators)

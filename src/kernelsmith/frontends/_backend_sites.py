@@ -4,8 +4,9 @@ Step 1 of the ``kernelsmith`` torch.compile backend (:mod:`kernelsmith.frontends
 each candidate output node the region that could compute it grows backwards over cheap tensor ops
 whose users are all inside it; the regions, the largest first, run once through the recognizer
 behind the decorator, and the first that matches one family is a :class:`Site`. A residual add
-feeding an RMSNorm is folded in (``add_rmsnorm``), and decode projections and fused
-linear + cross-entropy sites are found on request. The backend then resolves and rewrites them.
+feeding an RMSNorm is folded in (``add_rmsnorm``), and decode projections
+(:mod:`kernelsmith.frontends._backend_decode_sites`) and fused linear + cross-entropy sites are
+found on request. The backend then resolves and rewrites them.
 """
 
 from __future__ import annotations
@@ -320,8 +321,11 @@ def find_sites(
     taken: set[fx.Node] = set()
     sites: list[Site] = []
     generators: dict[torch.device, torch.Generator] = {}
-    if "decode_matmul" in wanted:  # first: at decode shapes the projections are the step, and their
-        sites += _decode_sites(gm, nodes, order, taken, generators, rope_decided)  # fused epilogues save launches
+    if "decode_matmul" in wanted:
+        # First: at decode shapes the projections are the step, and their fused epilogues save launches.
+        from kernelsmith.frontends._backend_decode_sites import decode_sites
+
+        sites += decode_sites(gm, nodes, order, taken, generators, rope_decided)
     if "decode_attention" in wanted:
         from kernelsmith.frontends.patterns import decode_attention
 
@@ -449,99 +453,6 @@ def _recognize_region(
         site.spec = OpSpec(match.op, (), dict(match.constants))
     log.debug("site %s at %s (%d nodes)", match.op, out.name, len(nodes))
     return site
-
-
-def _decode_sites(
-    gm: fx.GraphModule,
-    nodes: list[fx.Node],
-    order: dict[fx.Node, int],
-    taken: set[fx.Node],
-    generators: dict[torch.device, torch.Generator],
-    rope_decided: Callable[[Site], bool] | None = None,
-) -> list[Site]:
-    """``decode_matmul`` sites: first, where ``rope_decided`` is given, each q or k projection
-    with its RoPE rotation that it says is decided (:func:`find_sites`); then the matmul
-    pattern's match on a region around each decode-shaped ``F.linear`` left (largest region
-    first), routed to the decode family when its shape is one. Either kind takes the RMSNorm
-    before it into its prologue where the norm qualifies
-    (:mod:`kernelsmith.frontends.patterns.decode`)."""
-    from kernelsmith.frontends.patterns import decode
-
-    norms: dict[fx.Node, Site] = {}  # RMSNorms whose every user is a decode projection: prologue candidates
-    for x in decode.prologue_norms(gm, taken):
-        for region in reversed(_levels(x, taken)):
-            if not any(_target_name(n) in _CHARACTERISTIC for n in region):
-                break  # nor will a smaller region hold a norm
-            norm = _recognize_region(gm, x, region, nodes, order, {"rmsnorm"}, generators)
-            if norm is not None:
-                norms[x] = norm
-                break
-
-    def with_norm(site: Site) -> Site:
-        """``site`` computing the RMSNorm before it in its prologue, where that norm qualifies and
-        the fused site passes its check; else ``site`` as it is."""
-        norm = norms.get(site.inputs[0].node)
-        if norm is None:
-            return site
-        fused = decode.with_prologue(gm, site, norm, nodes, order, generators, site.output_view)
-        if isinstance(fused, str):
-            log.debug("%s keeps its norm %s: %s", site.output.name, norm.output.name, fused)
-            return site
-        return fused
-
-    found: list[Site] = []
-    for rope in decode.rope_sites(gm, taken) if rope_decided is not None else ():
-        if not isinstance(rope, decode.RopeSite):
-            continue  # (the linear, why not): rope_sites logged it; the plain projection may be a site
-        problem = _output_view_problem(rope.site)
-        if problem:
-            log.debug("%s is no RoPE site: %s", rope.site.output.name, problem)
-            continue
-        rotated = with_norm(rope.site)
-        assert rope_decided is not None
-        if not rope_decided(rotated):  # its nodes stay free for the plain projection (find_sites)
-            log.debug("%s %s has no decision: its nodes go back to the plain projection", rotated.op,
-                      rotated.spec.describe())  # fmt: skip
-            continue
-        found.append(rotated)
-        taken |= {*rotated.region, *rotated.prologue}
-    for candidates in decode.candidate_regions(gm, taken):
-        for out, region in candidates:
-            site = _recognize_region(gm, out, region, nodes, order, {"matmul"}, generators)
-            if site is None:
-                continue
-            routed = decode.decode_spec([_input_meta(i) for i in site.inputs], site.constants)
-            if isinstance(routed, str):  # not a decode workload: Inductor's and cuBLAS's
-                log.debug("%s is not a decode projection: %s", out.name, routed)
-                break
-            site.op, site.spec = decode.OP, routed
-            site = with_norm(site)
-            found.append(site)
-            taken |= {*region, *site.prologue}
-            break
-    return found
-
-
-def _output_view_problem(site: Site) -> str:
-    """Why the kernel's output, viewed by the rewrite as ``site.output_view`` says, would not be
-    laid out as the value the graph's users of the site's output read (:func:`_layout_problem`);
-    "" when it is, or when the site has no output view. The kernel writes its (B, S, H * D)
-    output contiguous, so ``.view(B, S, H, D).transpose(1, 2)`` has strides (S*H*D, D, H*D, 1):
-    those of the graph's own view and transpose of ``F.linear``'s output, which the rotation's
-    elementwise ops give their result too (PyTorch lays an elementwise result out as its
-    inputs are); with S = 1 they differ only in the stride of that size-1 dim."""
-    if site.output_view is None:
-        return ""
-    (produced,) = get_op(site.op).output_specs(site.spec)
-    kernel_out = torch.empty(produced.shape, dtype=produced.torch_dtype, device="meta")
-    expected = _value(site.output)
-    try:
-        heads = kernel_out.view(site.output_view).transpose(1, 2)
-    except RuntimeError as exc:
-        return f"the kernel's {tuple(produced.shape)} output does not view as {site.output_view}: {exc}"
-    if not isinstance(expected, torch.Tensor):
-        return "the site's output is not a tensor"
-    return _layout_problem(heads, expected)
 
 
 def _layout_problem(produced: Any, expected: Any) -> str:
