@@ -6,6 +6,7 @@ fused kernel really served (interpreter, float32, tiny configs: hidden 32, vocab
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 
 import pytest
@@ -32,9 +33,10 @@ def _config_fast_in_the_interpreter(family, spec):
                                        c.get("BLOCK_V", 0), -c["num_stages"]))  # fmt: skip
 
 
-def _store(db: str, family, tokens: int, vocab: int, bias: bool = False, **constants) -> None:
+def _store(db: str, family, tokens: int, vocab: int, bias: bool = False, record=None, **constants) -> None:
     """A stored winner for the LM-head workload of ``tokens`` x ``HIDDEN`` x ``vocab`` (float32),
-    as a tuning run in the interpreter would have stored it."""
+    as a tuning run in the interpreter would have stored it (``record``: fields of the
+    DecisionRecord that differ, e.g. a baseline win keeping its best candidate)."""
     inputs = [torch.zeros(tokens, HIDDEN), torch.zeros(vocab, HIDDEN), torch.zeros(tokens, dtype=torch.int64)]
     inputs += [torch.zeros(vocab)] if bias else []
     spec = family.spec_for(*inputs, **{"reduction": "mean", "ignore_index": -100, "label_smoothing": 0.0,
@@ -44,10 +46,10 @@ def _store(db: str, family, tokens: int, vocab: int, bias: bool = False, **const
     fp = current_fingerprint("interpreter")
     with open_database(db) as database:
         database.put_fingerprint(fp)
-        database.put_decision(DecisionRecord(
+        database.put_decision(dataclasses.replace(DecisionRecord(
             fp.hash, bucket.workload_hash, family.name, bucket.to_dict(), "kernel", variant.name,
             variant.source_hash, _config_fast_in_the_interpreter(family, spec).to_dict(),
-            {"note": "a test"}))  # fmt: skip
+            {"note": "a test"}), **(record or {})))  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +183,117 @@ def test_the_other_known_families(db, name) -> None:
     assert refusal(model) is None
     ids = _ids()
     _assert_matches_float64(model, db, input_ids=ids, labels=ids)
+
+
+# ---- memory for time: a kernel that lost on time, served within max_slowdown ----------------------
+
+
+def _baseline_win(db: str, candidate_us: float, **record) -> None:
+    """The LM-head workload's decision as a search that lost on time stores it: the baseline
+    wins, the best candidate measured kept with its and the reference's median times."""
+    times = {"median_us": candidate_us, "baseline_median_us": 100.0, "note": "a test"}
+    _store(db, FUSED, BATCH * SEQ, VOCAB, record={"winner": "baseline", "metrics": times, **record})
+
+
+def _fused_step(db: str, caplog, **options):
+    """One training call of the patched model: its output, its fallback reasons and trades, and
+    what the fused loss logged."""
+    model = fuse_lm_loss(_llama(), tune=False, db=db, **options)
+    try:
+        with caplog.at_level(logging.INFO, logger="kernelsmith.frontends.hf_lm_loss"):
+            out = model(input_ids=_ids(), labels=_ids())
+        return out, hf_lm_loss.fallback_reasons(model), hf_lm_loss.tradeoffs(model), caplog.text
+    finally:
+        unfuse_lm_loss(model)
+
+
+def test_a_kernel_that_lost_by_a_small_margin_serves_for_memory_and_says_what_it_traded(
+    tmp_path, caplog, monkeypatch
+) -> None:
+    """1.3x the reference's time is within the default margin (0.5): the candidate is checked
+    against float64 and served (the op's reference never runs; logits None, the loss and
+    gradients as the model's float64 run's), and the log and tradeoffs() say how much slower, for
+    how many MiB of logits; with max_slowdown=0 the same decision runs the reference, as a
+    time-first decision says."""
+    from kernelsmith import dispatch
+
+    references = []  # the ops whose PyTorch reference kernelsmith::kernel ran
+    real_reference = dispatch._reference
+    monkeypatch.setattr(dispatch, "_reference", lambda op, *args: references.append(op) or real_reference(op, *args))
+    db = str(tmp_path / "k.db")
+    _baseline_win(db, candidate_us=130.0)
+    out, reasons, traded, logged = _fused_step(db, caplog)
+    assert out.logits is None and not reasons and not references
+    (what,) = traded.values()
+    logits_mib = f"{BATCH * SEQ * VOCAB * 4 / 2**20:.1f} MiB in float32"
+    assert "1.30x the time of the PyTorch reference" in what and logits_mib in what, what
+    assert what in logged
+    _assert_matches_float64(_llama(), db, input_ids=_ids(), labels=_ids())  # the kernel really serves
+    caplog.clear()
+    out, reasons, traded, logged = _fused_step(db, caplog, max_slowdown=0)
+    assert not traded and out.logits is None  # (the patch still returns no logits: the op's reference ran)
+    (why,) = reasons.values()
+    assert why.startswith("baseline wins") and "not served for memory" not in why
+    assert "runs its PyTorch reference" in logged and references == [FUSED.name]
+
+
+def test_a_kernel_beyond_the_margin_is_not_served(tmp_path, caplog) -> None:
+    db = str(tmp_path / "k.db")
+    _baseline_win(db, candidate_us=151.0)  # 1.51x: just beyond the default 1.5x
+    _, reasons, traded, logged = _fused_step(db, caplog)
+    (why,) = reasons.values()
+    assert not traded and "1.51x the reference's time, beyond max_slowdown=0.5" in why, why
+    assert why in logged
+    _, reasons, traded, _ = _fused_step(db, caplog, max_slowdown=0.6)  # the user's own margin admits it
+    assert not reasons and "1.51x" in next(iter(traded.values()))
+
+
+@pytest.mark.parametrize(
+    ("record", "why"),
+    [
+        (
+            {"variant": "", "source_hash": "", "config": {}, "metrics": {"note": "no candidate passed validation"}},
+            "no candidate that passed validation (no candidate passed validation)",
+        ),
+        ({"origin": "imported", "validated": False}, "claim in state 'unvalidated'"),
+        ({"origin": "imported", "validation_error": "wrong outputs"}, "claim in state 'failed'"),
+        ({"metrics": {"note": "a test"}}, "does not hold both"),
+    ],
+    ids=["no-validated-candidate", "unvalidated-claim", "failed-claim", "no-times"],
+)
+def test_a_decision_without_a_validated_timed_candidate_is_never_served(tmp_path, caplog, record, why) -> None:
+    """Whatever the margin (here any time at all), a baseline decision whose search had no
+    candidate pass validation, an imported claim not validated here (or failed), or a record
+    without both times runs the reference."""
+    db = str(tmp_path / "k.db")
+    _baseline_win(db, candidate_us=101.0, **record)
+    _, reasons, traded, _ = _fused_step(db, caplog, max_slowdown=float("inf"))
+    assert not traded and why in next(iter(reasons.values())), reasons
+
+
+def test_a_candidate_that_fails_the_float64_check_at_this_shape_is_not_served(tmp_path, caplog, monkeypatch) -> None:
+    """The traded candidate goes through the winners' check on fresh inputs against float64:
+    a runner whose outputs are off (here by 1e-2) is not served."""
+    from kernelsmith import dispatch
+
+    real = dispatch.build_runner
+
+    def off_by_a_little(*args, **kwargs):
+        runner = real(*args, **kwargs)
+        return lambda inputs: [out + 1e-2 for out in runner(inputs)]
+
+    monkeypatch.setattr(dispatch, "build_runner", off_by_a_little)
+    db = str(tmp_path / "k.db")
+    _baseline_win(db, candidate_us=110.0)
+    _, reasons, traded, _ = _fused_step(db, caplog)
+    (why,) = reasons.values()
+    assert not traded and "not served for memory either: check failed" in why, why
+
+
+@pytest.mark.parametrize("bad", [-0.1, float("nan"), "0.5"])
+def test_max_slowdown_must_be_a_number_at_least_0(bad) -> None:
+    with pytest.raises(ValueError, match="max_slowdown must be a number >= 0"):
+        fuse_lm_loss(_llama(), max_slowdown=bad)
 
 
 # ---- when logits are returned --------------------------------------------------------------------

@@ -148,6 +148,16 @@ class _Resolver:
             return "not tuned", f"no stored decision for {bucket.describe()} ({hint})"
         if decision.winner != "kernel":
             return "baseline wins", f"the baseline wins for {bucket.describe()}"
+        return self._checked_runner(family, spec, decision, device)
+
+    def _checked_runner(
+        self, family: OpFamily, spec: OpSpec, decision: DecisionRecord, device: torch.device
+    ) -> tuple[dispatch.KernelRunner, DecisionRecord] | tuple[str, str]:
+        """The runner of ``decision``'s variant and config for ``spec`` (the exact call, not its
+        bucket) and the decision, once its outputs on fresh inputs are within the family's
+        tolerance of the float64 reference; else ``("check failed", why)``. (Also the check of a
+        candidate that lost on time and is served for memory: ``hf_lm_loss``'s ``max_slowdown``.)"""
+        bucket = family.bucket(spec)
         try:
             runner = dispatch.build_runner(family, spec, decision, db=self.db)
             inputs = family.make_inputs(spec, seed=20240611, device=device)

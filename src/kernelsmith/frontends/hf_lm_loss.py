@@ -29,13 +29,27 @@ against the float64 reference, as the compile backend does for its sites; the ca
 that decision into ``kernelsmith::kernel`` (a ``torch.library`` custom op, so the same code runs
 eagerly and under ``torch.compile``, whose graph keeps the op opaque). Where no kernel wins (or
 the tensors are CPU tensors outside the interpreter) the op runs its PyTorch reference: the same
-loss, computed with the logits (no memory saved), which the log says once per shape. Under
-``torch.compile`` the resolution runs while Dynamo traces (``torch.compiler.assume_constant_result``:
-it takes shapes and dtypes, never tensor data, and its result, the decisions string, is a constant
-of the graph), so the forward stays one graph. Sizes are specialized (one decision per token
-count). The targets are not checked against the vocabulary on the host (a check would synchronize
-every step): a label outside ``[0, V)`` that is not ``ignore_index`` makes the loss NaN, where
-Hugging Face's forward raises.
+loss, computed with the logits (no memory saved), which the log says once per shape, and
+:func:`fallback_reasons` returns.
+
+Memory for time (``max_slowdown``). The stored decision is a race on time alone, but the user
+who calls :func:`fuse_lm_loss` asked for memory. So where the decision says the baseline wins,
+the best candidate its search measured (a baseline decision keeps that candidate's variant,
+config and times) is served anyway when its median time is at most ``1 + max_slowdown`` times
+the reference's (the two medians the decision stored) and it passes the same check on fresh
+inputs against float64 at the call's own shape as a winner. Never served: a decision whose
+search had no candidate pass validation, a claim not validated here (or failed), a kernel file
+(only built-in variants are carried in the op's decisions), a record without both times, a
+candidate farther behind. The log says what was traded (how much slower, for how many MiB of
+logits not materialized) once per shape, and :func:`tradeoffs` returns it. ``max_slowdown=0``
+serves winners only (time first). The default, :data:`DEFAULT_MAX_SLOWDOWN`, says why it is 0.5.
+
+Under ``torch.compile`` the resolution runs while Dynamo traces
+(``torch.compiler.assume_constant_result``: it takes shapes and dtypes, never tensor data, and its
+result, the decisions string, is a constant of the graph), so the forward stays one graph. Sizes
+are specialized (one decision per token count). The targets are not checked against the
+vocabulary on the host (a check would synchronize every step): a label outside ``[0, V)`` that is
+not ``ignore_index`` makes the loss NaN, where Hugging Face's forward raises.
 
 Why no variant that writes bf16 logits as well: it would save only their float32 copies and add
 a ``(tokens x vocabulary)`` write; a caller who needs the logits runs the model's own forward.
@@ -49,17 +63,27 @@ the model is returned unchanged and the reason is logged (:func:`refusal` return
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
 import logging
+import math
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from kernelsmith.space import Config
+
+if TYPE_CHECKING:
+    from kernelsmith.db import DecisionRecord
+    from kernelsmith.frontends._backend_resolve import _Resolver
+    from kernelsmith.ops import OpFamily
+    from kernelsmith.spec import OpSpec
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +98,17 @@ KNOWN_CLASSES = (
 IGNORE_INDEX = -100  # Hugging Face's and F.cross_entropy's default
 FORWARD_ONLY = "linear_cross_entropy"
 FUSED = "linear_cross_entropy_fused"
+# The loss kernel may take up to 1.5x the reference's time where it loses (see "Memory for time"
+# above). Why 0.5: the user opted in to save memory, and the reference costs much of it: it
+# materializes tensors of the (tokens x vocabulary) logits' size in the head's dtype and in float32
+# (the upcast), and their gradients (2 x 2048 tokens at a 128256 vocabulary in bfloat16: 1 GiB and
+# 2 GiB each), where the kernel holds one float32 chunk. The op is one of a step's many (the
+# LM head's three products beside every layer's), so 50% more time on it is a fraction of that
+# on the step. And a loss on time is what a short search gives: on an H200 (issue 18) a budget-4
+# search at 2 x 1024 tokens and a 65536 vocabulary lost to the reference, so with winners only
+# the patch saved nothing there. Farther behind than 1.5x, the tiles are far from the vendor GEMMs'
+# (tune longer), and the reference's speed is the better default. max_slowdown=0: time first.
+DEFAULT_MAX_SLOWDOWN = 0.5
 _ATTRIBUTE = "_kernelsmith_lm_loss"  # the instance attribute holding the patch's state
 
 
@@ -207,16 +242,23 @@ def causal_lm_loss(
 Meta = tuple[tuple[int, ...], str]  # an input's shape and dtype name ("torch.bfloat16")
 
 
+Options = tuple[str, bool, int, str, float]  # (db, tune, budget, strategy, max_slowdown)
+
+
 class _Decisions:
     """The decisions string each ``(op, shapes, dtypes, device, constants)`` call carries: the
-    stored (or freshly tuned) winner, checked on fresh inputs, or "" where the op's reference runs.
-    One per set of options (:data:`_SHARED`), so that a traced call can name it by constants."""
+    stored (or freshly tuned) winner, checked on fresh inputs, or, within ``max_slowdown``, the
+    checked best candidate of a baseline decision (module docstring: "Memory for time"), or ""
+    where the op's reference runs. One per set of options (:data:`_SHARED`), so that a traced call
+    can name it by constants."""
 
-    def __init__(self, db: Any, tune: bool, budget: int, strategy: str) -> None:
+    def __init__(self, db: Any, tune: bool, budget: int, strategy: str, max_slowdown: float) -> None:
         self.db, self.tune, self.budget, self.strategy = db, tune, budget, strategy
-        self.options = (str(db), tune, budget, strategy)
+        self.max_slowdown = max_slowdown
+        self.options: Options = (str(db), tune, budget, strategy, max_slowdown)
         self.found: dict[str, str] = {}
         self.reasons: dict[str, str] = {}  # key -> why the reference runs there
+        self.traded: dict[str, str] = {}  # key -> what serving a slower kernel traded there
 
     def resolve(self, op: str, constants: str, metas: tuple[Meta, ...], device: torch.device) -> str:
         from kernelsmith import dispatch
@@ -244,21 +286,96 @@ class _Decisions:
                 found = resolver._resolve_workload(family, spec, mode, device)
                 if isinstance(found[0], str):
                     reason = f"{found[0]}: {found[1]}"
+                    if found[0] == "baseline wins" and self.max_slowdown > 0:
+                        served, why = self._memory_trade(resolver, family, spec, mode, device, metas)
+                        if served is not None:
+                            decisions, reason = dispatch.encode_decisions([served], mode), ""
+                            self.traded[key] = why
+                        else:
+                            reason += f"; its best candidate is not served for memory either: {why}"
                 else:
                     decisions = dispatch.encode_decisions([found[1]], mode)
         if reason:
             self.reasons[key] = reason
             log.warning("kernelsmith's fused LM loss (%s) runs its PyTorch reference, with the logits, "
                         "for %s: %s", op, key, reason)  # fmt: skip
+        elif key in self.traded:
+            log.warning("kernelsmith's fused LM loss (%s) for %s: %s", op, key, self.traded[key])
         else:
             log.info("kernelsmith's fused LM loss serves a tuned %s kernel for %s", op, key)
         self.found[key] = decisions
         return decisions
 
+    def _memory_trade(self, resolver: _Resolver, family: OpFamily, spec: OpSpec, mode: str, device: torch.device,
+                      metas: tuple[Meta, ...]) -> tuple[DecisionRecord | None, str]:  # fmt: skip
+        """``(the decision to carry, what it trades)`` for the best candidate of the baseline
+        decision of ``spec``'s bucket when it may serve for memory (module docstring: "Memory for
+        time"), else ``(None, why not)``. The decision carried is the stored one marked a kernel
+        decision (only its variant, source hash and config travel in the decisions string)."""
+        from kernelsmith import dispatch
+        from kernelsmith.db import DatabaseError
+
+        try:
+            decision = resolver._decision(family, family.bucket(spec), mode)
+        except DatabaseError as exc:
+            return None, f"the database cannot be used: {exc}"
+        if decision is None or not decision.variant:  # decide() keeps no candidate when none validated
+            note = decision.metrics.get("note") if decision is not None else None
+            return None, f"its decision has no candidate that passed validation ({note or 'none recorded'})"
+        if not decision.servable:
+            return None, f"its decision is an imported claim in state {decision.claim_state!r}, not servable here"
+        carried = dataclasses.replace(decision, winner="kernel")
+        if not dispatch.embeddable(carried, family):
+            return None, f"its candidate {decision.variant!r} is not a built-in variant (not carried in decisions)"
+        ratio = _time_ratio(decision.metrics)
+        if ratio is None:
+            return None, "its decision does not hold both the candidate's and the reference's median times"
+        if ratio - 1 > self.max_slowdown:
+            return None, (f"it takes {ratio:.2f}x the reference's time, beyond max_slowdown={self.max_slowdown:g} "
+                          f"(at most {1 + self.max_slowdown:.2f}x)")  # fmt: skip
+        checked = resolver._checked_runner(family, spec, carried, device)
+        if isinstance(checked[0], str):
+            return None, f"{checked[0]}: {checked[1]}"
+        scratch = getattr(family, "scratch_bytes", None)
+        kernel_scratch = f"; the kernel's scratch: {_mib(scratch(spec, Config(decision.config)))}" if scratch else ""
+        return carried, (
+            f"serves {decision.variant} {ratio:.2f}x the time of the PyTorch reference "
+            f"({decision.metrics['median_us']:.1f} us vs {decision.metrics['baseline_median_us']:.1f} us, as the "
+            f"decision measured; the baseline won on time), for not materializing {_logits_held(metas)}"
+            f"{kernel_scratch} (max_slowdown={self.max_slowdown:g})"
+        )
+
+
+def _time_ratio(metrics: dict[str, Any]) -> float | None:
+    """The candidate's median time over the reference's, as the decision measured them (the
+    reference timed eagerly, as ``kernelsmith::kernel`` runs it: the op is opaque to
+    ``torch.compile``); None when either is missing or not a positive finite number."""
+    times = [metrics.get("median_us"), metrics.get("baseline_median_us")]
+    if not all(isinstance(t, int | float) and math.isfinite(t) and t > 0 for t in times):
+        return None
+    return float(times[0]) / float(times[1])  # type: ignore[arg-type]
+
+
+def _logits_held(metas: tuple[Meta, ...]) -> str:
+    """What the reference materializes and the kernel does not, for ``(h, W, target[, b])``: the
+    ``(T, V)`` logits in W's dtype and in float32 (``reference_loss``: ``F.linear(h, W).float()``;
+    one tensor for a float32 head), and as much again for their gradients in the backward."""
+    tokens, vocab = metas[0][0][0], metas[1][0][0]
+    dtype = metas[1][1].split(".")[-1]
+    element = getattr(torch, dtype).itemsize
+    sizes = f"{_mib(tokens * vocab * element)} in {dtype}"
+    if element != 4:
+        sizes += f", {_mib(tokens * vocab * 4)} in float32"
+    return f"the {tokens}x{vocab} logits ({sizes}, and as much again for their gradients)"
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
+
 
 # The resolutions by (db, tune, budget, strategy), shared by every patched model: a workload is
 # looked up, tuned and checked once per process (models of one size share their LM head's shapes).
-_SHARED: dict[tuple[str, bool, int, str], _Decisions] = {}
+_SHARED: dict[Options, _Decisions] = {}
 _SHARED_LOCK = threading.Lock()
 
 
@@ -269,7 +386,7 @@ def _key(op: str, constants: str, metas: tuple[Meta, ...], device_type: str) -> 
 
 
 @torch.compiler.assume_constant_result
-def _resolved(options: tuple[str, bool, int, str], op: str, constants: str, metas: tuple[Meta, ...],
+def _resolved(options: Options, op: str, constants: str, metas: tuple[Meta, ...],
               device_type: str, device_index: int | None) -> str:  # fmt: skip
     """:meth:`_Decisions.resolve` for the options' resolutions. Its arguments are constants and
     its result is one too: Dynamo runs it while tracing (database, tuning workers, a check on fresh
@@ -347,7 +464,13 @@ class _Patch:
 
 
 def fuse_lm_loss(
-    model: nn.Module, *, tune: bool = True, budget: int = 8, strategy: str = "auto", db: Any = None
+    model: nn.Module,
+    *,
+    tune: bool = True,
+    budget: int = 8,
+    strategy: str = "auto",
+    db: Any = None,
+    max_slowdown: float = DEFAULT_MAX_SLOWDOWN,
 ) -> nn.Module:
     """Patch ``model`` (a Hugging Face causal LM this module knows) so that its training calls
     with labels compute the loss without materializing the logits, and return ``logits=None``
@@ -355,17 +478,23 @@ def fuse_lm_loss(
 
     ``tune``/``budget``/``strategy``/``db``: how the first call of each shape gets its kernel
     (a stored winner in ``db``, else one tuned within ``budget`` evaluations when ``tune``).
-    A model this module does not know is returned unchanged, and the reason is logged
-    (:func:`refusal`). :func:`unfuse_lm_loss` undoes the patch."""
+    ``max_slowdown``: where the baseline won on time, the decision's best candidate still serves
+    (checked against float64 first) if it took at most ``1 + max_slowdown`` times the reference's
+    time; 0: winners only. Default :data:`DEFAULT_MAX_SLOWDOWN` (0.5; the comment there says why);
+    :func:`tradeoffs` lists where it served. A model this module does not know is returned
+    unchanged, and the reason is logged (:func:`refusal`). :func:`unfuse_lm_loss` undoes the patch.
+    A model already patched is returned as it is (unfuse it first to change its options)."""
+    if not (isinstance(max_slowdown, int | float) and max_slowdown >= 0):  # (NaN fails >= too)
+        raise ValueError(f"max_slowdown must be a number >= 0 (0: winners only), not {max_slowdown!r}")
     why = refusal(model)
     if why is not None:
         log.warning("kernelsmith.fuse_lm_loss leaves %s unchanged: %s", type(model).__name__, why)
         return model
     if hasattr(model, _ATTRIBUTE):
         return model
-    options = (str(db), tune, budget, strategy)
+    options: Options = (str(db), tune, budget, strategy, float(max_slowdown))
     with _SHARED_LOCK:
-        decisions = _SHARED.setdefault(options, _Decisions(db, tune, budget, strategy))
+        decisions = _SHARED.setdefault(options, _Decisions(db, tune, budget, strategy, float(max_slowdown)))
     patch = _Patch(model, decisions)
 
     @functools.wraps(patch.original)
@@ -399,12 +528,24 @@ def fallback_reasons(model: nn.Module) -> dict[str, str]:
     return {key: why for key, why in patch.decisions.reasons.items() if key in patch.used}
 
 
+def tradeoffs(model: nn.Module) -> dict[str, str]:
+    """Per call shape of this model's where its loss is served by a kernel that lost to the
+    reference on time but is within ``max_slowdown`` of it, what was traded (how much slower,
+    for how many MiB not materialized); empty when every kernel served won (or nothing ran)."""
+    patch = getattr(model, _ATTRIBUTE, None)
+    if patch is None:
+        return {}
+    return {key: what for key, what in patch.decisions.traded.items() if key in patch.used}
+
+
 __all__ = [
+    "DEFAULT_MAX_SLOWDOWN",
     "KNOWN_CLASSES",
     "causal_lm_loss",
     "fallback_reasons",
     "fuse_lm_loss",
     "is_fused",
     "refusal",
+    "tradeoffs",
     "unfuse_lm_loss",
 ]
