@@ -107,8 +107,14 @@ def test_the_fused_hf_loss_in_training_uses_less_memory_than_torch_compile(tmp_p
     peak memory is below torch.compile's (which must compute the bf16 logits it returns, 256 MiB
     here, and their gradient), and the loss and gradient
     norm agree with eager's. (The compile backend alone cannot do this: the model returns its
-    logits, so their product stays in the graph; docs/training.md.)"""
-    from kernelsmith.frontends.hf_lm_loss import fallback_reasons, fuse_lm_loss, unfuse_lm_loss
+    logits, so their product stays in the graph; docs/training.md.)
+
+    The kernel serves whether it won on time or not: a budget-4 search at this shape lost to the
+    reference on an H200 (issue 18), and under the default ``max_slowdown`` (0.5) its best
+    candidate serves anyway when it took at most 1.5x the reference's time (checked against
+    float64 first; ``tradeoffs`` says so). Beyond that the op runs its reference, with the logits,
+    and this test fails saying how far behind the candidate was."""
+    from kernelsmith.frontends.hf_lm_loss import fallback_reasons, fuse_lm_loss, tradeoffs, unfuse_lm_loss
     from kernelsmith.whole_model.train_step import measure_step, train_step
 
     monkeypatch.setenv("KERNELSMITH_CHECK_RATE", "0")  # (the first calls are checked, in the warm-up steps)
@@ -128,7 +134,8 @@ def test_the_fused_hf_loss_in_training_uses_less_memory_than_torch_compile(tmp_p
     try:
         assert model(**kwargs).logits is None
         fused = measure("fused loss", torch.compile(model))
-        assert not fallback_reasons(model), fallback_reasons(model)
+        assert not fallback_reasons(model), fallback_reasons(model)  # a winner, or a trade within the margin
+        traded = tradeoffs(model)
     finally:
         unfuse_lm_loss(model)
         torch._dynamo.reset()
@@ -137,7 +144,8 @@ def test_the_fused_hf_loss_in_training_uses_less_memory_than_torch_compile(tmp_p
     assert fused.peak_bytes is not None and compiled.peak_bytes is not None and eager.peak_bytes is not None
     assert fused.peak_bytes < compiled.peak_bytes < eager.peak_bytes, (
         f"peak: eager {eager.peak_bytes / 2**20:.0f} MiB, torch.compile {compiled.peak_bytes / 2**20:.0f} MiB, "
-        f"fused {fused.peak_bytes / 2**20:.0f} MiB (the tuned chunk's float32 logits are CHUNK x 65536 x 4 bytes)"
+        f"fused {fused.peak_bytes / 2**20:.0f} MiB (the tuned chunk's float32 logits are CHUNK x 65536 x 4 bytes; "
+        f"served for memory: {traded or 'no, it won on time'})"
     )
 
 
