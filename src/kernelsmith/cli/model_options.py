@@ -1,9 +1,17 @@
 """The options every whole-model command shares (`profile`, `optimize`, `verify`): which model,
-how it is built, the input size, dtype and device; and their parsing."""
+how it is built, the input size, dtype and device; their parsing; and the model they choose.
+
+A command takes them as one :class:`ModelChoice`, through :func:`model_command`, and loads its
+model with :meth:`ModelChoice.load`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import json
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 import typer
@@ -102,3 +110,111 @@ def parse_memory_objective(text: str | None, error: type[Exception]) -> Any:
             f"--memory-objective {text}: expected SAVING:SLOWDOWN in percent, such as 20:5 (>= 20% less peak "
             "memory for <= 5% more time)"
         ) from None
+
+
+# ---- the shared options as one value, and the model they choose ----------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelRun:
+    """A loaded model as a command runs it: its ``name`` and ``source`` (the loader's), the
+    ``module`` on ``device`` in ``dtype`` (a dtype name: "bfloat16"), and the example inputs'
+    ``batch`` and ``seq``."""
+
+    name: str
+    source: str
+    module: Any
+    device: Any
+    dtype: str
+    batch: int
+    seq: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelChoice:
+    """What the shared options say, as given (defaults: the options' own): which model and how it
+    is built (``model``, ``kwargs``, ``hf_config``, ``tiny``), the example inputs' size (``batch``
+    and ``seq``; None: the command's default) and call (``keyword_inputs``), and ``dtype`` and
+    ``device`` (``"auto"``: the GPU and bf16 where there is a GPU, else the CPU and fp32)."""
+
+    model: str | None = None
+    kwargs: str | None = None
+    hf_config: str | None = None
+    tiny: bool = False
+    batch: int | None = None
+    seq: int | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    keyword_inputs: str | None = None
+
+    def load(self, target: Any, defaults: Mapping[str, int], error: type[Exception]) -> ModelRun:
+        """The chosen model built on ``target`` (the torch device :func:`parse_device` gave) and
+        cast to the chosen dtype, with its input size: ``batch`` and ``seq`` as given, else
+        ``defaults["batch"]`` and ``defaults["seq"]`` (the latter within the model's position
+        limit). ``error`` for a dtype that is not floating-point and bad ``--kwargs``; the model
+        loader's own errors for the rest."""
+        from kernelsmith.models import load_model, max_positions
+        from kernelsmith.spec import DTYPES, dtype_name
+
+        on_gpu = target.type == "cuda"
+        name = dtype_name(self.dtype) if self.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
+        if not DTYPES[name].is_floating_point:
+            raise error(f"--dtype {self.dtype}: the model's dtype must be a floating-point type")
+        options = parse_kwargs(self.kwargs, error)
+        loaded = load_model(self.model, kwargs=options, hf_config=self.hf_config, tiny=self.tiny, device=target)
+        module = loaded.module.to(DTYPES[name])
+        limit = max_positions(module)
+        seq = self.seq if self.seq is not None else min(defaults["seq"], limit or defaults["seq"])
+        batch = self.batch if self.batch is not None else defaults["batch"]
+        return ModelRun(loaded.name, loaded.source, module, target, name, batch, seq)
+
+
+def _shared_parameters(cpu_seq: int) -> list[inspect.Parameter]:
+    """ModelChoice's fields as the parameters typer reads options from: each field's option (its
+    help; --seq's states ``cpu_seq``, the command's CPU default) and default, in the field order."""
+    options = {
+        "model": ModelArg,
+        "kwargs": KwargsOption,
+        "hf_config": HfConfigOption,
+        "tiny": TinyOption,
+        "batch": BatchOption,
+        "seq": Annotated[int | None, seq_option(cpu_seq)],
+        "dtype": DtypeOption,
+        "device": DeviceOption,
+        "keyword_inputs": KeywordInputsOption,
+    }
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    return [
+        inspect.Parameter(f.name, kind, default=f.default, annotation=options[f.name])
+        for f in dataclasses.fields(ModelChoice)
+    ]
+
+
+def model_command(cpu_seq: int) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A whole-model command with the shared options before its own.
+
+    The command is written with ``choice: ModelChoice`` as its first parameter. Typer reads a
+    command's arguments and options from its signature and calls it with keyword arguments only,
+    so the command typer is given has, in the place of ``choice``, one parameter per field of
+    ModelChoice (``model`` the argument, the rest options; see :func:`_shared_parameters`), and
+    packs their values into the ModelChoice it calls the command with. The docstring (the
+    command's help) and the command's own options are unchanged."""
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        own = list(inspect.signature(command, eval_str=True).parameters.values())
+        if not own or own[0].name != "choice":
+            raise TypeError(f"{command.__name__}: a model command's first parameter is `choice: ModelChoice`")
+        shared = _shared_parameters(cpu_seq)
+        names = [p.name for p in shared]
+
+        @functools.wraps(command)
+        def with_choice(**values: Any) -> None:
+            choice = ModelChoice(**{name: values.pop(name) for name in names if name in values})
+            command(choice, **values)
+
+        signature = inspect.Signature([*shared, *own[1:]], return_annotation=None)
+        with_choice.__signature__ = signature  # type: ignore[attr-defined]
+        with_choice.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
+        return with_choice
+
+    return decorate

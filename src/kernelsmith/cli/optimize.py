@@ -19,36 +19,15 @@ from typing import Annotated, Any
 import typer
 
 from kernelsmith.cli.executor_options import DevicesOption, ExecutorOption, RayAddressOption, check_where
-from kernelsmith.cli.model_options import (
-    BatchOption,
-    DeviceOption,
-    DtypeOption,
-    HfConfigOption,
-    KeywordInputsOption,
-    KwargsOption,
-    ModelArg,
-    TinyOption,
-    parse_device,
-    parse_kwargs,
-    parse_memory_objective,
-    seq_option,
-    split_inputs,
-)
+from kernelsmith.cli.model_options import ModelChoice, model_command, parse_device, parse_memory_objective, split_inputs
 
 GPU_DEFAULTS = {"batch": 8, "seq": 1024}
 CPU_DEFAULTS = {"batch": 2, "seq": 32}  # the interpreter is thousands of times slower than a GPU
 
 
+@model_command(cpu_seq=CPU_DEFAULTS["seq"])
 def optimize(
-    model: ModelArg = None,
-    kwargs: KwargsOption = None,
-    hf_config: HfConfigOption = None,
-    tiny: TinyOption = False,
-    batch: BatchOption = None,
-    seq: Annotated[int | None, seq_option(32)] = None,
-    dtype: DtypeOption = "auto",
-    device: DeviceOption = "auto",
-    keyword_inputs: KeywordInputsOption = None,
+    choice: ModelChoice,
     budget: Annotated[int, typer.Option("--budget", min=0, help="Evaluations in all, over every op tuned.")] = 100,
     seconds: Annotated[
         float | None, typer.Option("--seconds", min=0, help="Wall-time limit in seconds (default: none).")
@@ -87,30 +66,21 @@ def optimize(
     def prepare() -> tuple[Any, tuple[Any, ...], dict[str, Any], Any, str, Any]:
         import torch
 
-        target = parse_device(device, torch)
+        target = parse_device(choice.device, torch)
         on_gpu = target.type == "cuda"
         if not on_gpu:  # before any kernel is defined: Triton reads this when it compiles one
             os.environ.setdefault("KERNELSMITH_INTERPRET", "1")
             os.environ.setdefault("TRITON_INTERPRET", "1")
-        from kernelsmith.models import example_inputs, load_model, max_positions
-        from kernelsmith.spec import DTYPES, dtype_name
+        from kernelsmith.models import example_inputs
         from kernelsmith.whole_model.profile import Plan
 
-        defaults = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
-        name = dtype_name(dtype) if dtype != "auto" else ("bfloat16" if on_gpu else "float32")
-        if not DTYPES[name].is_floating_point:
-            raise UserError(f"--dtype {dtype}: the model's dtype must be a floating-point type")
-        options = parse_kwargs(kwargs, UserError)
-        loaded = load_model(model, kwargs=options, hf_config=hf_config, tiny=tiny, device=target)
-        module = loaded.module.to(DTYPES[name])
-        limit = max_positions(module)
-        run_seq = seq if seq is not None else min(defaults["seq"], limit or defaults["seq"])
-        inputs = example_inputs(module, batch if batch is not None else defaults["batch"], run_seq, target)
-        inputs, keywords = split_inputs(inputs, keyword_inputs, UserError)
+        loaded = choice.load(target, GPU_DEFAULTS if on_gpu else CPU_DEFAULTS, UserError)
+        examples = example_inputs(loaded.module, loaded.batch, loaded.seq, target)
+        inputs, keywords = split_inputs(examples, choice.keyword_inputs, UserError)
         objective = parse_memory_objective(memory, UserError)
         plan = Plan.read(plan_file) if plan_file is not None else None
         check_where(devices, executor, ray_address)  # an unreachable Ray cluster, say: before profiling
-        return module, inputs, keywords, plan, loaded.name, objective
+        return loaded.module, inputs, keywords, plan, loaded.name, objective
 
     module, inputs, keywords, plan, name, objective = run_or_exit(prepare)
     from kernelsmith.whole_model.optimize import optimize_model

@@ -13,20 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from kernelsmith.cli.model_options import (
-    BatchOption,
-    DeviceOption,
-    DtypeOption,
-    HfConfigOption,
-    KeywordInputsOption,
-    KwargsOption,
-    ModelArg,
-    TinyOption,
-    parse_device,
-    parse_kwargs,
-    seq_option,
-    split_inputs,
-)
+from kernelsmith.cli.model_options import ModelChoice, model_command, parse_device, split_inputs
 
 # Sizes when --batch / --seq are not given: the GPU shape of a realistic run; on a CPU, where the
 # plan only shows structure, one small enough to finish in seconds.
@@ -34,16 +21,9 @@ GPU_DEFAULTS = {"batch": 8, "seq": 1024, "warmup": 3, "iterations": 5}
 CPU_DEFAULTS = {"batch": 2, "seq": 128, "warmup": 1, "iterations": 2}
 
 
+@model_command(cpu_seq=CPU_DEFAULTS["seq"])
 def profile(
-    model: ModelArg = None,
-    kwargs: KwargsOption = None,
-    hf_config: HfConfigOption = None,
-    tiny: TinyOption = False,
-    batch: BatchOption = None,
-    seq: Annotated[int | None, seq_option(128)] = None,
-    dtype: DtypeOption = "auto",
-    device: DeviceOption = "auto",
-    keyword_inputs: KeywordInputsOption = None,
+    choice: ModelChoice,
     warmup: Annotated[int | None, typer.Option("--warmup", min=0, help="Forwards before measuring.")] = None,
     iters: Annotated[int | None, typer.Option("--iters", min=1, help="Forwards measured (and profiled).")] = None,
     compile: Annotated[
@@ -59,34 +39,25 @@ def profile(
     def run() -> Any:
         import torch
 
-        from kernelsmith.models import example_inputs, load_model, max_positions, parameter_count
-        from kernelsmith.spec import DTYPES, dtype_name
+        from kernelsmith.models import example_inputs, parameter_count
         from kernelsmith.whole_model.profile import profile_model
 
-        target = parse_device(device, torch)
-        on_gpu = target.type == "cuda"
-        defaults = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
-        name = dtype_name(dtype) if dtype != "auto" else ("bfloat16" if on_gpu else "float32")
-        if not DTYPES[name].is_floating_point:
-            raise UserError(f"--dtype {dtype}: the model's dtype must be a floating-point type")
-        options = parse_kwargs(kwargs, UserError)
-        loaded = load_model(model, kwargs=options, hf_config=hf_config, tiny=tiny, device=target)
-        module = loaded.module.to(DTYPES[name])
-        limit = max_positions(module)
-        run_seq = seq if seq is not None else min(defaults["seq"], limit or defaults["seq"])
-        run_batch = batch if batch is not None else defaults["batch"]
-        inputs, keywords = split_inputs(example_inputs(module, run_batch, run_seq, target), keyword_inputs, UserError)
+        target = parse_device(choice.device, torch)
+        defaults = GPU_DEFAULTS if target.type == "cuda" else CPU_DEFAULTS
+        loaded = choice.load(target, defaults, UserError)
+        examples = example_inputs(loaded.module, loaded.batch, loaded.seq, target)
+        inputs, keywords = split_inputs(examples, choice.keyword_inputs, UserError)
         err.print(
-            f"profiling {loaded.name} ({parameter_count(module) / 1e6:,.1f}M parameters) on {target}: "
-            f"batch {run_batch}, seq {run_seq}, {name}{', torch.compile' if compile else ''}",
+            f"profiling {loaded.name} ({parameter_count(loaded.module) / 1e6:,.1f}M parameters) on {target}: "
+            f"batch {loaded.batch}, seq {loaded.seq}, {loaded.dtype}{', torch.compile' if compile else ''}",
             highlight=False,
         )
         warmups = warmup if warmup is not None else defaults["warmup"]
         iterations = iters if iters is not None else defaults["iterations"]
         with err.status(f"profiling: {warmups} warm-up and {iterations} measured forwards..."):
             plan = profile_model(
-                module, inputs, name=loaded.name, warmup=warmups, iterations=iterations, compile=compile,
-                kwargs=keywords, batch=run_batch, seq=run_seq, dtype=name, source=loaded.source,
+                loaded.module, inputs, name=loaded.name, warmup=warmups, iterations=iterations, compile=compile,
+                kwargs=keywords, batch=loaded.batch, seq=loaded.seq, dtype=loaded.dtype, source=loaded.source,
             )  # fmt: skip
         plan.write(out_file)
         return plan

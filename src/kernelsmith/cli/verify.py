@@ -21,19 +21,7 @@ from typing import Annotated, Any
 
 import typer
 
-from kernelsmith.cli.model_options import (
-    BatchOption,
-    DeviceOption,
-    DtypeOption,
-    HfConfigOption,
-    KeywordInputsOption,
-    KwargsOption,
-    ModelArg,
-    TinyOption,
-    parse_device,
-    parse_kwargs,
-    seq_option,
-)
+from kernelsmith.cli.model_options import ModelChoice, model_command, parse_device
 
 # Sizes when --batch / --seq are not given: a realistic GPU run; on a CPU, small enough for seconds.
 GPU_DEFAULTS = {"batch": 8, "seq": 1024, "warmup": 3, "rounds": 20}
@@ -41,16 +29,9 @@ GPU_DEFAULTS = {"batch": 8, "seq": 1024, "warmup": 3, "rounds": 20}
 CPU_DEFAULTS = {"batch": 2, "seq": 64, "warmup": 2, "rounds": 12}
 
 
+@model_command(cpu_seq=CPU_DEFAULTS["seq"])
 def verify(
-    model: ModelArg = None,
-    kwargs: KwargsOption = None,
-    hf_config: HfConfigOption = None,
-    tiny: TinyOption = False,
-    batch: BatchOption = None,
-    seq: Annotated[int | None, seq_option(64)] = None,
-    dtype: DtypeOption = "auto",
-    device: DeviceOption = "auto",
-    keyword_inputs: KeywordInputsOption = None,
+    choice: ModelChoice,
     seeds: Annotated[int, typer.Option("--seeds", min=1, help="Input sets to compare on, one per seed.")] = 3,
     seed: Annotated[
         int | None, typer.Option("--seed", help="First seed (default: fresh random seeds, printed for a re-run).")
@@ -105,31 +86,23 @@ def verify(
     def run() -> dict[str, Any]:
         import torch
 
-        from kernelsmith.models import example_inputs, load_model, max_positions, parameter_count
-        from kernelsmith.spec import DTYPES, dtype_name
+        from kernelsmith.models import example_inputs, parameter_count
         from kernelsmith.whole_model import verify as v
 
-        target = parse_device(device, torch)
+        target = parse_device(choice.device, torch)
         on_gpu = target.type == "cuda"
         defaults = GPU_DEFAULTS if on_gpu else CPU_DEFAULTS
-        name = dtype_name(dtype) if dtype != "auto" else ("bfloat16" if on_gpu else "float32")
-        if not DTYPES[name].is_floating_point:
-            raise UserError(f"--dtype {dtype}: the model's dtype must be a floating-point type")
         if diagnose and backend not in (None, v.BACKEND_NAME):
             raise UserError("--diagnose swaps in the kernelsmith backend's replacements: leave out --backend")
-        options = parse_kwargs(kwargs, UserError)
-        loaded = load_model(model, kwargs=options, hf_config=hf_config, tiny=tiny, device=target)
-        module = loaded.module.to(DTYPES[name]).eval()
-        limit = max_positions(module)
-        run_seq = seq if seq is not None else min(defaults["seq"], limit or defaults["seq"])
-        run_batch = batch if batch is not None else defaults["batch"]
+        loaded = choice.load(target, defaults, UserError)
+        module = loaded.module.eval()
         if decode:
-            return _decode(module, loaded.name, run_batch, run_seq, new_tokens, db, on_gpu, UserError)
+            return _decode(module, loaded.name, loaded.batch, loaded.seq, new_tokens, db, on_gpu, UserError)
 
         from kernelsmith.whole_model import keyword_inputs as ki
 
         try:
-            keyword_names = ki.parse_keywords(keyword_inputs)
+            keyword_names = ki.parse_keywords(choice.keyword_inputs)
         except ValueError as exc:
             raise UserError(str(exc)) from None
         plain = module  # with keyword inputs `module` calls it by keyword (positional tensors, in that order)
@@ -137,13 +110,13 @@ def verify(
             module = ki.KeywordCall(plain, keyword_names)
 
         def inputs_fn(s: int) -> tuple[Any, ...]:
-            ids = example_inputs(plain, run_batch, run_seq, target, seed=s)
+            ids = example_inputs(plain, loaded.batch, loaded.seq, target, seed=s)
             return tuple(ki.keyword_inputs(ids[0], keyword_names).values()) if keyword_names else ids
 
         inputs_fn(seed_list[0])  # a bad --seq fails here, before anything compiles
         err.print(
             f"verifying {loaded.name} ({parameter_count(module) / 1e6:,.1f}M parameters) on {target}: batch "
-            f"{run_batch}, seq {run_seq}, {name}, seeds {', '.join(map(str, seed_list))}"
+            f"{loaded.batch}, seq {loaded.seq}, {loaded.dtype}, seeds {', '.join(map(str, seed_list))}"
             + (", with gradients" if train else ""),
             highlight=False,
         )
@@ -157,9 +130,9 @@ def verify(
             "model": loaded.name,
             "source": loaded.source,
             "device": str(target),
-            "dtype": name,
-            "batch": run_batch,
-            "seq": run_seq,
+            "dtype": loaded.dtype,
+            "batch": loaded.batch,
+            "seq": loaded.seq,
             "backend": backend_name,
             "note": note,
             "verify": result.to_dict(),
