@@ -217,6 +217,14 @@ class StaticDecoder(nn.Module):
         return out if peek is None else out + peek
 
 
+def served_ops(gm: torch.fx.GraphModule) -> list[tuple[str, str]]:
+    """(kernelsmith op, family) of each kernelsmith call of a rewritten graph: "kernel" for a
+    read-only site, "kernel_mutating" for one that writes its inputs (folded cache writes)."""
+    ops = {torch.ops.kernelsmith.kernel.default: "kernel",
+           torch.ops.kernelsmith.kernel_mutating.default: "kernel_mutating"}  # fmt: skip
+    return [(ops[n.target], n.args[0]) for n in gm.graph.nodes if n.target in ops]
+
+
 def decoder_inputs(batch, heads, kv_heads, head_dim, q_len, offset):
     g = torch.Generator().manual_seed(4)
     new_k, new_v = (torch.randn(batch, kv_heads, q_len, head_dim, generator=g) for _ in range(2))
@@ -228,7 +236,10 @@ def decoder_inputs(batch, heads, kv_heads, head_dim, q_len, offset):
     [(1, 8, 2, 64, 17, 1), (3, 4, 1, 80, 100, 1), (3, 8, 2, 16, 17, 3), (1, 2, 2, 16, 1, 1)],
     ids=["gqa-4:1", "mqa-hd80", "three-new-tokens", "cache-of-one"],
 )
-def test_a_plain_static_cache_decoder_is_a_site(batch, heads, kv_heads, head_dim, cache_len, q_len):
+def test_a_plain_static_cache_decoder_is_a_site(monkeypatch, batch, heads, kv_heads, head_dim, cache_len, q_len):
+    """The read-only site (folding off): its inputs are q, the caches and the lengths. The folded
+    site's are test_folded_cache_writes_become_write_kv_inputs'."""
+    monkeypatch.setattr(pattern, "FOLD_CACHE_WRITES", False)
     decoder = StaticDecoder(batch, heads, kv_heads, head_dim, cache_len, q_len)
     offset = cache_len - q_len
     sites = attention_sites(decoder, *decoder_inputs(batch, heads, kv_heads, head_dim, q_len, offset))
@@ -242,8 +253,10 @@ def test_a_plain_static_cache_decoder_is_a_site(batch, heads, kv_heads, head_dim
     ("mask", "cache"), [("causal", "static"), ("padding", "masked"), ("hides-own-position", "masked")]
 )
 def test_a_served_plain_decoder_matches_eager_at_every_offset(tmp_path, monkeypatch, mask, cache):
-    """The positions' causal prefix is a static cache's lengths; a padding mask, or one that is not
-    that prefix (a position hidden from itself), is read as it is (broadcast from (1, 1, 1, L))."""
+    """The positions' causal prefix is a static cache's lengths, its writes folded in by default
+    (served through kernelsmith::kernel_mutating); a padding mask, or one that is not that prefix
+    (a position hidden from itself), is read as it is (broadcast from (1, 1, 1, L)), the writes
+    left in the graph."""
     batch, heads, kv_heads, head_dim, cache_len = 3, 8, 2, 16, 17
     eager = StaticDecoder(batch, heads, kv_heads, head_dim, cache_len, mask=mask)
     served = StaticDecoder(batch, heads, kv_heads, head_dim, cache_len, mask=mask)
@@ -252,6 +265,7 @@ def test_a_served_plain_decoder_matches_eager_at_every_offset(tmp_path, monkeypa
     valid[2, 7] = False  # a hole
     sites = attention_sites(served, *decoder_inputs(batch, heads, kv_heads, head_dim, 1, 0), valid)
     assert [s.spec.const("cache") for s in sites] == [cache]
+    assert [s.spec.constants.get("write_kv", False) for s in sites] == [cache == "static"]
     with torch.no_grad():
         eager(*decoder_inputs(batch, heads, kv_heads, head_dim, 1, 0), valid)  # the row discovery wrote
     db = str(tmp_path / "k.db")
@@ -264,7 +278,8 @@ def test_a_served_plain_decoder_matches_eager_at_every_offset(tmp_path, monkeypa
         for offset in range(5, cache_len):  # a cache filling up one position a step, to its last position
             inputs = decoder_inputs(batch, heads, kv_heads, head_dim, 1, offset)
             torch.testing.assert_close(compiled(*inputs, valid), eager(*inputs, valid), rtol=1e-5, atol=1e-5)
-    assert kernel_ops(seen[0]) == ["decode_attention"]
+            assert torch.equal(served.k_cache, eager.k_cache) and torch.equal(served.v_cache, eager.v_cache)
+    assert served_ops(seen[0]) == [("kernel_mutating" if cache == "static" else "kernel", "decode_attention")]
 
 
 def test_a_dynamic_cache_without_a_mask_is_a_site():
@@ -318,7 +333,7 @@ def test_lengths_come_from_the_last_position_on_the_device():
     assert lengths_from_positions(torch.tensor([0]), 1).tolist() == [1]
 
 
-# ---- folding the cache writes into the site (write_kv; off until the backend can serve it) --------
+# ---- folding the cache writes into the site (write_kv; on by default) ------------------------------
 
 
 def _target(node) -> str:
@@ -327,8 +342,9 @@ def _target(node) -> str:
 
 @pytest.mark.parametrize(
     ("batch", "heads", "kv_heads", "cache_len", "q_len", "write"),
-    [(1, 8, 2, 17, 1, "at-positions"), (3, 4, 1, 19, 3, "at-positions"), (3, 8, 2, 17, 1, "dim-minus-2")],
-    ids=["gqa-one-token", "mqa-three-tokens", "dim-minus-2"],
+    [(1, 8, 2, 17, 1, "at-positions"), (3, 4, 1, 19, 3, "at-positions"), (3, 8, 2, 17, 1, "dim-minus-2"),
+     (1, 2, 2, 1, 1, "at-positions")],
+    ids=["gqa-one-token", "mqa-three-tokens", "dim-minus-2", "cache-of-one"],
 )
 def test_folded_cache_writes_become_write_kv_inputs(monkeypatch, batch, heads, kv_heads, cache_len, q_len, write):
     """With folding on, the two index_copy_ writes are in the site's region (the rewrite erases
@@ -348,7 +364,8 @@ def test_folded_cache_writes_become_write_kv_inputs(monkeypatch, batch, heads, k
     assert sites[0].inputs[5].derive is first_position
 
 
-def test_without_folding_the_writes_stay_the_original_code():
+def test_without_folding_the_writes_stay_the_original_code(monkeypatch):
+    monkeypatch.setattr(pattern, "FOLD_CACHE_WRITES", False)
     decoder = StaticDecoder(3, 4, 1, 16, 19, 3)
     (site,) = attention_sites(decoder, *decoder_inputs(3, 4, 1, 16, 3, 16))
     assert "write_kv" not in site.spec.constants and len(site.spec.inputs) == 4

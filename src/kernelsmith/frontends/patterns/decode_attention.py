@@ -46,8 +46,8 @@ How a site is found (:func:`sites`), for each SDPA call:
    or is not a causal prefix fails, whatever its spelling, and falls back to being read as a
    mask); for a masked one on a random mask.
 
-Folding the cache writes (``write_kv``; behind :data:`FOLD_CACHE_WRITES`, see below)
--------------------------------------------------------------------------------------
+Folding the cache writes (``write_kv``; on by default, :data:`FOLD_CACHE_WRITES`)
+---------------------------------------------------------------------------------
 The two ``index_copy_`` writes before a static-cache site are the family's ``write_kv`` layout
 (one pass stores the new rows and attends: the rows are not written by one kernel and read back
 by the next). :func:`_write_kv_site` takes them into the site when
@@ -74,9 +74,8 @@ rewrite calls it with the caches as its written inputs where the attention was a
 two ``index_copy_`` nodes; functionalization makes it ``auto_functionalized`` and Inductor
 re-inplaces it, so the kernel writes the module's cache buffers themselves (no clone, no copy
 back). Its serve checks compare the caches it leaves with the family's update, bit for bit.
-:data:`FOLD_CACHE_WRITES` is still False: turning it on changes which op a plain static-cache
-decoder's site calls, which tests of the read-only site (``test_decode_attention_sites.py``)
-pin; and the captured (CUDA graph) decoder's GPU test has not run yet.
+:data:`FOLD_CACHE_WRITES` (True) is the switch: set False, every static-cache site is the
+read-only one above and the writes stay with Inductor (the tests of the read-only site set it so).
 
 The same attention spelled out as two matmuls and a softmax over an additive float mask (Hugging
 Face's ``attn_implementation="eager"``) is matched by
@@ -125,9 +124,9 @@ _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "s
 _FRESH = frozenset({"add", "__add__", "arange"})  # ops whose result is a new tensor, never a view
 _REPEAT_VIEWS = ("getitem", "expand", "reshape")  # repeat_kv, read backwards: reshape(expand(x[:, :, None]))
 # Whether static-cache sites take the index_copy_ writes before them (the module docstring's
-# "Folding the cache writes"). Served through kernelsmith::kernel_mutating; off until the tests
-# that pin the read-only site are updated and the captured decoder's GPU test has passed.
-FOLD_CACHE_WRITES = False
+# "Folding the cache writes"), served through kernelsmith::kernel_mutating. On by default; False
+# keeps every static-cache site read-only, its writes left to Inductor.
+FOLD_CACHE_WRITES = True
 
 
 class Refused(Exception):

@@ -64,8 +64,9 @@ the softmax, any node of the region with a user outside it (the weights returned
 per-head mask, a float mask the graph computes other than ``torch.where(c, 0, finfo.min)`` (and
 not from the positions), several new tokens without a mask, and what the family's ``spec_for``
 refuses. The
-cache writes before the attention stay with Inductor (``write_kv`` is not folded here:
-``FOLD_CACHE_WRITES`` is off for every spelling).
+cache writes before the attention stay with Inductor: this spelling's sites never fold them
+(``write_kv``, which :data:`~kernelsmith.frontends.patterns.decode_attention.FOLD_CACHE_WRITES`
+turns on for SDPA sites, is not offered here), so a static cache here is the read-only site.
 """
 
 from __future__ import annotations
