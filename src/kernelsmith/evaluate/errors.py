@@ -9,6 +9,12 @@ error (so one wrong row cannot hide in a norm over millions of elements). ``floo
 units of the output dtype's machine epsilon times the reference's scale, so that an output that
 PyTorch computes exactly still admits one rounding.
 
+A family may give a further floor per output (:class:`~kernelsmith.ops._base.ErrorFloor`, from
+:meth:`~kernelsmith.ops._base.OpFamily.error_floors`): the error its math's condition forces on
+any correct kernel of the draw (a softmax of large logits), computed from the float64 reference
+and the inputs. Each limit is then the larger of the rule's and the floor's, the floor capped at
+:data:`FLOOR_CAP` of the output's own size, so that a zero or constant output still fails.
+
 Non-finite values are compared exactly, against the float64 reference rounded to the output
 dtype: NaN where it is NaN, an infinity of the same sign where it is infinite or past the
 dtype's range, and nowhere else (validation feeds NaN and infinities on purpose: a kernel that
@@ -21,7 +27,13 @@ from dataclasses import dataclass
 
 import torch
 
-from kernelsmith.ops._base import Tolerance
+from kernelsmith.ops._base import NO_FLOOR, ErrorFloor, Tolerance
+
+# The largest floor a family may give, relative to the output: at most 1/256 of its L2 norm (the
+# relative L2 floor) and of its largest magnitude (the max-abs floor). A zero output is wrong by
+# all of it and a constant one by its whole spread, so neither can pass on the floor alone
+# unless the reference is constant to 0.4% (then the canaries make the data blind, rule 3).
+FLOOR_CAP = 2.0**-8
 
 
 @dataclass(frozen=True)
@@ -48,8 +60,12 @@ def check_close(
     reference: torch.Tensor,
     lowp_reference: torch.Tensor,
     tolerance: Tolerance,
+    floor: ErrorFloor = NO_FLOOR,
 ) -> str | None:
-    """None when ``output`` is as close to ``reference`` as the policy demands, else the reason."""
+    """None when ``output`` is as close to ``reference`` as the policy demands, else the reason.
+
+    ``floor`` is the family's error floor for this output (computed by the harness, never from
+    ``output``): each limit is at least the floor, capped at :data:`FLOOR_CAP`."""
     if output.shape != reference.shape:
         return f"shape {tuple(output.shape)} differs from the reference's {tuple(reference.shape)}"
     problem = _nonfinite_problem(output, reference)
@@ -72,11 +88,22 @@ def check_close(
     base = error_stats(lowp_reference, reference)
     rel_limit = tolerance.k * base.rel_l2 + tolerance.floor_ulps * eps
     abs_limit = tolerance.k * base.max_abs + tolerance.floor_ulps * eps * scale
+    # (max() with NaN keeps the rule's limit: a floor that is NaN is no floor)
+    rel_floor = min(floor.rel_l2, FLOOR_CAP)
+    abs_floor = min(floor.max_abs, FLOOR_CAP * scale)
+    rel_limit, abs_limit = max(rel_limit, rel_floor), max(abs_limit, abs_floor)
     if cand.rel_l2 > rel_limit:
-        return f"relative L2 error {cand.rel_l2:.3g} exceeds {rel_limit:.3g} (PyTorch's own: {base.rel_l2:.3g})"
+        return (f"relative L2 error {cand.rel_l2:.3g} exceeds {rel_limit:.3g} (PyTorch's own: {base.rel_l2:.3g}"
+                + _floor_note(rel_floor, rel_limit) + ")")  # fmt: skip
     if cand.max_abs > abs_limit:
-        return f"max abs error {cand.max_abs:.3g} exceeds {abs_limit:.3g} (PyTorch's own: {base.max_abs:.3g})"
+        return (f"max abs error {cand.max_abs:.3g} exceeds {abs_limit:.3g} (PyTorch's own: {base.max_abs:.3g}"
+                + _floor_note(abs_floor, abs_limit) + ")")  # fmt: skip
     return None
+
+
+def _floor_note(floor: float, limit: float) -> str:
+    """Says, in a rejection, that the limit is the family's floor rather than the rule's."""
+    return f"; the limit is the op's condition floor {floor:.3g}" if floor == limit and floor > 0 else ""
 
 
 def _rounded(reference: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

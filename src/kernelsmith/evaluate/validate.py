@@ -19,7 +19,9 @@ Each numbered rule of DESIGN.md ("The harness must be impossible to fool") maps 
 6. Python threads are counted before and after; side-stream work is checked while timing.
 7. Outputs must stay the exact ``torch.Tensor`` objects the harness allocated (type, storage,
    shape, strides, dtype); torch operations issued by the candidate are seen by a dispatch mode.
-8. The tolerance is relative to PyTorch's own error in the same dtype (see ``errors``).
+8. The tolerance is relative to PyTorch's own error in the same dtype (see ``errors``), with the
+   family's floor for the op's condition on the draw (:meth:`OpFamily.error_floors`, computed
+   from the inputs and the float64 references before the candidate runs).
 9. A second run on outputs pre-filled *differently* (one of the two always with fresh random
    values, which no laundering of NaN or zeros can equal) must match the first bit for bit.
 10. The harness's own functions are checked for tampering after every candidate call.
@@ -42,7 +44,7 @@ import triton
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernelsmith.evaluate import errors
-from kernelsmith.ops._base import Launcher, OpFamily
+from kernelsmith.ops._base import NO_FLOOR, ErrorFloor, Launcher, OpFamily
 from kernelsmith.spec import OpSpec
 
 
@@ -99,6 +101,7 @@ _HARNESS_MODULES = (
     "kernelsmith.evaluate._worker_timing",
     "kernelsmith.evaluate.device_lock",
     "kernelsmith.ops._base",
+    "kernelsmith.ops._softmax_condition",  # the families' error floors (rule 8)
 )
 _SEALED: dict[str, dict[str, int]] = {}
 
@@ -371,9 +374,15 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def _canary_problem(
-    op: OpFamily, spec: OpSpec, inputs: Sequence[torch.Tensor], ref64: torch.Tensor, lowp: torch.Tensor
+    op: OpFamily,
+    spec: OpSpec,
+    inputs: Sequence[torch.Tensor],
+    ref64: torch.Tensor,
+    lowp: torch.Tensor,
+    floor: ErrorFloor = NO_FLOOR,
 ) -> str | None:
-    """Rule 3: a zero, constant or identity output must fail the tolerance on this data.
+    """Rule 3: a zero, constant or identity output must fail the tolerance on this data (the
+    tolerance a candidate is held to: with the family's error ``floor`` for this output).
 
     When the reference has no dynamic range (softmax over a width of 1 is all ones), a constant
     *is* the right answer, and there is nothing for a canary to tell apart; likewise the input
@@ -395,7 +404,7 @@ def _canary_problem(
     for name, canary in canaries.items():
         if name == "identity" and float((canary.double() - ref64).abs().nan_to_num(0.0).max()) <= pytorch_error:
             continue  # the op *is* the identity here (a bias gradient over one row is dy): no wrong answer
-        if errors.check_close(canary, ref64, lowp, op.tolerance) is None:
+        if errors.check_close(canary, ref64, lowp, op.tolerance, floor) is None:
             return f"the tolerance cannot tell a {name} output from the right one on this data"
     return None
 
@@ -533,6 +542,11 @@ def validate(
             pristine = [t.clone() for t in inputs]
             refs64 = op.reference_fp64(vspec, pristine)
             lowps = op.reference(vspec, pristine)
+            # (rule 8's floor for the op's condition on this draw: the family's, from the inputs
+            # and the float64 references, before the candidate runs)
+            floors = op.error_floors(vspec, pristine, refs64)
+            if len(floors) != len(refs64):
+                raise ValueError(f"{op.name}: error_floors gave {len(floors)} floors for {len(refs64)} outputs")
             # (a family that writes inputs writes the same rows again in the second run: the call is
             # idempotent there, and each run is checked against the state its own start implies)
             run_checked(launcher, inputs, first, synchronize, op, vspec)
@@ -542,13 +556,13 @@ def validate(
                 problem = _rerun_problem(out, out2, fills)
                 if problem:
                     raise Rejected("validate", f"output {k} wrong on {where}: {problem}")
-            for k, (out, ref64, lowp) in enumerate(zip(first, refs64, lowps, strict=True)):
-                canary = _canary_problem(op, vspec, pristine, ref64, lowp)
+            for k, (out, ref64, lowp, floor) in enumerate(zip(first, refs64, lowps, floors, strict=True)):
+                canary = _canary_problem(op, vspec, pristine, ref64, lowp, floor)
                 if canary:
                     blind.setdefault(k, []).append(f"{canary} ({distribution})")
                 else:
                     told.add(k)
-                reason = errors.check_close(out, ref64, lowp, op.tolerance)
+                reason = errors.check_close(out, ref64, lowp, op.tolerance, floor)
                 if reason:
                     raise Rejected("validate", f"output {k} wrong on {where}: {reason}")
             runs += 2

@@ -97,6 +97,28 @@ class Tolerance:
     floor_ulps: float = 2.0
 
 
+@dataclass(frozen=True)
+class ErrorFloor:
+    """An error no correct kernel can be asked to beat on one draw, given by the family.
+
+    The tolerance's base is PyTorch's own error, and on some draws that error is small by luck:
+    a softmax of logits of magnitude ``|z|`` moves by about ``|z| * eps`` under *any* float32
+    rounding of them, and PyTorch's rounding sometimes happens to cancel. A family whose math
+    has such a condition computes, per output, the error that rounding alone can cause
+    (:meth:`OpFamily.error_floors`, from the float64 references and the inputs, never from a
+    candidate's output), and :func:`kernelsmith.evaluate.errors.check_close` takes the larger of
+    its rule's limit and this floor, for the relative L2 and the max-abs error each. The harness
+    caps the floor (:data:`kernelsmith.evaluate.errors.FLOOR_CAP`) well below the output's own
+    scale, so that a zero or constant output still fails.
+    """
+
+    rel_l2: float = 0.0
+    max_abs: float = 0.0
+
+
+NO_FLOOR = ErrorFloor()
+
+
 class OpFamily:
     """Base class of an op family; subclasses fill in the class attributes and methods."""
 
@@ -238,6 +260,17 @@ class OpFamily:
 
     def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
+
+    def error_floors(
+        self, spec: OpSpec, inputs: Sequence[torch.Tensor], refs64: Sequence[torch.Tensor]
+    ) -> tuple[ErrorFloor, ...]:
+        """Per output, the error the op's condition forces on any correct kernel (see
+        :class:`ErrorFloor`); none by default.
+
+        Called by the harness (trusted code in the worker) before the candidate runs, on clones
+        of the inputs and the float64 references ``refs64`` of them.
+        """
+        return tuple(NO_FLOOR for _ in refs64)
 
     # ---- inputs the op writes (rule 2) -------------------------------------------------------
     def written_inputs(self, spec: OpSpec) -> tuple[int, ...]:
