@@ -131,7 +131,8 @@ the variants in :mod:`kernelsmith.ops._attention_launch`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -155,11 +156,13 @@ from kernelsmith.ops._attention_launch import (
 )
 from kernelsmith.ops._base import (
     FINITE_STRESS_DISTRIBUTIONS,
+    ErrorFloor,
     OpFamily,
     UnsupportedWorkload,
     Variant,
     generator,
 )
+from kernelsmith.ops._softmax_condition import centered_spread, floor_of, logit_error, probability_error
 from kernelsmith.ops._spec_args import SpecArgs
 from kernelsmith.space import next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
@@ -209,6 +212,55 @@ def _sdpa(spec: OpSpec, inputs: Sequence[torch.Tensor], dtype: torch.dtype | Non
     if spec.const("layout") == "bshd":
         out = out.transpose(1, 2)
     return out.contiguous()
+
+
+def _score_rows(
+    spec: OpSpec, inputs: Sequence[torch.Tensor]
+) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """For each (sequence, head), in float64: ``(b, h, p, magnitude, seen, v)``, the softmax rows
+    ``p`` (Sq, Sk) the reference attends with (0 where a key is masked, and on a row that sees no
+    key), each score's magnitude (what its rounding errors scale with: ``|scale| |q_i| . |k_j|``,
+    plus ``|mask_ij|`` for an additive mask, whose addition rounds too), which keys each row sees,
+    and the values. One (sequence, head) at a time: every head's (Sq, Sk) together can be
+    gigabytes."""
+    d = _dims(spec)
+    q, k, v = (t.double() for t in inputs[:3])
+    mask = inputs[3] if len(inputs) == 4 else None
+    if spec.const("layout") == "bshd":
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if mask is not None:
+        mask = mask.expand(d.batch, d.heads, d.q_len, d.kv_len)
+    group = d.heads // d.kv_heads
+    scale = float(spec.const("scale"))
+    visible = torch.ones((d.q_len, d.kv_len), dtype=torch.bool, device=q.device)
+    if spec.const("causal"):  # top-left aligned: query i sees keys j <= i
+        visible = visible.tril()
+    for b in range(d.batch):
+        for h in range(d.heads):
+            qi, ki = q[b, h], k[b, h // group]
+            scores, magnitude = qi @ ki.T * scale, qi.abs() @ ki.abs().T * abs(scale)
+            seen = visible
+            if mask is not None and mask.dtype == torch.bool:
+                seen = seen & mask[b, h]
+            elif mask is not None:
+                additive = mask[b, h].double()
+                seen = seen & (additive != -math.inf)
+                scores, magnitude = scores + additive, magnitude + additive.abs()
+            p = torch.softmax(scores.masked_fill(~seen, -math.inf), dim=-1).nan_to_num(0.0)
+            yield b, h, p, magnitude, seen, v[b, h // group]
+
+
+def _output_error_bound(spec: OpSpec, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """How far rounding the scores alone can move each output element, in float64, shaped and laid
+    out like the output (:mod:`kernelsmith.ops._softmax_condition`): the output row
+    ``o_i = sum_j p_ij v_j`` moves by the centred spread of its probabilities' errors over ``v``
+    (:func:`centered_spread`), each score's error being ``eps`` times its magnitude."""
+    q = inputs[0]
+    bound = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    rows = bound.transpose(1, 2) if spec.const("layout") == "bshd" else bound  # (a bhsd view)
+    for b, h, p, magnitude, seen, v in _score_rows(spec, inputs):
+        rows[b, h] = centered_spread(p, probability_error(p, logit_error(magnitude, seen)), v)
+    return bound
 
 
 # =================================================================================================
@@ -416,6 +468,12 @@ class Attention(OpFamily):
 
     def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         return (_sdpa(spec, inputs, torch.float64),)
+
+    def error_floors(
+        self, spec: OpSpec, inputs: Sequence[torch.Tensor], refs64: Sequence[torch.Tensor]
+    ) -> tuple[ErrorFloor, ...]:
+        """What rounding the scores can do to the output (:func:`_output_error_bound`)."""
+        return (floor_of(_output_error_bound(spec, inputs), refs64[0]),)
 
     def make_inputs(
         self,

@@ -120,9 +120,17 @@ from typing import Any
 
 import torch
 
-from kernelsmith.ops._base import FINITE_STRESS_DISTRIBUTIONS, OpFamily, UnsupportedWorkload, Variant, generator
+from kernelsmith.ops._base import (
+    FINITE_STRESS_DISTRIBUTIONS,
+    ErrorFloor,
+    OpFamily,
+    UnsupportedWorkload,
+    Variant,
+    generator,
+)
 from kernelsmith.ops._decode_attention_launch import _dims, _single_build, _single_space, _split_build, _split_space
 from kernelsmith.ops._decode_attention_spec import DTYPES, check_spec, command_line_spec, resized, spec_of
+from kernelsmith.ops._softmax_condition import centered_spread, floor_of, logit_error, probability_error
 from kernelsmith.space import next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec
 
@@ -322,6 +330,27 @@ class DecodeAttention(OpFamily):
         scores = scores.masked_fill(~mask, -math.inf)
         weights = torch.softmax(scores, dim=-1).masked_fill(~mask, 0.0)  # 0 * a stale value stays 0
         return (_poison_bad(torch.matmul(weights, v), bad),)
+
+    def error_floors(
+        self, spec: OpSpec, inputs: Sequence[torch.Tensor], refs64: Sequence[torch.Tensor]
+    ) -> tuple[ErrorFloor, ...]:
+        """What rounding the scores alone can do to the output, as attention's floor
+        (:mod:`kernelsmith.ops._softmax_condition`): a score's errors scale with
+        ``|scale| |q| . |k|``, and each output row moves by the centred spread of its
+        probabilities' errors over the values it sees."""
+        dims = _dims(spec)
+        q, k, v = (t.double() for t in inputs[:3])
+        if dims.write_kv:  # the keys and values the call attends over: the cache after the write
+            _write_new_rows(spec, inputs, k, v)
+        k, v = k.repeat_interleave(dims.group, dim=1), v.repeat_interleave(dims.group, dim=1)
+        visible, _ = _visible(spec, inputs)
+        visible = visible.expand(-1, dims.heads, -1, -1)
+        scale = float(spec.const("scale"))
+        scores = (q @ k.transpose(-1, -2) * scale).masked_fill(~visible, -math.inf)
+        p = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # (a row that sees nothing is 0)
+        magnitude = q.abs() @ k.abs().transpose(-1, -2) * abs(scale)
+        error = probability_error(p, logit_error(magnitude, visible))
+        return (floor_of(centered_spread(p, error, v), refs64[0]),)
 
     def make_inputs(
         self,

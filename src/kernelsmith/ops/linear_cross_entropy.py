@@ -52,16 +52,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import triton
 
-from kernelsmith.ops._base import Launcher, OpFamily, UnsupportedWorkload, Variant, generator, tail_rows
+from kernelsmith.ops._base import (
+    NO_FLOOR,
+    ErrorFloor,
+    Launcher,
+    OpFamily,
+    UnsupportedWorkload,
+    Variant,
+    generator,
+    tail_rows,
+)
 from kernelsmith.ops._cross_entropy_launch import CROSS_ENTROPY_MODULES, _checked, _reducer
 from kernelsmith.ops._launch import direct_launch
 from kernelsmith.ops._linear_cross_entropy_kernels import _lce_combine_kernel, _lce_stats_kernel
 from kernelsmith.ops._matmul_kernels import INTERPRETED
+from kernelsmith.ops._softmax_condition import LOGIT_EPS, floor_of, logit_error
 from kernelsmith.ops.cross_entropy import _checked_constants
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
@@ -295,6 +306,82 @@ def reference_loss(inputs: Sequence[torch.Tensor], spec: OpSpec, dtype: torch.dt
     )
 
 
+@dataclass(frozen=True)
+class SoftmaxCondition:
+    """What rounding the logits can do to some rows of a draw's softmax
+    (:mod:`kernelsmith.ops._softmax_condition`), in float64 from the forward inputs: for the
+    ``rows`` of the chunk, ``p`` their ``(rows, V)`` softmax, ``error`` the bound ``a`` on each
+    logit's error, ``share`` each row's weight in the reduced outputs (0 for an ignored row,
+    ``1 / count`` for "mean", else 1), ``smoothed`` the label-smoothed targets ``y`` (a row's loss
+    is ``lse(z) - y . z``)."""
+
+    rows: slice
+    p: torch.Tensor
+    error: torch.Tensor
+    share: torch.Tensor
+    smoothed: torch.Tensor
+
+
+# The chunks of rows the conditions are computed for hold at most this many logits (a few float64
+# (rows, V) temporaries of 256 MiB each: the whole (T, V) would be tens of GiB at an LM head's size).
+_CONDITION_LOGITS = 2**25
+
+
+def softmax_conditions(spec: OpSpec, forward: Sequence[torch.Tensor]) -> list[SoftmaxCondition]:
+    """The draw's :class:`SoftmaxCondition`, chunk by chunk of rows; none when no row counts
+    (every target ignored, or one out of range: the references are NaN or raise there).
+
+    A logit ``z = W h + b`` is a dot product of ``H`` terms plus the bias: its rounding errors
+    scale with ``|W| |h| + |b|``. A soft-cap ``c tanh(u / c)`` shrinks the error of ``u`` (its
+    slope is at most 1) and adds its own rounding, at most about ``eps * c``."""
+    reduction, ignore_index, smoothing, softcap = constants_of(spec)
+    hidden, weight, target = forward[0], forward[1].double(), forward[2]
+    bias = forward[3].double() if has_bias(spec) else None
+    tokens, vocab = target.shape[0], weight.shape[0]
+    kept = target != ignore_index
+    if not bool(kept.any()) or bool(((target < 0) | (target >= vocab))[kept].any()):
+        return []
+    share = kept.double() / (int(kept.sum()) if reduction == "mean" else 1)
+    step = max(1, _CONDITION_LOGITS // vocab)
+    conditions = []
+    for start in range(0, tokens, step):
+        rows = slice(start, min(start + step, tokens))
+        h = hidden[rows].double()
+        logits, magnitude = h @ weight.T, h.abs() @ weight.abs().T
+        if bias is not None:
+            logits, magnitude = logits + bias, magnitude + bias.abs()
+        if softcap > 0:
+            logits = softcap * torch.tanh(logits / softcap)
+        error = logit_error(magnitude) + LOGIT_EPS * softcap
+        smoothed = torch.full_like(logits, smoothing / vocab)
+        chunk_kept = kept[rows]
+        at = torch.arange(rows.stop - rows.start, device=target.device)[chunk_kept]
+        smoothed[at, target[rows][chunk_kept]] += 1.0 - smoothing
+        conditions.append(SoftmaxCondition(rows, torch.softmax(logits, dim=-1), error, share[rows], smoothed))
+    return conditions
+
+
+def loss_error_bound(conditions: Sequence[SoftmaxCondition], reduction: str) -> torch.Tensor:
+    """How far rounding the logits can move the loss (per row for "none", else the reduced one).
+
+    A row's loss is ``lse(z) - y . z``. With logit errors ``|d_j| <= a_j`` (at most ``A`` on
+    the row), ``lse(z + d) - lse(z) = log sum_j p_j e^{d_j} = p . d + R`` with
+    ``0 <= R <= A^2 / 2`` (Jensen's inequality below; Hoeffding's lemma above, ``d`` ranging over
+    ``2A``), so the loss moves by ``(p - y) . d + R``: the logits' independent errors in
+    quadrature (:mod:`kernelsmith.ops._softmax_condition`), ``sqrt(sum_j (p_j - y_j)^2 a_j^2)``,
+    plus ``A^2 / 2``, small on a confident right row (``p`` close to ``y``) however large its
+    logits. Rows are independent too: a sum or mean adds their bounds in quadrature."""
+    per_row = []
+    for c in conditions:
+        largest = c.error.amax(dim=-1)
+        linear = ((c.p - c.smoothed) * c.error).square().sum(dim=-1).sqrt()
+        per_row.append((linear + largest * largest / 2) * (c.share > 0))
+    rows = torch.cat(per_row)
+    if reduction == "none":
+        return rows
+    return (rows * torch.cat([c.share for c in conditions])).square().sum().sqrt()
+
+
 def make_forward_inputs(spec: OpSpec, seed: int, distribution: str, device: str | torch.device) -> list[torch.Tensor]:
     """``[h, W, target(, b)]`` for ``distribution`` (see :meth:`LinearCrossEntropy.make_inputs`)."""
     t, h, v = shape_of(spec)
@@ -457,6 +544,15 @@ class LinearCrossEntropy(OpFamily):
     def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         wide = [x.double() if x.is_floating_point() else x for x in inputs]
         return (reference_loss(wide, spec, torch.float64),)
+
+    def error_floors(
+        self, spec: OpSpec, inputs: Sequence[torch.Tensor], refs64: Sequence[torch.Tensor]
+    ) -> tuple[ErrorFloor, ...]:
+        """The loss's floor: what rounding the logits can do to it (:func:`loss_error_bound`)."""
+        conditions = softmax_conditions(spec, inputs)
+        if not conditions:
+            return (NO_FLOOR,)
+        return (floor_of(loss_error_bound(conditions, constants_of(spec)[0]), refs64[0]),)
 
     def make_inputs(
         self, spec: OpSpec, seed: int, distribution: str = "normal", device: str | torch.device = "cuda"

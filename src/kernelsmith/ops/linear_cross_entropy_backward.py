@@ -75,6 +75,8 @@ import triton
 from kernelsmith import settings
 from kernelsmith.ops._base import (
     FINITE_STRESS_DISTRIBUTIONS,
+    NO_FLOOR,
+    ErrorFloor,
     Launcher,
     OpFamily,
     UnsupportedWorkload,
@@ -91,6 +93,7 @@ from kernelsmith.ops._cross_entropy_launch import (
 )
 from kernelsmith.ops._launch import direct_launch
 from kernelsmith.ops._linear_cross_entropy_kernels import _lceb_cast_kernel, _lceb_gemm_kernel, _lceb_logits_kernel
+from kernelsmith.ops._softmax_condition import centered_spread, floor_of, probability_error
 from kernelsmith.ops.linear_cross_entropy import (
     LCE_MODULES,
     TILE_M,
@@ -104,6 +107,7 @@ from kernelsmith.ops.linear_cross_entropy import (
     make_forward_inputs,
     reference_loss,
     shape_of,
+    softmax_conditions,
     tail_specs,
     tile_constraints,
     tile_flags,
@@ -347,6 +351,43 @@ def _wide(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [x.double() if x.is_floating_point() else x for x in inputs]
 
 
+def _gradient_floors(
+    spec: OpSpec, forward: Sequence[torch.Tensor], dloss: torch.Tensor | None, refs64: Sequence[torch.Tensor]
+) -> tuple[ErrorFloor, ...]:
+    """Floors of ``(dh, dW[, db])`` (the last ``refs64``): what rounding the logits can do to them.
+
+    The logits' gradient is ``g = (p - y) s`` per row (``s``: the upstream ``dloss`` times the
+    row's share, :class:`SoftmaxCondition`), and ``y`` does not depend on the logits, so each
+    ``g_tj`` moves by at most ``|s_t| E_tj`` (``E`` the probability bound of
+    :mod:`kernelsmith.ops._softmax_condition`, where the quadrature below is explained). Then:
+
+    - ``dh_t = g_t @ W`` is a row's ``p``-weighted sum of W's rows: ``|s_t|`` times the centred
+      spread of its probabilities' errors over ``W`` (:func:`centered_spread`);
+    - ``dW_j = sum_t g_tj h_t`` and ``db_j = sum_t g_tj`` take one probability of each row, and
+      rows round independently: ``sqrt(sum_t s_t^2 E_tj^2 h_t^2)`` and ``sqrt(sum_t s_t^2 E_tj^2)``.
+
+    (A soft-cap multiplies ``g`` by its slope, at most 1; the rounding of the slope itself is not
+    in the floor.)
+    """
+    conditions = softmax_conditions(spec, forward)
+    if not conditions:
+        return tuple(NO_FLOOR for _ in refs64)
+    tokens = forward[2].shape[0]
+    weight = forward[1].double()
+    upstream = torch.ones((), dtype=torch.float64) if dloss is None else dloss.detach().double().abs()
+    upstream = upstream.to(weight.device).expand(tokens)
+    dh, dw_square, db_square = [], torch.zeros_like(weight), weight.new_zeros(weight.shape[0])
+    for c in conditions:
+        scale = (c.share * upstream[c.rows]).reshape(-1, 1)
+        error = probability_error(c.p, c.error)
+        dh.append(scale * centered_spread(c.p, error, weight))
+        square = (scale * error).square()
+        dw_square += square.T @ forward[0][c.rows].double().square()
+        db_square += square.sum(dim=0)
+    bounds = [torch.cat(dh), dw_square.sqrt(), db_square.sqrt()][: len(refs64)]  # (db: with a bias)
+    return tuple(floor_of(bound, ref) for bound, ref in zip(bounds, refs64, strict=True))
+
+
 class _LinearCrossEntropyGradient(OpFamily):
     distributions = _FORWARD.distributions
     stress_distributions = FINITE_STRESS_DISTRIBUTIONS  # no nonfinite: see kernelsmith.ops._base
@@ -422,6 +463,11 @@ class LinearCrossEntropyBackward(_LinearCrossEntropyGradient):
     def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         return _autograd(spec, inputs[0].double(), _wide(inputs[1:]), torch.float64)[1:]
 
+    def error_floors(
+        self, spec: OpSpec, inputs: Sequence[torch.Tensor], refs64: Sequence[torch.Tensor]
+    ) -> tuple[ErrorFloor, ...]:
+        return _gradient_floors(spec, inputs[1:], inputs[0], refs64)
+
     def make_inputs(
         self, spec: OpSpec, seed: int, distribution: str = "normal", device: str | torch.device = "cuda"
     ) -> tuple[torch.Tensor, ...]:
@@ -456,6 +502,13 @@ class LinearCrossEntropyFused(_LinearCrossEntropyGradient):
 
     def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         return _autograd(spec, None, _wide(inputs), torch.float64)
+
+    def error_floors(
+        self, spec: OpSpec, inputs: Sequence[torch.Tensor], refs64: Sequence[torch.Tensor]
+    ) -> tuple[ErrorFloor, ...]:
+        """The loss's floor as the forward's, the gradients' for an upstream gradient of 1."""
+        (loss,) = _FORWARD.error_floors(spec, inputs, refs64[:1])
+        return (loss, *_gradient_floors(spec, inputs, None, refs64[1:]))
 
     def make_inputs(
         self, spec: OpSpec, seed: int, distribution: str = "normal", device: str | torch.device = "cuda"
