@@ -76,7 +76,10 @@ def decode_steps(step, model: nn.Module, ids: torch.Tensor, steps: int) -> tuple
     return torch.cat(tokens, dim=1), all_logits
 
 
-def test_hf_static_cache_attention_is_a_site_per_layer(hf_llama):
+def test_hf_static_cache_attention_is_a_site_per_layer(hf_llama, monkeypatch):
+    """The read-only site of each layer (folding off; the folded first layer is
+    test_decode_hf_static_cache_writes')."""
+    monkeypatch.setattr(pattern, "FOLD_CACHE_WRITES", False)
     ids = torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(1))
     cache, logits = prefilled(hf_llama, ids)
     sites = attention_sites(
@@ -93,6 +96,9 @@ def test_hf_static_cache_attention_is_a_site_per_layer(hf_llama):
 
 @pytest.mark.parametrize("batch", [1, pytest.param(3, marks=pytest.mark.slow)])  # ~25 s each
 def test_hf_decoding_with_the_served_kernel_gives_eager_tokens_and_logits(hf_llama, tmp_path, monkeypatch, batch):
+    """The read-only sites served (folding off: every layer's writes stay in the graph; the folded
+    first layer is served in test_decode_hf_static_cache_writes)."""
+    monkeypatch.setattr(pattern, "FOLD_CACHE_WRITES", False)
     ids = torch.randint(0, 128, (batch, 5), generator=torch.Generator().manual_seed(2))
     eager_tokens, eager_logits = decode_steps(hf_llama, hf_llama, ids, 4)
     db = str(tmp_path / "k.db")
@@ -118,7 +124,9 @@ def test_hf_decoding_with_the_served_kernel_gives_eager_tokens_and_logits(hf_lla
 @pytest.mark.slow  # ~20-25 s: a compile and two interpreted steps
 def test_hf_cache_position_past_the_end_fails_as_eager_does(hf_llama, tmp_path, monkeypatch):
     """The cache write before the attention refuses a position past the cache, served or not: the
-    kernel never attends a cache that does not hold the token."""
+    kernel never attends a cache that does not hold the token. (With the first layer's writes
+    folded, as by default, it is the second layer's index_copy_ that fails; the folded kernel
+    writes nothing there and gives NaN, the family's guard.)"""
     ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(3))
     cache, logits = prefilled(hf_llama, ids)
     token = logits[:, -1:].argmax(-1)
@@ -189,13 +197,30 @@ class StaticDecoder(nn.Module):
         self.heads, self.kv_heads, self.q_len, self.mask, self.write = heads, kv_heads, q_len, mask, write
         self.register_buffer("k_cache", torch.zeros(batch, kv_heads, cache_len, head_dim))
         self.register_buffer("v_cache", torch.zeros(batch, kv_heads, cache_len, head_dim))
+        # "own-cursor": the cache counts its own positions, as transformers 5's StaticCache keeps a
+        # cumulative_length per layer (equal to the offset only while the caller keeps them so)
+        self.register_buffer("cursor", torch.zeros((), dtype=torch.int64))
+
+    def write_index(self, positions: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+        """Where the new rows are written: at the mask's positions, or at a tensor computed apart
+        ("same-expression": arange + offset again, as StaticCache's first layer does; "own-cursor":
+        from the cursor; "moved-between": from the offset after an in-place change of it)."""
+        arange = torch.arange(self.q_len, device=positions.device)
+        if self.write == "same-expression":
+            return arange + offset
+        if self.write == "own-cursor":
+            index = arange + self.cursor
+            self.cursor.add_(self.q_len)
+            return index
+        if self.write == "moved-between":
+            offset.add_(1)
+            return arange + offset
+        return positions
 
     def forward(self, q, k, v, offset, valid=None):
         device = self.k_cache.device
         positions = torch.arange(self.q_len, device=device) + offset
-        # the write's index: the mask's positions, or an equal tensor computed apart (as
-        # transformers 5's StaticCache does, from its own cumulative_length)
-        index = positions if self.write != "other-index" else torch.arange(self.q_len, device=device) + offset
+        index = self.write_index(positions, offset)
         self.k_cache.index_copy_(-2 if self.write == "dim-minus-2" else 2, index, k)
         self.v_cache.index_copy_(2, index, v)
         peek = self.k_cache.sum() if self.write == "read-between" else None  # a reader of the new rows
@@ -343,8 +368,8 @@ def _target(node) -> str:
 @pytest.mark.parametrize(
     ("batch", "heads", "kv_heads", "cache_len", "q_len", "write"),
     [(1, 8, 2, 17, 1, "at-positions"), (3, 4, 1, 19, 3, "at-positions"), (3, 8, 2, 17, 1, "dim-minus-2"),
-     (1, 2, 2, 1, 1, "at-positions")],
-    ids=["gqa-one-token", "mqa-three-tokens", "dim-minus-2", "cache-of-one"],
+     (1, 2, 2, 1, 1, "at-positions"), (2, 4, 2, 17, 3, "same-expression")],
+    ids=["gqa-one-token", "mqa-three-tokens", "dim-minus-2", "cache-of-one", "same-expression"],
 )
 def test_folded_cache_writes_become_write_kv_inputs(monkeypatch, batch, heads, kv_heads, cache_len, q_len, write):
     """With folding on, the two index_copy_ writes are in the site's region (the rewrite erases
@@ -375,14 +400,16 @@ def test_without_folding_the_writes_stay_the_original_code(monkeypatch):
 @pytest.mark.parametrize(
     ("write", "reason"),
     [
-        ("other-index", "not at the positions the mask comes from"),
+        ("own-cursor", "nothing in the graph proves them equal"),
+        ("moved-between", "writes in place between the reads"),
         ("read-between", "between the cache write and the attention"),
     ],
 )
 def test_writes_that_cannot_fold_leave_the_read_only_site(monkeypatch, caplog, write, reason):
-    """A write at an index tensor other than the mask's positions (equal or not: nothing proves it
-    without the host), or a reader of the cache between the write and the attention: the writes
-    stay, and the attention is the read-only static site."""
+    """A write at an index the graph does not prove equal to the mask's positions (computed from
+    another tensor, equal or not at run time: nothing proves it without the host; or from the
+    same one changed in place in between), or a reader of the cache between the write and the
+    attention: the writes stay, and the attention is the read-only static site."""
     monkeypatch.setattr(pattern, "FOLD_CACHE_WRITES", True)
     decoder = StaticDecoder(2, 4, 2, 16, CACHE_LEN, write=write)
     with caplog.at_level(logging.DEBUG, logger="kernelsmith.frontends.backend"):
@@ -411,23 +438,6 @@ def test_the_fold_check_runs_the_writes_against_the_family_update(monkeypatch, c
     assert [len(s.spec.inputs) for s in sites] == [4]
     kept = [r.getMessage() for r in caplog.records if "keeps its cache writes" in r.getMessage()]
     assert len(kept) == 1 and "the key cache it leaves is not the family's" in kept[0], caplog.text
-
-
-def test_hf_static_cache_writes_do_not_fold_they_index_at_their_own_positions(hf_llama, monkeypatch, caplog):
-    """transformers 5's StaticCache writes at ``arange(Sq) + cumulative_length`` (its own buffer)
-    while the mask comes from the model's positions: two nodes, so the fold is refused (reported in
-    the task's notes: folding HF needs the two proved equal, e.g. on the device)."""
-    monkeypatch.setattr(pattern, "FOLD_CACHE_WRITES", True)
-    ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(1))
-    cache, logits = prefilled(hf_llama, ids)
-    with caplog.at_level(logging.DEBUG, logger="kernelsmith.frontends.backend"):
-        sites = attention_sites(
-            lambda t: hf_llama(t, past_key_values=cache, use_cache=True).logits, logits[:, -1:].argmax(-1)
-        )
-    assert [s.spec.const("cache") for s in sites] == ["static", "static"]
-    assert all("write_kv" not in s.spec.constants for s in sites)
-    kept = [r.getMessage() for r in caplog.records if "keeps its cache writes" in r.getMessage()]
-    assert len(kept) == 2 and all("not at the positions the mask comes from" in k for k in kept), caplog.text
 
 
 def test_the_first_position_is_a_device_op():

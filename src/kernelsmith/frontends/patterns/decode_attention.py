@@ -52,10 +52,10 @@ The two ``index_copy_`` writes before a static-cache site are the family's ``wri
 (one pass stores the new rows and attends: the rows are not written by one kernel and read back
 by the next). :func:`_write_kv_site` takes them into the site when
 
-- each cache has exactly one in-place writer before the attention, ``cache.index_copy_(2, P,
-  new)`` (or dim -2) whose result nothing uses, ``P`` the very positions node the mask comes
-  from (so the rows written are the rows the mask shows: a write at another index tensor, even
-  an equal one, is refused: nothing proves it equal without reading both on the host);
+- each cache has exactly one in-place writer before the attention, ``cache.index_copy_(2, I,
+  new)`` (or dim -2) whose result nothing uses, at ``I = P``, the positions node the mask comes
+  from, or at an index the graph proves equal to ``P`` (so the rows written are the rows the mask
+  shows, the ones the kernel writes): :func:`_equal_values_problem`, below;
 - nothing else reads or writes the cache, the new rows or ``P`` between the write and the
   attention (the kernel runs where the attention was: a reader in between would see the old rows);
 - the family's ``spec_for`` accepts ``(q, k_cache, v_cache, k_new, v_new, P[0])``: new rows of the
@@ -66,6 +66,43 @@ Its check runs the writes, the views and the attention as a module on random cac
 (the positions at or past each offset stale) and requires both the output and the caches it left
 to be the family's (:meth:`~kernelsmith.ops.decode_attention.DecodeAttention.reference_written`,
 bit for bit). Anything else keeps the read-only site above, the writes left to Inductor.
+
+*An index other than the positions node.* ``I`` and ``P`` are proved equal when both are fresh
+integer tensors (an ``add`` or ``arange``, never a view, which could change with its base) that
+compute the same expression of the same graph inputs: ``arange`` with equal arguments, ``add``
+(either order, no ``alpha``) and a device move (``.to(device)``, values kept), over the same
+placeholders and constants; and no node between the first and the last op of the two
+expressions writes anything in place (nor calls an op whose schema writes), so every input holds
+one value at all its reads. Equal expressions of equal values are equal. ``I``'s only readers
+must be the two writes (it keeps its value until they read it). Anything else (another op, a dtype
+cast, another input, an in-place op in between) is refused: nothing proves the two equal without
+reading both on the host. The check samples ``I`` as ``P`` (it tests the fold, not the proof),
+and the serve checks compare the kernel's caches with ``index_copy_`` at ``P`` bit for bit: the
+proof is what makes that the graph's write.
+
+*Hugging Face's StaticCache* (transformers 5). Each layer's ``StaticLayer`` keeps its own
+``cumulative_length`` (a 0-d int64 buffer, a separate input of the graph), and its ``update``
+computes ``cache_position = arange(Sq) + cumulative_length``, adds ``Sq`` to the counter in place,
+then writes both caches at ``cache_position``. The model's positions, which the mask is built
+from, are ``arange(Sq) + get_seq_length()``, and ``get_seq_length()`` is layer 0's counter, read at
+the start of the step. So:
+
+- in layer 0, ``cache_position`` and the mask's ``q_arange`` are ``arange(Sq) + counter_0`` (the
+  latter through a ``.to(device)``), read before the counter's ``add_`` with no in-place op in
+  between: proved equal, the writes fold;
+- in layer ``i > 0``, ``cache_position`` is ``arange(Sq) + counter_i``, another tensor. It equals
+  ``P`` only while every layer's counter equals layer 0's at the step's start, which holds because
+  every ``update`` adds the same ``Sq``: an invariant the cache object keeps across calls, not
+  something the graph states (it takes the counters as separate inputs, and a caller can set one
+  apart: ``layer.cumulative_length.fill_(n)``, a cache filled layer by layer). With the counters
+  apart, eager writes layer ``i`` at ``counter_i ..`` and masks from ``counter_0``, while
+  ``write_kv`` has one position for both: folded, the step would write other rows and attend
+  other keys, and no check would see it (the site's check and the serve checks both work from
+  ``P``). So these layers are refused, logged at debug level ("keeps its cache writes: ... nothing
+  in the graph proves them equal"), and keep the read-only site with their ``index_copy_`` in the
+  graph. Folding them would take a run-time proof, such as a device-side assert that
+  ``cache_position`` equals ``P`` before the kernel; that would turn eager's result for counters
+  set apart into an error, and is not done.
 
 A folded site is served through ``kernelsmith::kernel_mutating``
 (:mod:`kernelsmith.frontends.torch_op`), whose schema declares the caches written
@@ -86,9 +123,10 @@ Refused (the original code runs): additive float masks of an SDPA call and boole
 another shape (per head: layouts the family does not know), ``is_causal=True``, several new tokens without a mask,
 an input mutated before the attention, and whatever the family's ``spec_for`` refuses (head dim,
 too many rows per key/value head, strides). A position past the cache's end cannot be seen
-without reading ``P`` on the host: there the cache write before the attention (``index_copy_``)
-fails first, as in eager, and the kernels write NaN rather than read past the cache (the
-family's guard).
+without reading ``P`` on the host: at a read-only site the cache write before the attention
+(``index_copy_``) fails first, as in eager; a folded site has no ``index_copy_`` left, and there
+the kernel writes nothing and gives NaN (the family's guard: it never reads or writes past the
+cache). In a Hugging Face model a later layer's unfolded write then fails as in eager.
 """
 
 from __future__ import annotations
@@ -231,6 +269,17 @@ def _write_kv_site(gm: fx.GraphModule, sdpa: fx.Node, region: list[fx.Node], mas
     writes = [_cache_write(cache, sdpa, positions, order) for cache in (k_cache, v_cache)]
     news = [w.args[3] for w in writes]
     assert all(isinstance(n, fx.Node) for n in news)  # (checked by _cache_write)
+    # An index proved equal to the positions (not the node itself) is read as the positions by
+    # the check; it must keep that value until the writes read it, so nothing else may see it
+    # (no view of it, no in-place op on it).
+    equal_to: dict[fx.Node, fx.Node] = {}
+    for write in writes:
+        index = _write_args(write)[2]
+        if index is not positions:
+            if set(index.users) - set(writes):
+                raise Refused(f"{index.name}, where {write.name} writes, is also read by "
+                              f"{', '.join(sorted(u.name for u in set(index.users) - set(writes)))}")  # fmt: skip
+            equal_to[index] = positions
     first, last = min(order[w] for w in writes), order[sdpa]
     allowed = {*writes, *region, *mask_nodes}
     for node in (k_cache, v_cache, positions, *news):  # nothing between the writes and the kernel
@@ -239,8 +288,13 @@ def _write_kv_site(gm: fx.GraphModule, sdpa: fx.Node, region: list[fx.Node], mas
             raise Refused(f"{between[0].name} uses {node.name} between the cache write and the attention")  # type: ignore[union-attr]
     inputs = [*operands, *(OpInput(n) for n in news), OpInput(positions, derive=first_position)]  # type: ignore[arg-type]
     site = _checked_site(gm, sdpa, sorted({*writes, *region}, key=order.__getitem__), mask_nodes, inputs,
-                         "static", scale, order, generators, write_kv=True)  # fmt: skip
+                         "static", scale, order, generators, write_kv=True, equal_to=equal_to)  # fmt: skip
     return site
+
+
+def _write_args(write: fx.Node) -> tuple[Any, ...]:
+    """``index_copy_``'s ``(cache, dim, index, new)``, positional or keyword."""
+    return (*write.args, *write.kwargs.values())
 
 
 def _cache_write(cache: fx.Node, sdpa: fx.Node, positions: fx.Node, order: dict[fx.Node, int]) -> fx.Node:
@@ -249,15 +303,17 @@ def _cache_write(cache: fx.Node, sdpa: fx.Node, positions: fx.Node, order: dict[
     if len(writers) != 1:
         raise Refused(f"{cache.name} has {len(writers)} in-place writers before the attention, not one")
     write = writers[0]
-    args = (*write.args, *write.kwargs.values())
+    args = _write_args(write)
     if _target_name(write) != "index_copy_" or len(args) != 4 or args[0] is not cache:
         raise Refused(f"{cache.name} is written by {write.name} ({_target_name(write)}), not index_copy_(2, P, new)")
     _, dim, index, new = args
     if dim not in (2, -2):
         raise Refused(f"{write.name} writes {cache.name} along dim {dim}, not the length (2)")
     if index is not positions:
-        raise Refused(f"{write.name} writes at {getattr(index, 'name', index)}, not at the positions the mask "
-                      f"comes from ({positions.name})")  # fmt: skip
+        problem = _equal_values_problem(index, positions, order)
+        if problem:
+            raise Refused(f"{write.name} writes at {getattr(index, 'name', index)}, not at the positions the mask "
+                          f"comes from ({positions.name}): {problem}")  # fmt: skip
     if not isinstance(new, fx.Node) or not isinstance(_value(new), torch.Tensor):
         raise Refused(f"{write.name} writes no tensor")
     if _value(new).dtype != _value(cache).dtype:
@@ -267,11 +323,100 @@ def _cache_write(cache: fx.Node, sdpa: fx.Node, positions: fx.Node, order: dict[
     return write
 
 
+# The ops a write index and the positions may be computed with for the two to be proved equal:
+# deterministic, of their arguments' values only, and returning a new tensor (not a view that a
+# later in-place op could change). ``to`` is accepted as a device move only (its values kept).
+_VALUE_FUNCTIONS = (torch.arange, operator.add, torch.add)
+_VALUE_METHODS = frozenset({"add", "__add__", "to"})
+
+
+def _equal_values_problem(index: Any, positions: fx.Node, order: dict[fx.Node, int]) -> str | None:
+    """Why the graph does not prove that ``index`` holds the values of ``positions``, or None.
+
+    The proof: both are the same expression (:func:`_expression`: ``arange``, ``add`` in either
+    order, a device move) of the same graph inputs, and no node between the first and the last
+    op of the two expressions writes anything in place, so each input holds one value for every
+    read of it. Equal expressions of equal values are equal values. Hugging Face's StaticCache
+    meets it in its first layer only: see the module docstring's "Hugging Face's StaticCache"."""
+    if not isinstance(index, fx.Node) or not _fresh_positions(index, _value(positions).numel()):
+        # (a view could change with its base after it is computed: only a fresh tensor keeps it)
+        return "the index is not a fresh integer tensor of the positions' size (add or arange)"
+    index_ops: list[fx.Node] = []
+    positions_ops: list[fx.Node] = []
+    try:
+        same = _expression(index, index_ops) == _expression(positions, positions_ops)
+    except Refused as why:
+        return f"nothing proves the two equal ({why})"
+    if not same:
+        def inputs_of(ops: list[fx.Node]) -> str:
+            names = sorted({a.name for n in ops for a in n.all_input_nodes if a.op in ("placeholder", "get_attr")})
+            return ", ".join(names) or "constants only"
+
+        return (f"{index.name} is not the same expression of the same tensors (it reads {inputs_of(index_ops)}, "
+                f"the positions {inputs_of(positions_ops)}): nothing in the graph proves them equal")  # fmt: skip
+    computed = [order[n] for n in (*index_ops, *positions_ops)]
+    first, last = min(computed), max(computed)
+    for node in positions.graph.nodes:
+        if first < order[node] < last and _writes_in_place(node):
+            return (f"{node.name} writes in place between the reads of the tensors {index.name} and "
+                    f"{positions.name} are computed from")  # fmt: skip
+    return None
+
+
+def _writes_in_place(node: fx.Node) -> bool:
+    """An in-place op (``_mutates``: a trailing ``_``, ``setitem``, ``out=``), or a call of an op
+    whose schema writes an argument (a custom op, ``kernelsmith::kernel_mutating``)."""
+    if _mutates(node):
+        return True
+    target = node.target
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return any(getattr(target, name)._schema.is_mutable for name in target.overloads())
+    return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
+
+
+def _expression(node: Any, ops: list[fx.Node]) -> Any:
+    """A value that is equal for two nodes computing the same expression of the same graph
+    inputs (placeholders and attributes, each standing for the value it holds when read) and
+    constants; each op node met is appended to ``ops``. Refused where a node computes its value
+    otherwise (another op, an in-place or ``out=`` variant, a dtype cast)."""
+    if not isinstance(node, fx.Node):
+        if isinstance(node, tuple | list):
+            return (type(node).__name__, *(_expression(a, ops) for a in node))
+        if node is None or isinstance(node, bool | int | float | str | torch.device | torch.dtype):
+            return ("constant", type(node).__name__, node)
+        raise Refused(f"an argument {node!r} the proof does not read")
+    if node.op in ("placeholder", "get_attr"):
+        return ("input", node)
+    known = (node.op == "call_function" and node.target in _VALUE_FUNCTIONS) or (
+        node.op == "call_method" and node.target in _VALUE_METHODS
+    )
+    if not known or "out" in node.kwargs:
+        raise Refused(f"{node.name} is computed by {_target_name(node)}")
+    ops.append(node)
+    name = _target_name(node)
+    if name == "to":  # x.to(device): another tensor of the same values
+        source, moved = node.args[0], [*node.args[1:], *node.kwargs.values()]
+        value, before = _value(node), _value(source)
+        if (len(moved) != 1 or set(node.kwargs) - {"device"} or not isinstance(moved[0], str | torch.device)
+                or not isinstance(value, torch.Tensor) or not isinstance(before, torch.Tensor)
+                or value.dtype != before.dtype):  # fmt: skip
+            raise Refused(f"{node.name} is not a device move of one tensor")
+        return _expression(source, ops)
+    arguments = [_expression(a, ops) for a in node.args]
+    keywords = sorted((key, _expression(v, ops)) for key, v in node.kwargs.items())
+    if name in ("add", "__add__") and not keywords:  # a + b is b + a (with no alpha)
+        arguments.sort(key=repr)
+        name = "add"
+    return (name, tuple(arguments), tuple(keywords))
+
+
 def _checked_site(gm: fx.GraphModule, sdpa: fx.Node, region: list[fx.Node], mask_nodes: list[fx.Node],
                   inputs: list[OpInput], kind: str, scale: Any, order: dict[fx.Node, int],
-                  generators: dict[torch.device, torch.Generator], write_kv: bool = False) -> Site:  # fmt: skip
+                  generators: dict[torch.device, torch.Generator], write_kv: bool = False,
+                  equal_to: dict[fx.Node, fx.Node] | None = None) -> Site:  # fmt: skip
     """The site of layout ``kind`` on ``inputs`` (``write_kv``: the caches' writes in ``region``),
-    its spec from the family and the check passed."""
+    its spec from the family and the check passed (``equal_to``: nodes the region reads that are
+    proved equal to an input, sampled as that input)."""
     caches = {inputs[1].node, inputs[2].node}  # written in place before the attention, by design
     for op_input in inputs:
         node = op_input.node
@@ -286,7 +431,7 @@ def _checked_site(gm: fx.GraphModule, sdpa: fx.Node, region: list[fx.Node], mask
         raise Refused(str(exc)) from None
     constants["scale"] = spec.const("scale")
     nodes = sorted({*region, *mask_nodes}, key=order.__getitem__)
-    _check(gm, nodes, inputs, spec, kind, generators)
+    _check(gm, nodes, inputs, spec, kind, generators, equal_to or {})
     q = _value(inputs[0].node)
     return Site(OP, sdpa, [n for n in nodes if n in region], inputs, constants, spec, bool(q.requires_grad))
 
@@ -449,17 +594,18 @@ def _meta_of(op_input: OpInput) -> torch.Tensor:
 
 
 def _check(gm: fx.GraphModule, nodes: list[fx.Node], inputs: list[OpInput], spec: OpSpec, kind: str,
-           generators: dict[torch.device, torch.Generator]) -> None:  # fmt: skip
+           generators: dict[torch.device, torch.Generator], equal_to: dict[fx.Node, fx.Node]) -> None:  # fmt: skip
     """Step 4 of the module docstring: the graph's nodes from the inputs to the attention compute
     the family's op (a static cache: at the first, a middle and the last offset; a masked one: on
-    a random mask), or the site is refused."""
+    a random mask), or the site is refused. A node of ``equal_to`` (a write index proved equal to
+    the positions) is given its input's sample."""
     from kernelsmith.frontends.decorator import _differs_from_op
 
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     sources = [i.node for i in inputs]
     outside = _region_inputs(nodes, order)
-    if set(outside) != set(sources):
-        extra = sorted(n.name for n in set(outside) - set(sources))
+    if set(outside) - set(equal_to) != set(sources):
+        extra = sorted(n.name for n in set(outside) - set(sources) - set(equal_to))
         raise Refused(f"the attention also reads {', '.join(extra)}")
     module = _region_module(gm, nodes, outside)
     family = get_op(OP)
@@ -499,7 +645,7 @@ def _check(gm: fx.GraphModule, nodes: list[fx.Node], inputs: list[OpInput], spec
         try:
             with torch.no_grad():
                 before = tuple(t.clone() for t in bound)  # the region writes the caches (write_kv)
-                produced = module(*(by_node[n] for n in outside))
+                produced = module(*(by_node[equal_to.get(n, n)] for n in outside))
                 problem = _written_differs(family, spec, before, by_node[inputs[1].node], by_node[inputs[2].node])
                 problem = problem or _differs_from_op(family, spec, before, produced)
         except Exception as exc:  # a region that cannot run on random inputs is not a site
