@@ -72,7 +72,7 @@ from kernelsmith.ops._cross_entropy_launch import CROSS_ENTROPY_MODULES, _checke
 from kernelsmith.ops._launch import direct_launch
 from kernelsmith.ops._linear_cross_entropy_kernels import _lce_combine_kernel, _lce_stats_kernel
 from kernelsmith.ops._matmul_kernels import INTERPRETED
-from kernelsmith.ops._softmax_condition import LOGIT_EPS, floor_of, logit_error
+from kernelsmith.ops._softmax_condition import LOGIT_ERROR, floor_of, logit_error
 from kernelsmith.ops.cross_entropy import _checked_constants
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
@@ -333,7 +333,7 @@ def softmax_conditions(spec: OpSpec, forward: Sequence[torch.Tensor]) -> list[So
 
     A logit ``z = W h + b`` is a dot product of ``H`` terms plus the bias: its rounding errors
     scale with ``|W| |h| + |b|``. A soft-cap ``c tanh(u / c)`` shrinks the error of ``u`` (its
-    slope is at most 1) and adds its own rounding, at most about ``eps * c``."""
+    slope is at most 1) and adds its own rounding, of a few ulps of ``c`` at most."""
     reduction, ignore_index, smoothing, softcap = constants_of(spec)
     hidden, weight, target = forward[0], forward[1].double(), forward[2]
     bias = forward[3].double() if has_bias(spec) else None
@@ -352,7 +352,7 @@ def softmax_conditions(spec: OpSpec, forward: Sequence[torch.Tensor]) -> list[So
             logits, magnitude = logits + bias, magnitude + bias.abs()
         if softcap > 0:
             logits = softcap * torch.tanh(logits / softcap)
-        error = logit_error(magnitude) + LOGIT_EPS * softcap
+        error = logit_error(magnitude) + LOGIT_ERROR * softcap
         smoothed = torch.full_like(logits, smoothing / vocab)
         chunk_kept = kept[rows]
         at = torch.arange(rows.stop - rows.start, device=target.device)[chunk_kept]
