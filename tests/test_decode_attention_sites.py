@@ -203,11 +203,14 @@ class StaticDecoder(nn.Module):
 
     def write_index(self, positions: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
         """Where the new rows are written: at the mask's positions, or at a tensor computed apart
-        ("same-expression": arange + offset again, as StaticCache's first layer does; "own-cursor":
+        ("same-expression": arange + offset again, as StaticCache's first layer does; "commuted":
+        offset + arange; "own-cursor":
         from the cursor; "moved-between": from the offset after an in-place change of it)."""
         arange = torch.arange(self.q_len, device=positions.device)
         if self.write == "same-expression":
             return arange + offset
+        if self.write == "commuted":
+            return offset + arange
         if self.write == "own-cursor":
             index = arange + self.cursor
             self.cursor.add_(self.q_len)
@@ -368,8 +371,8 @@ def _target(node) -> str:
 @pytest.mark.parametrize(
     ("batch", "heads", "kv_heads", "cache_len", "q_len", "write"),
     [(1, 8, 2, 17, 1, "at-positions"), (3, 4, 1, 19, 3, "at-positions"), (3, 8, 2, 17, 1, "dim-minus-2"),
-     (1, 2, 2, 1, 1, "at-positions"), (2, 4, 2, 17, 3, "same-expression")],
-    ids=["gqa-one-token", "mqa-three-tokens", "dim-minus-2", "cache-of-one", "same-expression"],
+     (1, 2, 2, 1, 1, "at-positions"), (2, 4, 2, 17, 3, "same-expression"), (1, 4, 2, 17, 1, "commuted")],
+    ids=["gqa-one-token", "mqa-three-tokens", "dim-minus-2", "cache-of-one", "same-expression", "commuted"],
 )
 def test_folded_cache_writes_become_write_kv_inputs(monkeypatch, batch, heads, kv_heads, cache_len, q_len, write):
     """With folding on, the two index_copy_ writes are in the site's region (the rewrite erases
