@@ -14,8 +14,12 @@ a module-scoped fixture.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -187,6 +191,59 @@ def test_rule6_background_thread() -> None:
     result = evaluate_launcher(RMSNORM, background_thread_build, mode="gpu")
     assert result.status == "cheat", result.error
     assert "started a thread" in result.error
+
+
+CHUNKS = 16
+
+
+def chunked_build(spec: OpSpec, config: Config) -> Launcher:
+    """A correct RMSNorm issued as CHUNKS launches, one per block of rows, all on the current
+    stream: host issue time of many launches, like the persistent layernorm and split-KV write_kv
+    that rule 6 once rejected on a busy host (h32)."""
+    rows, n = spec.inputs[0].shape
+    part = get_op("rmsnorm").spec((rows // CHUNKS, n), spec.inputs[0].dtype)
+    launcher = honest(part)
+
+    def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        step = rows // CHUNKS
+        for c in range(CHUNKS):
+            rows_c = slice(c * step, (c + 1) * step)
+            launcher([inputs[0][rows_c], inputs[1]], [outputs[0][rows_c]])
+
+    return launch
+
+
+@contextmanager
+def busy_host(processes: int) -> Iterator[None]:
+    """``processes`` spinning Python processes (not threads: the worker times in its own process,
+    whose GIL no outside compile thread shares): every core contended, as during a search that
+    compiles ahead while other workers compile."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+        for spinner in spinners:
+            spinner.wait()
+
+
+def test_rule6_spares_a_correct_multi_launch_kernel_on_a_busy_host() -> None:
+    """Twice as many spinning processes as cores: issuing 16 launches takes the host far longer
+    than the device takes to run them, in every round; the side-work check must leave the host's
+    issue time out and keep the kernel."""
+    assert RMSNORM_LARGE.inputs[0].shape[0] % CHUNKS == 0
+    with busy_host(2 * (os.cpu_count() or 8)):
+        result = evaluate_launcher(RMSNORM_LARGE, chunked_build, mode="gpu")
+    assert_measured(result)
+
+
+def test_rule6_side_stream_is_still_caught_on_a_busy_host() -> None:
+    """The same load does not hide a side stream: its work is in every round's tail."""
+    with busy_host(2 * (os.cpu_count() or 8)):
+        result = evaluate_launcher(RMSNORM_LARGE, side_stream_build, mode="gpu")
+    assert result.status == "cheat", f"{result.status}: {result.error} {result.metrics}"
+    assert "work continued after the timed region" in result.error
 
 
 def test_rule5_data_ptr_cache_is_caught_while_timing() -> None:
