@@ -348,7 +348,8 @@ def plan_timing(
 #   stream waits for it (then the events time it: honest) or the host blocks inside the call until
 #   it is done. The latter is the one case timing cannot tell from a slow host (both are host time
 #   spent inside the call with the stream idle): it is charged as issue time here, and in the event
-#   timing its work can overlap what the host queued ahead of it, so it gains up to that lead. It
+#   timing its work can overlap what the host queued ahead of it, so it gains up to that lead (all
+#   of its time, for a kernel shorter than the lead). It
 #   needs host code that waits on a stream of its own, which a kernel file cannot contain (the gate
 #   rejects host code; built-in launchers are reviewed). The earlier rule missed it too when the
 #   hidden work was short (its 20 us floor) or more than twice that lead.
@@ -358,8 +359,8 @@ def plan_timing(
 # implementations (the order rotates, as in :func:`interleaved_gpu`) so a burst hits all of them
 # alike; and the limit grows with how noisy the baseline's own tail was (its median over its
 # minimum). Were the tails pure noise, a candidate's best of 15 would miss the baseline's median by
-# chance alone about once in 900 requests (all 15 above the 8th smallest of the 30); the price is that
-# hidden work shorter than that noise passes on a host that noisy.
+# chance alone about once in 900 candidates (all 15 above the 8th smallest of the 30); the price is
+# that hidden work shorter than that noise passes on a host that noisy.
 SIDE_WORK_ROUNDS = 15
 SIDE_WORK_FLOOR_US = 20.0  # hidden work below this is not told from host noise
 SIDE_WORK_SHARE = 0.5  # ... nor below this share of what the stream events saw
