@@ -5,8 +5,11 @@ A static-cache step whose ``cache.index_copy_(2, positions, new)`` writes are fo
 cache writes") is served through ``kernelsmith::kernel_mutating``, whose schema declares the
 caches written: the rewritten graph holds that op and no ``index_copy_``, and step after step the
 module's cache buffers are eager's bit for bit and its output eager's (and float64's). Writes that
-cannot fold (a reader between the write and the attention; Hugging Face's StaticCache, which
-writes at its own positions) keep the read-only site, the writes left in the graph.
+cannot fold (a reader between the write and the attention) keep the read-only site, the writes
+left in the graph. Hugging Face's StaticCache writes at its own index, ``arange(Sq) +`` each
+layer's counter: layer 0's is proved the mask's positions and folds, a later layer's is not and
+keeps its writes (one kernel_mutating call, then kernel calls; test_decode_hf_static_cache_writes
+has the details, here a slow end-to-end decode of the tiny Llama).
 
 CPU, interpreter mode (conftest); Inductor replaced by a recorder that runs the graph it gets (as
 in test_backend), except one test that compiles with the real Inductor and checks that the
@@ -28,11 +31,11 @@ from test_backend import kernel_ops, record_inductor, spy_runners
 from test_decode_attention_sites import (  # noqa: F401 (hf_llama is a fixture)
     StaticDecoder,
     attention_sites,
-    decode_steps,
-    decoder_inputs,
     hf_llama,
     prefilled,
+    served_ops,
 )
+from test_decode_hf_static_cache_writes import assert_caches_are_eager_s, decode, step
 
 CACHE_LEN, HEAD_DIM, GROUP = 37, 16, 2
 MUTATING = torch.ops.kernelsmith.kernel_mutating.default
@@ -154,25 +157,28 @@ def test_a_reader_between_write_and_attention_keeps_the_writes_and_the_read_only
     assert not any(n.target is MUTATING for n in seen[0].graph.nodes)
 
 
-@pytest.mark.slow  # ~25 s: a compile and interpreted Llama steps
-def test_hf_static_cache_keeps_its_writes_and_decodes_eager_tokens(hf_llama, tmp_path, monkeypatch):  # noqa: F811
-    """transformers 5's StaticCache writes at ``arange(Sq) + cumulative_length``, not at the
-    mask's positions: the fold is refused (documented in the pattern) and the read-only sites serve."""
+@pytest.mark.slow  # ~10 s: a discovery, a compile and interpreted Llama steps
+def test_hf_static_cache_folds_its_first_layer_and_decodes_eager_tokens(hf_llama, tmp_path, monkeypatch):  # noqa: F811
+    """transformers 5's StaticCache writes at ``arange(Sq) + cumulative_length``, its own index: in
+    layer 0 the graph proves it the mask's positions and the writes fold (kernelsmith::kernel_mutating),
+    in layer 1 (another counter) it does not and the read-only site serves with the writes in the
+    graph (the pattern's "Hugging Face's StaticCache"). Greedy steps give eager's tokens and caches."""
     ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(2))
-    eager_tokens, _ = decode_steps(hf_llama, hf_llama, ids, 3)
     cache, logits = prefilled(hf_llama, ids)
-    sites = attention_sites(lambda t: hf_llama(t, past_key_values=cache, use_cache=True).logits,
-                            logits[:, -1:].argmax(-1))  # fmt: skip
-    assert ["write_kv" in s.spec.constants for s in sites] == [False, False]
+    sites = attention_sites(lambda t: step(hf_llama)(t, cache), logits[:, -1:].argmax(-1))
+    assert ["write_kv" in s.spec.constants for s in sites] == [True, False]
     db = str(tmp_path / "k.db")
     store_kernel_decisions(db, [s.spec for s in sites])
     seen = record_inductor(monkeypatch)
     torch._dynamo.reset()
     backend = ks_backend.KernelsmithBackend(db=db, families=("decode_attention",), compare=False)
-    tokens, _ = decode_steps(torch.compile(hf_llama, backend=backend), hf_llama, ids, 3)
+    eager_tokens, _, eager_cache, _ = decode(step(hf_llama), hf_llama, ids, 3)
+    tokens, _, served_cache, _ = decode(torch.compile(step(hf_llama), backend=backend), hf_llama, ids, 3)
+    assert [s.status for s in backend.sites] == ["replaced"] * 2, [(s.status, s.reason) for s in backend.sites]
     assert torch.equal(tokens, eager_tokens)
-    assert kernel_ops(seen[0]) == ["decode_attention"] * 2
-    assert not any(n.target is MUTATING for n in seen[0].graph.nodes)
+    assert_caches_are_eager_s(served_cache, eager_cache)  # layer 0 (folded) bit for bit, layer 1 close
+    assert served_ops(seen[0]) == [("kernel_mutating", "decode_attention"), ("kernel", "decode_attention")]
+    assert [n.target for n in seen[0].graph.nodes].count("index_copy_") == 2  # layer 1's writes only
 
 
 # (a CPU Inductor compile, C++: about 5 s)
