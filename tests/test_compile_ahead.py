@@ -1,17 +1,26 @@
-"""Compiling waiting candidates ahead of their worker (issue 19: search cost).
+"""Compiling waiting candidates ahead of their worker, in compile processes (issue 19).
 
-In the interpreter nothing compiles, so the search's mechanism is tested with a spy compile
-function at :class:`CompileAhead`'s seam and a stand-in evaluator whose "workers" take a few
-milliseconds per candidate (what is under test is when and what is compiled, and what reaches a
-worker, not the harness). A GPU test compiles a real candidate without launching it.
+In the interpreter nothing compiles, so the search's mechanism is tested with a stand-in compile
+process (:mod:`kernelsmith.testing.compile_stand_in`: the real process's loop, a compile
+function that does what a script says) and a stand-in evaluator whose "workers" take a few
+milliseconds per candidate (what is under test is when and what is compiled, what reaches a
+worker, and what a compile process's crash does, not the harness). One stand-in process serves
+the whole module (each test writes its script), started once. The real compile process is
+started once too, where no GPU makes its compile fail; GPU tests compile a real candidate.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,22 +31,19 @@ from kernelsmith.db import open_database
 from kernelsmith.db.fingerprint import current_fingerprint
 from kernelsmith.db.records import variant_source_hash
 from kernelsmith.evaluate import compile_ahead
-from kernelsmith.evaluate.compile_ahead import COMPILED, NOT_COMPILED, CompileAhead
-from kernelsmith.evaluate.protocol import Candidate, EvalResult
+from kernelsmith.evaluate.compile_ahead import COMPILED, NOT_COMPILED, CompileAhead, CompilePool
+from kernelsmith.evaluate.protocol import Candidate, EvalResult, ProtocolError
 from kernelsmith.ops import get_op
 from kernelsmith.strategies import Strategy, make_strategy
 from kernelsmith.strategies.warm import Seeds
 
 EVALUATION_S = 0.03  # how long a stand-in worker takes per candidate
-
-
-class CompilationError(Exception):
-    """Named as Triton's: what compile-ahead must take for the candidate's own build failure."""
+STAND_IN = "kernelsmith.testing.compile_stand_in"
 
 
 class _SlowEvaluator:
     """``n_workers`` stand-in workers, each taking EVALUATION_S per candidate; records when each
-    candidate was submitted."""
+    candidate was submitted (``time.monotonic()``, the stand-in compile process's clock)."""
 
     mode = "interpreter"
 
@@ -46,7 +52,7 @@ class _SlowEvaluator:
         self.submitted: list[tuple[str, float]] = []  # (candidate key, time submitted)
 
     def submit(self, spec: Any, candidate: Candidate, **_: Any) -> Future[EvalResult]:
-        self.submitted.append((candidate.key, time.perf_counter()))
+        self.submitted.append((candidate.key, time.monotonic()))
         future: Future[EvalResult] = Future()
         source_hash = (variant_source_hash(candidate.source) if candidate.source
                        else get_op("rmsnorm").variant(candidate.variant).source_hash)  # fmt: skip
@@ -60,26 +66,38 @@ class _SlowEvaluator:
         return [key for key, _ in self.submitted]
 
 
-class _Spy:
-    """A compile function that takes ``seconds`` and records what it compiled and when it
-    finished; ``fail`` maps a candidate key to the exception to raise."""
+class _StandIn:
+    """The module's stand-in compile process and its script (see compile_stand_in)."""
 
-    def __init__(self, fail: dict[str, Exception] | None = None, seconds: float = 0.0) -> None:
-        self.compiled: list[tuple[str, float]] = []
-        self.fail = fail or {}
-        self.seconds = seconds
-        self._lock = threading.Lock()
+    def __init__(self, folder: Path) -> None:
+        self.script_path, self.log_path = folder / "script.json", folder / "compiled.jsonl"
+        self.pool = CompilePool(1, command=(STAND_IN, str(self.script_path)))
 
-    def __call__(self, family: Any, spec: Any, candidate: Candidate) -> None:
-        time.sleep(self.seconds)
-        with self._lock:
-            self.compiled.append((candidate.key, time.perf_counter()))
-        if candidate.key in self.fail:
-            raise self.fail[candidate.key]
+    def script(self, **script: Any) -> CompilePool:
+        """Write a test's script, empty the log and have the process started (as a search would
+        find it, after its first search); returns the pool to compile in."""
+        self.script_path.write_text(json.dumps({"log": str(self.log_path), **script}))
+        self.log_path.write_text("")
+        self.pool.run(lambda process: process.ensure_started())
+        return self.pool
+
+    @property
+    def compiled(self) -> list[dict[str, Any]]:
+        """What reached the process, in order: {"key", "at", "pid"}."""
+        return [json.loads(line) for line in self.log_path.read_text().splitlines()]
 
     @property
     def keys(self) -> list[str]:
-        return [key for key, _ in self.compiled]
+        return [entry["key"] for entry in self.compiled]
+
+
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_StandIn]:
+    process = _StandIn(tmp_path_factory.mktemp("compile-stand-in"))
+    try:
+        yield process
+    finally:
+        process.pool.close()
 
 
 class _Counting(Strategy):
@@ -108,12 +126,13 @@ class _Counting(Strategy):
         return []
 
 
-def _search(db: Any, evaluator: _SlowEvaluator, spy: _Spy | None = None, depth: int = 3) -> _Search:
-    """A search of rmsnorm on ``evaluator``'s workers; with ``spy``, compiling ahead through it on
-    one thread, up to ``depth`` candidates waiting (without, a test gives its own compiler later)."""
+def _search(db: Any, evaluator: _SlowEvaluator, pool: CompilePool | None = None, depth: int = 3,
+            max_lost: int = compile_ahead.MAX_LOST_PROCESSES) -> _Search:  # fmt: skip
+    """A search of rmsnorm on ``evaluator``'s workers; with ``pool``, compiling ahead in it, up to
+    ``depth`` candidates waiting (without, a test gives its own compiler later)."""
     family = get_op("rmsnorm")
     spec = family.spec_for(torch.randn(5, 48), torch.randn(48))
-    compiler = None if spy is None else CompileAhead(family, spec, spy, threads=1, depth=depth)
+    compiler = None if pool is None else CompileAhead(family, spec, pool, depth=depth, max_lost=max_lost)
     return _Search(family, spec, current_fingerprint("interpreter"), db, evaluator, None,  # type: ignore[arg-type]
                    compile_ahead=compiler)  # fmt: skip
 
@@ -124,45 +143,51 @@ def _grid(search: _Search, budget: int) -> _Counting:
     return strategy
 
 
-def test_waiting_candidates_are_compiled_before_they_reach_a_worker_in_order(tmp_path: Any) -> None:
-    """One worker: the first proposal goes to it at once; every later one waits, is compiled
-    here meanwhile (in proposal order) and reaches the worker compiled, in proposal order. Each
-    compile takes longer than an evaluation, so the worker is free while one is compiling: the
-    search waits for it rather than send it uncompiled."""
+def _grid_order(search: _Search, n: int) -> list[str]:
+    """The keys of the grid's first ``n`` proposals (the grid is deterministic)."""
+    return [c.key for c in _grid(search, n).inner.propose(n)]
+
+
+def test_waiting_candidates_are_compiled_before_they_reach_a_worker_in_order(tmp_path: Any, stand_in: _StandIn) -> None:
+    """One worker: the first proposal goes to it at once; every later one waits, is compiled in
+    the compile process meanwhile (in proposal order) and reaches the worker compiled, in
+    proposal order. Each compile takes longer than an evaluation, so the worker is free while one
+    is compiling: the search waits for it rather than send it uncompiled."""
+    seconds = 2 * EVALUATION_S
+    pool = stand_in.script(seconds=seconds)
     with open_database(tmp_path / "k.db") as db:
-        spy = _Spy(seconds=2 * EVALUATION_S)
         evaluator = _SlowEvaluator(n_workers=1)
-        search = _search(db, evaluator, spy)
+        search = _search(db, evaluator, pool)
         budget = 7
         strategy = _grid(search, budget)
         search._drive(strategy, budget, None)
         proposed = [r.candidate.key for r in search.results]  # recorded as they finish: one worker, in order
         assert len(proposed) == budget and evaluator.keys == proposed
-        assert spy.keys == proposed[1:]  # all but the first, which found the worker free
-        compiled_at = dict(spy.compiled)
+        assert stand_in.keys == proposed[1:]  # all but the first, which found the worker free
+        compiled_at = {entry["key"]: entry["at"] for entry in stand_in.compiled}
         for key, submitted_at in evaluator.submitted[1:]:
             assert compiled_at[key] < submitted_at
         assert strategy.most_outstanding == 1 + 3  # the worker's candidate and the queue's depth
         report = search.compile_report
         assert report["enabled"] and report["compiled"] == budget - 1 and report["failed"] == 0
-        assert report["ahead_s"] >= (budget - 1) * spy.seconds and report["waited_s"] > 0.0
+        assert report["lost_processes"] == 0
+        assert report["ahead_s"] >= (budget - 1) * seconds and report["waited_s"] > 0.0
 
 
-def test_a_compile_failure_is_the_candidates_build_failure_and_the_search_goes_on(tmp_path: Any) -> None:
-    """The grid's second candidate fails to compile here: it is a stored "build" failure with a
-    worker's message and takes no worker; the third raises something else, which is not its
-    failure: its worker gets it. The budget is spent all the same."""
+def test_a_compile_failure_is_the_candidates_build_failure_and_the_search_goes_on(
+    tmp_path: Any, stand_in: _StandIn
+) -> None:
+    """The grid's second candidate fails to compile in the compile process: it is a stored
+    "build" failure with a worker's message and takes no worker; the third raises something
+    else, which is not its failure: its worker gets it. The budget is spent all the same."""
     with open_database(tmp_path / "k.db") as db:
         evaluator = _SlowEvaluator(n_workers=1)
         search = _search(db, evaluator)
         budget = 6
-        strategy = _grid(search, budget)
-        first = strategy.inner.propose(3)  # peek at the grid's order, then start it again
-        strategy = _grid(search, budget)
-        broken, odd = first[1].key, first[2].key
-        spy = _Spy({broken: CompilationError("at 3:4: unsupported tensor shape"), odd: RuntimeError("no meta kernel")})
-        search.given_compile_ahead = CompileAhead(search.family, search.spec, spy, threads=1, depth=2)
-        search._drive(strategy, budget, None)
+        _, broken, odd = _grid_order(search, 3)
+        pool = stand_in.script(fail={broken: "at 3:4: unsupported tensor shape"}, odd={odd: "no meta kernel"})
+        search.given_compile_ahead = CompileAhead(search.family, search.spec, pool, depth=2)
+        search._drive(_grid(search, budget), budget, None)
         failed = [r for r in search.results if r.candidate.key == broken]
         assert len(failed) == 1 and failed[0].status == "build"
         assert failed[0].error == "CompilationError: at 3:4: unsupported tensor shape"
@@ -174,30 +199,36 @@ def test_a_compile_failure_is_the_candidates_build_failure_and_the_search_goes_o
         assert search.compile_report["failed"] == 1 and search.compile_report["not_compiled"] == 1
 
 
-def test_the_setting_off_compiles_nothing_and_keeps_the_old_order(tmp_path: Any, monkeypatch: Any) -> None:
-    """KERNELSMITH_COMPILE_AHEAD=0: no compile here, and never more candidates proposed and not
-    yet observed than there are workers (the loop as it was before compile-ahead)."""
+def test_the_setting_off_compiles_nothing_and_keeps_the_old_order(
+    tmp_path: Any, monkeypatch: Any, stand_in: _StandIn
+) -> None:
+    """KERNELSMITH_COMPILE_AHEAD=0: nothing compiled ahead, and never more candidates proposed
+    and not yet observed than there are workers (the loop as it was before compile-ahead)."""
     monkeypatch.setenv("KERNELSMITH_COMPILE_AHEAD", "0")
+    pool = stand_in.script()
     with open_database(tmp_path / "k.db") as db:
-        spy = _Spy()
         evaluator = _SlowEvaluator(n_workers=2)
-        search = _search(db, evaluator, spy)
+        search = _search(db, evaluator, pool)
         budget = 7
         strategy = _grid(search, budget)
-        search._drive(strategy, budget, None)
-        assert spy.compiled == [] and search.compile_report["enabled"] is False
+        try:
+            search._drive(strategy, budget, None)
+        finally:
+            assert search.given_compile_ahead is not None
+            search.given_compile_ahead.close()
+        assert stand_in.keys == [] and search.compile_report["enabled"] is False
         assert strategy.most_outstanding == evaluator.n_workers
         assert len(evaluator.keys) == budget
 
 
-def test_a_kernel_file_is_never_compiled_in_the_tuning_process(tmp_path: Any) -> None:
-    """An agent's or LLM's kernel file waiting for a worker is sent to it uncompiled: the spy
-    (the host's compile) never sees it, the worker gets it."""
+def test_a_kernel_file_never_reaches_a_compile_process(tmp_path: Any, stand_in: _StandIn) -> None:
+    """An agent's or LLM's kernel file waiting for a worker is sent to it uncompiled: the compile
+    process never sees it, the worker gets it."""
     source = "# a kernel file's text: only ever built in a worker\n"
+    pool = stand_in.script()
     with open_database(tmp_path / "k.db") as db:
-        spy = _Spy()
         evaluator = _SlowEvaluator(n_workers=1)
-        search = _search(db, evaluator, spy)
+        search = _search(db, evaluator, pool)
         built_in = search.candidates()[:3]
         kernel_file = Candidate("from_agent", built_in[0].config, source=source)
         seeds = [built_in[0], kernel_file, built_in[1], built_in[2]]
@@ -205,23 +236,113 @@ def test_a_kernel_file_is_never_compiled_in_the_tuning_process(tmp_path: Any) ->
         strategy.setup(seeds)
         search._drive(strategy, len(seeds), None)
         assert evaluator.keys == [c.key for c in seeds]
-        assert spy.keys == [built_in[1].key, built_in[2].key]
+        assert stand_in.keys == [built_in[1].key, built_in[2].key]
         assert search.compile_report["not_compiled"] == 1
 
 
-def test_compile_ahead_refuses_source_even_when_called_directly() -> None:
-    spy = _Spy()
+def test_compile_ahead_refuses_source_even_when_called_directly(stand_in: _StandIn) -> None:
+    """:meth:`CompileAhead.start` never sends a kernel file, and the compile process's own
+    request handler refuses one (the boundary kept on both sides)."""
+    pool = stand_in.script()
     family = get_op("rmsnorm")
     spec = family.spec_for(torch.randn(5, 48), torch.randn(48))
-    compiler = CompileAhead(family, spec, spy, threads=1)
+    compiler = CompileAhead(family, spec, pool)
+    kernel_file = Candidate("from_llm", _first_config(family, spec), source="# kernel file\n")
     try:
-        config = _first_config(family, spec)
-        outcome = compiler.start(Candidate("from_llm", config, source="# kernel file\n")).result()
-        assert outcome.status == NOT_COMPILED and spy.compiled == []
-        built_in = compiler.start(Candidate(family.variants[0].name, config)).result()
-        assert built_in.status == COMPILED and spy.keys == [built_in.candidate.key]
+        outcome = compiler.start(kernel_file).result()
+        assert outcome.status == NOT_COMPILED and stand_in.keys == []
+        built_in = compiler.start(Candidate(family.variants[0].name, kernel_file.config)).result()
+        assert built_in.status == COMPILED and stand_in.keys == [built_in.candidate.key]
     finally:
         compiler.close()
+    called: list[Candidate] = []
+    request = {"kind": "compile", "spec": spec.to_dict(), "candidate": kernel_file.to_json()}
+    reply = compile_ahead.compile_request(request, lambda family, spec, candidate: called.append(candidate))
+    assert reply["status"] == NOT_COMPILED and called == []
+
+
+def test_compile_processes_start_only_for_a_waiting_candidate() -> None:
+    """A search whose candidates never wait for a worker starts no compile process."""
+    family = get_op("rmsnorm")
+    compiler = CompileAhead(family, family.spec_for(torch.randn(5, 48), torch.randn(48)))
+    compiler.close()
+    assert compiler.pool.size == compile_ahead.COMPILE_AHEAD_PROCESSES
+    assert all(process.proc is None for process in compiler.pool.processes)
+
+
+def test_the_tuning_process_reads_only_well_formed_compile_replies() -> None:
+    assert compile_ahead._read_reply(b'{"kind": "compiled", "status": "failed", "error": "E: x"}') == ("failed", "E: x")
+    for garbage in (b"\x80pickle", b"[]", b'{"kind": "compiled", "status": "ok", "error": ""}',
+                    b'{"kind": "compiled", "status": "compiled", "error": 3}',
+                    b'{"kind": "compiled", "status": "compiled", "error": "", "extra": 1}'):  # fmt: skip
+        with pytest.raises(ProtocolError):
+            compile_ahead._read_reply(garbage)
+
+
+def test_a_lost_compile_process_leaves_the_search_running_and_the_candidate_to_its_worker(
+    tmp_path: Any, stand_in: _StandIn, caplog: Any
+) -> None:
+    """The compile process dies on the grid's third candidate (os._exit), is started again and
+    compiles the fourth, segfaults on the fifth and hangs on the sixth (past its time limit):
+    each lost candidate goes to its worker as if not compiled ahead, and after the third loss
+    compile-ahead is off for the search (the seventh and eighth are not sent). Every candidate
+    is evaluated by its worker, in order, and nothing is recorded as the candidates' failure."""
+    with open_database(tmp_path / "k.db") as db:
+        evaluator = _SlowEvaluator(n_workers=1)
+        search = _search(db, evaluator)
+        budget = 8
+        order = _grid_order(search, budget)
+        pool = stand_in.script(exit=[order[2]], segv=[order[4]], hang=[order[5]])
+        pool.timeout_s = 1.0
+        try:
+            search.given_compile_ahead = CompileAhead(search.family, search.spec, pool, depth=3, max_lost=3)
+            with caplog.at_level(logging.WARNING, logger="kernelsmith.evaluate.compile_ahead"):
+                search._drive(_grid(search, budget), budget, None)
+        finally:
+            pool.timeout_s = compile_ahead.COMPILE_TIMEOUT_S
+        assert evaluator.keys == order and [r.status for r in search.results] == ["ok"] * budget
+        assert stand_in.keys == order[1:6]  # none after compile-ahead was switched off
+        pids = [entry["pid"] for entry in stand_in.compiled]
+        assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4]  # started again after each loss
+        outcomes = {o.candidate.key: o for o in search.given_compile_ahead.outcomes}
+        assert [outcomes[key].status for key in order[1:]] == [COMPILED, NOT_COMPILED, COMPILED] + [NOT_COMPILED] * 4
+        assert "exit code 3" in outcomes[order[2]].error and "exit code -11" in outcomes[order[4]].error
+        assert "time limit" in outcomes[order[5]].error
+        report = search.compile_report
+        assert report["lost_processes"] == 3 and report["compiled"] == 2 and report["failed"] == 0
+        assert any("compile-ahead switched off" in r.getMessage() for r in caplog.records)
+
+
+def test_the_real_compile_process_compiles_there_not_in_the_tuning_process(tmp_path: Any, monkeypatch: Any) -> None:
+    """The real compile process (``python -m kernelsmith.evaluate.compile_ahead``) answers for a
+    built-in candidate, and the tuning process neither compiles (its compile_variant would say
+    so) nor initializes CUDA. Without a GPU Triton has no driver there: "not compiled", and the
+    candidate goes to its worker."""
+
+    def here(*_: Any) -> None:
+        raise AssertionError("compiled in the tuning process")
+
+    cuda_inits: list[bool] = []
+    cuda_before = torch.cuda.is_initialized()  # (on a GPU, an earlier test may have)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))  # a GPU compiles: not into the user's
+    monkeypatch.setattr(compile_ahead, "compile_variant", here)
+    monkeypatch.setattr(torch.cuda, "_lazy_init", lambda: cuda_inits.append(True))
+    pool = CompilePool(1)
+    pool.run(lambda process: process.ensure_started())  # else the worker takes the candidate first
+    with open_database(tmp_path / "k.db") as db:
+        evaluator = _SlowEvaluator(n_workers=1)
+        search = _search(db, evaluator)
+        search.given_compile_ahead = CompileAhead(search.family, search.spec, pool, depth=1)
+        try:
+            search._drive(_grid(search, 2), 2, None)
+        finally:
+            pool.close()
+        (outcome,) = search.given_compile_ahead.outcomes
+        assert outcome.status in (NOT_COMPILED, COMPILED) and "tuning process" not in outcome.error
+        if not torch.cuda.is_available():
+            assert outcome.status == NOT_COMPILED and outcome.error  # Triton's error, from there
+        assert len(evaluator.keys) == 2 and search.compile_report["lost_processes"] == 0
+    assert torch.cuda.is_initialized() == cuda_before and cuda_inits == []
 
 
 def _first_config(family: Any, spec: Any) -> Any:
@@ -296,4 +417,33 @@ def test_compile_variant_compiles_into_the_cache_without_launching(tmp_path: Any
     compile_ahead.compile_variant(family, spec, candidate)
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == allocated
+    assert any((tmp_path / "cache").rglob("*.cubin"))
+
+
+_FRESH_TUNING_PROCESS = """
+import json, sys, torch
+from kernelsmith.evaluate.compile_ahead import CompileAhead
+from kernelsmith.evaluate.protocol import Candidate
+from kernelsmith.ops import get_op
+family = get_op("rmsnorm")
+spec = family.spec_for(torch.randn(37, 1000), torch.randn(1000))  # shapes only: no device tensor here
+config = family.variants[0].space(spec).configs()[0]
+compiler = CompileAhead(family, spec)
+outcome = compiler.start(Candidate(family.variants[0].name, config)).result()
+compiler.close()
+print(json.dumps({"status": outcome.status, "error": outcome.error, "cuda": torch.cuda.is_initialized()}))
+"""
+
+
+@pytest.mark.gpu
+def test_compiling_ahead_on_a_gpu_fills_the_cache_and_leaves_cuda_alone_in_the_tuning_process(tmp_path: Any) -> None:
+    """On a GPU, in a fresh tuning process: a built-in candidate compiled ahead (by the real
+    compile processes) lands in Triton's on-disk cache, and the tuning process never
+    initialized CUDA."""
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, "-c", _FRESH_TUNING_PROCESS], env=env, capture_output=True, text=True,
+                          timeout=300, check=True)  # fmt: skip
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer == {"status": COMPILED, "error": "", "cuda": False}, done.stderr[-2000:]
     assert any((tmp_path / "cache").rglob("*.cubin"))
