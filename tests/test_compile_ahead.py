@@ -305,7 +305,9 @@ def test_a_lost_compile_process_leaves_the_search_running_and_the_candidate_to_i
         pids = [entry["pid"] for entry in stand_in.compiled]
         assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4]  # started again after each loss
         outcomes = {o.candidate.key: o for o in search.given_compile_ahead.outcomes}
-        assert [outcomes[key].status for key in order[1:]] == [COMPILED, NOT_COMPILED, COMPILED] + [NOT_COMPILED] * 4
+        assert [outcomes[key].status for key in order[1:6]] == [COMPILED, NOT_COMPILED, COMPILED] + [NOT_COMPILED] * 2
+        # after the switch-off: not compiled (or, on a slow host, taken by the worker before that)
+        assert all(outcomes[key].status == NOT_COMPILED for key in order[6:] if key in outcomes)
         assert "exit code 3" in outcomes[order[2]].error and "exit code -11" in outcomes[order[4]].error
         assert "time limit" in outcomes[order[5]].error
         report = search.compile_report
