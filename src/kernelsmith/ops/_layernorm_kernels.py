@@ -148,6 +148,116 @@ def welford_merge(lane_mean, lane_m2, cols, N, eps, BLOCK_N: tl.constexpr):
     return mean_d, tl.rsqrt(m2 / N + eps)
 
 
+# -------------------------------------------------------------------------------------------------
+# Exactly centred values: LayerNorm backward's statistics on rows of cancelling spikes
+#
+# Take a row of a hundred values of a few units and two spikes, -1.03e4 and +1.14e4, that cancel
+# to 1.08e3 (the 'spikes' stress data's): mean 10.8, std 1.5e3. In float32 each spike's
+# d = x - shift is rounded at the spike's ulp (1e-3), and so is every partial sum of the row that
+# holds a spike; the mean of d comes out ~1e-5 off, ten ulps of the mean itself, whatever the
+# order of the sum. The centred values x - mean of the small elements (about 10 each) all carry
+# that error, a relative error of ~1e-6, and so does whatever weights them: the backward's
+# dw = sum(dy * xhat) is ruled by the elements where dy is large, which need not be the spikes.
+# (Norm-wise xhat is still right to float32 rounding: its error is a fraction eps * sum|d| / N of
+# the spread. It is the small elements' own relative accuracy that is lost.) Shifting the row
+# again by the mean found (as two_pass does for an outlier x[0]) does not help: the spikes are as
+# far from any shift. A shift far from the mean (row_shift's mean of the first elements, when a
+# spike is among them) does the same to every row's partial sums, spike or not.
+#
+# The helpers below keep what float32 rounding loses, exactly, with Knuth's TwoSum (two_sum): d and
+# its rounding error (shifted), then the sum of both as a compensated sum (a sum and the rounding
+# errors of its additions, summed beside it: compensated_mean, which gives the mean as a float
+# and its rest), then the centred values from all four (centred). The mean of d is then within
+# about an ulp (the compensated
+# sum is off by about half an ulp of the sum, plus (levels * eps)^2 * sum|d| for a tree `levels`
+# additions deep, the errors' own float32 sum: under an ulp unless the row cancels more than some
+# 1e5-fold, sum|d| / |sum d|, 20-fold above), and each centred value is rounded at its own ulp,
+# not at the spikes' or the shift's. TwoSum needs only round-to-nearest additions, no ordering of
+# the operands by magnitude and no branch, so any reduction tree Triton picks (and the
+# interpreter's left-to-right fold) is as good; the compiler keeps IEEE addition (no
+# reassociation; TwoSum has no product that could be fused into an FMA). Finite values only: a sum
+# that overflows gives NaN where a plain sum gives inf, and a row that large has long overflowed
+# its squares (the variance) anyway.
+#
+# What it costs: nothing in memory, about 14 more float additions an element (5 for d's error, 7
+# in the mean's reduction, which carries two floats a step instead of one, 2 for the centred
+# value). The backward's callers say where they pay it (layernorm_backward's module docstring).
+
+
+@triton.jit
+def two_sum(a, b):
+    """``a + b`` rounded, and that rounding's error, exactly: ``a + b == total + error`` in real
+    numbers (Knuth's TwoSum: six additions, any magnitudes, no branch)."""
+    total = a + b
+    b_kept = total - a  # the part of b that total holds ...
+    a_kept = total - b_kept  # ... and the part of a
+    error = (a - a_kept) + (b - b_kept)  # what each lost, both exact
+    return total, error
+
+
+@triton.jit
+def shifted(x, shift, mask):
+    """``(d, error)``: ``d = x - shift`` rounded and its rounding error (``d + error == x - shift``
+    exactly), both zero off ``mask`` (a padded 0.0 minus the shift is not zero)."""
+    d, error = two_sum(x, -shift)
+    return tl.where(mask, d, 0.0), tl.where(mask, error, 0.0)
+
+
+@triton.jit
+def centred(d, error, mean_d, mean_d_error, mask):
+    """The centred values ``x - shift - mean(d)`` from :func:`shifted`'s ``(d, error)`` and the
+    mean as :func:`compensated_mean` gives it (``mean_d + mean_d_error``): rounded about once at
+    their own ulp, not at d's or the mean's, which are large when the shift is far from the mean
+    (a spike among the elements row_shift averages). ``d - mean_d`` is exact where the two are
+    within a factor 2 of each other (Sterbenz), as on the small elements of such a row. Zero off
+    ``mask``."""
+    return tl.where(mask, (d - mean_d) + (error - mean_d_error), 0.0)
+
+
+@triton.jit
+def _compensated_combine(total_a, error_a, total_b, error_b):
+    """Two partial compensated sums added: the totals by TwoSum, the errors in float32."""
+    total, rounding = two_sum(total_a, total_b)
+    return total, (error_a + error_b) + rounding
+
+
+@triton.jit
+def compensated_mean(totals, errors, N):
+    """The mean over axis 0 of ``totals + errors`` (values and their errors, or running sums and
+    their accumulated rounding errors) from one compensated tree: 8 additions an element where
+    tl.sum costs 1, and two floats a step across threads. Divided by ``N`` correctly rounded
+    (``div_rn``: a plain ``/`` compiles to an approximate division on NVIDIA GPUs, 2 ulps, more
+    than the sum's own error). In the interpreter a custom reduction runs element by element
+    (~0.2 ms an element): the kernels call it once a row, on the rows that need it.
+
+    Returns the mean as two floats, ``(mean, error)``: the correctly rounded mean and the rest of
+    it, so that a caller subtracting it from values near the mean loses nothing to the mean's own
+    rounding (an ulp of |shift - mean|, which a dragged shift makes large)."""
+    total, error = tl.reduce((totals, errors), 0, _compensated_combine)
+    total, error = two_sum(total, error)  # the float nearest the sum, and the rest
+    n = tl.cast(N, tl.float32)
+    mean = tl.math.div_rn(total, n)
+    # The division's remainder, total - mean * n, is a float when mean is total / n correctly
+    # rounded: one FMA computes it exactly. With the sum's rest, divided by n, it is the mean's
+    # rest (which needs only a few correct bits).
+    remainder = tl.fma(-mean, n, total) + error
+    return mean, remainder / n
+
+
+@triton.jit
+def exactly_centred_row(x, shift, mask, N, eps):
+    """:func:`centred_row`'s ``(mean(d), xc, rstd)`` with the mean and the centred values from
+    the exact d (above): accurate to their own rounding on rows of cancelling spikes too.
+    (centred_row, the forward's, is left as its kernels were timed: the forward's y is weighted
+    by the weight alone, where the plain mean's error is a norm-wise rounding.)"""
+    d, error = shifted(x, shift, mask)
+    mean_d, mean_d_error = compensated_mean(d, error, N)
+    xc = centred(d, error, mean_d, mean_d_error, mask)
+    # The variance of the centred values, as centred_row's pass 2: nothing cancels there.
+    rstd = tl.rsqrt(tl.sum(xc * xc, axis=0) / N + eps)
+    return mean_d, xc, rstd
+
+
 @triton.jit
 def _store_stats(mean_ptr, rstd_ptr, rows, shift, mean_d, rstd, mask, STORE_STATS: tl.constexpr):
     """The rows' mean (``shift + mean(d)``) and rstd, float32, when the launch asks for them (a
