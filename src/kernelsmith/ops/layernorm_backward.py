@@ -37,6 +37,33 @@ As in the forward, no statistic is formed from raw ``x`` (``sum(g * x) - mean * 
 elements, ``d = x - shift``, which is exact for such rows, so that ``xhat = (d - mean(d)) * rstd`` is accurate to
 float32 rounding of the spread rather than of the mean (see :mod:`layernorm`'s docstring).
 
+Accuracy: the mean, exactly, where spikes cancel
+------------------------------------------------
+A plain float32 mean of ``d`` is off by up to ``eps * sum|d| / N``. Norm-wise that is a rounding
+of ``xhat``, but on rows whose sum is carried by a few spikes (or whose shift is far from the
+mean) it is many ulps of the small elements' own centred values, and ``dw = sum(dy * xhat)``
+weights those by ``dy``, which may be large exactly there: the 'spikes' stress data has such
+draws, where PyTorch's sum happens to cancel its two spikes exactly and the kernels' did not
+(tests/interpreter/test_validation_flakes.py). :mod:`kernelsmith.ops._layernorm_kernels` (its
+section on exactly centred values) has the remedy: ``d`` and its rounding error by TwoSum, their
+compensated sum, and the centred values from both; that costs ~14 float additions an element and
+no memory. Where it is paid:
+
+- ``two_stage`` computes the plain statistics first, and recomputes them exactly only on the rows
+  where they may be off (``_plain_mean_may_be_off``: the deviations concentrated in fewer than 8
+  elements, or the shift more than 2 mean absolute deviations from the mean), reloading the row
+  from cache. A normal row pays one more reduction (``sum|xc|``): compiled for sm_90, a bfloat16
+  row of 4096 on 8 warps is 763 instructions a thread instead of 718 (179 registers instead of
+  162: the exact branch's), where computing exactly on every row would be ~1050; this kernel
+  issues about as many instructions as its memory traffic allows, so that would not be free.
+- ``looped`` makes the same check after its one statistics pass (with ``mean|d| - |mean(d)|``,
+  a lower bound of the mean absolute deviation, which one pass can form), and on the rows it
+  flags reads the row once more for the exact mean: the only extra pass over memory, on those
+  rows only. Its statistics loop is 224 instructions a block step instead of 215 (``BLOCK_N``
+  1024 on 4 warps; the running ``sum|d|``); its rows kernel is unchanged, the statistics kernel
+  handing it the mean as a float shift and the rest (so its ``x - shift`` is rounded at the
+  centred value's ulp).
+
 Reference
 ---------
 The baseline (``reference``) is PyTorch's autograd through ``F.layer_norm`` in the input dtype,
@@ -50,7 +77,8 @@ Variants (deterministic: no atomics, every sum in a fixed order)
 ``two_stage``
     ``GROUPS`` x (multiprocessor count) programs, capped by the row count. Each program walks the
     rows ``pid, pid + programs, ...`` with the whole row in registers (``BLOCK_N`` =
-    next_power_of_two(N)): the shifted two-pass statistics, ``dx``, and its shares of ``dw`` and
+    next_power_of_two(N)): the shifted two-pass statistics (exactly where they may be off:
+    Accuracy above), ``dx``, and its shares of ``dw`` and
     ``db`` in float32 registers, stored at the end to ``(programs, N)`` float32 scratch buffers.
     :mod:`kernelsmith.ops._rowwise_backward`'s reduction kernel then sums each scratch over programs, in a fixed
     order, into ``dw`` and ``db``. (Without a weight there is nothing to reduce: one kernel.)
@@ -58,7 +86,8 @@ Variants (deterministic: no atomics, every sum in a fixed order)
     For rows too wide for registers (and a contender for wide ones): the row statistics, then
     the gradients. The first kernel makes one pass over column blocks of ``BLOCK_N`` per row:
     Welford's running mean and sum of squared deviations per lane (merged with Chan's formula,
-    as in :mod:`layernorm`'s ``welford`` kernel) for ``mean`` and ``rstd``, and the running sums
+    as in :mod:`layernorm`'s ``welford`` kernel) for ``mean`` and ``rstd`` (the mean again,
+    exactly, in a second pass on the rows that need it: Accuracy above), and the running sums
     of ``g`` and ``g * d``, from which ``mean(g * xhat) = rstd * (sum(g d) - mean(d) sum(g)) / N``
     (that difference cancels only by the ratio of ``|shift - mean|`` to the spread, a few units:
     harmless, as the term is a small correction to ``dx``). It stores ``(mean(d), rstd, mean(g),
@@ -96,7 +125,17 @@ from kernelsmith.ops._base import (
     check_eps,
     tensor_specs,
 )
-from kernelsmith.ops._layernorm_kernels import centred_row, row_shift, welford_merge, welford_start, welford_step
+from kernelsmith.ops._layernorm_kernels import (
+    centred_row,
+    compensated_mean,
+    exactly_centred_row,
+    row_shift,
+    shifted,
+    two_sum,
+    welford_merge,
+    welford_start,
+    welford_step,
+)
 from kernelsmith.ops._rowwise_backward import column_block, load_row, row_columns, store_row, store_share
 from kernelsmith.ops.layernorm import (
     AFFINE,
@@ -110,9 +149,10 @@ from kernelsmith.ops.layernorm import OP as _LAYERNORM
 from kernelsmith.space import Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec
 
-# The looped statistics pass holds six float32 values a column: four running sums (Welford's
-# mean and M2, sum(g), sum(g * d)) and the loaded x and dy.
-LOOPED_VALUES_PER_COLUMN = 6
+# The looped statistics pass holds seven float32 values a column: five running sums (Welford's
+# mean and M2, sum|d|, sum(g), sum(g * d)) and the loaded x and dy. (Its exact second pass, on
+# the rows that need it, holds fewer: x, d, its error, and a compensated sum's two floats.)
+LOOPED_VALUES_PER_COLUMN = 7
 
 # ---------------------------------------------------------------------------------------------
 # The math shared by the kernels
@@ -123,6 +163,33 @@ LOOPED_VALUES_PER_COLUMN = 6
 def _shift(x_ptr, i, x_row_stride, N):
     """Row ``i``'s shift (the forward's ``row_shift``: the mean of its first elements)."""
     return row_shift(x_ptr + tl.cast(i, tl.int64) * x_row_stride, N)
+
+
+# When the kernels compute a row's mean again, exactly (module docstring): rows whose deviations
+# are carried by fewer than CONCENTRATED_IN elements, or whose shift lies more than SHIFT_OFF_BY
+# mean absolute deviations from the mean. (Globals used in kernels must be constexprs.)
+CONCENTRATED_IN = tl.constexpr(8.0)
+SHIFT_OFF_BY = tl.constexpr(2.0)
+
+
+@triton.jit
+def _plain_mean_may_be_off(mean_d, spread, rstd, N, eps):
+    """Whether the plain float32 mean of d = x - shift may be off by more than the small
+    elements' own rounding: the row's deviations are concentrated in a few elements (spikes), or
+    the shift is far from the mean (so that every partial sum is large). Both are measured
+    against the mean absolute deviation m = mean|xc| (``spread``), which spikes inflate least:
+
+    - N * m^2 / var, the number of elements the deviations are spread over: about 0.64 N on
+      normal rows, about k with k dominant spikes (each |xc| ~ std * sqrt(N / k)). With
+      var = 1 / rstd^2 - eps, so that a row whose variance is all but eps's (a constant row,
+      denormal values) is not taken for a concentrated one: tested as
+      N * (m * rstd)^2 < CONCENTRATED_IN * (1 - eps * rstd^2), no division;
+    - |mean(d)| / m: about 1/8 on normal rows (row_shift averages 64 elements), large when a
+      spike among the first elements dragged the shift away.
+
+    NaN anywhere makes both false: such rows keep the plain path (and their NaN)."""
+    concentrated = N * (spread * rstd) * (spread * rstd) < CONCENTRATED_IN * (1.0 - eps * rstd * rstd)
+    return concentrated | (tl.abs(mean_d) > SHIFT_OFF_BY * spread)
 
 
 @triton.jit
@@ -177,8 +244,13 @@ def _two_stage_rows_kernel(
         x = load_row(x_ptr, i, x_row_stride, cols, mask)
         dy = load_row(dy_ptr, i, dy_row_stride, cols, mask)
         # The forward's statistics, shifted two-pass: d = x - shift, its mean, then the variance
-        # of the centred values (the forward's helper).
-        _, xc, rstd = centred_row(x, _shift(x_ptr, i, x_row_stride, N), mask, N, eps)
+        # of the centred values; again, exactly, on the rows whose plain mean may be off (the
+        # module docstring), x reloaded (from cache) rather than kept in registers meanwhile.
+        shift = _shift(x_ptr, i, x_row_stride, N)
+        mean_d, xc, rstd = centred_row(x, shift, mask, N, eps)
+        if _plain_mean_may_be_off(mean_d, tl.sum(tl.abs(xc), axis=0) / N, rstd, N, eps):
+            x = load_row(x_ptr, i, x_row_stride, cols, mask)
+            mean_d, xc, rstd = exactly_centred_row(x, shift, mask, N, eps)
         xhat = xc * rstd  # zero on padding lanes, as is dy (so g and g * xhat are too)
         g = dy
         if HAS_WEIGHT:
@@ -192,6 +264,23 @@ def _two_stage_rows_kernel(
 
 
 @triton.jit
+def _exact_mean_d(x_ptr, row, x_row_stride, shift, N, BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """looped's second pass over a row whose plain mean may be off: lane j keeps a compensated
+    running sum of the exact d of columns j, j + BLOCK_N, ... (two_sum for d's rounding error and
+    each addition's), and the lanes are merged by compensated_mean: ``(mean(d), its rest)``."""
+    cols = tl.arange(0, BLOCK_N)
+    sums = tl.zeros([BLOCK_N], dtype=tl.float32)
+    errors = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
+        offs = start + cols
+        mask = offs < N
+        d, d_error = shifted(load_row(x_ptr, row, x_row_stride, offs, mask), shift, mask)
+        sums, rounding = two_sum(sums, d)  # (d and d_error are zero on padding lanes)
+        errors += rounding + d_error
+    return compensated_mean(sums, errors, N)
+
+
+@triton.jit
 def _looped_stats_kernel(
     dy_ptr, x_ptr, w_ptr,
     stats_ptr,  # (rows, 5) float32: mean(d), rstd, mean(g), mean(g * xhat), the shift
@@ -200,15 +289,18 @@ def _looped_stats_kernel(
     NUM_STAGES: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
 ):
-    """One program per row: all four row statistics in one pass over column blocks."""
+    """One program per row: all four row statistics in one pass over column blocks (and the
+    mean again, exactly, in a second pass on the rows where the first may be off)."""
     eps = tl.cast(eps, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     shift = _shift(x_ptr, row, x_row_stride, N)
 
     # Lane j sees columns j, j + BLOCK_N, ... and keeps Welford's running mean and M2 of their
-    # d values (the forward's welford_step), and the running sums of g and g * d.
+    # d values (the forward's welford_step), and the running sums of |d| (for the check below),
+    # g and g * d.
     lane_mean, lane_m2, blocks = welford_start(BLOCK_N)
+    sum_abs_d = tl.zeros([BLOCK_N], dtype=tl.float32)
     sum_g = tl.zeros([BLOCK_N], dtype=tl.float32)
     sum_gd = tl.zeros([BLOCK_N], dtype=tl.float32)
     for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
@@ -218,6 +310,7 @@ def _looped_stats_kernel(
         dy = load_row(dy_ptr, row, dy_row_stride, offs, mask)
         d = tl.where(mask, x - shift, 0.0)
         lane_mean, lane_m2, blocks = welford_step(d, mask, lane_mean, lane_m2, blocks)
+        sum_abs_d += tl.abs(d)
         g = dy  # zero on padding lanes
         if HAS_WEIGHT:
             g = dy * tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -226,9 +319,20 @@ def _looped_stats_kernel(
 
     # Chan's merge of the lanes (the forward's welford_merge).
     mean_d, rstd = welford_merge(lane_mean, lane_m2, cols, N, eps, BLOCK_N)
+    # two_stage's check, with mean|d| - |mean(d)| for the mean absolute deviation mean|xc|: a lower
+    # bound of it (|d| <= |xc| + |mean(d)|), so that the check errs towards the exact mean. (M2
+    # needs no second look: Welford's is accurate to its own rounding, spikes or not.)
+    mean_d_rest = tl.full([], 0.0, tl.float32)
+    if _plain_mean_may_be_off(mean_d, tl.sum(sum_abs_d, axis=0) / N - tl.abs(mean_d), rstd, N, eps):
+        mean_d, mean_d_rest = _exact_mean_d(x_ptr, row, x_row_stride, shift, N, BLOCK_N, NUM_STAGES)
     total_g = tl.sum(sum_g, axis=0)
     # sum(g * (d - mean(d))) = sum(g * d) - mean(d) * sum(g)
     mean_gxhat = rstd * (tl.sum(sum_gd, axis=0) - mean_d * total_g) / N
+    # The rows kernel's shift is the mean itself (the float nearest shift + mean(d)) and its
+    # mean(d) the rest, exactly (two_sum): its x - shift is then rounded at the centred value's
+    # own ulp, however far the first shift was from the mean.
+    shift, mean_d = two_sum(shift, mean_d)
+    mean_d += mean_d_rest
     tl.store(stats_ptr + row * 5, mean_d)
     tl.store(stats_ptr + row * 5 + 1, rstd)
     tl.store(stats_ptr + row * 5 + 2, total_g / N)
