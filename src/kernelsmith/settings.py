@@ -123,7 +123,7 @@ SETTINGS: dict[str, Setting] = _settings(
             "only if it beats that too: `auto` (on a GPU only), `on` (the interpreter too: slow, for tests), `off`.",
             ("auto", "on", "off")),
     Setting("KERNELSMITH_COMPILE_AHEAD", "bool", True,
-            "On a GPU, compile the search's built-in candidates waiting for a worker in the tuning process "
+            "On a GPU, compile the search's built-in candidates waiting for a worker in compile-only processes "
             "(into Triton's cache, launching nothing), ahead of the worker; `0`: the workers compile everything."),
     Setting("KERNELSMITH_INTERPRET", "bool", False,
             "Run kernels on CPU tensors in the Triton interpreter (sets `TRITON_INTERPRET=1`): "
