@@ -12,8 +12,6 @@ import torch
 
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.ops import UnsupportedWorkload, get_op
-from kernelsmith.ops._rowwise import BACKWARD_MAX_ROW as MAX_WHOLE_ROW
-from kernelsmith.ops._rowwise import SPLIT_MIN_ROW_BYTES
 from kernelsmith.ops.add_rmsnorm_backward import OP, AddRMSNormBackward
 from kernelsmith.ops.rmsnorm_backward import OP as RMSNORM_BACKWARD
 from kernelsmith.spec import OpSpec
@@ -200,57 +198,6 @@ def test_spec_for_rejects_what_the_kernels_cannot_do(make) -> None:  # type: ign
 def test_spec_rejects_bad_workloads(call) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(UnsupportedWorkload):
         call()
-
-
-def test_bucket_and_validation_specs_keep_the_activations_alike() -> None:
-    spec = OP.spec((4, 25, 3000), "float16")
-    bucketed = OP.bucket(spec)
-    assert bucketed.inputs[0].shape == bucketed.inputs[1].shape == bucketed.inputs[2].shape == (128, 3000)
-    assert bucketed.inputs[3].shape == (3000,)
-    tails = OP.validation_specs(spec)
-    assert len(tails) > 1
-    for tail in tails:
-        assert tail.inputs[0].shape == tail.inputs[1].shape == tail.inputs[2].shape
-        OP.check_supported(tail)
-        for variant in OP.variants:
-            assert variant.space(tail).configs() == variant.space(spec).configs()
-
-
-def test_make_inputs_is_deterministic(device: str) -> None:
-    spec = OP.spec((2, 5, 48), "bfloat16")
-    for distribution in OP.distributions:
-        a = OP.make_inputs(spec, seed=11, distribution=distribution, device=device)
-        b = OP.make_inputs(spec, seed=11, distribution=distribution, device=device)
-        c = OP.make_inputs(spec, seed=12, distribution=distribution, device=device)
-        assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
-        assert all(not torch.equal(p, q) for p, q in zip(a[:3], c[:3], strict=True))
-        assert not torch.equal(a[0], a[1]) and not torch.equal(a[1], a[2])
-        assert [tuple(t.shape) for t in a] == [(2, 5, 48)] * 3 + [(48,)]
-        assert all(t.dtype == torch.bfloat16 for t in a)
-
-
-@pytest.mark.parametrize("width", [1, 2, 3, 17, 341, 1000, 4096, 8192, 32768, 65536])
-def test_spaces_are_non_empty_and_valid(width: int) -> None:
-    spec = OP.spec((8, width), "bfloat16")
-    for variant in OP.variants:
-        space = variant.space(spec)
-        if variant.name == "two_stage" and width > MAX_WHOLE_ROW:
-            assert len(space) == 0
-            continue
-        if variant.name == "split_row" and width * 2 <= SPLIT_MIN_ROW_BYTES:  # bf16 rows of at most 8 KB
-            assert len(space) == 0
-            continue
-        assert len(space) > 0, f"{variant.name} has no config at width {width}"
-        for config in space:
-            assert space.violations(config) == []
-
-
-def test_space_sizes_are_modest() -> None:
-    for width in (4096, 8192):
-        total = sum(len(OP.variant(name).space(OP.spec((8192, width), "bfloat16"))) for name in SCHEDULES)
-        assert 30 <= total <= 160, (width, total)
-        assert len(OP.variant("split_row").space(OP.spec((8192, width), "bfloat16"))) <= 80, width
-    assert len({v.source_hash for v in OP.variants}) == len(OP.variants)
 
 
 # ---- Gemma's weight offset: the gradient of rmsnorm(h) * (weight + weight_offset) --------------

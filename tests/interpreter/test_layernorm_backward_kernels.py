@@ -237,34 +237,16 @@ def test_spec_for_rejects_what_the_kernels_cannot_do(make, constants) -> None:  
         OP.spec_for(*make(), **constants)
 
 
-def test_bucket_and_validation_specs_keep_dy_and_x_alike() -> None:
-    spec = OP.spec((4, 25, 3000), "float16")
-    bucketed = OP.bucket(spec)
-    assert bucketed.inputs[0].shape == bucketed.inputs[1].shape == (128, 3000)
-    assert bucketed.inputs[2].shape == bucketed.inputs[3].shape == (3000,)
-    tails = OP.validation_specs(spec)
-    assert len(tails) > 1
-    for tail in tails:
-        assert tail.inputs[0].shape == tail.inputs[1].shape
-        OP.check_supported(tail)
-        for variant in OP.variants:
-            assert variant.space(tail).configs() == variant.space(spec).configs()
-
-
-def test_make_inputs_is_deterministic_and_draws_the_forwards_inputs(device: str) -> None:
+def test_make_inputs_draws_the_forwards_inputs(device: str) -> None:
+    """x and the parameters are what the forward draws for the same seed (that inputs are
+    deterministic by seed is tested for every family in test_rowwise_families.py)."""
     for affine in AFFINE:
         spec = OP.spec((2, 5, 48), "bfloat16", affine=affine)
         forward = FORWARD.spec((2, 5, 48), "bfloat16", affine=affine)
         for distribution in OP.distributions:
-            a = OP.make_inputs(spec, seed=11, distribution=distribution, device=device)
-            b = OP.make_inputs(spec, seed=11, distribution=distribution, device=device)
-            c = OP.make_inputs(spec, seed=12, distribution=distribution, device=device)
-            assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
-            assert not torch.equal(a[0], c[0]) and not torch.equal(a[1], c[1])
-            assert not torch.equal(a[0], a[1])
+            _dy, *drawn = OP.make_inputs(spec, seed=11, distribution=distribution, device=device)
             same = FORWARD.make_inputs(forward, seed=11, distribution=distribution, device=device)
-            assert all(torch.equal(p, q) for p, q in zip(a[1:], same, strict=True))
-            assert [tuple(t.shape) for t in a] == [(2, 5, 48), (2, 5, 48), *[(48,)] * (len(a) - 2)]
+            assert all(torch.equal(p, q) for p, q in zip(drawn, same, strict=True))
 
 
 @pytest.mark.parametrize("width", [1, 2, 3, 17, 341, 1000, 4096, 8192, 16384, 32768, 65536])

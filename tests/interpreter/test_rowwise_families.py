@@ -11,7 +11,10 @@ backwards of the three norms.
 - every variant through the harness (``validate``), with the run counts its data allow;
 - what the families' schedules share: multi_row's masked rows, persistent programs walking several
   rows, eps reaching the kernels, the backwards' row groups and bitwise determinism, launchers
-  that take views only and reject configs outside their space.
+  that take views only and reject configs outside their space;
+- what their specs share: inputs drawn deterministically by seed, the backwards' buckets and
+  tails keeping the row-shaped inputs alike, the RMSNorm backwards' spaces, the RMSNorm
+  forwards' row limits.
 
 Every kernel writes into NaN-filled outputs followed by NaN guards (a kernel that skips an element
 or writes past the end is caught), and its inputs must come back unchanged. What is peculiar to a
@@ -32,6 +35,7 @@ from real_compiler_run import assert_every_kernel_lowers
 
 from kernelsmith.evaluate.validate import TorchOpWatch, validate
 from kernelsmith.ops._base import OpFamily, tail_rows
+from kernelsmith.ops._rowwise import BACKWARD_MAX_ROW, MAX_WHOLE_ROW, SPLIT_MIN_ROW_BYTES
 from kernelsmith.ops.add_rmsnorm import OP as ADD_RMSNORM
 from kernelsmith.ops.add_rmsnorm_backward import OP as ADD_RMSNORM_BACKWARD
 from kernelsmith.ops.layernorm import AFFINE
@@ -669,6 +673,104 @@ def test_build_rejects_a_config_outside_the_space(family: str, variant: str) -> 
         op.variant(variant).build(spec, config.replace(num_warps=3))
     with pytest.raises(ValueError, match="not in the space"):
         op.variant(variant).build(spec, config.replace(BOGUS=1))
+
+
+# ---- inputs, buckets and spaces the families' specs share ----------------------------------------
+
+# How many of a family's inputs are row-shaped (x, and the residual, dy, dh, h): they come first,
+# the parameter vectors (weight, bias) after them.
+ROW_INPUTS = {"rmsnorm": 1, "add_rmsnorm": 2, "rmsnorm_backward": 2, "add_rmsnorm_backward": 3,
+              "layernorm_backward": 2}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", list(ROW_INPUTS))
+def test_make_inputs_is_deterministic_by_seed(family: str, device: str) -> None:
+    """In every form and distribution: the same seed draws the same inputs, another seed draws
+    every input anew; row-shaped inputs first, then the vectors, all contiguous on the device in
+    the spec's dtype, and no two row-shaped inputs alike (x is not the residual, dy is not x)."""
+    f = FAMILIES[family]
+    rows = ROW_INPUTS[family]
+    for form in f.forms:
+        spec = f.op.spec((2, 5, 48), "bfloat16", **form)
+        for distribution in f.op.distributions:
+            a = f.op.make_inputs(spec, seed=11, distribution=distribution, device=device)
+            b = f.op.make_inputs(spec, seed=11, distribution=distribution, device=device)
+            c = f.op.make_inputs(spec, seed=12, distribution=distribution, device=device)
+            what = f"{family} {form} {distribution}"
+            assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True)), what
+            assert not any(torch.equal(p, q) for p, q in zip(a, c, strict=True)), what
+            assert [tuple(t.shape) for t in a] == [(2, 5, 48)] * rows + [(48,)] * (len(spec.inputs) - rows), what
+            assert all(t.dtype == torch.bfloat16 and t.is_contiguous() for t in a), what
+            assert {t.device.type for t in a} == {torch.device(device).type}, what
+            assert all(not torch.equal(p, q) for i, p in enumerate(a[:rows]) for q in a[i + 1 : rows]), what
+
+
+@pytest.mark.parametrize("family", BACKWARDS)
+def test_the_backwards_bucket_and_tails_keep_the_row_inputs_alike(family: str) -> None:
+    """A bucket flattens the leading dims of every row-shaped input alike (100 rows to 128) and
+    keeps the vectors; every validation tail keeps the row-shaped inputs alike, is supported and
+    has the target's space (a config is chosen for a width, whatever the rows)."""
+    op, rows = FAMILIES[family].op, ROW_INPUTS[family]
+    spec = op.spec((4, 25, 3000), "float16")
+    vectors = len(spec.inputs) - rows
+    assert [t.shape for t in op.bucket(spec).inputs] == [(128, 3000)] * rows + [(3000,)] * vectors
+    tails = op.validation_specs(spec)
+    assert len(tails) > 1
+    for tail in tails:
+        assert len({t.shape for t in tail.inputs[:rows]}) == 1, tail.describe()
+        assert [t.shape for t in tail.inputs[rows:]] == [(3000,)] * vectors, tail.describe()
+        op.check_supported(tail)
+        for variant in op.variants:
+            assert variant.space(tail).configs() == variant.space(spec).configs(), (variant.name, tail.describe())
+
+
+RMS_BACKWARDS = ("rmsnorm_backward", "add_rmsnorm_backward")
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 17, 341, 1000, 4096, 8192, 32768, 65536])
+@pytest.mark.parametrize("family", RMS_BACKWARDS)
+def test_the_rms_backwards_spaces_are_non_empty_and_valid(family: str, width: int) -> None:
+    """Every variant has configs at every width it takes, and only valid ones: two_stage holds
+    whole rows up to BACKWARD_MAX_ROW, split_row takes rows of more than SPLIT_MIN_ROW_BYTES."""
+    op = FAMILIES[family].op
+    spec = op.spec((8, width), "bfloat16")
+    for variant in op.variants:
+        space = variant.space(spec)
+        if variant.name == "two_stage" and width > BACKWARD_MAX_ROW:
+            assert len(space) == 0
+            continue
+        if variant.name == "split_row" and width * 2 <= SPLIT_MIN_ROW_BYTES:  # bf16 rows of at most 8 KB
+            assert len(space) == 0
+            continue
+        assert len(space) > 0, f"{family}/{variant.name} has no config at width {width}"
+        for config in space:
+            assert space.violations(config) == []
+
+
+@pytest.mark.parametrize("family", RMS_BACKWARDS)
+def test_the_rms_backwards_space_sizes_are_modest(family: str) -> None:
+    f = FAMILIES[family]
+    for width in (4096, 8192):
+        spec = f.op.spec((8192, width), "bfloat16")
+        total = sum(len(f.op.variant(name).space(spec)) for name in f.schedules)
+        assert 30 <= total <= 160, (width, total)
+        assert len(f.op.variant("split_row").space(spec)) <= 80, width
+    assert len({v.source_hash for v in f.op.variants}) == len(f.op.variants)
+
+
+@pytest.mark.parametrize("family", ["rmsnorm", "add_rmsnorm"])
+def test_the_rms_norms_row_limits(family: str) -> None:
+    op = FAMILIES[family].op
+    too_wide = op.spec((2, MAX_WHOLE_ROW + 1), "bfloat16")
+    assert len(op.variant("whole_row").space(too_wide)) == 0
+    assert len(op.variant("persistent").space(too_wide)) == 0
+    assert len(op.variant("looped").space(too_wide)) > 0  # the wide-row fallback
+    # looped blocks are narrower than the row, except the smallest one for narrow rows
+    assert {c["BLOCK_N"] for c in op.variant("looped").space(op.spec((2, 4096), "fp16"))} == {
+        64, 128, 256, 512, 1024, 2048}
+    assert {c["BLOCK_N"] for c in op.variant("looped").space(op.spec((2, 40), "fp16"))} == {64}
+    # multi_row never holds more than 16384 elements in one block
+    assert {c["ROWS"] for c in op.variant("multi_row").space(op.spec((2, 4096), "fp16"))} == {2, 4}
 
 
 # ---- the real compiler ---------------------------------------------------------------------------
