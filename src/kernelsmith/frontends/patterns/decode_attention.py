@@ -122,11 +122,17 @@ helpers and this check.
 Refused (the original code runs): additive float masks of an SDPA call and boolean ones of
 another shape (per head: layouts the family does not know), ``is_causal=True``, several new tokens without a mask,
 an input mutated before the attention, and whatever the family's ``spec_for`` refuses (head dim,
-too many rows per key/value head, strides). A position past the cache's end cannot be seen
-without reading ``P`` on the host: at a read-only site the cache write before the attention
-(``index_copy_``) fails first, as in eager; a folded site has no ``index_copy_`` left, and there
-the kernel writes nothing and gives NaN (the family's guard: it never reads or writes past the
-cache). In a Hugging Face model a later layer's unfolded write then fails as in eager.
+too many rows per key/value head, strides).
+
+A position outside the cache is an error, never a wrong answer. At a read-only site the cache
+write before the attention (``index_copy_``) fails, as in eager. A folded site has no
+``index_copy_`` left, and its kernel, which never reads or writes past the cache, would write
+nothing and return NaN (a one-layer model's logits, silently); so the rewritten graph derives the
+kernel's first position through :func:`first_position` with the cache's length, which asserts on
+the device that every position written is in ``[0, L)`` (:func:`assert_on_device`: no host sync,
+the step stays capturable; on a GPU a failure is a device-side assert). Its cost is one reduction
+of ``Sq`` integers per folded site per step (a tiny kernel; on CPU, Inductor fuses it with the
+positions' own ops).
 """
 
 from __future__ import annotations
@@ -252,9 +258,31 @@ def _site(gm: fx.GraphModule, sdpa: fx.Node, order: dict[fx.Node, int], taken: s
         return _checked_site(gm, sdpa, region, [], [*operands, read], "masked", scale, order, generators)
 
 
-def first_position(positions: torch.Tensor) -> torch.Tensor:
+def assert_on_device(holds: torch.Tensor, message: str) -> None:
+    """Fail with ``message`` unless every element of the boolean ``holds`` is True, without a host
+    sync (the step stays CUDA-graph capturable): a device-side assert, ``torch._assert_async`` of
+    ``holds.all()``, which the rewritten graph runs where it reads the values checked. On a CPU
+    tensor a failure raises a RuntimeError at once; on a CUDA one it is a device-side assert,
+    reported at the next synchronization (and, as every device-side assert, it leaves the CUDA
+    context unusable: loud, never a wrong answer). Inductor keeps it (it has side effects)."""
+    torch._assert_async(holds.all(), f"kernelsmith decode attention: {message}")
+
+
+def first_position(positions: torch.Tensor, cache_length: int | None = None) -> torch.Tensor:
     """``write_kv``'s ``(1,)`` int64 cache position: the first new token's, ``positions[0]`` (the
-    positions are consecutive). A device op, as :func:`lengths_from_positions`."""
+    positions are consecutive). A device op, as :func:`lengths_from_positions`.
+
+    With ``cache_length`` (the folded site always gives it; without it nothing is checked) every
+    position must be a row of the cache, ``0 <= p < cache_length``, checked on the device
+    (:func:`assert_on_device`). Eager's ``index_copy_`` raises for a position outside the cache;
+    the folded site has no ``index_copy_`` left, and the kernel, which never reads or writes past
+    the cache, would write nothing and return NaN: a wrong answer where eager fails. Its cost: one
+    reduction of ``Sq`` integers per folded site per step (a tiny kernel, which Inductor may fuse
+    with the positions' ops)."""
+    if cache_length is not None:
+        assert_on_device((positions >= 0) & (positions < cache_length),
+                         f"a new token's position is outside the static cache (0 .. {cache_length - 1}): "
+                         "its keys and values cannot be written (eager's cache write fails there too)")  # fmt: skip
     return positions.reshape(-1)[:1].to(torch.int64)
 
 
@@ -286,7 +314,11 @@ def _write_kv_site(gm: fx.GraphModule, sdpa: fx.Node, region: list[fx.Node], mas
         between = [u for u in node.users if first < order[u] < last and u not in allowed]  # type: ignore[union-attr]
         if between:
             raise Refused(f"{between[0].name} uses {node.name} between the cache write and the attention")  # type: ignore[union-attr]
-    inputs = [*operands, *(OpInput(n) for n in news), OpInput(positions, derive=first_position)]  # type: ignore[arg-type]
+    cache_length = _value(k_cache).shape[2]  # every position written must be a row of the cache
+    if type(cache_length) is not int:
+        raise Refused(f"the cache's length {cache_length} is not static")
+    inputs = [*operands, *(OpInput(n) for n in news),  # type: ignore[arg-type]
+              OpInput(positions, derive=first_position, derive_args=(cache_length,))]  # fmt: skip
     site = _checked_site(gm, sdpa, sorted({*writes, *region}, key=order.__getitem__), mask_nodes, inputs,
                          "static", scale, order, generators, write_kv=True, equal_to=equal_to)  # fmt: skip
     return site
@@ -672,5 +704,5 @@ def _random(value: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.empty_strided(tuple(value.shape), value.stride(), dtype=value.dtype, device=value.device).copy_(data)
 
 
-__all__ = ["FOLD_CACHE_WRITES", "OP", "broadcast_mask", "first_position", "lengths_from_positions",
+__all__ = ["FOLD_CACHE_WRITES", "OP", "assert_on_device", "broadcast_mask", "first_position", "lengths_from_positions",
            "mask_shape_problem", "positions_of", "sites"]

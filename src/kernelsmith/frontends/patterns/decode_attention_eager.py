@@ -83,6 +83,7 @@ from kernelsmith.frontends.patterns.decode_attention import (
     _checked_site,
     _operand,
     _static,
+    assert_on_device,
     lengths_from_positions,
     mask_shape_problem,
     positions_of,
@@ -108,9 +109,9 @@ def visible_where_additive(mask: torch.Tensor, hidden_at_most: float, shape: tup
     hidden keys) would be read as visible: a wrong answer. So the values are checked where they
     are read, on the device, with no host sync (the step stays CUDA-graph capturable): any other
     value fails a device-side assert (a clear error, never a wrong answer)."""
-    zeros_or_hidden = ((mask == 0) | (mask <= hidden_at_most)).all()
-    torch._assert_async(zeros_or_hidden, "kernelsmith decode attention: the additive attention mask holds a value "
-                                         "other than 0 and finfo.min (a soft bias?); this site cannot read it")
+    assert_on_device((mask == 0) | (mask <= hidden_at_most),
+                     "the additive attention mask holds a value other than 0 and finfo.min (a soft bias?); "
+                     "this site cannot read it")  # fmt: skip
     return (mask > hidden_at_most).expand(shape)
 
 
