@@ -119,9 +119,10 @@ def test_several_new_tokens_write_kv_replays_inside_a_capture_at_new_positions(q
 
 
 def test_a_captured_plain_decoder_with_folded_cache_writes_gives_eager_outputs(tmp_path, monkeypatch):
-    """Once the backend can serve write_kv: the plain StaticDecoder (writes at the mask's
-    positions) with its index_copy_ writes folded, replayed as a graph, matches eager step by step,
-    caches included. (Hugging Face's StaticCache writes at its own positions: not folded.)"""
+    """The default since issue 13's fold: the plain StaticDecoder (writes at the mask's positions)
+    with its index_copy_ writes folded, replayed as a graph, matches eager step by step, caches
+    included. (Hugging Face's StaticCache folds its first layer only, whose write index the graph
+    proves the mask's positions: tests/test_decode_hf_static_cache_writes.py.)"""
     from kernelsmith.frontends.patterns import decode_attention as pattern
 
     monkeypatch.setattr(pattern, "FOLD_CACHE_WRITES", True)
