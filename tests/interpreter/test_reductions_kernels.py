@@ -302,75 +302,15 @@ def test_spec_from_the_command_line(name: str) -> None:
     assert op.output_specs(op.spec((5,), "float32"))[0].shape == ()  # torch.sum of a 1-D x is 0-d
 
 
-def test_spec_normalises_the_last_dim() -> None:
-    for op in FAMILIES.values():
-        assert op.spec((4, 8), "float32", dim=1) == op.spec((4, 8), "float32", dim=-1)
-        assert op.spec((2, 4, 8), "float32", dim=2).workload_hash == op.spec((2, 4, 8), "fp32").workload_hash
-        assert op.spec((8,), "float32", dim=0).constants["dim"] == -1
-        assert op.spec((4, 8), "float32", dim=(-1,)) == op.spec((4, 8), "float32", keepdim=False)
-        for shape, dim in [((4, 8), 0), ((2, 4, 8), 1), ((2, 4, 8), -2), ((4, 8), 2), ((4, 8), (0, 1))]:
-            with pytest.raises(UnsupportedWorkload, match="last dimension"):
-                op.spec(shape, "float32", dim=dim)
-    assert SUM.spec((4, 8), "float32") != MEAN.spec((4, 8), "float32")  # the op is in the spec
-
-
-def test_spec_rejects_what_the_kernels_cannot_do() -> None:
-    for op in FAMILIES.values():
-        with pytest.raises(UnsupportedWorkload):
-            op.spec((4, 8), "float64")
-        with pytest.raises(ValueError):
-            op.spec((4, 8), "int8")
-        with pytest.raises(UnsupportedWorkload):
-            op.spec((4, 0), "float32")
-        with pytest.raises(UnsupportedWorkload):
-            op.spec((), "float32")
-        with pytest.raises(UnsupportedWorkload, match="keepdim"):
-            op.spec((4, 8), "float32", keepdim=True)
-        with pytest.raises(UnsupportedWorkload, match="unknown constants"):
-            op.spec((4, 8), "float32", eps=1e-5)
-
-
-def test_spec_for_example_tensors() -> None:
+def test_spec_takes_a_dim_tuple_and_keepdim_false_only() -> None:
+    # (the last-dim and tensor rules they share with softmax: test_rowwise_families.py)
     x = torch.zeros(3, 5, 7, dtype=torch.float16)
     for op in FAMILIES.values():
-        assert op.spec_for(x) == op.spec((3, 5, 7), "float16")
-        assert op.spec_for(x, dim=2) == op.spec_for(x, dim=-1) == op.spec_for(x, dim=-1, keepdim=False)
-        assert op.spec_for(torch.zeros(7, dtype=torch.bfloat16), dim=0) == op.spec((7,), "bf16")
-
-
-@pytest.mark.parametrize(
-    ("make", "constants"),
-    [
-        (lambda: torch.zeros(5, 7).t(), {}),  # non-contiguous
-        (lambda: torch.zeros(5, 8)[:, ::2], {}),  # strided rows
-        (lambda: torch.zeros(5, 7, dtype=torch.float64), {}),
-        (lambda: torch.zeros(5, 7, dtype=torch.int32), {}),
-        (lambda: torch.zeros(5, 7, dtype=torch.bool), {}),
-        (lambda: torch.tensor(1.0), {}),  # 0-d
-        (lambda: torch.zeros(5, 0), {}),  # empty
-        (lambda: torch.zeros(0, 7), {}),
-        (lambda: torch.zeros(5, 7), {"dim": 0}),
-        (lambda: torch.zeros(5, 7), {"dim": -2}),
-        (lambda: torch.zeros(5, 7), {"dim": True}),
-        (lambda: torch.zeros(5, 7), {"dim": -1.0}),
-        (lambda: torch.zeros(5, 7), {"dim": (0, 1)}),
-        (lambda: torch.zeros(5, 7), {"keepdim": True}),
-        (lambda: torch.zeros(5, 7), {"dim": -1, "dtype": torch.float32}),
-    ],
-)
-@pytest.mark.parametrize("name", NAMES)
-def test_spec_for_rejects(name, make, constants) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(UnsupportedWorkload):
-        FAMILIES[name].spec_for(make(), **constants)
-
-
-def test_spec_for_takes_exactly_one_tensor() -> None:
-    x = torch.zeros(2, 3)
-    for op in FAMILIES.values():
-        with pytest.raises(UnsupportedWorkload):
-            op.spec_for(x, x)
-        with pytest.raises(UnsupportedWorkload):
-            op.spec_for()
+        assert op.spec((4, 8), "float32", dim=(-1,)) == op.spec((4, 8), "float32", keepdim=False)
+        assert op.spec_for(x, dim=-1, keepdim=False) == op.spec_for(x, dim=-1)
+        with pytest.raises(UnsupportedWorkload, match="keepdim"):
+            op.spec((4, 8), "float32", keepdim=True)
+    assert SUM.spec((4, 8), "float32") != MEAN.spec((4, 8), "float32")  # the op is in the spec
 
 
 def test_bytes_and_flops() -> None:

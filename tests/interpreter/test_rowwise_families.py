@@ -14,7 +14,7 @@ backwards of the three norms.
   that take views only and reject configs outside their space;
 - what their specs share: inputs drawn deterministically by seed, the backwards' buckets and
   tails keeping the row-shaped inputs alike, the RMSNorm backwards' spaces, the RMSNorm
-  forwards' row limits.
+  forwards' row limits; softmax's and the reductions' specs (the last dim only, bad tensors).
 
 Every kernel writes into NaN-filled outputs followed by NaN guards (a kernel that skips an element
 or writes past the end is caught), and its inputs must come back unchanged. What is peculiar to a
@@ -34,6 +34,7 @@ import torch
 from real_compiler_run import assert_every_kernel_lowers
 
 from kernelsmith.evaluate.validate import TorchOpWatch, validate
+from kernelsmith.ops import UnsupportedWorkload
 from kernelsmith.ops._base import OpFamily, tail_rows
 from kernelsmith.ops._rowwise import BACKWARD_MAX_ROW, MAX_WHOLE_ROW, SPLIT_MIN_ROW_BYTES
 from kernelsmith.ops.add_rmsnorm import OP as ADD_RMSNORM
@@ -771,6 +772,77 @@ def test_the_rms_norms_row_limits(family: str) -> None:
     assert {c["BLOCK_N"] for c in op.variant("looped").space(op.spec((2, 40), "fp16"))} == {64}
     # multi_row never holds more than 16384 elements in one block
     assert {c["ROWS"] for c in op.variant("multi_row").space(op.spec((2, 4096), "fp16"))} == {2, 4}
+
+
+# Softmax and the reductions: one tensor in, normalized or reduced along its last dim only.
+ONE_TENSOR = ("softmax", "sum", "mean", "max")
+
+
+@pytest.mark.parametrize("family", ONE_TENSOR)
+def test_the_one_tensor_specs_normalise_the_last_dim(family: str) -> None:
+    op = FAMILIES[family].op
+    assert op.spec((4, 8), "float32", dim=1) == op.spec((4, 8), "float32", dim=-1)
+    assert op.spec((2, 4, 8), "float32", dim=2).workload_hash == op.spec((2, 4, 8), "fp32").workload_hash
+    assert op.spec((8,), "float32", dim=0).constants["dim"] == -1
+    for shape, dim in [((4, 8), 0), ((2, 4, 8), 1), ((2, 4, 8), -2), ((4, 8), 2), ((4, 8), (0, 1))]:
+        with pytest.raises(UnsupportedWorkload, match="last dimension"):
+            op.spec(shape, "float32", dim=dim)
+
+
+@pytest.mark.parametrize("family", ONE_TENSOR)
+def test_the_one_tensor_specs_reject_what_the_kernels_cannot_do(family: str) -> None:
+    op = FAMILIES[family].op
+    with pytest.raises(UnsupportedWorkload):
+        op.spec((4, 8), "float64")
+    with pytest.raises(ValueError):
+        op.spec((4, 8), "int8")
+    with pytest.raises(UnsupportedWorkload):
+        op.spec((4, 0), "float32")
+    with pytest.raises(UnsupportedWorkload):
+        op.spec((), "float32")
+    with pytest.raises(UnsupportedWorkload, match="unknown constants"):
+        op.spec((4, 8), "float32", eps=1e-5)
+
+
+@pytest.mark.parametrize("family", ONE_TENSOR)
+def test_the_one_tensor_specs_from_example_tensors(family: str) -> None:
+    op = FAMILIES[family].op
+    x = torch.zeros(3, 5, 7, dtype=torch.float16)
+    assert op.spec_for(x) == op.spec((3, 5, 7), "float16")
+    assert op.spec_for(x, dim=2) == op.spec_for(x, dim=-1)
+    assert op.spec_for(torch.zeros(7, dtype=torch.bfloat16), dim=0) == op.spec((7,), "bf16")
+    with pytest.raises(UnsupportedWorkload):
+        op.spec_for(x, x)
+    with pytest.raises(UnsupportedWorkload):
+        op.spec_for()
+
+
+BAD_TENSORS = [
+    pytest.param(lambda: torch.zeros(5, 7).t(), {}, id="non-contiguous"),
+    pytest.param(lambda: torch.zeros(5, 8)[:, ::2], {}, id="strided-rows"),
+    pytest.param(lambda: torch.zeros(5, 7, dtype=torch.float64), {}, id="float64"),
+    pytest.param(lambda: torch.zeros(5, 7, dtype=torch.int32), {}, id="int32"),
+    pytest.param(lambda: torch.zeros(5, 7, dtype=torch.bool), {}, id="bool"),
+    pytest.param(lambda: torch.tensor(1.0), {}, id="0-d"),
+    pytest.param(lambda: torch.zeros(5, 0), {}, id="empty-rows"),
+    pytest.param(lambda: torch.zeros(0, 7), {}, id="no-rows"),
+    pytest.param(lambda: torch.zeros(5, 7), {"dim": 0}, id="dim-0"),
+    pytest.param(lambda: torch.zeros(5, 7), {"dim": -2}, id="dim--2"),
+    pytest.param(lambda: torch.zeros(5, 7), {"dim": True}, id="dim-bool"),
+    pytest.param(lambda: torch.zeros(5, 7), {"dim": -1.0}, id="dim-float"),
+    pytest.param(lambda: torch.zeros(5, 7), {"dim": (0, 1)}, id="dims"),
+    pytest.param(lambda: torch.zeros(5, 7), {"keepdim": True}, id="keepdim"),
+    pytest.param(lambda: torch.zeros(5, 7), {"dim": -1, "dtype": torch.float32}, id="dtype"),
+    pytest.param(lambda: torch.zeros(5, 7), {"dim": -1, "eps": 0.1}, id="eps"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("make", "constants"), BAD_TENSORS)
+@pytest.mark.parametrize("family", ONE_TENSOR)
+def test_the_one_tensor_specs_reject_bad_tensors(family: str, make: Callable[[], torch.Tensor],
+                                                  constants: Constants) -> None:  # fmt: skip
+    with pytest.raises(UnsupportedWorkload):
+        FAMILIES[family].op.spec_for(make(), **constants)
 
 
 # ---- the real compiler ---------------------------------------------------------------------------

@@ -190,66 +190,6 @@ def test_spec_from_the_command_line() -> None:
     assert OP.output_specs(spec) == (spec.inputs[0],)
 
 
-def test_spec_normalises_the_last_dim() -> None:
-    assert OP.spec((4, 8), "float32", dim=1) == OP.spec((4, 8), "float32", dim=-1)
-    three_d = OP.spec((2, 4, 8), "float32", dim=2)
-    assert three_d.workload_hash == OP.spec((2, 4, 8), "fp32").workload_hash
-    assert OP.spec((8,), "float32", dim=0).constants["dim"] == -1
-    for shape, dim in [((4, 8), 0), ((2, 4, 8), 1), ((2, 4, 8), -2), ((4, 8), 2)]:
-        with pytest.raises(UnsupportedWorkload, match="last dimension"):
-            OP.spec(shape, "float32", dim=dim)
-
-
-def test_spec_rejects_what_the_kernels_cannot_do() -> None:
-    with pytest.raises(UnsupportedWorkload):
-        OP.spec((4, 8), "float64")
-    with pytest.raises(ValueError):
-        OP.spec((4, 8), "int8")
-    with pytest.raises(UnsupportedWorkload):
-        OP.spec((4, 0), "float32")
-    with pytest.raises(UnsupportedWorkload):
-        OP.spec((), "float32")
-    with pytest.raises(UnsupportedWorkload, match="unknown constants"):
-        OP.spec((4, 8), "float32", eps=1e-5)
-
-
-def test_spec_for_example_tensors() -> None:
-    x = torch.zeros(3, 5, 7, dtype=torch.float16)
-    assert OP.spec_for(x) == OP.spec((3, 5, 7), "float16")
-    assert OP.spec_for(x, dim=2) == OP.spec_for(x, dim=-1)
-    assert OP.spec_for(torch.zeros(7, dtype=torch.bfloat16), dim=0) == OP.spec((7,), "bf16")
-
-
-@pytest.mark.parametrize(
-    ("make", "constants"),
-    [
-        (lambda: torch.zeros(5, 7).t(), {}),  # non-contiguous
-        (lambda: torch.zeros(5, 8)[:, ::2], {}),  # strided rows
-        (lambda: torch.zeros(5, 7, dtype=torch.float64), {}),
-        (lambda: torch.zeros(5, 7, dtype=torch.int32), {}),
-        (lambda: torch.zeros(5, 7, dtype=torch.bool), {}),
-        (lambda: torch.tensor(1.0), {}),  # 0-d
-        (lambda: torch.zeros(5, 0), {}),  # empty
-        (lambda: torch.zeros(5, 7), {"dim": 0}),
-        (lambda: torch.zeros(5, 7), {"dim": -2}),
-        (lambda: torch.zeros(5, 7), {"dim": True}),
-        (lambda: torch.zeros(5, 7), {"dim": -1.0}),
-        (lambda: torch.zeros(5, 7), {"dim": -1, "eps": 0.1}),
-    ],
-)
-def test_spec_for_rejects(make, constants) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(UnsupportedWorkload):
-        OP.spec_for(make(), **constants)
-
-
-def test_spec_for_takes_exactly_one_tensor() -> None:
-    x = torch.zeros(2, 3)
-    with pytest.raises(UnsupportedWorkload):
-        OP.spec_for(x, x)
-    with pytest.raises(UnsupportedWorkload):
-        OP.spec_for()
-
-
 def test_bytes_and_flops() -> None:
     spec = OP.spec((8192, 4096), "bf16")
     assert OP.bytes_moved(spec) == 2 * 8192 * 4096 * 2 == 134_217_728  # read x, write y
