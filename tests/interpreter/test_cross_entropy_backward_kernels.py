@@ -15,58 +15,31 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from cross_entropy_cases import (
+    DTYPES,
+    REDUCTIONS,
+    assert_build_rejects_a_config_outside_the_space,
+    assert_correct,
+    assert_every_planned_config,
+    assert_the_plan_takes_every_value,
+    plan_configs,
+    reduction_sweep,
+    run_launcher,
+    same_bits,
+    shape_cases,
+)
 
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import TorchOpWatch, validate
 from kernelsmith.ops import UnsupportedWorkload, _cross_entropy_launch, get_op
-from kernelsmith.ops._base import OpFamily, tail_rows
+from kernelsmith.ops._base import tail_rows
 from kernelsmith.ops._cross_entropy_launch import _SCALE_ONE, _SCALE_PER_ROW, _SCALE_SCALAR, _Plan
 from kernelsmith.ops.cross_entropy import OP as FORWARD
 from kernelsmith.ops.cross_entropy_backward import FUSED, OP
-from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec, TensorSpec
 from kernelsmith.testing.validation_runs import validation_runs
 
 VARIANTS = [v.name for v in OP.variants]
-DTYPES = ("float16", "bfloat16", "float32")
-REDUCTIONS = ("mean", "sum", "none")
-GUARD = 16  # NaN elements after each output: a kernel writing past its end overwrites them
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equality (NaN equals NaN, -0.0 differs from 0.0)."""
-    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return a.dtype == b.dtype and torch.equal(a.view(as_int), b.view(as_int))
-
-
-def run_launcher(
-    op: OpFamily, variant: str, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...]
-) -> list[torch.Tensor]:
-    """Launch into NaN-filled outputs followed by NaN guards; check the guards and the inputs."""
-    before = [t.clone() for t in inputs]
-    outs, guards = [], []
-    for out_spec in op.output_specs(spec):
-        n = out_spec.numel
-        buffer = torch.full((n + GUARD,), math.nan, dtype=out_spec.torch_dtype, device=inputs[0].device)
-        outs.append(buffer[:n].view(out_spec.shape))
-        guards.append(buffer[n:])
-    op.variant(variant).build(spec, config)(inputs, outs)
-    for t, b in zip(inputs, before, strict=True):
-        assert same_bits(t, b), f"{variant} {config.key} modified an input"
-    for guard in guards:
-        assert bool(torch.isnan(guard).all()), f"{variant} {config.key} wrote past the end of an output"
-    return outs
-
-
-def assert_correct(
-    op: OpFamily, outs: list[torch.Tensor], spec: OpSpec, inputs: tuple[torch.Tensor, ...], what: str
-) -> None:
-    refs64 = op.reference_fp64(spec, inputs)
-    lowps = op.reference(spec, inputs)
-    for out, ref64, lowp, expected in zip(outs, refs64, lowps, op.output_specs(spec), strict=True):
-        assert out.dtype == expected.torch_dtype and out.shape == ref64.shape, what
-        problem = check_close(out, ref64, lowp, op.tolerance)
-        assert problem is None, f"{what}: {problem}"
 
 
 def formula_fp64(
@@ -91,48 +64,9 @@ def formula_fp64(
 
 # ---- every variant, every config class, small and odd shapes ------------------------------------
 
-# (rows, vocab, dtype, distribution, reduction, label_smoothing): rows 1, 7, 33, vocabularies 1,
-# 3, 341, 1000, 3000 (split_vocab: six chunks, the last ragged) and a GPT-2 vocabulary of 50257
-# on two rows (the widest blocks and most splits), each dtype, distribution, reduction and
-# smoothing at least once.
-SHAPE_CASES = [
-    (1, 1, "float32", "normal", "mean", 0.0),
-    (7, 1, "bfloat16", "large", "none", 0.1),
-    (7, 3, "bfloat16", "peaked", "none", 0.1),
-    (7, 3, "float16", "large", "sum", 0.0),
-    (33, 341, "bfloat16", "large", "none", 0.0),
-    (33, 341, "float16", "peaked", "mean", 0.1),
-    (7, 1000, "float32", "normal", "sum", 0.1),
-    (1, 1000, "bfloat16", "peaked", "none", 0.0),
-    (7, 3000, "float16", "peaked", "mean", 0.1),
-    (2, 50257, "bfloat16", "normal", "mean", 0.1),
-]
-
-
-def _case_spec(case: tuple[int, int, str, str, str, float]) -> OpSpec:
-    rows, vocab, dtype, _, reduction, smoothing = case
-    return OP.spec((rows, vocab), dtype, reduction=reduction, label_smoothing=smoothing)
-
-
-def _plan() -> dict[tuple[str, int], list[Config]]:
-    """The configs each (variant, case) runs: the last of the space (the widest blocks), the
-    first on small vocabularies (the narrowest: many steps, cheap there), and every config that
-    brings a (parameter, value) no earlier case ran."""
-    plan = {}
-    for variant in VARIANTS:
-        seen: set[tuple[str, object]] = set()
-        for index, case in enumerate(SHAPE_CASES):
-            configs = OP.variant(variant).space(_case_spec(case)).configs()
-            chosen = [configs[-1]] + ([configs[0]] if case[1] <= 1000 else [])
-            for c in configs:
-                if not set(c.items()) <= seen | {item for k in chosen for item in k.items()}:
-                    chosen.append(c)
-            plan[variant, index] = list(dict.fromkeys(chosen))
-            seen |= {item for c in chosen for item in c.items()}
-    return plan
-
-
-PLAN = _plan()
+# The odd shapes of cross_entropy_cases.py; split_vocab's 6 chunks of 7 x 3000 under "mean".
+SHAPE_CASES = shape_cases(split_vocab_reduction="mean")
+PLAN = plan_configs(OP, SHAPE_CASES)
 
 
 # RuntimeWarnings are errors: with finite logits no kernel may compute a NaN or an overflow, not
@@ -141,49 +75,23 @@ PLAN = _plan()
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("index", range(len(SHAPE_CASES)), ids=[str(c) for c in SHAPE_CASES])
 def test_every_config_class(variant: str, index: int, device: str) -> None:
-    spec = _case_spec(SHAPE_CASES[index])
-    distribution = SHAPE_CASES[index][3]
-    inputs = OP.make_inputs(spec, seed=11, distribution=distribution, device=device)
-    for config in PLAN[variant, index]:
-        outs = run_launcher(OP, variant, spec, config, inputs)
-        assert_correct(OP, outs, spec, inputs, f"{variant} {config.key} {spec.describe()} {distribution}")
+    assert_every_planned_config(OP, variant, SHAPE_CASES, PLAN, index, device)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_configs_run_take_every_parameter_value(variant: str) -> None:
-    seen = {item for index in range(len(SHAPE_CASES)) for c in PLAN[variant, index] for item in c.items()}
-    for param in OP.variant(variant).space(_case_spec(SHAPE_CASES[0])).params:
-        missing = [v for v in param.choices if (param.name, v) not in seen]
-        assert not missing, f"{variant}: {param.name} values {missing} never tested"
-    for index, case in enumerate(SHAPE_CASES):
-        space = OP.variant(variant).space(_case_spec(case))
-        assert PLAN[variant, index] and all(c in space for c in PLAN[variant, index])
+    assert_the_plan_takes_every_value(OP, variant, SHAPE_CASES, PLAN)
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_dtype_reduction_and_smoothing(variant: str, device: str) -> None:
-    """Every (dtype, reduction, smoothing) with ignored rows, on the first and the last config in
-    turn, with the ignore_index outside the vocabulary (-100) or inside it (2: rows whose target
-    is class 2 are ignored too); ignored rows get exact zeros."""
-    case = 0
-    for dtype in DTYPES:
-        for reduction in REDUCTIONS:
-            for smoothing in (0.0, 0.1):
-                ignore_index = (-100, 2)[(case // 2) % 2]
-                spec = OP.spec(
-                    (6, 100), dtype, reduction=reduction, ignore_index=ignore_index, label_smoothing=smoothing
-                )
-                distribution = OP.distributions[case % len(OP.distributions)]
-                inputs = OP.make_inputs(spec, seed=case, distribution=distribution, device=device)
-                ignored = inputs[2] == ignore_index
-                assert 1 <= int(ignored.sum()) < 6
-                configs = OP.variant(variant).space(spec).configs()
-                config = configs[0] if case % 2 else configs[-1]
-                (dlogits,) = run_launcher(OP, variant, spec, config, inputs)
-                assert_correct(OP, [dlogits], spec, inputs, f"{variant} {config.key} {spec.describe()}")
-                assert torch.all(dlogits[ignored] == 0)
-                case += 1
+    """Every (dtype, reduction, smoothing) with ignored rows (cross_entropy_cases.reduction_sweep);
+    ignored rows get exact zeros."""
+    for run in reduction_sweep(OP, variant, device):
+        (dlogits,) = run_launcher(OP, variant, run.spec, run.config, run.inputs)
+        assert_correct(OP, [dlogits], run.spec, run.inputs, f"{variant} {run.config.key} {run.spec.describe()}")
+        assert torch.all(dlogits[run.ignored] == 0)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -295,10 +203,7 @@ def test_launcher_is_reusable_deterministic_and_issues_no_torch_compute(variant:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_build_rejects_a_config_outside_the_space(variant: str) -> None:
-    spec = OP.spec((4, 64), "float32")
-    config = OP.variant(variant).space(spec).configs()[0].replace(num_warps=3)
-    with pytest.raises(ValueError, match="not in the space"):
-        OP.variant(variant).build(spec, config)
+    assert_build_rejects_a_config_outside_the_space(OP, variant)
 
 
 # ---- the fused loss and gradient ------------------------------------------------------------------

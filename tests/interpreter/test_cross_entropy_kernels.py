@@ -14,8 +14,18 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from cross_entropy_cases import (
+    REDUCTIONS,
+    assert_build_rejects_a_config_outside_the_space,
+    assert_every_planned_config,
+    assert_the_plan_takes_every_value,
+    plan_configs,
+    reduction_sweep,
+    run_launcher,
+    shape_cases,
+)
+from cross_entropy_cases import assert_correct as assert_outputs_correct
 
-from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import TorchOpWatch, validate
 from kernelsmith.ops import UnsupportedWorkload
 from kernelsmith.ops._base import tail_rows
@@ -24,73 +34,23 @@ from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec, TensorSpec
 
 VARIANTS = [v.name for v in OP.variants]
-DTYPES = ("float16", "bfloat16", "float32")
-REDUCTIONS = ("mean", "sum", "none")
 
 
 def run_variant(variant: str, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """Launch one config into a NaN-filled output; check the inputs are untouched."""
-    before = [t.clone() for t in inputs]
-    (out_spec,) = OP.output_specs(spec)
-    out = torch.full(out_spec.shape, math.nan, dtype=torch.float32, device=inputs[0].device)
-    OP.variant(variant).build(spec, config)(inputs, (out,))
-    for t, b in zip(inputs, before, strict=True):
-        assert torch.equal(t, b), f"{variant} {config.key} modified an input"
+    """Launch one config into a NaN-filled, guarded loss; check the inputs are untouched."""
+    (out,) = run_launcher(OP, variant, spec, config, inputs)
     return out
 
 
 def assert_correct(out: torch.Tensor, spec: OpSpec, inputs: tuple[torch.Tensor, ...], what: str) -> None:
-    (ref64,) = OP.reference_fp64(spec, inputs)
-    (lowp,) = OP.reference(spec, inputs)
-    assert out.dtype == torch.float32 and out.shape == ref64.shape, what
-    problem = check_close(out, ref64, lowp, OP.tolerance)
-    assert problem is None, f"{what}: {problem}"
+    assert_outputs_correct(OP, [out], spec, inputs, what)
 
 
 # ---- every variant, every config class, small and odd shapes ------------------------------------
 
-# (rows, vocab, dtype, distribution, reduction, label_smoothing): rows 1, 7, 33 and vocabularies
-# 1, 3, 341, 1000, 3000 (never a power of two), each dtype, distribution, reduction and smoothing
-# at least once; the 2 x 50257 case (a GPT-2 vocabulary) admits the widest blocks and most splits.
-SHAPE_CASES = [
-    (1, 1, "float32", "normal", "mean", 0.0),
-    (7, 1, "bfloat16", "large", "none", 0.1),
-    (7, 3, "bfloat16", "peaked", "none", 0.1),
-    (7, 3, "float16", "large", "sum", 0.0),
-    (33, 341, "bfloat16", "large", "none", 0.0),
-    (33, 341, "float16", "peaked", "mean", 0.1),
-    (7, 1000, "float32", "normal", "sum", 0.1),
-    (1, 1000, "bfloat16", "peaked", "none", 0.0),
-    (7, 3000, "float16", "peaked", "none", 0.1),  # split_vocab: 6 chunks, the last one ragged
-    (2, 50257, "bfloat16", "normal", "mean", 0.1),
-]
-
-
-def _case_spec(case: tuple[int, int, str, str, str, float]) -> OpSpec:
-    rows, vocab, dtype, _, reduction, smoothing = case
-    return OP.spec((rows, vocab), dtype, reduction=reduction, label_smoothing=smoothing)
-
-
-def _plan() -> dict[tuple[str, int], list[Config]]:
-    """The configs each (variant, case) runs: the last config of the space (the widest blocks),
-    the first on small vocabularies (the narrowest: many steps, cheap there), and every config
-    that brings a (parameter, value) no earlier case ran. Narrow blocks are run on narrow rows,
-    where the interpreter walks them quickly; the wide case adds only what needs its width."""
-    plan = {}
-    for variant in VARIANTS:
-        seen: set[tuple[str, object]] = set()
-        for index, case in enumerate(SHAPE_CASES):
-            configs = OP.variant(variant).space(_case_spec(case)).configs()
-            chosen = [configs[-1]] + ([configs[0]] if case[1] <= 1000 else [])
-            for c in configs:
-                if not set(c.items()) <= seen | {item for k in chosen for item in k.items()}:
-                    chosen.append(c)
-            plan[variant, index] = list(dict.fromkeys(chosen))
-            seen |= {item for c in chosen for item in c.items()}
-    return plan
-
-
-PLAN = _plan()
+# The odd shapes of cross_entropy_cases.py; split_vocab's 6 chunks of 7 x 3000 under "none".
+SHAPE_CASES = shape_cases(split_vocab_reduction="none")
+PLAN = plan_configs(OP, SHAPE_CASES)
 
 
 # RuntimeWarnings are errors: with finite logits no kernel may compute a NaN or an overflow, not
@@ -99,52 +59,26 @@ PLAN = _plan()
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("index", range(len(SHAPE_CASES)), ids=[str(c) for c in SHAPE_CASES])
 def test_every_config_class(variant: str, index: int, device: str) -> None:
-    spec = _case_spec(SHAPE_CASES[index])
-    distribution = SHAPE_CASES[index][3]
-    inputs = OP.make_inputs(spec, seed=11, distribution=distribution, device=device)
-    for config in PLAN[variant, index]:
-        out = run_variant(variant, spec, config, inputs)
-        assert_correct(out, spec, inputs, f"{variant} {config.key} {spec.describe()} {distribution}")
+    assert_every_planned_config(OP, variant, SHAPE_CASES, PLAN, index, device)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_configs_run_take_every_parameter_value(variant: str) -> None:
     """Across SHAPE_CASES, the configs run above take every value of every parameter."""
-    seen = {item for index in range(len(SHAPE_CASES)) for c in PLAN[variant, index] for item in c.items()}
-    params = OP.variant(variant).space(_case_spec(SHAPE_CASES[0])).params
-    for param in params:
-        missing = [v for v in param.choices if (param.name, v) not in seen]
-        assert not missing, f"{variant}: {param.name} values {missing} never tested"
-    for index, case in enumerate(SHAPE_CASES):
-        space = OP.variant(variant).space(_case_spec(case))
-        assert PLAN[variant, index] and all(c in space for c in PLAN[variant, index])
+    assert_the_plan_takes_every_value(OP, variant, SHAPE_CASES, PLAN)
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_dtype_reduction_and_smoothing(variant: str, device: str) -> None:
-    """Every (dtype, reduction, smoothing) with ignored rows, on the first and the last config in
-    turn, with the ignore_index outside the vocabulary (-100) or inside it (2: rows whose target
-    is class 2 are ignored too)."""
-    distributions = OP.distributions
-    case = 0
-    for dtype in DTYPES:
-        for reduction in REDUCTIONS:
-            for smoothing in (0.0, 0.1):
-                ignore_index = (-100, 2)[(case // 2) % 2]
-                spec = OP.spec(
-                    (6, 100), dtype, reduction=reduction, ignore_index=ignore_index, label_smoothing=smoothing
-                )
-                distribution = distributions[case % len(distributions)]
-                inputs = OP.make_inputs(spec, seed=case, distribution=distribution, device=device)
-                assert int((inputs[1] == ignore_index).sum()) >= 1  # ignored rows are present
-                configs = OP.variant(variant).space(spec).configs()
-                config = configs[0] if case % 2 else configs[-1]
-                out = run_variant(variant, spec, config, inputs)
-                assert_correct(out, spec, inputs, f"{variant} {config.key} {spec.describe()} {distribution}")
-                if reduction == "none":
-                    assert torch.all(out[inputs[1] == ignore_index] == 0)  # torch's 0 for ignored rows
-                case += 1
+    """Every (dtype, reduction, smoothing) with ignored rows (cross_entropy_cases.reduction_sweep);
+    "none" gives torch's 0 for ignored rows."""
+    for run in reduction_sweep(OP, variant, device):
+        out = run_variant(variant, run.spec, run.config, run.inputs)
+        assert_correct(out, run.spec, run.inputs, f"{variant} {run.config.key} {run.spec.describe()} "
+                       f"{run.distribution}")  # fmt: skip
+        if run.spec.const("reduction") == "none":
+            assert torch.all(out[run.ignored] == 0)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -263,10 +197,7 @@ def test_launcher_is_reusable_and_issues_no_torch_compute(variant: str, device: 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_build_rejects_a_config_outside_the_space(variant: str) -> None:
-    spec = OP.spec((4, 64), "float32")
-    config = OP.variant(variant).space(spec).configs()[0].replace(num_warps=3)
-    with pytest.raises(ValueError, match="not in the space"):
-        OP.variant(variant).build(spec, config)
+    assert_build_rejects_a_config_outside_the_space(OP, variant)
 
 
 # ---- spaces --------------------------------------------------------------------------------------
