@@ -149,7 +149,12 @@ def test_the_harness_accepts_each_family(op, device: str) -> None:
     spec = op.spec((9, 16, 40), dtype, reduction="mean", label_smoothing=0.1, bias=op is not FORWARD)
     fixed = {} if op is FORWARD else {"CHUNK": 16}
     runs = validate(op, spec, op.variants[0].build, _widest(op, spec, **fixed), device, lambda: None)
-    assert {runs} == validation_runs(op, spec)  # no blind data: the target on all, each tail on one
+    # The target on every distribution, each tail on one. In float16 a tail's first draw (the spike
+    # data) can be blind: spikes in h make every logit ~1e2-1e3 and PyTorch's float16 logits about
+    # 100% wrong, so validate rightly draws the tail's next distribution (simulated: 11 of 3000
+    # seeds for the backward, 3 of 3000 for the fused op; 0 of 3000 for the bf16 forward).
+    maybe_blind = () if op is FORWARD else ("spikes",)
+    assert {runs} <= validation_runs(op, spec, maybe_blind)
 
 
 @pytest.mark.parametrize("num_items_in_batch", [None, 7])
