@@ -14,7 +14,8 @@ backwards of the three norms.
   that take views only and reject configs outside their space;
 - what their specs share: inputs drawn deterministically by seed, the backwards' buckets and
   tails keeping the row-shaped inputs alike, the RMSNorm backwards' spaces, the RMSNorm
-  forwards' row limits; softmax's and the reductions' specs (the last dim only, bad tensors).
+  forwards' row limits, hashes and rejected specs; softmax's and the reductions' specs (the last
+  dim only, bad tensors).
 
 Every kernel writes into NaN-filled outputs followed by NaN guards (a kernel that skips an element
 or writes past the end is caught), and its inputs must come back unchanged. What is peculiar to a
@@ -772,6 +773,53 @@ def test_the_rms_norms_row_limits(family: str) -> None:
     assert {c["BLOCK_N"] for c in op.variant("looped").space(op.spec((2, 40), "fp16"))} == {64}
     # multi_row never holds more than 16384 elements in one block
     assert {c["ROWS"] for c in op.variant("multi_row").space(op.spec((2, 4096), "fp16"))} == {2, 4}
+
+
+def rms_example_tensors(family: str, rows: int, width: int) -> list[torch.Tensor]:
+    """bfloat16 example tensors for RMSNorm (x, weight) or add_rmsnorm (x, residual, weight)."""
+    return [torch.zeros(rows, width, dtype=torch.bfloat16) for _ in range(ROW_INPUTS[family])] + [
+        torch.ones(width, dtype=torch.bfloat16)]  # fmt: skip
+
+
+@pytest.mark.parametrize("family", ["rmsnorm", "add_rmsnorm"])
+def test_the_rms_norms_spec_for_matches_spec_and_hashes(family: str) -> None:
+    """A spec from example tensors is the command line's, hash included; the default eps hashes
+    as no eps; eps, dtype, width and leading dims each change the hash; the hash survives JSON."""
+    op = FAMILIES[family].op
+    example = rms_example_tensors(family, 16, 128)
+    from_tensors = op.spec_for(*example)
+    from_cli = op.spec((16, 128), "bfloat16")
+    assert from_tensors == from_cli and from_tensors.workload_hash == from_cli.workload_hash
+    assert op.spec_for(*example, eps=1e-6).workload_hash == from_cli.workload_hash
+    others = {
+        op.spec((16, 128), "bfloat16", eps=1e-5).workload_hash,
+        op.spec((16, 128), "float16").workload_hash,
+        op.spec((16, 256), "bfloat16").workload_hash,
+        op.spec((2, 8, 128), "bfloat16").workload_hash,
+    }
+    assert from_cli.workload_hash not in others and len(others) == 4
+    assert OpSpec.from_dict(from_cli.to_dict()).workload_hash == from_cli.workload_hash
+
+
+@pytest.mark.parametrize("family", ["rmsnorm", "add_rmsnorm"])
+def test_the_rms_norms_bad_specs_are_rejected(family: str) -> None:
+    op = FAMILIES[family].op
+    example = [t.float() for t in rms_example_tensors(family, 4, 8)]
+    for eps in (-1.0, math.inf, math.nan):
+        with pytest.raises(UnsupportedWorkload):
+            op.spec_for(*example, eps=eps)
+        with pytest.raises(UnsupportedWorkload):
+            op.spec((4, 8), "fp32", eps=eps)
+    with pytest.raises(UnsupportedWorkload):
+        op.spec((4, 8), "fp64")
+    with pytest.raises(UnsupportedWorkload):
+        op.spec((4, 0), "fp32")
+    with pytest.raises(UnsupportedWorkload):
+        op.spec((4, 8), "fp32", dim=0)
+    with pytest.raises(UnsupportedWorkload):
+        op.spec_for(*example, dim=0)
+    with pytest.raises(ValueError):
+        op.spec((4, 8), "int3")
 
 
 # Softmax and the reductions: one tensor in, normalized or reduced along its last dim only.
