@@ -338,25 +338,7 @@ def test_persistent_programs_fit_an_sm() -> None:
 
 # ---- Gemma's weight offset: y = rmsnorm(h) * (weight + weight_offset) ---------------------------
 
-# One column, one row of an odd width, leading dims of a width no power of two; every dtype.
-OFFSET_CASES: tuple[tuple[tuple[int, ...], str], ...] = (((7, 1), "float32"), ((1, 37), "bfloat16"),
-                                                         ((2, 3, 341), "float16"))
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_weight_offset_reaches_every_variant(variant: str, device: str) -> None:
-    """Each variant with Gemma's offset against the float64 reference; the same config without
-    the offset, on the same inputs, is rejected (the offset does not hide in the tolerance)."""
-    for i, (shape, dtype) in enumerate(OFFSET_CASES):
-        spec = OP.spec(shape, dtype, weight_offset=1.0)
-        config = OP.variant(variant).space(spec).configs()[0]
-        distribution = OP.distributions[i % len(OP.distributions)]
-        inputs = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
-        outputs, guards = run_launcher(variant, spec, config, inputs)
-        assert_correct(spec, inputs, outputs, guards, f"{variant} {config} {spec.describe()} offset 1")
-        (plain_y, _), _ = run_launcher(variant, OP.spec(shape, dtype), config, inputs)
-        y64, _ = OP.reference_fp64(spec, inputs)
-        assert check_close(plain_y, y64, OP.reference(spec, inputs)[0], OP.tolerance) is not None
+# (Each schedule with the offset against the reference, and without it: test_rowwise_families.py.)
 
 
 def test_weight_offset_reference_is_gemmas_formula(device: str) -> None:

@@ -22,7 +22,6 @@ from kernelsmith.ops._rowwise import MAX_WHOLE_ROW
 from kernelsmith.ops.rmsnorm import OP, RMSNorm
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
-from kernelsmith.testing.kernels import covering_configs
 
 # The four schedules; the realigned variants (aligned_row, split_row) have their own cases.
 REALIGNED = ("aligned_row", "split_row")
@@ -268,28 +267,7 @@ def test_validation_specs_share_the_space() -> None:
 
 # ---- Gemma's weight offset: y = x * rstd * (weight + weight_offset) ---------------------------
 
-# Small and odd shapes: one column, one row, widths that are not powers of two, leading dims, a
-# row count no ROWS divides; every dtype.
-OFFSET_CASES: tuple[tuple[tuple[int, ...], str], ...] = (
-    ((7, 1), "float32"), ((1, 37), "bfloat16"), ((2, 3, 341), "float16"), ((33, 100), "bfloat16"), ((37,), "float32"))
-
-
-@pytest.mark.parametrize("variant", SCHEDULES)
-def test_weight_offset_reaches_every_variant(variant: str, device: str) -> None:
-    """Every config class with the offset against the float64 reference; the same config
-    without the offset, on the same inputs, is rejected (the offset is not small enough to hide
-    in the tolerance)."""
-    for i, (shape, dtype) in enumerate(OFFSET_CASES):
-        spec = OP.spec(shape, dtype, weight_offset=1.0)
-        configs = covering_configs(OP.variant(variant).space(spec))
-        distribution = OP.distributions[i % len(OP.distributions)]
-        inputs = OP.make_inputs(spec, seed=i, distribution=distribution, device=device)
-        for config in configs if i == 3 else configs[:1]:
-            out, guard = run_launcher(variant, spec, config, inputs)
-            assert_correct(spec, inputs, out, guard, f"{variant} {config} {spec.describe()} offset 1")
-        plain, _ = run_launcher(variant, OP.spec(shape, dtype), configs[0], inputs)
-        (ref64,) = OP.reference_fp64(spec, inputs)
-        assert check_close(plain, ref64, OP.reference(spec, inputs)[0], OP.tolerance) is not None
+# (Each schedule with the offset against the reference, and without it: test_rowwise_families.py.)
 
 
 def test_other_weight_offsets_and_eps(device: str) -> None:

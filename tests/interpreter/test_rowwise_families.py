@@ -15,7 +15,8 @@ backwards of the three norms.
 - what their specs share: inputs drawn deterministically by seed, the backwards' buckets and
   tails keeping the row-shaped inputs alike, the RMSNorm backwards' spaces, the RMSNorm
   forwards' row limits, hashes and rejected specs; softmax's and the reductions' specs (the last
-  dim only, bad tensors).
+  dim only, bad tensors);
+- Gemma's weight offset reaching every schedule of RMSNorm, add_rmsnorm and RMSNorm backward.
 
 Every kernel writes into NaN-filled outputs followed by NaN guards (a kernel that skips an element
 or writes past the end is caught), and its inputs must come back unchanged. What is peculiar to a
@@ -34,6 +35,7 @@ import pytest
 import torch
 from real_compiler_run import assert_every_kernel_lowers
 
+from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import TorchOpWatch, validate
 from kernelsmith.ops import UnsupportedWorkload
 from kernelsmith.ops._base import OpFamily, tail_rows
@@ -675,6 +677,51 @@ def test_build_rejects_a_config_outside_the_space(family: str, variant: str) -> 
         op.variant(variant).build(spec, config.replace(num_warps=3))
     with pytest.raises(ValueError, match="not in the space"):
         op.variant(variant).build(spec, config.replace(BOGUS=1))
+
+
+# ---- Gemma's weight offset: the norms scale by weight + weight_offset ----------------------------
+
+
+@dataclass(frozen=True)
+class OffsetCases:
+    """A family's weight-offset runs: small and odd (shape, dtype) cases; the one whose every
+    config class runs (the others run their space's first config); the outputs the offset does
+    not change (RMSNorm backward's dw, add_rmsnorm's h)."""
+
+    cases: tuple[tuple[Shape, str], ...]
+    covering: int | None
+    blind: tuple[int, ...] = ()
+
+
+# One column, one row of an odd width, leading dims of a width no power of two, a row count no
+# ROWS divides, a 1-D x; every dtype.
+ODD_OFFSET_CASES: tuple[tuple[Shape, str], ...] = (
+    ((7, 1), "float32"), ((1, 37), "bfloat16"), ((2, 3, 341), "float16"), ((33, 100), "bfloat16"), ((37,), "float32"))
+WEIGHT_OFFSET = {
+    "rmsnorm": OffsetCases(ODD_OFFSET_CASES, covering=3),
+    "add_rmsnorm": OffsetCases(ODD_OFFSET_CASES[:3], covering=None, blind=(1,)),
+    "rmsnorm_backward": OffsetCases(ODD_OFFSET_CASES[:4], covering=3, blind=(1,)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("family", "variant"), [(f, v) for f in WEIGHT_OFFSET for v in FAMILIES[f].schedules])
+def test_weight_offset_reaches_every_variant(family: str, variant: str, device: str) -> None:
+    """Each variant with Gemma's offset (1) against the float64 reference; the same config without
+    the offset, on the same inputs, gets every output the offset changes wrong beyond the
+    tolerance (the offset does not hide in it), and the others right."""
+    f, offset = FAMILIES[family], WEIGHT_OFFSET[family]
+    for i, (shape, dtype) in enumerate(offset.cases):
+        spec = f.op.spec(shape, dtype, weight_offset=1.0)
+        configs = covering_configs(f.op.variant(variant).space(spec))
+        distribution = f.op.distributions[i % len(f.op.distributions)]
+        inputs = f.op.make_inputs(spec, seed=i, distribution=distribution, device=device)
+        for config in configs if i == offset.covering else configs[:1]:
+            run_and_check(f, variant, spec, config, inputs, f"{family}/{variant} {config} {spec.describe()} offset 1")
+        plain, _ = launch_guarded(f.op, variant, f.op.spec(shape, dtype), configs[0], inputs, GUARD)
+        truths = zip(f.op.reference_fp64(spec, inputs), f.op.reference(spec, inputs), strict=True)
+        for k, (out, (ref64, lowp)) in enumerate(zip(plain, truths, strict=True)):
+            wrong = check_close(out, ref64, lowp, f.op.tolerance) is not None
+            assert wrong == (k not in offset.blind), f"{family}/{variant} {spec.describe()} without the offset: {k}"
 
 
 # ---- inputs, buckets and spaces the families' specs share ----------------------------------------
