@@ -133,7 +133,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import triton
@@ -154,18 +154,14 @@ from kernelsmith.ops._attention_launch import (
     _tma_build,
     _tma_space,
 )
-from kernelsmith.ops._base import (
-    FINITE_STRESS_DISTRIBUTIONS,
-    ErrorFloor,
-    OpFamily,
-    UnsupportedWorkload,
-    Variant,
-    generator,
-)
+from kernelsmith.ops._base import FINITE_STRESS_DISTRIBUTIONS, OpFamily, UnsupportedWorkload, Variant, generator
 from kernelsmith.ops._softmax_condition import centered_spread, floor_of, logit_error, probability_error
 from kernelsmith.ops._spec_args import SpecArgs
 from kernelsmith.space import next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
+
+if TYPE_CHECKING:
+    from kernelsmith.ops._base import ErrorFloor
 
 LAYOUTS = ("bhsd", "bshd")
 MASKS = ("none", "additive", "boolean")  # spec()'s mask argument

@@ -116,23 +116,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kernelsmith.ops._base import (
-    FINITE_STRESS_DISTRIBUTIONS,
-    ErrorFloor,
-    OpFamily,
-    UnsupportedWorkload,
-    Variant,
-    generator,
-)
+from kernelsmith.ops._base import FINITE_STRESS_DISTRIBUTIONS, OpFamily, UnsupportedWorkload, Variant, generator
 from kernelsmith.ops._decode_attention_launch import _dims, _single_build, _single_space, _split_build, _split_space
 from kernelsmith.ops._decode_attention_spec import DTYPES, check_spec, command_line_spec, resized, spec_of
 from kernelsmith.ops._softmax_condition import centered_spread, floor_of, logit_error, probability_error
 from kernelsmith.space import next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec
+
+if TYPE_CHECKING:
+    from kernelsmith.ops._base import ErrorFloor
 
 # What a position past a static cache's valid length holds in make_inputs: keys that would win
 # every softmax and values far from the others, so a kernel reading past a length is caught.

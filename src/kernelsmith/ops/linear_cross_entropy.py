@@ -53,21 +53,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import triton
 
-from kernelsmith.ops._base import (
-    NO_FLOOR,
-    ErrorFloor,
-    Launcher,
-    OpFamily,
-    UnsupportedWorkload,
-    Variant,
-    generator,
-    tail_rows,
-)
+from kernelsmith.ops._base import NO_FLOOR, Launcher, OpFamily, UnsupportedWorkload, Variant, generator, tail_rows
 from kernelsmith.ops._cross_entropy_launch import CROSS_ENTROPY_MODULES, _checked, _reducer
 from kernelsmith.ops._launch import direct_launch
 from kernelsmith.ops._linear_cross_entropy_kernels import _lce_combine_kernel, _lce_stats_kernel
@@ -76,6 +67,9 @@ from kernelsmith.ops._softmax_condition import LOGIT_ERROR, floor_of, logit_erro
 from kernelsmith.ops.cross_entropy import _checked_constants
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
 from kernelsmith.spec import OpSpec, TensorSpec, dtype_name
+
+if TYPE_CHECKING:
+    from kernelsmith.ops._base import ErrorFloor
 
 # What the variants' source hash covers besides this module: the kernels of the three linear +
 # cross-entropy families, the cross-entropy row kernels and launchers they reuse, matmul's kernels

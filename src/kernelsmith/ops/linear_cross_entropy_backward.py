@@ -67,7 +67,7 @@ the ``T x V x 2``-byte logits, at least 64 MiB, and never below the smallest con
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import triton
@@ -76,7 +76,6 @@ from kernelsmith import settings
 from kernelsmith.ops._base import (
     FINITE_STRESS_DISTRIBUTIONS,
     NO_FLOOR,
-    ErrorFloor,
     Launcher,
     OpFamily,
     UnsupportedWorkload,
@@ -118,6 +117,9 @@ from kernelsmith.ops.linear_cross_entropy import (
 )
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
 from kernelsmith.spec import OpSpec, TensorSpec
+
+if TYPE_CHECKING:
+    from kernelsmith.ops._base import ErrorFloor
 
 BACKWARD_NAME = "linear_cross_entropy_backward"
 FUSED_NAME = "linear_cross_entropy_fused"
