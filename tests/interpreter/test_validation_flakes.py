@@ -16,9 +16,8 @@ PyTorch's error on these draws may be ordinary; each test therefore also holds t
 luckiest base PyTorch could have had (its pipeline from correctly rounded logits, or the correctly
 rounded output), which rejects the kernel without the floor on every machine.
 
-The LayerNorm-backward case is *not fixed*, so it is a strict xfail: a fix turns it into a pass
-(and then it must become a plain test). There the kernel's float32 row mean under cancelling
-spikes is the cause (see the test).
+In the LayerNorm-backward case the kernel's float32 row mean under cancelling spikes was the
+cause (see the test); the backward now centres its rows exactly, and it is a plain test too.
 """
 
 from __future__ import annotations
@@ -147,14 +146,15 @@ LAYERNORM_BACKWARD = get_op("layernorm_backward")
 LAYERNORM_BACKWARD_SPIKE_SEED = 378339608034625827
 
 
-@pytest.mark.xfail(strict=True, reason="layernorm_backward's row mean under cancelling spikes (not fixed here)")
 def test_layernorm_backward_passes_the_float32_spike_draw(device: str) -> None:
     """dw (= dy * xhat for one row) is 9.3e-7 off against a limit of 3.8e-7; PyTorch's 3.5e-8 is
     exactly the error of dy times the correctly rounded xhat, so here the kernel, not the rule, is
     the less accurate: its float32 mean(d) adds the row's small values to each spike before the
     spikes meet (each addition rounded at the spikes' ulp, 1e-3), while PyTorch's sum happens to
     add the two spikes to each other first (exactly, by Sterbenz) and then the small values to
-    1083. xhat = (d - mean(d)) rstd inherits the mean's ~2.6e-5 error on every element."""
+    1083. xhat = (d - mean(d)) rstd inherits the mean's ~2.6e-5 error on every element. Fixed by
+    the exact centring of 17fa407/5d8de10 (a compensated mean, recomputed where the plain one may
+    be off): it passes."""
     spec = LAYERNORM_BACKWARD.spec((20, 100), "float32", affine="weight_bias")
     tail = LAYERNORM_BACKWARD.validation_specs(spec)[1]
     assert tail.inputs[0].shape == (1, 100)
