@@ -22,7 +22,6 @@ cause (see the test); the backward now centres its rows exactly, and it is a pla
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -152,9 +151,10 @@ def test_layernorm_backward_passes_the_float32_spike_draw(device: str) -> None:
     the less accurate: its float32 mean(d) adds the row's small values to each spike before the
     spikes meet (each addition rounded at the spikes' ulp, 1e-3), while PyTorch's sum happens to
     add the two spikes to each other first (exactly, by Sterbenz) and then the small values to
-    1083. xhat = (d - mean(d)) rstd inherits the mean's ~2.6e-5 error on every element. Fixed by
-    the exact centring of 17fa407/5d8de10 (a compensated mean, recomputed where the plain one may
-    be off): it passes."""
+    1083. xhat = (d - mean(d)) rstd inherits the mean's ~2.6e-5 error on every element. (Most of
+    that error turned out to be the rounding of d = x - shift at each spike, which no summing order
+    removes.) Fixed by the exact centring of 17fa407/5d8de10 (d's rounding error carried along, a
+    compensated mean, on the rows a check flags): it passes."""
     spec = LAYERNORM_BACKWARD.spec((20, 100), "float32", affine="weight_bias")
     tail = LAYERNORM_BACKWARD.validation_specs(spec)[1]
     assert tail.inputs[0].shape == (1, 100)
