@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.ops import get_op
-from kernelsmith.ops.linear_cross_entropy_backward import (
+from kernelsmith.ops._linear_cross_entropy_chunks import (
     SCRATCH_FLOOR_BYTES,
     SCRATCH_FRACTION_OF_LOGITS,
     chunked_scratch_bytes,

@@ -72,21 +72,48 @@ def _ce_program_rows(t_ptr, n_rows, ignore_index, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _ce_target_logit(x_row, target, valid, n_cols):
-    """``x[t]`` in one scalar load a row (cheaper than a compare-and-select on every element),
-    in float32; NaN for an out-of-range target (never an out-of-bounds read). ``x_row`` and
-    ``target`` may be vectors (several rows)."""
-    in_range = (target >= 0) & (target < n_cols)
-    x_t = tl.load(x_row + tl.where(in_range, target, 0), mask=valid & in_range, other=float("nan"))
-    return x_t.to(tl.float32)
+def _ce_tanh(x):
+    """tanh of a float32 tensor (``tl.math`` lacks it): Taylor to x**9 below |x| < 1/4, else
+    (1 - e) / (1 + e) with e = exp(-2|x|) <= 1 (no overflow, and no cancellation in 1 - e)."""
+    ax = tl.abs(x)
+    e = tl.exp(-2.0 * ax)
+    far = (1.0 - e) / (1.0 + e)
+    x2 = x * x
+    near = ax * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0 + x2 * (62.0 / 2835.0)))))
+    t = tl.where(ax < 0.25, near, far)
+    return tl.where(x < 0, -t, t)
 
 
 @triton.jit
-def _ce_online_stats(x_row, lo, hi, n_cols, BLOCK_V: tl.constexpr, SMOOTH: tl.constexpr, NUM_STAGES: tl.constexpr):
+def _ce_soft_capped(x, keep, softcap, CAP_INPUT: tl.constexpr):
+    """The float32 logits ``x`` as loaded, or with CAP_INPUT soft-capped, ``c tanh(x / c)``
+    (linear + cross-entropy's chunks of raw ``h @ W.T`` logits), the lanes outside ``keep`` put
+    back to -inf (tanh would turn a masked -inf into -c)."""
+    if CAP_INPUT:
+        x = tl.where(keep, softcap * _ce_tanh(x / softcap), float("-inf"))
+    return x
+
+
+@triton.jit
+def _ce_target_logit(x_row, target, valid, n_cols, softcap=1.0, CAP_INPUT: tl.constexpr = False):
+    """``x[t]`` in one scalar load a row (cheaper than a compare-and-select on every element),
+    in float32 (soft-capped with CAP_INPUT, :func:`_ce_soft_capped`); NaN for an out-of-range
+    target (never an out-of-bounds read). ``x_row`` and ``target`` may be vectors (several rows)."""
+    in_range = (target >= 0) & (target < n_cols)
+    x_t = tl.load(x_row + tl.where(in_range, target, 0), mask=valid & in_range, other=float("nan"))
+    return _ce_soft_capped(x_t.to(tl.float32), True, softcap, CAP_INPUT)  # (NaN stays NaN)
+
+
+@triton.jit
+def _ce_online_stats(
+    x_row, lo, hi, n_cols, BLOCK_V: tl.constexpr, SMOOTH: tl.constexpr, NUM_STAGES: tl.constexpr,
+    softcap=1.0, CAP_INPUT: tl.constexpr = False,
+):  # fmt: skip
     """``(m, s, sum_x)`` of the columns ``[lo, hi)`` of the row at ``x_row``, in ``BLOCK_V``-wide
     steps (``hi <= lo`` reads nothing and gives ``(-inf, 0, 0)``): their max ``m``, the sum ``s``
     of ``exp(x - m)``, and (when SMOOTH, else 0) the sum of the logits. Columns at or past
-    ``n_cols`` are masked.
+    ``n_cols`` are masked. With CAP_INPUT the logits are soft-capped as they are read
+    (:func:`_ce_soft_capped`).
 
     The online softmax statistics: the running max m (one number) and l = sum exp(x - m) kept as
     BLOCK_V lane partials, added up once after the loop (more accurate than one running total,
@@ -101,6 +128,7 @@ def _ce_online_stats(x_row, lo, hi, n_cols, BLOCK_V: tl.constexpr, SMOOTH: tl.co
         offs = start + cols
         mask = offs < n_cols
         x = tl.load(x_row + offs, mask=mask, other=float("-inf")).to(tl.float32)
+        x = _ce_soft_capped(x, mask, softcap, CAP_INPUT)
         m_new = tl.maximum(m, tl.max(x, axis=0))
         # While every logit seen is -inf (a masked-out prefix of the vocabulary), m_new is -inf:
         # shift by 0 instead, so that exp(-inf - 0) = 0 rather than exp(-inf + inf) = NaN.
@@ -336,14 +364,16 @@ def _ceb_write_grad(
     n_cols,
     shift, inv_s, off, on, t32, scale,  # the row's factors (_ceb_row_factors)
     softcap,
-    BLOCK_V: tl.constexpr, NUM_STAGES: tl.constexpr, CAP: tl.constexpr,
+    BLOCK_V: tl.constexpr, NUM_STAGES: tl.constexpr, CAP: tl.constexpr, CAP_INPUT: tl.constexpr = False,
 ):  # fmt: skip
     """The gradient of the columns ``[lo, hi)`` of one row, from :func:`_ceb_row_factors`, in
-    ``BLOCK_V``-wide steps; with CAP, times ``dx / du = 1 - (x / c)**2`` (see the online kernel)."""
+    ``BLOCK_V``-wide steps; with CAP, times ``dx / du = 1 - (x / c)**2`` (see the online kernel),
+    the logits soft-capped as they are read with CAP_INPUT."""
     cols = tl.arange(0, BLOCK_V)
     for start in tl.range(lo, hi, BLOCK_V, num_stages=NUM_STAGES):
         offs = start + cols
         x = tl.load(x_row + offs, mask=offs < n_read, other=float("-inf")).to(tl.float32)
+        x = _ce_soft_capped(x, offs < n_read, softcap, CAP_INPUT)
         g = (tl.exp(x - shift) * inv_s - off - tl.where(offs == t32, on, 0.0)) * scale
         if CAP:
             xc = tl.where(offs < n_read, x, 0.0) / softcap
@@ -365,9 +395,11 @@ def _ceb_online_row_kernel(
     NUM_STAGES: tl.constexpr,
     softcap=1.0,  # CAP: the soft-cap c of logits x = c tanh(u / c) (linear + cross-entropy)
     CAP: tl.constexpr = False,  # the gradient with respect to u: times dx / du = 1 - (x / c)**2
+    CAP_INPUT: tl.constexpr = False,  # (with CAP) x_ptr holds u, not x: x = c tanh(u / c) as it is read
 ):  # fmt: skip
     """One row's statistics (and loss), then its gradient; ``dx_ptr`` may be ``x_ptr`` (each
-    element is read before it is written, by the same program)."""
+    element is read before it is written, by the same program). The logits and the gradient are
+    read and written in their tensors' dtypes, the math in float32."""
     smoothing = tl.cast(smoothing, tl.float32)  # float32 math even where Inductor passes a Python float as fp64
     softcap = tl.cast(softcap, tl.float32)
     row, x_row, target, valid = _ce_program_row(x_ptr, t_ptr, x_row_stride, ignore_index)
@@ -375,15 +407,15 @@ def _ceb_online_row_kernel(
     n_read = tl.where(valid, n_cols, 0)  # an ignored row reads nothing
 
     # Pass 1: the row's statistics (and its loss).
-    m, s, sum_x = _ce_online_stats(x_row, 0, n_read, n_cols, BLOCK_V, SMOOTH, NUM_STAGES)
+    m, s, sum_x = _ce_online_stats(x_row, 0, n_read, n_cols, BLOCK_V, SMOOTH, NUM_STAGES, softcap, CAP_INPUT)
     if LOSS:
-        x_t = _ce_target_logit(x_row, target, valid, n_cols)
+        x_t = _ce_target_logit(x_row, target, valid, n_cols, softcap, CAP_INPUT)
         tl.store(loss_ptr + row, _ce_row_loss(m, s, x_t, sum_x, n_cols, smoothing, valid, SMOOTH))
 
     # Pass 2: the gradient, every column (zeros for an ignored row).
     shift, inv_s, off, on, t32, scale = _ceb_row_factors(scale_ptr, row, target, valid, m, s, n_cols, smoothing, SCALE)
     _ceb_write_grad(x_row, dx_row, 0, n_cols, n_read, n_cols, shift, inv_s, off, on, t32, scale, softcap,
-                    BLOCK_V, NUM_STAGES, CAP)  # fmt: skip
+                    BLOCK_V, NUM_STAGES, CAP, CAP_INPUT)  # fmt: skip
 
 
 @triton.jit

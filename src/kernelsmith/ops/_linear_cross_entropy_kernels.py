@@ -4,7 +4,8 @@
 steps and the variants; the spaces and launchers are in those modules.
 
 Every logit is made by :func:`lce_logits_tile`: a tiled product (:func:`lce_tile`, on the matmul
-family's ``_dot``), the bias and the soft-cap (:func:`_lce_tanh`). The forward folds each tile,
+family's ``_dot``), the bias and the soft-cap (cross-entropy's
+:func:`~kernelsmith.ops._cross_entropy_kernels._ce_tanh`). The forward folds each tile,
 still in registers, into per-row running statistics (:func:`_lce_stats_kernel`) and merges the
 splits with cross-entropy's own helpers (:func:`_lce_combine_kernel`); the backward stores a
 chunk of logits (:func:`_lceb_logits_kernel`), lets cross-entropy backward's row kernel turn it
@@ -17,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernelsmith.ops._cross_entropy_kernels import _ce_merge_chunks, _ce_program_rows, _ce_row_loss
+from kernelsmith.ops._cross_entropy_kernels import _ce_merge_chunks, _ce_program_rows, _ce_row_loss, _ce_tanh
 from kernelsmith.ops._matmul_kernels import _dot
 
 # =================================================================================================
@@ -28,19 +29,6 @@ from kernelsmith.ops._matmul_kernels import _dot
 # =================================================================================================
 
 # ---- the tiles ------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _lce_tanh(x):
-    """tanh of a float32 tensor: Taylor to x**9 below |x| < 1/4, else (1 - e) / (1 + e) with
-    e = exp(-2|x|) <= 1 (no overflow, no cancellation)."""
-    ax = tl.abs(x)
-    e = tl.exp(-2.0 * ax)
-    far = (1.0 - e) / (1.0 + e)
-    x2 = x * x
-    near = ax * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0 + x2 * (62.0 / 2835.0)))))
-    t = tl.where(ax < 0.25, near, far)
-    return tl.where(x < 0, -t, t)
 
 
 @triton.jit
@@ -85,7 +73,7 @@ def lce_logits_tile(
     if HAS_BIAS:
         z += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     if CAP:
-        z = softcap * _lce_tanh(z / softcap)
+        z = softcap * _ce_tanh(z / softcap)
     return z
 
 

@@ -49,7 +49,8 @@ raises instead.
 
 Memory
 ------
-What a call allocates besides its inputs and outputs (:func:`chunked_scratch_bytes`, also
+What a call allocates besides its inputs and outputs
+(:func:`kernelsmith.ops._linear_cross_entropy_chunks.chunked_scratch_bytes`, also
 ``OP.scratch_bytes(spec, config)``), all of it float32 and alive for the whole call, in bytes:
 
     4 * min(CHUNK, T) * V    the chunk's logits (then, in place, their gradient g)
@@ -60,8 +61,13 @@ What a call allocates besides its inputs and outputs (:func:`chunked_scratch_byt
 
 At 16k tokens, V 128256, H 2048 in bfloat16 the first two terms are up to 4 GiB (CHUNK 8192) and
 1 GiB, against the 4 GiB of bfloat16 logits the fused loss exists not to hold, so the search's
-space caps them (:func:`scratch_cap_bytes`, ``KERNELSMITH_LCE_SCRATCH_MIB``): by default 3/16 of
-the ``T x V x 2``-byte logits, at least 64 MiB, and never below the smallest config's need.
+space caps them (:func:`~kernelsmith.ops._linear_cross_entropy_chunks.scratch_cap_bytes`,
+``KERNELSMITH_LCE_SCRATCH_MIB``): by default 3/16 of the ``T x V x 2``-byte logits, at least
+64 MiB, and never below the smallest config's need.
+
+The variant ``chunked_library_gemm`` (:mod:`kernelsmith.ops._linear_cross_entropy_library`) runs
+the same loop (:class:`~kernelsmith.ops._linear_cross_entropy_chunks.ChunkPlan`) with the
+library's GEMMs (cuBLAS on a GPU) and its chunk in the inputs' dtype; its module says how.
 """
 
 from __future__ import annotations
@@ -72,7 +78,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 import triton
 
-from kernelsmith import settings
 from kernelsmith.ops._base import (
     FINITE_STRESS_DISTRIBUTIONS,
     NO_FLOOR,
@@ -82,27 +87,31 @@ from kernelsmith.ops._base import (
     Variant,
     generator,
 )
-from kernelsmith.ops._cross_entropy_kernels import _ceb_mean_scale_kernel, _ceb_online_row_kernel
-from kernelsmith.ops._cross_entropy_launch import (
-    _REDUCE_BLOCK,
-    _SCALE_PER_ROW,
-    _checked,
-    _reducer,
-    scale_mode,
-)
+from kernelsmith.ops._cross_entropy_launch import _checked
 from kernelsmith.ops._launch import direct_launch
+from kernelsmith.ops._linear_cross_entropy_chunks import (
+    AUX_WARPS,
+    CHUNKS,
+    FUSED_NAME,
+    GRADIENT_MODULES,
+    ROW_BLOCKS,
+    ChunkPlan,
+    chunk_constraints,
+    chunked_scratch_bytes,
+    dw_accumulators,
+    row_constraints,
+)
 from kernelsmith.ops._linear_cross_entropy_kernels import _lceb_cast_kernel, _lceb_gemm_kernel, _lceb_logits_kernel
 from kernelsmith.ops._softmax_condition import centered_spread, floor_of, probability_error
 from kernelsmith.ops.linear_cross_entropy import (
-    LCE_MODULES,
+    OP as _FORWARD,
+)
+from kernelsmith.ops.linear_cross_entropy import (
     TILE_M,
     command_line_spec,
-    constants_of,
-    cross_entropy_spec,
     dtype_of,
     first_forward_input,
     forward_spec_for,
-    has_bias,
     make_forward_inputs,
     reference_loss,
     shape_of,
@@ -112,70 +121,19 @@ from kernelsmith.ops.linear_cross_entropy import (
     tile_flags,
     tile_params,
 )
-from kernelsmith.ops.linear_cross_entropy import (
-    OP as _FORWARD,
-)
-from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two, powers_of_two
+from kernelsmith.space import Config, Param, Space
 from kernelsmith.spec import OpSpec, TensorSpec
 
 if TYPE_CHECKING:
     from kernelsmith.ops._base import ErrorFloor
 
 BACKWARD_NAME = "linear_cross_entropy_backward"
-FUSED_NAME = "linear_cross_entropy_fused"
 
 # =================================================================================================
 # Space and builder
 # =================================================================================================
 
-CHUNKS = powers_of_two(16, 8192)
-MAX_CHUNKS = 64  # smaller chunks than this many per call are not worth timing (or the largest)
-ROW_BLOCKS = powers_of_two(64, 8192)
-DW_ACCUMULATORS = ("float32", "output")
 _CAST_BLOCK = 1024
-_AUX_WARPS = 4
-
-
-# The memory cap. The fused loss exists to not hold the (T, V) logits, so its scratch (the Memory
-# section above) should stay well under them whatever the tuner finds fastest: by default at most
-# 3/16 of the logits in a 16-bit dtype, T x V x 2 bytes. Not 1/8: with T a power of two the chunk
-# logits are a power-of-two fraction of the logits (CHUNK = T/16 is exactly 1/8), so a cap of 1/8
-# would drop that chunk for the few KiB of per-row losses beside it; 3/16 keeps CHUNK <= T/16
-# with room to spare and drops T/8. At 16k tokens x 128256 x 2048 (bf16) that is 752 MiB: chunks
-# of up to 1024 tokens (501 MiB), and the float32 dW accumulator (1 GiB) only where a user raises
-# the cap. Below 64 MiB memory is not worth a slower config (small workloads keep their whole
-# space), and the cap never drops the configs of the smallest scratch, so no space is left empty.
-SCRATCH_FRACTION_OF_LOGITS = 3 / 16
-SCRATCH_FLOOR_BYTES = 64 * 2**20
-
-
-def chunked_scratch_bytes(spec: OpSpec, config: Mapping[str, Any]) -> int:
-    """Bytes one call of the chunked launcher allocates for ``spec`` under ``config`` besides its
-    inputs and outputs (float32, all alive for the whole call): the formula of the module's Memory
-    section. Only ``CHUNK`` and ``DW_ACC`` of the config matter."""
-    t, h, v = shape_of(spec)
-    low_precision = dtype_of(spec).dtype != "float32"
-    reduction = str(spec.const("reduction"))
-    float32 = 4
-    chunk_logits = min(int(config["CHUNK"]), t) * v
-    dw_accumulator = v * h if config["DW_ACC"] == "float32" and low_precision else 0
-    db_accumulator = v if has_bias(spec) and low_precision else 0
-    row_losses = t if spec.op == FUSED_NAME and reduction != "none" else 0
-    mean_scale = 1 if reduction == "mean" else 0
-    return float32 * (chunk_logits + dw_accumulator + db_accumulator + row_losses + mean_scale)
-
-
-def scratch_cap_bytes(spec: OpSpec) -> int:
-    """The scratch the search's space allows for ``spec`` before the smallest-config rule:
-    ``KERNELSMITH_LCE_SCRATCH_MIB`` MiB where set (> 0), else :data:`SCRATCH_FRACTION_OF_LOGITS` of
-    the ``T x V x 2``-byte logits, at least :data:`SCRATCH_FLOOR_BYTES`."""
-    mib = float(settings.get("KERNELSMITH_LCE_SCRATCH_MIB"))
-    if mib < 0:
-        raise settings.SettingError(f"KERNELSMITH_LCE_SCRATCH_MIB={mib} is negative (0: the default cap)")
-    if mib > 0:
-        return int(mib * 2**20)
-    t, _, v = shape_of(spec)
-    return max(SCRATCH_FLOOR_BYTES, int(t * v * 2 * SCRATCH_FRACTION_OF_LOGITS))
 
 
 def _chunked_space(spec: OpSpec, prune: bool = True) -> Space:
@@ -183,45 +141,17 @@ def _chunked_space(spec: OpSpec, prune: bool = True) -> Space:
     those that make sense for ``T`` tokens and scratch under the memory cap; builds check without
     it, because validation runs a config chosen for ``T`` tokens on fewer (tails of 1, 7, ...
     tokens), and a stored config stays correct whatever cap the user sets later."""
-    t, h, v = shape_of(spec)
+    _, h, v = shape_of(spec)
     element_size = dtype_of(spec).torch_dtype.itemsize
-    widest_row = max(ROW_BLOCKS[0], next_power_of_two(v))
-    dw_choices = DW_ACCUMULATORS if dtype_of(spec).dtype != "float32" else DW_ACCUMULATORS[:1]
-    smallest_above = next(c for c in CHUNKS if c >= min(t, CHUNKS[-1]))
-
-    def chunk_fits(chunk: int) -> bool:
-        return chunk <= smallest_above and (triton.cdiv(t, chunk) <= MAX_CHUNKS or chunk == CHUNKS[-1])
-
-    # Scratch depends only on (CHUNK, DW_ACC), and every pair the chunk rules allow has the same
-    # tilings, so the smallest scratch over those pairs is met by some config of the space.
-    scratch = {(c, d): chunked_scratch_bytes(spec, {"CHUNK": c, "DW_ACC": d}) for c in CHUNKS for d in dw_choices}
-    cap = max(scratch_cap_bytes(spec), min(n for (c, _), n in scratch.items() if chunk_fits(c)))
-    chunk_constraints = [
-        Constraint(
-            "CHUNK no larger than the smallest chunk holding every token", lambda c: c["CHUNK"] <= smallest_above
-        ),
-        Constraint(
-            f"at most {MAX_CHUNKS} chunks (or the largest chunk)",
-            lambda c: triton.cdiv(t, c["CHUNK"]) <= MAX_CHUNKS or c["CHUNK"] == CHUNKS[-1],
-        ),
-        Constraint(
-            f"scratch (chunk logits, float32 dW/db) at most {cap} bytes (KERNELSMITH_LCE_SCRATCH_MIB; default: "
-            "3/16 of the T x V x 2-byte logits, at least 64 MiB); where none fits, the smallest-scratch configs stay",
-            lambda c: scratch[c["CHUNK"], c["DW_ACC"]] <= cap,
-        ),
-    ]
+    dw_choices = dw_accumulators(spec)
     return Space(
         [*tile_params(), Param("CHUNK", CHUNKS), Param("BLOCK_V", ROW_BLOCKS), Param("DW_ACC", dw_choices)],
         [
             # One tiling serves (CHUNK, V, H), (CHUNK, H, V) and (V, H, CHUNK) GEMMs: bounded by
             # the larger of V and H in every dimension (not by the token count, which tails change).
             *tile_constraints(max(v, h), max(v, h), max(h, v), element_size),
-            *(chunk_constraints if prune else []),
-            Constraint("BLOCK_V no wider than the padded row", lambda c: c["BLOCK_V"] <= widest_row),
-            Constraint(
-                "at most 512 steps over a row (or the widest block)",
-                lambda c: triton.cdiv(v, c["BLOCK_V"]) <= 512 or c["BLOCK_V"] == ROW_BLOCKS[-1],
-            ),
+            *(chunk_constraints(spec, dw_choices, {"BLOCK_M": TILE_M[0]}) if prune else []),
+            *row_constraints(v, ROW_BLOCKS),
         ],
     )
 
@@ -231,86 +161,55 @@ def _row_warps(block_v: int) -> int:
     return max(1, min(16, block_v // (32 * 16)))
 
 
-class _Plan:
-    """What a launcher of one spec precomputes: shapes, constants, scale mode, kernels by grid."""
+class _Plan(ChunkPlan):
+    """The Triton variant: our own tiled GEMMs (steps 1, 3 and 4), one tiling for the three."""
 
     def __init__(self, spec: OpSpec, config: Config) -> None:
-        self.fused = spec.op == FUSED_NAME
-        self.t, self.h, self.v = shape_of(spec)
-        self.reduction, self.ignore_index, self.smoothing, self.softcap = constants_of(spec)
-        self.bias = has_bias(spec)
-        self.chunk = min(int(config["CHUNK"]), self.t)
-        self.block_v = int(config["BLOCK_V"])
-        self.dw_scratch = config["DW_ACC"] == "float32" and dtype_of(spec).dtype != "float32"
-        self.db_scratch = dtype_of(spec).dtype != "float32"
-        self.scale_mode = scale_mode(self.reduction, self.fused)
-        self.count = direct_launch(_ceb_mean_scale_kernel, (1,)) if self.reduction == "mean" else None
-        self.count_block = min(_REDUCE_BLOCK, next_power_of_two(self.t))
-        self.reduce = _reducer(cross_entropy_spec(spec)) if self.fused else None
+        super().__init__(spec, config, _row_warps(int(config["BLOCK_V"])))
         bm, bn = config["BLOCK_M"], config["BLOCK_N"]
         self.tiles = {
             "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": config["BLOCK_K"], **tile_flags(dtype_of(spec).dtype),
             "num_warps": config["num_warps"], "num_stages": config["num_stages"],
         }  # fmt: skip
-        sizes = {self.chunk, self.t - (self.t // self.chunk) * self.chunk} - {0}
-        self.logits = {
+        sizes = self.sizes
+        self.logits_kernel = {
             c: direct_launch(_lceb_logits_kernel, (triton.cdiv(c, bm), triton.cdiv(self.v, bn))) for c in sizes
         }
-        self.rows = {c: direct_launch(_ceb_online_row_kernel, (c,)) for c in sizes}
         self.dh = {c: direct_launch(_lceb_gemm_kernel, (triton.cdiv(c, bm), triton.cdiv(self.h, bn))) for c in sizes}
         self.dw = direct_launch(_lceb_gemm_kernel, (triton.cdiv(self.v, bm), triton.cdiv(self.h, bn)))
         self.cast_dw = direct_launch(_lceb_cast_kernel, (triton.cdiv(self.v * self.h, _CAST_BLOCK),))
         self.cast_db = direct_launch(_lceb_cast_kernel, (triton.cdiv(self.v, _CAST_BLOCK),))
 
-    def launch(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        if self.fused:
-            hidden, weight, target = inputs[:3]
-            loss, dh, dw = outputs[:3]
-            dloss = loss
-        else:
-            dloss, hidden, weight, target = inputs[:4]
-            dh, dw = outputs[:2]
-            loss = dh
-        bias = inputs[-1] if self.bias else weight  # (an unread stand-in pointer without a bias)
-        db = outputs[-1] if self.bias else dw
-        scale = dloss
-        if self.count is not None:
-            scale = dh.new_empty((1,), dtype=torch.float32)
-            self.count(dloss, target, scale, self.t, self.ignore_index,
-                       UNIT=self.fused, BLOCK_R=self.count_block, num_warps=_AUX_WARPS)  # fmt: skip
-        losses = loss
-        if self.fused and self.reduce is not None:
-            losses = dh.new_empty((self.t,), dtype=torch.float32)
-        dw_acc = dw.new_empty(dw.shape, dtype=torch.float32) if self.dw_scratch else dw
-        db_acc = db.new_empty((self.v,), dtype=torch.float32) if self.bias and self.db_scratch else db
-        z_all = dh.new_empty((self.chunk, self.v), dtype=torch.float32)
-        v, h = self.v, self.h
-        for start in range(0, self.t, self.chunk):
-            c = min(self.chunk, self.t - start)
-            h_c, t_c, z, dh_c = hidden[start : start + c], target[start : start + c], z_all[:c], dh[start : start + c]
-            self.logits[c](h_c, weight, bias, z, c, v, h, h_c.stride(0), weight.stride(0), z.stride(0), self.softcap,
-                           HAS_BIAS=self.bias, CAP=self.softcap > 0, **self.tiles)  # fmt: skip
-            scale_c = scale[start : start + c] if self.scale_mode == _SCALE_PER_ROW else scale
-            losses_c = losses[start : start + c] if self.fused else losses
-            # g over z in place: cross-entropy backward's row kernel, soft-cap factor included.
-            self.rows[c](
-                z, t_c, scale_c, z, losses_c, z.stride(0), z.stride(0), v, self.ignore_index, self.smoothing,
-                BLOCK_V=self.block_v, SCALE=self.scale_mode, LOSS=self.fused, SMOOTH=self.fused and self.smoothing > 0,
-                NUM_STAGES=2, softcap=self.softcap if self.softcap > 0 else 1.0, CAP=self.softcap > 0,
-                num_warps=_row_warps(self.block_v),
-            )  # fmt: skip
-            # dh_c = g @ W: (c, V) @ (V, H).
-            self.dh[c](z, weight, dh_c, dh_c, c, h, v, z.stride(0), 1, weight.stride(0), 1, dh_c.stride(0), 0,
-                       ROW_SUM=False, **self.tiles)  # fmt: skip
-            # dW (+)= g.T @ h_c: (V, c) @ (c, H); db (+)= the row sums of g.T.
-            self.dw(z, h_c, dw_acc, db_acc, v, h, c, 1, z.stride(0), h_c.stride(0), 1, dw_acc.stride(0),
-                    int(start > 0), ROW_SUM=self.bias, **self.tiles)  # fmt: skip
+    def logits_dtype(self, hidden: torch.Tensor) -> torch.dtype:
+        return torch.float32
+
+    def logits(self, h_c: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, z: torch.Tensor) -> None:
+        b = weight if bias is None else bias  # (an unread stand-in pointer without a bias)
+        c = h_c.shape[0]
+        self.logits_kernel[c](h_c, weight, b, z, c, self.v, self.h, h_c.stride(0), weight.stride(0), z.stride(0),
+                              self.softcap, HAS_BIAS=self.bias, CAP=self.softcap > 0, **self.tiles)  # fmt: skip
+
+    def products(
+        self, start: int, g: torch.Tensor, h_c: torch.Tensor, weight: torch.Tensor, dh_c: torch.Tensor,
+        acc: tuple[torch.Tensor | None, ...],
+    ) -> None:  # fmt: skip
+        dw_acc, db_acc = acc
+        assert dw_acc is not None
+        c, v, h = h_c.shape[0], self.v, self.h
+        # dh_c = g @ W: (c, V) @ (V, H).
+        self.dh[c](g, weight, dh_c, dh_c, c, h, v, g.stride(0), 1, weight.stride(0), 1, dh_c.stride(0), 0,
+                   ROW_SUM=False, **self.tiles)  # fmt: skip
+        # dW (+)= g.T @ h_c: (V, c) @ (c, H); db (+)= the row sums of g.T.
+        sums = dw_acc if db_acc is None else db_acc  # (an unwritten stand-in without a bias)
+        self.dw(g, h_c, dw_acc, sums, v, h, c, 1, g.stride(0), h_c.stride(0), 1, dw_acc.stride(0),
+                int(start > 0), ROW_SUM=self.bias, **self.tiles)  # fmt: skip
+
+    def finish(self, dw: torch.Tensor, db: torch.Tensor | None, acc: tuple[torch.Tensor | None, ...]) -> None:
+        dw_acc, db_acc = acc
         if self.dw_scratch:
-            self.cast_dw(dw_acc, dw, v * h, BLOCK=_CAST_BLOCK, num_warps=_AUX_WARPS)
-        if self.bias and self.db_scratch:
-            self.cast_db(db_acc, db, v, BLOCK=_CAST_BLOCK, num_warps=_AUX_WARPS)
-        if self.reduce is not None:
-            self.reduce(losses, target, loss)
+            self.cast_dw(dw_acc, dw, self.v * self.h, BLOCK=_CAST_BLOCK, num_warps=AUX_WARPS)
+        if db is not None and self.db_scratch:
+            self.cast_db(db_acc, db, self.v, BLOCK=_CAST_BLOCK, num_warps=AUX_WARPS)
 
 
 def _chunked_build(spec: OpSpec, config: Config) -> Launcher:
@@ -325,7 +224,7 @@ _VARIANTS = (
         "then dh = g @ W and dW (+)= g.T @ h (db from the same tiles)",
         _chunked_space,
         _chunked_build,
-        modules=(*LCE_MODULES, "kernelsmith.ops.linear_cross_entropy"),
+        modules=GRADIENT_MODULES,
     ),
 )
 
