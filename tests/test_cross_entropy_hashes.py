@@ -33,6 +33,7 @@ def _hashes(families: tuple[str, ...]) -> dict[tuple[str, str], str]:
         ("kernelsmith.ops._cross_entropy_launch", EVERY),
         ("kernelsmith.ops.cross_entropy", ("cross_entropy",)),
         ("kernelsmith.ops.cross_entropy_backward", GRADIENTS),
+        ("kernelsmith.ops._linear_cross_entropy_chunks", LINEAR[1:]),
     ],
 )
 def test_an_edit_of_a_module_changes_the_hash_of_every_variant_that_runs_it(

@@ -5,7 +5,10 @@ smaller and larger than the token count, and the real harness (``validate``) onc
 
 The interpreter is slow and the GEMM tiles are at least 16 x 32, so each case runs one or two
 configs: the widest tiles (fewest programs), and for the chunked kernels a 16-token chunk where
-the case has more tokens (several chunks and a ragged last one).
+the case has more tokens (several chunks and a ragged last one). The gradient tests run every
+gradient variant: the families' own and ``chunked_library_gemm``
+(:mod:`kernelsmith.ops._linear_cross_entropy_library`, whose GEMMs are PyTorch's: on the CPU
+here, cuBLAS on a GPU), which the families do not list yet (its module says why).
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernelsmith.evaluate import validate as validate_module
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.evaluate.validate import validate
 from kernelsmith.ops import get_op
+from kernelsmith.ops._base import Variant
+from kernelsmith.ops._linear_cross_entropy_library import LIBRARY_OPS, LIBRARY_OPS_OFF_CUDA, LIBRARY_VARIANT
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
 from kernelsmith.testing.validation_runs import validation_runs
@@ -26,20 +32,28 @@ from kernelsmith.testing.validation_runs import validation_runs
 FORWARD = get_op("linear_cross_entropy")
 BACKWARD = get_op("linear_cross_entropy_backward")
 FUSED = get_op("linear_cross_entropy_fused")
+GRADIENT_VARIANTS = [*BACKWARD.variants, LIBRARY_VARIANT]
+assert [v.name for v in FUSED.variants] == [v.name for v in BACKWARD.variants]
 
 
-def _widest(op, spec: OpSpec, **fixed: object) -> Config:
-    """The config with the widest tiles (fewest interpreted programs), given ``fixed`` values."""
-    configs = [c for c in op.variants[0].space(spec).configs() if all(c[k] == v for k, v in fixed.items())]
+def _widest(op, spec: OpSpec, variant: Variant | None = None, **fixed: object) -> Config:
+    """The config with the widest tiles (fewest interpreted programs), or for the library variant
+    (no tiles) the widest row block, given ``fixed`` values."""
+    variant = variant or op.variants[0]
+    configs = [c for c in variant.space(spec).configs() if all(c[k] == v for k, v in fixed.items())]
     assert configs, f"no config with {fixed}"
+    if variant is LIBRARY_VARIANT:
+        return max(configs, key=lambda c: (c["BLOCK_V"], -c["ROW_WARPS"]))
     return max(configs, key=lambda c: (c["BLOCK_M"] * c["BLOCK_N"], -c["BLOCK_K"], -c["num_stages"], -c["num_warps"]))
 
 
-def _run(op, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+def _run(
+    op, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...], variant: Variant | None = None
+) -> list[torch.Tensor]:
     """Launch into NaN-filled outputs; the inputs must come back untouched."""
     before = [t.clone() for t in inputs]
     outs = [torch.full(o.shape, math.nan, dtype=o.torch_dtype, device=inputs[0].device) for o in op.output_specs(spec)]
-    op.variants[0].build(spec, config)(inputs, outs)
+    (variant or op.variants[0]).build(spec, config)(inputs, outs)
     for t, b in zip(inputs, before, strict=True):
         assert torch.equal(t, b), "an input was modified"
     return outs
@@ -80,32 +94,38 @@ def test_forward_matches_float64(case, device: str) -> None:
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("variant", GRADIENT_VARIANTS, ids=lambda v: v.name)
 @pytest.mark.parametrize("op", [BACKWARD, FUSED], ids=lambda op: op.name)
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_gradients_match_float64(op, case, device: str) -> None:
+def test_gradients_match_float64(op, case, variant: Variant, device: str) -> None:
     """17 tokens run as chunks of 16 (a ragged last chunk of 1); 1 and 3 tokens as one chunk of
-    16, larger than the token count."""
+    16, larger than the token count. In 16-bit dtypes, dW accumulated in float32."""
     spec = _spec(op, case)
     inputs = op.make_inputs(spec, seed=7, distribution=case[4], device=device)
-    config = _widest(op, spec, CHUNK=16)
-    _assert_correct(op, spec, _run(op, spec, config, inputs), inputs, f"{config.key} {spec.describe()}")
+    config = _widest(op, spec, variant, CHUNK=16, DW_ACC="float32")
+    outs = _run(op, spec, config, inputs, variant)
+    _assert_correct(op, spec, outs, inputs, f"{variant.name} {config.key} {spec.describe()}")
 
 
-def test_dw_accumulated_in_the_output_dtype_is_right_too(device: str) -> None:
-    spec = BACKWARD.spec((40, 16, 100), "bfloat16", reduction="mean", bias=True)
-    inputs = BACKWARD.make_inputs(spec, seed=3, device=device)
-    config = _widest(BACKWARD, spec, CHUNK=16, DW_ACC="output")
-    _assert_correct(BACKWARD, spec, _run(BACKWARD, spec, config, inputs), inputs, config.key)
+@pytest.mark.parametrize("variant", GRADIENT_VARIANTS, ids=lambda v: v.name)
+@pytest.mark.parametrize(("op", "softcap"), [(BACKWARD, None), (FUSED, 20.0)], ids=["backward", "fused-softcap"])
+def test_dw_accumulated_in_the_output_dtype_is_right_too(op, softcap, variant: Variant, device: str) -> None:
+    """40 tokens in chunks of 16 (two full, one ragged), dW rounded to bfloat16 after each."""
+    spec = op.spec((40, 16, 100), "bfloat16", reduction="mean", label_smoothing=0.1, softcap=softcap, bias=True)
+    inputs = op.make_inputs(spec, seed=3, distribution="large", device=device)
+    config = _widest(op, spec, variant, CHUNK=16, DW_ACC="output")
+    _assert_correct(op, spec, _run(op, spec, config, inputs, variant), inputs, f"{variant.name} {config.key}")
 
 
+@pytest.mark.parametrize("variant", GRADIENT_VARIANTS, ids=lambda v: v.name)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_every_target_ignored(reduction: str, device: str) -> None:
+def test_every_target_ignored(reduction: str, variant: Variant, device: str) -> None:
     """torch: "mean" over no counted token is NaN, "sum" 0, "none" zeros; gradients all zero."""
     spec = FUSED.spec((5, 8, 7), "float32", reduction=reduction, bias=True)
     hidden, weight, target, bias = FUSED.make_inputs(spec, seed=1, device=device)
     target = torch.full_like(target, -100)
     inputs = (hidden, weight, target, bias)
-    loss, dh, dw, db = _run(FUSED, spec, _widest(FUSED, spec), inputs)
+    loss, dh, dw, db = _run(FUSED, spec, _widest(FUSED, spec, variant), inputs, variant)
     (expected,) = FORWARD.reference_fp64(FORWARD.spec_for(hidden, weight, target, bias, reduction=reduction), inputs)
     assert torch.equal(loss.isnan(), expected.isnan()) and torch.all(loss[~loss.isnan()] == 0)
     assert all(torch.all(g == 0) for g in (dh, dw, db))
@@ -155,6 +175,49 @@ def test_the_harness_accepts_each_family(op, device: str) -> None:
     # seeds for the backward, 3 of 3000 for the fused op; 0 of 3000 for the bf16 forward).
     maybe_blind = () if op is FORWARD else ("spikes",)
     assert {runs} <= validation_runs(op, spec, maybe_blind)
+
+
+def _library_ops_issued(op, spec: OpSpec, config: Config, device: str) -> set[str]:
+    """The aten ops one call of the library variant issues beyond rule 7's views and allocations."""
+    inputs = op.make_inputs(spec, seed=2, device=device)
+    outs = [torch.empty(o.shape, dtype=o.torch_dtype, device=device) for o in op.output_specs(spec)]
+    launch = LIBRARY_VARIANT.build(spec, config)
+    with validate_module.TorchOpWatch() as watch:
+        launch(inputs, outs)
+    return set(watch.issued)
+
+
+def test_the_library_variant_issues_the_ops_it_declares(device: str) -> None:
+    """LIBRARY_OPS is what the harness would have to allow (the library module's docstring): every
+    call stays within it (off CUDA, the float32 copies too), and every op of it but the CUDA-only
+    ``out_dtype`` GEMMs is issued by some call (a bias, several chunks, both dW accumulators)."""
+    spec = FUSED.spec((37, 16, 40), "bfloat16", reduction="mean", bias=True)
+    seen: set[str] = set()
+    for dw_acc in ("float32", "output"):
+        issued = _library_ops_issued(
+            FUSED, spec, _widest(FUSED, spec, LIBRARY_VARIANT, CHUNK=16, DW_ACC=dw_acc), device
+        )
+        allowed = LIBRARY_OPS | (LIBRARY_OPS_OFF_CUDA if device != "cuda" else frozenset())
+        assert issued <= allowed, f"DW_ACC={dw_acc}: undeclared {sorted(issued - allowed)}"
+        seen |= issued
+    cuda_only = {"aten.mm.dtype_out", "aten.addmm.dtype_out"}
+    assert LIBRARY_OPS - cuda_only <= seen, f"declared, never issued: {sorted(LIBRARY_OPS - cuda_only - seen)}"
+
+
+@pytest.mark.parametrize("op", [FUSED, BACKWARD], ids=lambda op: op.name)
+def test_the_harness_rejects_the_library_variant_unless_its_ops_are_allowed(op, device: str, monkeypatch) -> None:
+    """Today rule 7 rejects it as computing with PyTorch (why the families do not list it); with
+    LIBRARY_OPS allowed (as a declared allowance would) it passes the rest of the real harness:
+    tails, every distribution, stress data, canaries, two runs bit for bit."""
+    spec = op.spec((9, 16, 40), "float16", reduction="mean", label_smoothing=0.1, softcap=20.0, bias=True)
+    config = _widest(op, spec, LIBRARY_VARIANT, CHUNK=16)
+    with pytest.raises(validate_module.Rejected, match=r"computed with PyTorch instead of its kernel: .*aten\.mm\.out"):
+        validate(op, spec, LIBRARY_VARIANT.build, config, device, lambda: None)
+    allowed = validate_module._ALLOWED_OPS | LIBRARY_OPS | LIBRARY_OPS_OFF_CUDA
+    monkeypatch.setattr(validate_module, "_ALLOWED_OPS", allowed)
+    monkeypatch.setattr(validate_module, "_SEALED", {})  # (no worker sealed this test process's harness)
+    runs = validate(op, spec, LIBRARY_VARIANT.build, config, device, lambda: None)
+    assert {runs} <= validation_runs(op, spec, ("spikes",))  # (see test_the_harness_accepts_each_family)
 
 
 @pytest.mark.parametrize("num_items_in_batch", [None, 7])

@@ -22,11 +22,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernelsmith.evaluate.errors import check_close
 from kernelsmith.ops import get_op
+from kernelsmith.ops._base import Variant
 from kernelsmith.ops._linear_cross_entropy_chunks import (
     SCRATCH_FLOOR_BYTES,
     SCRATCH_FRACTION_OF_LOGITS,
     chunked_scratch_bytes,
 )
+from kernelsmith.ops._linear_cross_entropy_library import LIBRARY_VARIANT
+from kernelsmith.ops.linear_cross_entropy import dtype_of, shape_of
 from kernelsmith.settings import SettingError
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
@@ -37,6 +40,8 @@ FUSED = get_op("linear_cross_entropy_fused")
 CAP = "KERNELSMITH_LCE_SCRATCH_MIB"
 MIB = 2**20
 UNCAPPED_MIB = "1e9"  # a cap no small workload reaches
+# The gradient variants: the families' own and the library-GEMM one they do not list yet.
+GRADIENT_VARIANTS = [BACKWARD.variants[0], LIBRARY_VARIANT]
 
 
 class _NewStorages(TorchDispatchMode):
@@ -71,20 +76,20 @@ def kernels_stubbed(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
     monkeypatch.setattr(InterpretedFunction, "run", lambda self, *args, **kwargs: None)
 
 
-def _allocated(op: Any, spec: OpSpec, config: Config) -> _NewStorages:
+def _allocated(op: Any, spec: OpSpec, config: Config, variant: Variant | None = None) -> _NewStorages:
     """What one call of ``config``'s launcher allocates, inputs and outputs made beforehand."""
     inputs = op.make_inputs(spec, seed=0, device="cpu")
     outputs = [torch.empty(o.shape, dtype=o.torch_dtype) for o in op.output_specs(spec)]
-    launch = op.variants[0].build(spec, config)
+    launch = (variant or op.variants[0]).build(spec, config)
     with _NewStorages() as seen:
         launch(inputs, outputs)
     return seen
 
 
-def _one_config_per(op: Any, spec: OpSpec, names: tuple[str, ...]) -> list[Config]:
+def _one_config_per(op: Any, spec: OpSpec, names: tuple[str, ...], variant: Variant | None = None) -> list[Config]:
     """The first config of the family's space for each combination of ``names``' values."""
     firsts: dict[tuple[Any, ...], Config] = {}
-    for config in op.variants[0].space(spec).configs():
+    for config in (variant or op.variants[0]).space(spec).configs():
         firsts.setdefault(tuple(config[n] for n in names), config)
     return list(firsts.values())
 
@@ -113,18 +118,30 @@ def test_the_counter_counts_allocations_and_not_views() -> None:
     assert [n for _, n in seen.allocations] == [60, 80]
 
 
+def _off_cuda_copies(spec: OpSpec, config: Config, variant: Variant) -> int:
+    """What the library variant allocates off CUDA only, outside the formula: with a float32 dW
+    accumulator for 16-bit inputs, float32 copies of each chunk's g.T and h_c (its module's
+    docstring: ``out_dtype`` is CUDA's only)."""
+    if variant is not LIBRARY_VARIANT or config["DW_ACC"] != "float32" or dtype_of(spec).dtype == "float32":
+        return 0
+    t, h, v = shape_of(spec)
+    chunk = config["CHUNK"]
+    return sum(4 * min(chunk, t - start) * (v + h) for start in range(0, t, chunk))
+
+
+@pytest.mark.parametrize("variant", GRADIENT_VARIANTS, ids=lambda v: v.name)
 @pytest.mark.parametrize("op", [BACKWARD, FUSED], ids=lambda op: op.name)
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_the_gradient_scratch_formula_is_what_a_call_allocates(op, case, kernels_stubbed, monkeypatch) -> None:
+def test_the_gradient_scratch_formula_is_what_a_call_allocates(op, case, variant, kernels_stubbed, monkeypatch) -> None:
     monkeypatch.setenv(CAP, UNCAPPED_MIB)
     spec = _spec(op, case)
-    configs = _one_config_per(op, spec, ("CHUNK", "DW_ACC"))
+    configs = _one_config_per(op, spec, ("CHUNK", "DW_ACC"), variant)
     assert len(configs) == (3 if case[0] == 37 else 1) * (1 if case[3] == "float32" else 2)
     for config in configs:
-        seen = _allocated(op, spec, config)
-        assert seen.total == op.scratch_bytes(spec, config) == chunked_scratch_bytes(spec, config), (
-            f"{config.key}: {seen.allocations}"
-        )
+        seen = _allocated(op, spec, config, variant)
+        expected = op.scratch_bytes(spec, config) + _off_cuda_copies(spec, config, variant)
+        assert seen.total == expected, f"{variant.name} {config.key}: {seen.allocations}"
+        assert op.scratch_bytes(spec, config) == chunked_scratch_bytes(spec, config)
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
@@ -135,34 +152,36 @@ def test_the_forward_scratch_formula_is_what_a_call_allocates(case, kernels_stub
         assert seen.total == FORWARD.scratch_bytes(spec, config), f"{config.key}: {seen.allocations}"
 
 
-def _space(op: Any, spec: OpSpec) -> tuple[Config, ...]:
-    return op.variants[0].space(spec).configs()
+def _space(op: Any, spec: OpSpec, variant: Variant | None = None) -> tuple[Config, ...]:
+    return (variant or op.variants[0]).space(spec).configs()
 
 
+@pytest.mark.parametrize("variant", GRADIENT_VARIANTS, ids=lambda v: v.name)
 @pytest.mark.parametrize("op", [BACKWARD, FUSED], ids=lambda op: op.name)
-def test_the_cap_drops_exactly_the_configs_over_it(op, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cap_drops_exactly_the_configs_over_it(op, variant, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = op.spec((37, 48, 131), "bfloat16", reduction="mean", bias=True)
     monkeypatch.setenv(CAP, UNCAPPED_MIB)
-    every = _space(op, spec)
+    every = _space(op, spec, variant)
     needs = sorted({op.scratch_bytes(spec, c) for c in every})
     assert len(needs) == 6  # CHUNK 16, 32, 64 (37 tokens) x DW_ACC float32, output
     # Caps on each need between the smallest and the largest, and one byte under the largest.
     for cap in (*needs[1:-1], needs[-1] - 1):
         monkeypatch.setenv(CAP, repr(cap / MIB))  # (exact: MIB is a power of two)
-        capped = _space(op, spec)
+        capped = _space(op, spec, variant)
         assert capped == tuple(c for c in every if op.scratch_bytes(spec, c) <= cap)
         assert 0 < len(capped) < len(every)
 
 
+@pytest.mark.parametrize("variant", GRADIENT_VARIANTS, ids=lambda v: v.name)
 @pytest.mark.parametrize("op", [BACKWARD, FUSED], ids=lambda op: op.name)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_a_cap_below_every_config_keeps_the_smallest_scratch_configs(op, dtype, monkeypatch) -> None:
+def test_a_cap_below_every_config_keeps_the_smallest_scratch_configs(op, dtype, variant, monkeypatch) -> None:
     spec = op.spec((37, 48, 131), dtype, reduction="sum", bias=True)
     monkeypatch.setenv(CAP, UNCAPPED_MIB)
-    every = _space(op, spec)
+    every = _space(op, spec, variant)
     smallest = min(op.scratch_bytes(spec, c) for c in every)
     monkeypatch.setenv(CAP, "1e-9")  # 0 bytes: below any config's need
-    kept = _space(op, spec)
+    kept = _space(op, spec, variant)
     assert kept, "the cap left the space empty"
     assert {op.scratch_bytes(spec, c) for c in kept} == {smallest}
     assert kept == tuple(c for c in every if op.scratch_bytes(spec, c) == smallest)
@@ -201,15 +220,33 @@ def test_the_default_cap_at_the_issue_shape_and_at_small_ones(monkeypatch: pytes
     assert _space(FUSED, small) == uncapped_small
 
 
+def test_the_library_variant_fits_twice_the_tokens_under_the_default_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its chunk is bfloat16, not float32: at the issue shape chunks up to 2048 tokens (501 MiB)
+    stay under the default 752 MiB cap, 4096 (1 GiB) does not, and neither does the float32 dW
+    accumulator; uncapped, its whole chunk range and both accumulators are back."""
+    monkeypatch.delenv(CAP, raising=False)
+    t, h, v = 16384, 2048, 128256
+    spec = FUSED.spec((t, h, v), "bfloat16")
+    default = _space(FUSED, spec, LIBRARY_VARIANT)
+    assert max(FUSED.scratch_bytes(spec, c) for c in default) <= t * v * 2 * SCRATCH_FRACTION_OF_LOGITS
+    assert {(c["CHUNK"], c["DW_ACC"]) for c in default} == {(n, "output") for n in (256, 512, 1024, 2048)}
+    assert FUSED.scratch_bytes(spec, default[0]) == 2 * min(c["CHUNK"] for c in default) * v + 4 * t + 4
+    monkeypatch.setenv(CAP, UNCAPPED_MIB)
+    every = _space(FUSED, spec, LIBRARY_VARIANT)
+    assert max(c["CHUNK"] for c in every) == 8192 and {c["DW_ACC"] for c in every} == {"float32", "output"}
+
+
 def test_a_negative_cap_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CAP, "-1")
     with pytest.raises(SettingError, match=CAP):
         _space(FUSED, FUSED.spec((37, 48, 131), "bfloat16"))
 
 
-def _run(op: Any, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+def _run(
+    op: Any, spec: OpSpec, config: Config, inputs: tuple[torch.Tensor, ...], variant: Variant
+) -> list[torch.Tensor]:
     outs = [torch.full(o.shape, math.nan, dtype=o.torch_dtype, device=inputs[0].device) for o in op.output_specs(spec)]
-    op.variants[0].build(spec, config)(inputs, outs)
+    variant.build(spec, config)(inputs, outs)
     return outs
 
 
@@ -222,15 +259,17 @@ _WIDEST: Callable[[Config], tuple[int, ...]] = lambda c: (c["BLOCK_M"] * c["BLOC
     [(FUSED, "bfloat16", "mean"), (BACKWARD, "float32", "none")],
     ids=["fused-bfloat16-mean", "backward-float32-none"],
 )
-def test_a_capped_config_matches_float64(op, dtype, reduction, monkeypatch, device: str) -> None:
+@pytest.mark.parametrize("variant", GRADIENT_VARIANTS, ids=lambda v: v.name)
+def test_a_capped_config_matches_float64(op, dtype, reduction, variant, monkeypatch, device: str) -> None:
     """37 tokens in chunks of 16 (the only chunk the cap leaves), dW accumulated in its own dtype
     for bfloat16: the loss, dh, dW and db against float64 under the family's tolerance."""
     monkeypatch.setenv(CAP, "1e-9")
     spec = op.spec((37, 48, 131), dtype, reduction=reduction, label_smoothing=0.1, bias=True)
-    config = max(_space(op, spec), key=_WIDEST)
+    key = _WIDEST if variant is not LIBRARY_VARIANT else (lambda c: (c["BLOCK_V"],))
+    config = max(_space(op, spec, variant), key=key)
     assert config["CHUNK"] == 16 and config["DW_ACC"] == ("output" if dtype == "bfloat16" else "float32")
     inputs = op.make_inputs(spec, seed=3, device=device)
-    outs = _run(op, spec, config, inputs)
+    outs = _run(op, spec, config, inputs, variant)
     refs64, lowps = op.reference_fp64(spec, inputs), op.reference(spec, inputs)
     assert len(outs) == len(refs64) == (4 if op is FUSED else 3)
     for k, (out, ref64, lowp) in enumerate(zip(outs, refs64, lowps, strict=True)):
