@@ -74,11 +74,12 @@ def test_the_cuda_core_loop_is_software_pipelined() -> None:
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     flags = {"HAS_BIAS": False, "EPILOGUE": 0, "BLOCK_M": 1, "BLOCK_N": 8, "BLOCK_K": 512, "EVEN_N": True,
-             "EVEN_K": True, "DOT": False, "IEEE": False, "UPCAST": False, "FOLD": 8, "RMS": False, "ROPE_DIM": 0}
+             "EVEN_K": True, "DOT": False, "IEEE": False, "UPCAST": False, "FOLD": 8, "RMS": False, "ROPE_DIM": 0,
+             "K_START": 0, "V_START": 0}
     ptx = {}
     for stages in (1, 3):
-        compiled = _decode_gemv_kernel[(n // 8,)](x, w, w, x, x, x, x, x, y, m, n, k, 0.0, 0, **flags, STAGES=stages,
-                                                 num_warps=4, num_stages=stages)  # fmt: skip
+        compiled = _decode_gemv_kernel[(n // 8,)](x, w, w, w, w, x, x, x, x, x, y, m, n, k, 0.0, 0, **flags,
+                                                 STAGES=stages, num_warps=4, num_stages=stages)  # fmt: skip
         ptx[stages] = compiled.asm["ptx"]
     assert "cp.async" in ptx[3] and "cp.async" not in ptx[1]
     torch.testing.assert_close(y.float(), (x.float() @ w.float().T), rtol=2e-2, atol=2e-2)

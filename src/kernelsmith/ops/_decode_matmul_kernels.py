@@ -39,16 +39,38 @@ def _weight_rows(pid_n, BLOCK_N: tl.constexpr, ROPE_DIM: tl.constexpr):
 
 
 @triton.jit
+def _segment_weight(w_ptr, wk_ptr, wv_ptr, pid_n, BLOCK_N: tl.constexpr, K_START: tl.constexpr,
+                    V_START: tl.constexpr):  # fmt: skip
+    """``(weight pointer, its first output column)`` for block ``pid_n``: the one weight, column 0
+    (K_START = 0), or with the q, k and v weights given apart (``weights="qkv"``: columns [0,
+    K_START) are q's rows, [K_START, V_START) k's, from V_START v's) the weight whose segment the
+    block lies in. A block never straddles two: every segment is whole heads and BLOCK_N divides
+    the head dim, and a block of _weight_rows' RoPE order stays in its head, whose first column
+    is at most ``pid_n * BLOCK_N`` and whose last is above it. So one scalar select per block, and
+    no weight is ever copied or concatenated."""
+    if K_START == 0:
+        w, first = w_ptr, 0
+    else:
+        start = pid_n * BLOCK_N
+        w = tl.where(start >= V_START, wv_ptr, tl.where(start >= K_START, wk_ptr, w_ptr))
+        first = tl.where(start >= V_START, V_START, tl.where(start >= K_START, K_START, 0))
+    return w, first
+
+
+@triton.jit
 def _block_product(
-    x_ptr, w_ptr, w3_ptr, g_ptr, pid_m, pid_n, k_first, k_last, M, N, K,
+    x_ptr, w_ptr, w3_ptr, wk_ptr, wv_ptr, g_ptr, pid_m, pid_n, k_first, k_last, M, N, K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr,
     EVEN_K: tl.constexpr, SWIGLU: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
     FOLD: tl.constexpr, STAGES: tl.constexpr, RMS: tl.constexpr, ROPE_DIM: tl.constexpr,
+    K_START: tl.constexpr, V_START: tl.constexpr,
 ):  # fmt: skip
     """The float32 ``[BLOCK_M, BLOCK_N]`` products of rows block ``pid_m`` of x and weight rows block
     ``pid_n`` over the K blocks [k_first, k_last): ``(x @ w.T, x @ w3.T, sum of x**2 per row)`` (the
     second is the first again unless SWIGLU; the third is zeros unless RMS, where x is multiplied
     by gamma before the product: RMSNorm's 1/rms is a factor per row, applied after the sum).
+    With the q, k and v weights apart (K_START > 0), the rows come from the one whose segment
+    holds the block (_segment_weight), at the block's columns less the segment's first.
 
     DOT: on the tensor cores. Otherwise on the CUDA cores, with float32 partial sums: one per
     FOLD consecutive weight elements (FOLD = 1: one per element; FOLD = one 16-byte vector: the
@@ -68,8 +90,9 @@ def _block_product(
     ks = k_first * BLOCK_K + tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + rows[:, None] * K + ks[None, :]
     g_ptrs = g_ptr + ks
-    w_offsets = cols[:, None].to(tl.int64) * K + ks[None, :]  # 64-bit: the LM head nears 2**31
-    w_ptrs = w_ptr + w_offsets
+    w_base, first = _segment_weight(w_ptr, wk_ptr, wv_ptr, pid_n, BLOCK_N, K_START, V_START)
+    w_offsets = (cols - first)[:, None].to(tl.int64) * K + ks[None, :]  # 64-bit: the LM head nears 2**31
+    w_ptrs = w_base + w_offsets
     if DOT:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     elif BLOCK_M == 1:
@@ -216,11 +239,11 @@ def _decode_finish(
 
 @triton.jit
 def _decode_gemv_kernel(
-    x_ptr, w_ptr, w3_ptr, bias_ptr, res_ptr, g_ptr, cos_ptr, sin_ptr, y_ptr, M, N, K, eps, ROPE_COLS,
+    x_ptr, w_ptr, w3_ptr, wk_ptr, wv_ptr, bias_ptr, res_ptr, g_ptr, cos_ptr, sin_ptr, y_ptr, M, N, K, eps, ROPE_COLS,
     HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr,
     IEEE: tl.constexpr, UPCAST: tl.constexpr, FOLD: tl.constexpr, STAGES: tl.constexpr, RMS: tl.constexpr,
-    ROPE_DIM: tl.constexpr,
+    ROPE_DIM: tl.constexpr, K_START: tl.constexpr, V_START: tl.constexpr,
 ):  # fmt: skip
     """gemv: program i computes rows block i % (M blocks) of weight rows block i // (M blocks)
     over all of K (so the RMSNorm sum of squares comes with the loop), then the epilogue and the
@@ -230,9 +253,10 @@ def _decode_gemv_kernel(
     pid = tl.program_id(0)
     pid_m = pid % num_pid_m
     pid_n = pid // num_pid_m
-    acc, acc3, sumsq = _block_product(x_ptr, w_ptr, w3_ptr, g_ptr, pid_m, pid_n, 0, tl.cdiv(K, BLOCK_K), M, N, K,
-                                      BLOCK_M, BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, EPILOGUE == 5, DOT, IEEE,
-                                      UPCAST, FOLD, STAGES, RMS, ROPE_DIM)  # fmt: skip
+    acc, acc3, sumsq = _block_product(x_ptr, w_ptr, w3_ptr, wk_ptr, wv_ptr, g_ptr, pid_m, pid_n, 0,
+                                      tl.cdiv(K, BLOCK_K), M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_N, EVEN_K,
+                                      EPILOGUE == 5, DOT, IEEE, UPCAST, FOLD, STAGES, RMS, ROPE_DIM, K_START,
+                                      V_START)  # fmt: skip
     rstd = tl.rsqrt(sumsq / K + eps) if RMS else sumsq  # (unused without RMS)
     _decode_finish(acc, acc3, rstd, y_ptr, bias_ptr, res_ptr, cos_ptr, sin_ptr, pid_m, pid_n, M, N, ROPE_COLS,
                    BLOCK_M, BLOCK_N, HAS_BIAS, EPILOGUE, RMS, ROPE_DIM)  # fmt: skip
@@ -240,12 +264,12 @@ def _decode_gemv_kernel(
 
 @triton.jit
 def _decode_split_k_kernel(
-    x_ptr, w_ptr, w3_ptr, g_ptr, cos_ptr, sin_ptr, partial_ptr, counter_ptr, y_ptr, bias_ptr, res_ptr,
+    x_ptr, w_ptr, w3_ptr, wk_ptr, wv_ptr, g_ptr, cos_ptr, sin_ptr, partial_ptr, counter_ptr, y_ptr, bias_ptr, res_ptr,
     M, N, K, eps, ROPE_COLS,
     HAS_BIAS: tl.constexpr, EPILOGUE: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr,
     IEEE: tl.constexpr, UPCAST: tl.constexpr, LAST_REDUCES: tl.constexpr, FOLD: tl.constexpr,
-    STAGES: tl.constexpr, RMS: tl.constexpr, ROPE_DIM: tl.constexpr,
+    STAGES: tl.constexpr, RMS: tl.constexpr, ROPE_DIM: tl.constexpr, K_START: tl.constexpr, V_START: tl.constexpr,
 ):  # fmt: skip
     """split_k and persistent: programs walk the tiles pid, pid + programs, ... (one tile each when
     there are as many programs as tiles). Tile t is rows block t % (M blocks), K range
@@ -271,9 +295,9 @@ def _decode_split_k_kernel(
         pid_n = t // (num_pid_m * SPLIT_K)
         k_first = split * per_split
         k_last = tl.minimum(k_first + per_split, k_blocks)  # an empty range stores zeros
-        acc, acc3, _ = _block_product(x_ptr, w_ptr, w3_ptr, g_ptr, pid_m, pid_n, k_first, k_last, M, N, K,
-                                      BLOCK_M, BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, EPILOGUE == 5, DOT, IEEE,
-                                      UPCAST, FOLD, STAGES, RMS, ROPE_DIM)  # fmt: skip
+        acc, acc3, _ = _block_product(x_ptr, w_ptr, w3_ptr, wk_ptr, wv_ptr, g_ptr, pid_m, pid_n, k_first, k_last,
+                                      M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, EPILOGUE == 5, DOT, IEEE,
+                                      UPCAST, FOLD, STAGES, RMS, ROPE_DIM, K_START, V_START)  # fmt: skip
         rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = _weight_rows(pid_n, BLOCK_N, ROPE_DIM)
         mask = (rows < M)[:, None] & (cols < N)[None, :]
@@ -309,4 +333,3 @@ def _zero_kernel(ptr, n, BLOCK: tl.constexpr):
     which the harness would take for the candidate computing with PyTorch, rule 7)."""
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(ptr + offsets, tl.zeros([BLOCK], dtype=tl.int32), mask=offsets < n)
-

@@ -22,7 +22,7 @@ from kernelsmith.ops._launch import direct_launch
 from kernelsmith.ops._matmul_kernels import _matmul_split_k_reduce_kernel
 from kernelsmith.ops._matmul_launch import SHARED_MEMORY_BUDGET, _Geometry, _geometry, _operands, _reduce_tile
 from kernelsmith.space import Config, Constraint, Param, Space, next_power_of_two
-from kernelsmith.spec import OpSpec
+from kernelsmith.spec import OpSpec, TensorSpec
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,30 @@ MIN_STEP_BYTES = 8192
 PRUNING_MULTIPROCESSORS = 132  # an H200's, for pruning where no GPU is present (the interpreter)
 
 
+# The constant ``weights="qkv"``: the fused QKV projection's weight given as Llama's three tensors
+# q_proj, k_proj and v_proj (inputs 1, 2 and 3) instead of their concatenation (decode_matmul's
+# docstring). Specs and spaces are those of the concatenated form (_one_weight); only the kernels'
+# weight pointers differ (_segment_weight).
+WEIGHTS_QKV = "qkv"
+
+
+def _one_weight(spec: OpSpec) -> OpSpec:
+    """A ``weights="qkv"`` spec as the one-weight spec it computes the same output as: the three
+    weights replaced by one of their rows together (the geometry, spaces, flops and inputs of the
+    concatenated form); any other spec as it is."""
+    if spec.constants.get("weights") != WEIGHTS_QKV:
+        return spec
+    wq, wk, wv = spec.inputs[1:4]
+    w = TensorSpec((wq.shape[0] + wk.shape[0] + wv.shape[0], *wq.shape[1:]), wq.dtype)
+    constants = {k: v for k, v in spec.constants.items() if k != "weights"}
+    return OpSpec(spec.op, (spec.inputs[0], w, *spec.inputs[4:]), constants)
+
+
+def _decode_geometry(spec: OpSpec) -> _Geometry:
+    """The matmul family's geometry of the spec (of its one-weight form: N is all the columns)."""
+    return _geometry(_one_weight(spec))
+
+
 @dataclass(frozen=True)
 class _Fusions:
     """The decode-only fusions of a spec (module docstring): the RMSNorm prologue and RoPE."""
@@ -71,15 +95,23 @@ class _Fusions:
     rope_dim: int  # the head dim when the q and k columns are rotated, else 0
     rope_cols: int  # (heads + kv_heads) * head dim: the columns that rotate (q's and k's)
     extra: int  # the index of the first decode-only input (gamma, then cos and sin)
+    # weights="qkv": the first output columns of k's and v's weights (q's start at 0); else 0, 0
+    k_start: int = 0
+    v_start: int = 0
 
 
 def _fusions(spec: OpSpec) -> _Fusions:
     rms = spec.constants.get("prologue", "none") == "rmsnorm"
     heads, kv_heads = spec.constants.get("rope", (0, 0))
-    n = _geometry(spec).n
+    n = _decode_geometry(spec).n
     rope_dim = n // (heads + 2 * kv_heads) if heads else 0
     extra = len(spec.inputs) - rms - (2 if heads else 0)
-    return _Fusions(rms, float(spec.constants.get("eps", 0.0)), rope_dim, (heads + kv_heads) * rope_dim, extra)
+    k_start = v_start = 0
+    if spec.constants.get("weights") == WEIGHTS_QKV:
+        k_start = spec.inputs[1].shape[0]
+        v_start = k_start + spec.inputs[2].shape[0]
+    rope_cols = (heads + kv_heads) * rope_dim
+    return _Fusions(rms, float(spec.constants.get("eps", 0.0)), rope_dim, rope_cols, extra, k_start, v_start)
 
 
 def _is_dot(config: Config) -> bool:
@@ -200,7 +232,7 @@ class _StagedSpace(Space):
 
 
 def _space(params: list[Param], spec: OpSpec, prune: bool, kind: str, extra: Sequence[Constraint] = ()) -> Space:
-    g = _geometry(spec)
+    g = _decode_geometry(spec)
     validity = _validity(g, _fusions(spec), extra)
     if prune:
         pruned = _StagedSpace(params, [*validity, *_pruning(g, kind)])
@@ -237,15 +269,22 @@ def _flags(g: _Geometry, f: _Fusions, config: Config) -> dict[str, object]:
         "STAGES": int(config["num_stages"]),
         "RMS": f.rms,
         "ROPE_DIM": f.rope_dim,
+        "K_START": f.k_start,
+        "V_START": f.v_start,
     }
 
 
 def _decode_operands(g: _Geometry, f: _Fusions, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """(x, w, w3, bias, residual, gamma, cos, sin), unused pointers standing in as x (never read)."""
+    """(x, w, w3, bias, residual, gamma, cos, sin, wk, wv), unused pointers standing in as x or w
+    (never read). With ``weights="qkv"`` w is q's weight, wk and wv k's and v's."""
     x = inputs[0]
     gamma = inputs[f.extra] if f.rms else x
     cos, sin = (inputs[f.extra + f.rms], inputs[f.extra + f.rms + 1]) if f.rope_dim else (x, x)
-    return (*_operands(g, inputs[: f.extra]), gamma, cos, sin)
+    if f.k_start:
+        wk, wv = inputs[2], inputs[3]
+        return (*_operands(g, inputs[:2]), gamma, cos, sin, wk, wv)
+    operands = _operands(g, inputs[: f.extra])
+    return (*operands, gamma, cos, sin, operands[1], operands[1])
 
 
 def _tiles(g: _Geometry, config: Config, splits: int = 1) -> int:
@@ -269,15 +308,15 @@ def _gemv_space(spec: OpSpec, prune: bool = True) -> Space:
 
 def _gemv_build(spec: OpSpec, config: Config) -> Launcher:
     checked(_gemv_space(spec, prune=False), config)
-    g, f = _geometry(spec), _fusions(spec)
+    g, f = _decode_geometry(spec), _fusions(spec)
     flags = _flags(g, f, config)
     kernel = direct_launch(_decode_gemv_kernel, (_tiles(g, config),))
     num_warps, num_stages = int(config["num_warps"]), int(config["num_stages"])
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x, w, w3, bias, residual, gamma, cos, sin = _decode_operands(g, f, inputs)
-        kernel(x, w, w3, bias, residual, gamma, cos, sin, outputs[0], g.m, g.n, g.k, f.eps, f.rope_cols, **flags,
-               num_warps=num_warps, num_stages=num_stages)  # fmt: skip
+        x, w, w3, bias, residual, gamma, cos, sin, wk, wv = _decode_operands(g, f, inputs)
+        kernel(x, w, w3, wk, wv, bias, residual, gamma, cos, sin, outputs[0], g.m, g.n, g.k, f.eps, f.rope_cols,
+               **flags, num_warps=num_warps, num_stages=num_stages)  # fmt: skip
 
     return launch
 
@@ -287,14 +326,15 @@ def _gemv_build(spec: OpSpec, config: Config) -> Launcher:
 
 def _split_k_space(spec: OpSpec, prune: bool = True) -> Space:
     params = [*_block_params(), Param("SPLIT_K", SPLITS), Param("REDUCE", REDUCTIONS)]
-    return _space(params, spec, prune, "split_k", _split_constraints(_geometry(spec), _fusions(spec)))
+    return _space(params, spec, prune, "split_k", _split_constraints(_decode_geometry(spec), _fusions(spec)))
 
 
 def _persistent_space(spec: OpSpec, prune: bool = True) -> Space:
     params = [*_block_params(), Param("SPLIT_K", PERSISTENT_SPLITS), Param("PROGRAMS_PER_SM", PROGRAMS_PER_SM),
               Param("REDUCE", REDUCTIONS[:1])]  # (one launch: a persistent grid is about launches saved)  # fmt: skip
     return _space(params, spec, prune, "persistent",
-                  [*_split_constraints(_geometry(spec), _fusions(spec)), _persistent_block_fits(_geometry(spec))])
+                  [*_split_constraints(_decode_geometry(spec), _fusions(spec)),
+                   _persistent_block_fits(_decode_geometry(spec))])  # fmt: skip
 
 
 def _persistent_block_fits(g: _Geometry) -> Constraint:
@@ -308,14 +348,14 @@ def _persistent_block_fits(g: _Geometry) -> Constraint:
 
 def _split_k_build(spec: OpSpec, config: Config) -> Launcher:
     checked(_split_k_space(spec, prune=False), config)
-    g = _geometry(spec)
+    g = _decode_geometry(spec)
     splits = int(config["SPLIT_K"])
     return _split_launcher(g, _fusions(spec), config, splits, _tiles(g, config, splits))
 
 
 def _persistent_build(spec: OpSpec, config: Config) -> Launcher:
     checked(_persistent_space(spec, prune=False), config)
-    g = _geometry(spec)
+    g = _decode_geometry(spec)
     splits = int(config["SPLIT_K"])
     programs = min(_tiles(g, config, splits), int(config["PROGRAMS_PER_SM"]) * multiprocessor_count())
     return _split_launcher(g, _fusions(spec), config, splits, programs)
@@ -343,14 +383,14 @@ def _split_launcher(g: _Geometry, f: _Fusions, config: Config, splits: int, prog
     zero_counters = direct_launch(_zero_kernel, (triton.cdiv(blocks, ZERO_BLOCK),))
 
     def launch(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        x, w, w3, bias, residual, gamma, cos, sin = _decode_operands(g, f, inputs)
+        x, w, w3, bias, residual, gamma, cos, sin, wk, wv = _decode_operands(g, f, inputs)
         y = outputs[0]
         partial = y.new_empty(scratch_shape, dtype=torch.float32)  # every element is written
         counter = y  # unused without LAST_REDUCES
         if last_reduces:
             counter = y.new_empty(blocks, dtype=torch.int32)
             zero_counters(counter, blocks, BLOCK=ZERO_BLOCK)
-        partial_kernel(x, w, w3, gamma, cos, sin, partial, counter, y, bias, residual, g.m, g.n, g.k, f.eps,
+        partial_kernel(x, w, w3, wk, wv, gamma, cos, sin, partial, counter, y, bias, residual, g.m, g.n, g.k, f.eps,
                        f.rope_cols, SPLIT_K=splits, **flags, LAST_REDUCES=last_reduces, num_warps=num_warps,
                        num_stages=num_stages)  # fmt: skip
         if not last_reduces:

@@ -38,6 +38,18 @@ are this family's own, each adding inputs after matmul's and constants a plain s
     ``BLOCK_N`` weight rows then holds ``BLOCK_N / 2`` channels of one head's first half and their
     partners (``_weight_rows``), so the rotation pairs sit in one program's registers; ``BLOCK_N``
     divides ``D``. A bias may come before the rotation, no other epilogue.
+``weights="qkv"`` (with ``epilogue="rope"``, ``rope=(heads, kv_heads)``, ``kv_heads > 0``)
+    The same fused QKV projection with its weight given as Llama's three tensors, ``q_proj``'s
+    ``(heads * D, K)``, ``k_proj``'s and ``v_proj``'s ``(kv_heads * D, K)``: inputs ``x, wq, wk,
+    wv[, gamma], cos, sin``, output the concatenated ``(..., (heads + 2 kv_heads) * D)`` row as the
+    one-weight form gives, so that a decoder layer's q, k and v are one launch (one RMSNorm
+    prologue, not three) without a concatenated copy of the weights. The three segments are whole
+    heads and ``BLOCK_N`` divides ``D``, so a block of output columns lies in one segment: the
+    kernels pick that segment's weight pointer per block (``_segment_weight``) and the rest is the
+    one-weight code, variant for variant; spaces, flops and inputs are the one-weight form's
+    (``_one_weight``), and ``make_inputs`` draws the same values, cut into three. No bias (Llama's
+    projections have none) and no other epilogue. The reference is the three ``F.linear``, then
+    the rotation of q and k, concatenated.
 ``epilogue="rope"`` with ``rope=(heads, 0)``
     ``w`` is one projection whose ``heads * D`` output columns all rotate: Llama's separate
     ``q_proj`` (``rope=(num_heads, 0)``) or ``k_proj`` (``rope=(num_kv_heads, 0)``), whose outputs
@@ -140,13 +152,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from kernelsmith.ops._base import UnsupportedWorkload, Variant, check_eps, generator
 from kernelsmith.ops._decode_matmul_launch import (
     BLOCKS_N,
+    WEIGHTS_QKV,
+    _decode_geometry,
     _fusions,
     _gemv_build,
     _gemv_space,
+    _one_weight,
     _persistent_build,
     _persistent_space,
     _split_k_build,
@@ -185,7 +201,8 @@ MAX_POSITION = 8192  # make_inputs' positions are drawn below this
 
 def _base_spec(spec: OpSpec) -> OpSpec:
     """The matmul family's spec inside a decode spec: the fused prologue's and RoPE's inputs and
-    constants taken off."""
+    constants taken off (and q's, k's and v's weights as one)."""
+    spec = _one_weight(spec)
     f = _fusions(spec)
     constants = {k: v for k, v in spec.constants.items() if k not in ("prologue", "eps", "rope")}
     return OpSpec(spec.op, spec.inputs[: f.extra], constants)
@@ -214,6 +231,12 @@ def apply_rope_half(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads
     return torch.cat((qk, h[..., (heads + kv_heads) * d :]), dim=-1)
 
 
+def _with_weights(one: OpSpec, weights: Sequence[TensorSpec]) -> OpSpec:
+    """The one-weight spec ``one`` with its weight given as ``weights`` (q's, k's and v's):
+    ``weights="qkv"``, the inverse of ``_one_weight``."""
+    return OpSpec(one.op, (one.inputs[0], *weights, *one.inputs[2:]), {**one.constants, "weights": WEIGHTS_QKV})
+
+
 class DecodeMatmul(Matmul):
     name = "decode_matmul"
     summary = (f"decode-shaped y = epilogue(x @ w.T + bias) for at most {MAX_M} rows of x against an nn.Linear "
@@ -240,29 +263,64 @@ class DecodeMatmul(Matmul):
     # ---- specs: matmul's, plus the fused prologue and RoPE ---------------------------------------
     def spec(  # type: ignore[override]
         self, shape: tuple[int, ...], dtype: str, *, epilogue: str = "none", prologue: str = "none",
-        eps: float = DEFAULT_EPS, rope: Sequence[int] | None = None, **constants: Any,
+        eps: float = DEFAULT_EPS, rope: Sequence[int] | None = None, weights: str | None = None,
+        **constants: Any,
     ) -> OpSpec:  # fmt: skip
         """Matmul's spec (``constants``: its ``layout``, ``bias`` and ``allow_tf32``), then
         ``prologue="rmsnorm"`` adds gamma ``(K,)`` (and the constant ``eps``) and
         ``epilogue="rope"`` (with ``rope=(heads, kv_heads)``) cos and sin ``(..., D)``, in that
-        order after matmul's inputs.
+        order after matmul's inputs; ``weights="qkv"`` gives the weight as q's, k's and v's.
 
         >>> [str(t) for t in OP.spec((1, 96, 64), "bf16", epilogue="rope", rope=(4, 1), prologue="rmsnorm").inputs]
         ['1x64:bfloat16', '96x64:bfloat16', '64:bfloat16', '1x16:bfloat16', '1x16:bfloat16']
+        >>> [str(t) for t in OP.spec((1, 96, 64), "bf16", epilogue="rope", rope=(4, 1), weights="qkv").inputs]
+        ['1x64:bfloat16', '64x64:bfloat16', '16x64:bfloat16', '16x64:bfloat16', '1x16:bfloat16', '1x16:bfloat16']
         """
         rest, named_rope = _rope_split(epilogue)
         base = super().spec(shape, dtype, epilogue=rest, **constants)
         extra_inputs, extra_constants = self._extras(base, prologue, eps, named_rope, rope)
         spec = OpSpec(self.name, (*base.inputs, *extra_inputs), {**base.constants, **extra_constants})
+        if weights is not None:
+            spec = _with_weights(spec, self._qkv_weights(spec, weights))
         self.check_supported(spec)
         return spec
 
+    def _qkv_weights(self, one: OpSpec, weights: Any) -> tuple[TensorSpec, ...]:
+        """q's, k's and v's weights of the one-weight spec ``one`` (rope=(heads, kv_heads))."""
+        if weights != WEIGHTS_QKV:
+            raise UnsupportedWorkload(f"{self.name}: weights must be {WEIGHTS_QKV!r} (q, k and v apart), not "
+                                      f"{weights!r}")  # fmt: skip
+        heads, kv_heads = one.constants.get("rope", (0, 0))
+        if not kv_heads:
+            raise UnsupportedWorkload(f"{self.name}: weights='qkv' is a fused QKV projection: the rope epilogue with "
+                                      "rope=(heads, kv_heads), kv_heads > 0")  # fmt: skip
+        g, d = _geometry(one), _fusions(one).rope_dim
+        w = one.inputs[1]
+        return (w.with_shape((heads * d, g.k)), *[w.with_shape((kv_heads * d, g.k))] * 2)
+
     def spec_for(  # type: ignore[override]
         self, *inputs: torch.Tensor, epilogue: str = "none", prologue: str = "none", eps: float = DEFAULT_EPS,
-        rope: Sequence[int] | None = None, **constants: Any,
+        rope: Sequence[int] | None = None, weights: str | None = None, **constants: Any,
     ) -> OpSpec:  # fmt: skip
         """The spec of ``(x, w[, w3][, bias][, residual][, gamma][, cos, sin])`` (``constants``:
-        matmul's ``layout``, ``bias`` and ``allow_tf32``)."""
+        matmul's ``layout``, ``bias`` and ``allow_tf32``), or with ``weights="qkv"`` of ``(x, wq,
+        wk, wv[, gamma], cos, sin)``."""
+        if weights is not None:
+            if len(inputs) < 4 or not all(isinstance(t, torch.Tensor) and t.dim() == 2 for t in inputs[1:4]):
+                raise UnsupportedWorkload(f"{self.name}: weights='qkv' takes x, then q's, k's and v's 2-D weights")
+            wq, wk, wv = inputs[1:4]
+            # the one-weight form's spec (a meta tensor of the three's rows: nothing allocated)
+            w = torch.empty((wq.shape[0] + wk.shape[0] + wv.shape[0], wq.shape[1]), dtype=wq.dtype, device="meta")
+            one = self.spec_for(inputs[0], w, *inputs[4:], epilogue=epilogue, prologue=prologue, eps=eps, rope=rope,
+                                **constants)  # fmt: skip
+            self._qkv_weights(one, weights)  # (checks that the constants make a fused QKV projection)
+            try:
+                given = tuple(TensorSpec.of(t) for t in (wq, wk, wv))
+            except ValueError as err:
+                raise UnsupportedWorkload(f"{self.name}: {err}") from None
+            spec = _with_weights(one, given)
+            self.check_supported(spec)
+            return spec
         rest, named_rope = _rope_split(epilogue)
         extra = (prologue == "rmsnorm") + 2 * named_rope
         if len(inputs) <= extra:
@@ -307,7 +365,12 @@ class DecodeMatmul(Matmul):
 
     def check_supported(self, spec: OpSpec) -> None:
         """The matmul family's checks on the matmul part, then the decode shapes (layout "linear",
-        M <= MAX_M) and the fusions' inputs."""
+        M <= MAX_M) and the fusions' inputs; a ``weights="qkv"`` spec's three weights, then its
+        one-weight form."""
+        if "weights" in spec.constants:
+            self._check_qkv(spec)
+            self.check_supported(_one_weight(spec))
+            return
         unknown = set(spec.constants) - {"layout", "epilogue", "bias", "allow_tf32", "prologue", "eps", "rope"}
         if unknown:
             raise UnsupportedWorkload(f"{self.name}: unknown constants {sorted(unknown)}")
@@ -353,8 +416,39 @@ class DecodeMatmul(Matmul):
                 if t.shape != wanted.shape or t.dtype != wanted.dtype:
                     raise UnsupportedWorkload(f"{self.name}: cos and sin must be {wanted} (one row per row of x)")
 
+    def _check_qkv(self, spec: OpSpec) -> None:
+        """A ``weights="qkv"`` spec: q's ``(heads * D, K)``, k's and v's ``(kv_heads * D, K)``
+        weights, contiguous in x's dtype, with RoPE over kv_heads > 0 and no bias or other epilogue."""
+        if spec.constants["weights"] != WEIGHTS_QKV:
+            got = spec.constants["weights"]
+            raise UnsupportedWorkload(f"{self.name}: weights must be {WEIGHTS_QKV!r}, not {got!r}")
+        rope = spec.constants.get("rope")
+        if (not isinstance(rope, list | tuple) or len(rope) != 2 or not all(isinstance(v, int) for v in rope)
+                or rope[0] <= 0 or rope[1] <= 0 or len(spec.inputs) < 6):  # fmt: skip
+            raise UnsupportedWorkload(f"{self.name}: weights='qkv' is a fused QKV projection: rope=(heads, kv_heads) "
+                                      "with kv_heads > 0, inputs x, wq, wk, wv[, gamma], cos, sin")  # fmt: skip
+        if spec.constants.get("bias") or spec.constants.get("epilogue") != "none":
+            raise UnsupportedWorkload(f"{self.name}: weights='qkv' takes no bias and no epilogue but RoPE")
+        heads, kv_heads = rope
+        x, weights = spec.inputs[0], spec.inputs[1:4]
+        n = sum(w.shape[0] for w in weights if len(w.shape) == 2)
+        d = n // (heads + 2 * kv_heads)
+        k = x.shape[-1] if x.shape else 0
+        wanted = [(heads * d, k), (kv_heads * d, k), (kv_heads * d, k)]
+        for name, w, shape in zip(("q", "k", "v"), weights, wanted, strict=True):
+            if w.shape != shape or w.dtype != x.dtype or not w.is_contiguous:
+                raise UnsupportedWorkload(f"{self.name}: {name}'s weight {w} should be {shape[0]}x{shape[1]}, "
+                                          f"contiguous, in x's dtype ({heads} + 2 x {kv_heads} heads of "
+                                          f"{d})")  # fmt: skip
+
+    def output_specs(self, spec: OpSpec) -> tuple[TensorSpec, ...]:
+        """Matmul's, of the one-weight form (``weights="qkv"``: all three projections' columns)."""
+        return super().output_specs(_one_weight(spec))
+
     def _with_rows(self, spec: OpSpec, m: int) -> OpSpec:
         """Matmul's, and cos and sin follow x's rows."""
+        if "weights" in spec.constants:
+            return _with_weights(self._with_rows(_one_weight(spec), m), spec.inputs[1:4])
         f = _fusions(spec)
         resized = super()._with_rows(_base_spec(spec), m)
         extras = list(spec.inputs[f.extra :])
@@ -378,7 +472,10 @@ class DecodeMatmul(Matmul):
             gamma = inputs[f.extra]
             xf = x.to(torch.promote_types(x.dtype, torch.float32))
             x = gamma * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + f.eps)).to(x.dtype)
-        h = super()._compute(base, [x, *inputs[1 : f.extra]])
+        if f.k_start:  # weights="qkv": the three projections as Hugging Face's modules run them
+            h = torch.cat([F.linear(x, w) for w in inputs[1:4]], dim=-1)
+        else:
+            h = super()._compute(base, [x, *inputs[1 : f.extra]])
         if f.rope_dim:
             heads, kv_heads = spec.constants["rope"]
             h = apply_rope_half(h, inputs[f.extra + f.rms], inputs[f.extra + f.rms + 1], heads, kv_heads)
@@ -392,7 +489,12 @@ class DecodeMatmul(Matmul):
         device: str | torch.device = "cuda",
     ) -> tuple[torch.Tensor, ...]:
         """Matmul's inputs, then gamma ``1 + 0.5 N(0, 1)`` and cos and sin at a random position per
-        row (Hugging Face's cache: ``cat(freqs, freqs)`` of ``position * ROPE_BASE ** (-2i / D)``)."""
+        row (Hugging Face's cache: ``cat(freqs, freqs)`` of ``position * ROPE_BASE ** (-2i / D)``).
+        ``weights="qkv"``: the one-weight form's inputs, its weight cut into q's, k's and v's."""
+        if "weights" in spec.constants:
+            x, w, *rest = self.make_inputs(_one_weight(spec), seed, distribution, device)
+            sizes = [t.shape[0] for t in spec.inputs[1:4]]
+            return (x, *(part.contiguous() for part in w.split(sizes)), *rest)
         f = _fusions(spec)
         tensors = list(super().make_inputs(_base_spec(spec), seed, distribution, device))
         dtype = spec.inputs[0].torch_dtype
@@ -412,8 +514,8 @@ class DecodeMatmul(Matmul):
     def flops(self, spec: OpSpec) -> int:
         """Matmul's, plus RMSNorm's 4 an element of x and RoPE's 3 a rotated element."""
         f = _fusions(spec)
-        m = _geometry(spec).m
-        return super().flops(spec) + 4 * m * _geometry(spec).k * f.rms + 3 * m * f.rope_cols
+        g = _decode_geometry(spec)
+        return super().flops(_one_weight(spec)) + 4 * g.m * g.k * f.rms + 3 * g.m * f.rope_cols
 
 
 OP = DecodeMatmul()
