@@ -18,7 +18,8 @@ from torch import nn
 
 from kernelsmith.frontends import backend as ks_backend
 from kernelsmith.frontends.patterns import decode_attention as pattern
-from kernelsmith.frontends.patterns.decode_attention import first_position, lengths_from_positions
+from kernelsmith.frontends.patterns.decode_attention import lengths_from_positions
+from kernelsmith.frontends.patterns.decode_cache_writes import first_position
 from kernelsmith.testing.decisions import store_kernel_decisions
 from kernelsmith.testing.models import tiny_llama
 from test_backend import kernel_ops, record_inductor, spy_runners

@@ -1,11 +1,11 @@
 """A folded decode attention site refuses a position outside the static cache (issue 13).
 
-With the cache writes folded into the site (``write_kv``, :mod:`kernelsmith.frontends.patterns.
-decode_attention`, "Folding the cache writes"), the graph has no ``index_copy_`` left to fail on a
-position past the cache's end, as eager's does, and the kernel (which never reads or writes past
-the cache) would write nothing and return NaN: a one-layer model's logits silently NaN. The
-rewritten graph derives the kernel's first position through
-:func:`~kernelsmith.frontends.patterns.decode_attention.first_position` with the cache's length,
+With the cache writes folded into the site (``write_kv``,
+:mod:`kernelsmith.frontends.patterns.decode_cache_writes`), the graph has no ``index_copy_`` left
+to fail on a position past the cache's end, as eager's does, and the kernel (which never reads or
+writes past the cache) would write nothing and return NaN: a one-layer model's logits silently
+NaN. The rewritten graph derives the kernel's first position through
+:func:`~kernelsmith.frontends.patterns.decode_cache_writes.first_position` with the cache's length,
 which asserts on the device (no host sync) that every position written is a row of the cache.
 These tests pin that: the check itself, and served steps, in range (eager's outputs and caches, up
 to the cache's last row) and out of range (an error, the caches left as they were), with the
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from kernelsmith.frontends.patterns import decode_attention as pattern
-from kernelsmith.frontends.patterns.decode_attention import first_position
+from kernelsmith.frontends.patterns.decode_cache_writes import first_position
 from test_decode_attention_write_kv_serving import (
     CACHE_LEN,
     decoders_with_a_stored_winner,
