@@ -1,15 +1,15 @@
 """Serving decode attention with the cache writes folded in (issue 13, ``write_kv``).
 
 A static-cache step whose ``cache.index_copy_(2, positions, new)`` writes are folded into the
-``decode_attention`` site (:mod:`kernelsmith.frontends.patterns.decode_attention`, "Folding the
-cache writes") is served through ``kernelsmith::kernel_mutating``, whose schema declares the
-caches written: the rewritten graph holds that op and no ``index_copy_``, and step after step the
-module's cache buffers are eager's bit for bit and its output eager's (and float64's). Writes that
-cannot fold (a reader between the write and the attention) keep the read-only site, the writes
-left in the graph. Hugging Face's StaticCache writes at its own index, ``arange(Sq) +`` each
-layer's counter: layer 0's is proved the mask's positions and folds, a later layer's is not and
-keeps its writes (one kernel_mutating call, then kernel calls; test_decode_hf_static_cache_writes
-has the details, here a slow end-to-end decode of the tiny Llama).
+``decode_attention`` site (:mod:`kernelsmith.frontends.patterns.decode_cache_writes`) is served
+through ``kernelsmith::kernel_mutating``, whose schema declares the caches written: the rewritten
+graph holds that op and no ``index_copy_``, and step after step the module's cache buffers are
+eager's bit for bit and its output eager's (and float64's). Writes that cannot fold (a reader
+between the write and the attention) keep the read-only site, the writes left in the graph. Hugging
+Face's StaticCache writes at its own index, ``arange(Sq) +`` each layer's counter: layer 0's is
+proved the mask's positions and folds, a later layer's is not and keeps its writes (one
+kernel_mutating call, then kernel calls; test_decode_hf_static_cache_writes has the details, here a
+slow end-to-end decode of the tiny Llama, set up as there by hf_static_cache_serving).
 
 CPU, interpreter mode (conftest); Inductor replaced by a recorder that runs the graph it gets (as
 in test_backend), except one test that compiles with the real Inductor and checks that the
@@ -23,6 +23,7 @@ import math
 import pytest
 import torch
 
+from hf_static_cache_serving import assert_caches_are_eager_s, decode, serving_backend, static_cache_sites, step
 from kernelsmith import dispatch
 from kernelsmith.frontends import backend as ks_backend
 from kernelsmith.frontends.patterns import decode_attention as pattern
@@ -32,10 +33,8 @@ from test_decode_attention_sites import (  # noqa: F401 (hf_llama is a fixture)
     StaticDecoder,
     attention_sites,
     hf_llama,
-    prefilled,
     served_ops,
 )
-from test_decode_hf_static_cache_writes import assert_caches_are_eager_s, decode, step
 
 CACHE_LEN, HEAD_DIM, GROUP = 37, 16, 2
 MUTATING = torch.ops.kernelsmith.kernel_mutating.default
@@ -162,16 +161,11 @@ def test_hf_static_cache_folds_its_first_layer_and_decodes_eager_tokens(hf_llama
     """transformers 5's StaticCache writes at ``arange(Sq) + cumulative_length``, its own index: in
     layer 0 the graph proves it the mask's positions and the writes fold (kernelsmith::kernel_mutating),
     in layer 1 (another counter) it does not and the read-only site serves with the writes in the
-    graph (the pattern's "Hugging Face's StaticCache"). Greedy steps give eager's tokens and caches."""
+    graph (decode_cache_writes' "Hugging Face's StaticCache"). Greedy steps give eager's tokens and caches."""
     ids = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(2))
-    cache, logits = prefilled(hf_llama, ids)
-    sites = attention_sites(lambda t: step(hf_llama)(t, cache), logits[:, -1:].argmax(-1))
+    sites = static_cache_sites(hf_llama, ids)
     assert ["write_kv" in s.spec.constants for s in sites] == [True, False]
-    db = str(tmp_path / "k.db")
-    store_kernel_decisions(db, [s.spec for s in sites])
-    seen = record_inductor(monkeypatch)
-    torch._dynamo.reset()
-    backend = ks_backend.KernelsmithBackend(db=db, families=("decode_attention",), compare=False)
+    backend, seen = serving_backend(sites, tmp_path, monkeypatch)
     eager_tokens, _, eager_cache, _ = decode(step(hf_llama), hf_llama, ids, 3)
     tokens, _, served_cache, _ = decode(torch.compile(step(hf_llama), backend=backend), hf_llama, ids, 3)
     assert [s.status for s in backend.sites] == ["replaced"] * 2, [(s.status, s.reason) for s in backend.sites]

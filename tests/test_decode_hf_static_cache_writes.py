@@ -1,6 +1,6 @@
 """Hugging Face's StaticCache writes folded into the decode attention kernel where the graph proves
-them the kernel's write (issue 13; :mod:`kernelsmith.frontends.patterns.decode_attention`, "Folding
-the cache writes" and "Hugging Face's StaticCache").
+them the kernel's write (issue 13; :mod:`kernelsmith.frontends.patterns.decode_cache_writes`,
+"Hugging Face's StaticCache").
 
 transformers 5's ``StaticCache`` keeps one ``cumulative_length`` counter per layer; each layer's
 update writes at ``arange(Sq) + its counter``, and the model's positions (the mask's) are
@@ -13,7 +13,8 @@ tokens and eager's cache buffers bit for bit, also where a caller has set a late
 apart (where folding it would write elsewhere than eager).
 
 CPU, interpreter mode (conftest); Inductor replaced by a recorder that runs the graph it gets, and
-winners stored directly, as in test_decode_attention_sites.
+winners stored directly (hf_static_cache_serving's setup, which test_decode_attention_write_kv_serving
+shares).
 """
 
 from __future__ import annotations
@@ -23,12 +24,11 @@ import logging
 import pytest
 import torch
 
+from hf_static_cache_serving import assert_caches_are_eager_s, decode, serving_backend, static_cache_sites, step
 from kernelsmith.frontends import backend as ks_backend
 from kernelsmith.frontends.patterns import decode_attention as pattern
-from kernelsmith.testing.decisions import store_kernel_decisions
 from kernelsmith.testing.models import tiny_llama
-from test_backend import record_inductor
-from test_decode_attention_sites import attention_sites, prefilled, served_ops
+from test_decode_attention_sites import served_ops
 
 DECODE = ("kernel_mutating", "decode_attention"), ("kernel", "decode_attention")  # layer 0 folded, layer 1 not
 
@@ -43,18 +43,12 @@ def llama():
     return tiny_llama()
 
 
-def step(model):
-    """One decode step of ``model`` over ``cache``, as a function of the token: its logits."""
-    return lambda token, cache: model(token, past_key_values=cache, use_cache=True).logits
-
-
 def sites_of(model, ids, caplog) -> tuple[list[ks_backend.Site], list[str]]:
     """The decode attention sites of ``model``'s step after the prompt ``ids``, and the reasons
     logged for each site that keeps its cache writes."""
-    cache, logits = prefilled(model, ids)
     caplog.clear()
     with caplog.at_level(logging.DEBUG, logger="kernelsmith.frontends.backend"):
-        sites = attention_sites(lambda t: step(model)(t, cache), logits[:, -1:].argmax(-1))
+        sites = static_cache_sites(model, ids)
     return sites, [r.getMessage() for r in caplog.records if "keeps its cache writes" in r.getMessage()]
 
 
@@ -75,46 +69,6 @@ def test_only_the_first_layer_s_writes_are_proved_the_kernel_s(caplog):
         assert f"layers_{layer}_cumulative_length" in reason and "layers_0_cumulative_length" in reason, reason
 
 
-def decode(compiled, model, ids, steps, apart: int | None = None):
-    """Greedy decoding of ``steps`` tokens after the prompt ``ids`` through ``compiled``, over a
-    fresh StaticCache: (the tokens, the last logits, the cache, the positions each layer's steps
-    wrote). ``apart``: layer 1's counter set to that position after the prompt (layer 0's stays at
-    the prompt's length)."""
-    cache, logits = prefilled(model, ids)
-    if apart is not None:
-        cache.layers[1].cumulative_length.fill_(apart)
-    before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
-    tokens = []
-    token = logits[:, -1:].argmax(-1)
-    with torch.no_grad():
-        for _ in range(steps):
-            logits = compiled(token, cache)
-            token = logits[:, -1:].argmax(-1)
-            tokens.append(token)
-    written = [
-        sorted({*changed_positions(layer.keys, k), *changed_positions(layer.values, v)})
-        for layer, (k, v) in zip(cache.layers, before, strict=True)
-    ]
-    return torch.cat(tokens, dim=1), logits, cache, written
-
-
-def changed_positions(after: torch.Tensor, before: torch.Tensor) -> list[int]:
-    """The cache positions (dim 2) where any element of ``after`` differs from ``before``."""
-    return torch.nonzero((after != before).flatten(3).any(3).any(1).any(0)).flatten().tolist()
-
-
-def assert_caches_are_eager_s(ours, eager) -> None:
-    """Layer 0's keys and values bit for bit (the folded layer: its new rows come from the
-    embeddings, which served and eager compute alike); the later layers' close (their new rows
-    come from the layers before, whose attention the kernel rounds otherwise than SDPA) and
-    every layer's counter equal."""
-    for i, (mine, theirs) in enumerate(zip(ours.layers, eager.layers, strict=True)):
-        same = torch.equal if i == 0 else (lambda a, b: torch.allclose(a, b, rtol=1e-4, atol=1e-5))
-        assert same(mine.keys, theirs.keys), f"layer {i}'s keys"
-        assert same(mine.values, theirs.values), f"layer {i}'s values"
-        assert torch.equal(mine.cumulative_length, theirs.cumulative_length), f"layer {i}'s counter"
-
-
 # (~8 s: a discovery, a compile and interpreted steps of two layers, twice)
 def test_served_steps_leave_eager_tokens_and_the_folded_layer_s_caches_bit_for_bit(llama, tmp_path, monkeypatch,
                                                                                    caplog):  # fmt: skip
@@ -127,11 +81,7 @@ def test_served_steps_leave_eager_tokens_and_the_folded_layer_s_caches_bit_for_b
     ids = torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(2))
     sites, _ = sites_of(llama, ids, caplog)
     assert ["write_kv" in s.spec.constants for s in sites] == [True, False]
-    db = str(tmp_path / "k.db")
-    store_kernel_decisions(db, [s.spec for s in sites])
-    seen = record_inductor(monkeypatch)
-    torch._dynamo.reset()
-    backend = ks_backend.KernelsmithBackend(db=db, families=("decode_attention",), compare=False)
+    backend, seen = serving_backend(sites, tmp_path, monkeypatch)
     compiled = torch.compile(step(llama), backend=backend)
     for apart in (None, 2):
         eager_tokens, eager_logits, eager_cache, eager_written = decode(step(llama), llama, ids, 4, apart)
