@@ -19,15 +19,23 @@ Non-finite values are compared exactly, against the float64 reference rounded to
 dtype: NaN where it is NaN, an infinity of the same sign where it is infinite or past the
 dtype's range, and nowhere else (validation feeds NaN and infinities on purpose: a kernel that
 turns a NaN into zero, or an infinity into NaN, where the reference does not, is wrong).
+
+Every accuracy check (validation, rule 5's check while timing, serve checks, the front doors'
+checks of a stored kernel, the test helpers) judges against :func:`references`: the float64
+references, PyTorch's own answer and the family's floors, all from the *pristine* inputs of the
+draw, so that the same draw is judged the same way wherever it is checked, and no kernel's
+writes to its inputs can move what it is judged against.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from kernelsmith.ops._base import NO_FLOOR, ErrorFloor, Tolerance
+from kernelsmith.ops._base import NO_FLOOR, ErrorFloor, OpFamily, Tolerance
+from kernelsmith.spec import OpSpec
 
 # The largest floor a family may give, relative to the output: at most 1/256 of its L2 norm (the
 # relative L2 floor) and of its largest magnitude (the max-abs floor). A zero output is wrong by
@@ -99,6 +107,85 @@ def check_close(
         return (f"max abs error {cand.max_abs:.3g} exceeds {abs_limit:.3g} (PyTorch's own: {base.max_abs:.3g}"
                 + _floor_note(abs_floor, abs_limit) + ")")  # fmt: skip
     return None
+
+
+@dataclass(frozen=True)
+class References:
+    """What one draw's outputs are judged against, computed from its pristine inputs: the float64
+    references ``fp64``, PyTorch's outputs in the inputs' dtype ``lowp`` (the rule's base; empty
+    where the caller's trusted result takes their place, as a serve check's does) and the
+    family's error ``floors``, one per output."""
+
+    fp64: tuple[torch.Tensor, ...]
+    lowp: tuple[torch.Tensor, ...]
+    floors: tuple[ErrorFloor, ...]
+
+    def problem(
+        self, outputs: Sequence[torch.Tensor], tolerance: Tolerance, lowp: Sequence[torch.Tensor] | None = None
+    ) -> str | None:
+        """None when each of ``outputs`` (the first ``len(outputs)`` of the op's) passes
+        :func:`check_close` with its floor, else ``"output k: why"`` for the first that fails;
+        ``lowp`` replaces :attr:`lowp` as the rule's base (a serve check's trusted result)."""
+        bases = self.lowp if lowp is None else tuple(lowp)
+        if len(outputs) != len(bases):
+            return f"{len(outputs)} outputs, where {len(bases)} are compared"
+        for k, (out, ref64, base, floor) in enumerate(zip(outputs, self.fp64, bases, self.floors, strict=False)):
+            reason = check_close(out.detach(), ref64, base.detach(), tolerance, floor)
+            if reason:
+                return f"output {k}: {reason}"
+        return None
+
+
+def references(op: OpFamily, spec: OpSpec, pristine: Sequence[torch.Tensor], lowp: bool = True) -> References:
+    """The :class:`References` of ``spec``'s draw ``pristine``: inputs no candidate has run on
+    (see :func:`pristine_inputs`). They are left as they are: PyTorch's reference of a family
+    that writes inputs runs on clones. ``lowp=False`` skips PyTorch's own answer (a serve check
+    computes its trusted result itself). The floors come from the same inputs and the float64
+    references (:meth:`~kernelsmith.ops._base.OpFamily.error_floors`), never from an output."""
+    fp64 = tuple(t.detach() for t in op.reference_fp64(spec, pristine))
+    floors = tuple(op.error_floors(spec, pristine, fp64))
+    if len(floors) != len(fp64):
+        raise ValueError(f"{op.name}: error_floors gave {len(floors)} floors for {len(fp64)} outputs")
+    lowps: tuple[torch.Tensor, ...] = ()
+    if lowp:
+        own = [t.clone() for t in pristine] if op.written_inputs(spec) else pristine
+        lowps = tuple(t.detach() for t in op.reference(spec, own))
+    return References(fp64, lowps, floors)
+
+
+def pristine_inputs(op: OpFamily, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``inputs`` as the references must see them, taken before a kernel runs on them: clones for
+    a family that writes some (the kernel's writes would reach them, and they are the state
+    :func:`written_problem` checks the call's writes from), the tensors themselves for any other
+    (the references are computed from them before the kernel runs)."""
+    if op.written_inputs(spec):
+        return [t.detach().clone() for t in inputs]
+    return list(inputs)
+
+
+def written_problem(
+    op: OpFamily, spec: OpSpec, inputs: Sequence[torch.Tensor], before: Sequence[torch.Tensor]
+) -> str | None:
+    """None when a kernel's call on ``inputs`` (from the state ``before``: :func:`pristine_inputs`)
+    left each input the family writes bit for bit as its ``reference_written`` gives; else which
+    are not, after putting the family's state back (the caller then falls back to the reference)."""
+    written = op.written_inputs(spec)
+    if not written:
+        return None
+    states = op.reference_written(spec, before)
+    wrong = [i for i, want in zip(written, states, strict=True) if not _same_bits(inputs[i], want)]
+    for i, want in zip(written, states, strict=True):
+        if i in wrong:
+            with torch.no_grad():
+                inputs[i].copy_(want)
+    return f"the kernel left its written inputs {wrong} other than the family's update" if wrong else None
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit (NaN equals NaN; -0.0 does not equal 0.0)."""
+    view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    same_layout = a.shape == b.shape and a.dtype == b.dtype
+    return same_layout and torch.equal(a.detach().contiguous().view(view), b.detach().contiguous().view(view))
 
 
 def _floor_note(floor: float, limit: float) -> str:
