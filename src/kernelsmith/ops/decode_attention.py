@@ -335,7 +335,8 @@ class DecodeAttention(OpFamily):
         ``|scale| |q| . |k|``, and each output row moves by the centred spread of its
         probabilities' errors over the values it sees."""
         dims = _dims(spec)
-        q, k, v = (t.double() for t in inputs[:3])
+        # (copies: ``.double()`` of a float64 tensor is the tensor itself, and write_kv writes k, v)
+        q, k, v = (t.to(torch.float64, copy=True) for t in inputs[:3])
         if dims.write_kv:  # the keys and values the call attends over: the cache after the write
             _write_new_rows(spec, inputs, k, v)
         k, v = k.repeat_interleave(dims.group, dim=1), v.repeat_interleave(dims.group, dim=1)
