@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from kernelsmith import servecheck
+from kernelsmith.evaluate import errors
 from kernelsmith.ops import OpFamily, UnsupportedWorkload, get_op
 from kernelsmith.ops._base import Launcher
 from kernelsmith.space import Config
@@ -148,9 +149,9 @@ class CheckedRunner:
         if family.written_inputs(spec):
             return self._checked_writes(check, family, spec, runner, inputs)
 
-        def reference64(clones: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        def reference64(clones: Sequence[torch.Tensor]) -> errors.References:
             with _autograd_inside_op():  # the references of backward families are autograd
-                return [t.detach() for t in family.reference_fp64(spec, clones)]
+                return errors.references(family, spec, clones, lowp=False)
 
         results, _ = check.run(
             family, spec, runner, inputs, lambda: _reference_of(family, spec, inputs), reference64,
@@ -191,8 +192,9 @@ class CheckedRunner:
                 raise RuntimeError(f"the kernel left its written inputs {wrong} other than the family's update")
             return outputs
 
-        def reference64(_: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
-            return [t.detach() for t in family.reference_fp64(spec, before)]
+        def reference64(_: Sequence[torch.Tensor]) -> errors.References:
+            # (of every input before the call: the floors, too, see the cache the call writes)
+            return errors.references(family, spec, before, lowp=False)
 
         results, _ = check.run(
             family, spec, runner, read_only, lambda: _reference_of(family, spec, inputs), reference64, kernel

@@ -10,11 +10,14 @@ secret randomness, so a kernel cannot count its way past the checks.
 
 What a checked call compares with (the choice the design asks to justify): the harness's own
 rule (:func:`kernelsmith.evaluate.errors.check_close`, DESIGN.md rule 8), ``err(kernel, fp64) <=
-k * err(trusted, fp64) + floor``, with the family's float64 reference computed on the call's
-inputs and the *trusted* result (the user's function for the decorator, the family's PyTorch
-reference for the op) in the place of PyTorch's low-precision answer. Comparing with the
-trusted result alone would need a tolerance without knowing how far that result itself is from
-the truth, which is either too tight (a different summation order fails) or too loose. The
+k * err(trusted, fp64) + floor``, with the family's float64 reference and error floors
+(:func:`kernelsmith.evaluate.errors.references`, as validation's) computed from clones of the
+call's inputs taken before anything runs, and the *trusted* result (the user's function for the
+decorator, the family's PyTorch reference for the op) in the place of PyTorch's low-precision
+answer: a draw is judged as validation would judge it, so a kernel validation accepted is not
+switched off here by an ill-conditioned draw. Comparing with the trusted result alone would
+need a tolerance without knowing how far that result itself is from the truth, which is either
+too tight (a different summation order fails) or too loose. The
 float64 reference is affordable: the front door already computed one for the same shapes in
 this process when it adopted the runner (so it fits in memory), and after the first calls it
 runs on one call in a thousand. If it cannot be computed (memory), the call is not judged: it
@@ -51,7 +54,7 @@ import torch
 
 from kernelsmith import settings
 from kernelsmith.db import TrialRecord, current_fingerprint, open_database
-from kernelsmith.evaluate.errors import check_close
+from kernelsmith.evaluate.errors import References
 from kernelsmith.ops import OpFamily
 from kernelsmith.space import Config
 from kernelsmith.spec import OpSpec
@@ -154,26 +157,27 @@ class ServeCheck:
         runner: Any,
         inputs: Sequence[torch.Tensor],
         trusted: Callable[[], Sequence[torch.Tensor]],
-        reference64: Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]],
+        reference64: Callable[[Sequence[torch.Tensor]], References],
         kernel: Callable[[], Sequence[torch.Tensor]],
     ) -> tuple[Sequence[torch.Tensor], bool]:
         """One checked call: (the results to return, whether they are the kernel's).
 
         ``trusted()`` computes the result kernelsmith trusts (it runs first, on the inputs as
-        given; an exception from it is the caller's own and propagates), ``reference64(inputs)``
-        the float64 reference, ``kernel()`` the served kernel's outputs; only the first
-        ``len(trusted())`` outputs are compared.
+        given; an exception from it is the caller's own and propagates), ``reference64(clones)``
+        the float64 references and the family's floors from clones of the inputs taken before
+        (:func:`kernelsmith.evaluate.errors.references` with ``lowp=False``), ``kernel()`` the
+        served kernel's outputs; only the first ``len(trusted())`` outputs are compared.
         """
         clones = [t.detach().clone() for t in inputs]
         expected = list(trusted())
         try:
-            refs64 = list(reference64(clones))
+            refs = reference64(clones)
         except Exception as exc:  # memory, most likely: this call is not judged, the next one is
             log.info("%s: a serve check of %s could not run (%s: %s)", self.where, family.name, type(exc).__name__, exc)
             return expected, False
         try:
             outputs = list(kernel())
-            problem = _inputs_changed(inputs, clones) or _not_close(outputs, refs64, expected, family)
+            problem = _inputs_changed(inputs, clones) or _not_close(outputs, refs, expected, family)
         except Exception as exc:  # a served kernel that raises is wrong, and must not break the call
             problem = f"{type(exc).__name__}: {exc}"
         if problem is None:
@@ -213,16 +217,15 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def _not_close(
-    outputs: Sequence[torch.Tensor], refs64: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], family: OpFamily
+    outputs: Sequence[torch.Tensor], refs: References, expected: Sequence[torch.Tensor], family: OpFamily
 ) -> str | None:
     n = len(expected)  # the decorator trusts one output (the function's), the op all of them
-    for k, (out, ref64, trusted) in enumerate(zip(outputs[:n], refs64[:n], expected, strict=True)):
+    if len(outputs) < n:
+        return f"the kernel gave {len(outputs)} outputs, the trusted result {n}"
+    for k, (out, trusted) in enumerate(zip(outputs[:n], expected, strict=True)):
         if out.dtype != trusted.dtype:
             return f"output {k} is {out.dtype}, the trusted result {trusted.dtype}"
-        problem = check_close(out.detach(), ref64.detach(), trusted.detach(), family.tolerance)
-        if problem:
-            return f"output {k}: {problem}"
-    return None
+    return refs.problem(outputs[:n], family.tolerance, expected)
 
 
 def _record(

@@ -54,7 +54,7 @@ import torch
 
 from kernelsmith import dispatch, servecheck, settings
 from kernelsmith.db import DatabaseError, DecisionRecord, open_database, warn_unusable_database
-from kernelsmith.evaluate.errors import check_close
+from kernelsmith.evaluate import errors
 from kernelsmith.frontends import compiled
 from kernelsmith.frontends._decorator_helpers import (
     _call_key,
@@ -237,12 +237,11 @@ class Optimized:
             return None
         try:
             runner = dispatch.build_runner(family, spec, decision, db=self.db)
-            trial = runner(inputs)
-            problem = None
-            references = family.reference_fp64(spec, inputs)
-            lowps = family.reference(spec, inputs)
-            for out, ref64, lowp in zip(trial, references, lowps, strict=True):
-                problem = problem or check_close(out, ref64, lowp, family.tolerance)
+            # (judged as validation judges: references and floors of the inputs before it runs)
+            before = errors.pristine_inputs(family, spec, inputs)
+            references = errors.references(family, spec, before)
+            problem = references.problem(runner(inputs), family.tolerance)
+            problem = errors.written_problem(family, spec, inputs, before) or problem
         except Exception as exc:  # a stored kernel that fails here must never break the call
             problem = f"{type(exc).__name__}: {exc}"
         if problem:
@@ -441,9 +440,9 @@ class Optimized:
             out = original[0]
             return [out] if returns is None else (_unpack(out, returns) or [out])
 
-        def reference64(clones: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        def reference64(clones: Sequence[torch.Tensor]) -> errors.References:
             with torch.no_grad():
-                return family.reference_fp64(spec, clones)
+                return errors.references(family, spec, clones, lowp=False)
 
         self.stats["checks"] += 1
         results, kernels = serve.run(

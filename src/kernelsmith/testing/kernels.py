@@ -68,14 +68,16 @@ def assert_guarded_outputs(
     what: str,
 ) -> None:
     """Each output fully written, nothing written past its end (its guard still NaN), and within
-    the family's tolerance of the float64 reference (see :func:`launch_guarded`)."""
-    from kernelsmith.evaluate.errors import check_close
+    the family's tolerance of the float64 reference, with its error floor, as the harness judges
+    it (see :func:`launch_guarded`; ``inputs``: as they were before the launch)."""
+    from kernelsmith.evaluate.errors import check_close, references
 
-    refs64, lowps = op.reference_fp64(spec, inputs), op.reference(spec, inputs)
-    for name, out, guard, ref64, lowp in zip(names, outputs, guards, refs64, lowps, strict=True):
+    refs = references(op, spec, inputs)
+    for name, out, guard, ref64, lowp, floor in zip(names, outputs, guards, refs.fp64, refs.lowp, refs.floors,
+                                                    strict=True):  # fmt: skip
         assert bool(torch.isfinite(out).all()), f"{what}: some {name} elements were never written"
         assert bool(torch.isnan(guard).all()), f"{what}: the kernel wrote past the end of {name}"
-        problem = check_close(out, ref64, lowp, op.tolerance)
+        problem = check_close(out, ref64, lowp, op.tolerance, floor)
         assert problem is None, f"{what} {name}: {problem}"
 
 
@@ -88,7 +90,7 @@ def run_guarded_and_check(
     before = [t.clone() for t in inputs]
     outs, guards = launch_guarded(op, variant, spec, config, inputs, guard)
     assert all(torch.equal(t, b) for t, b in zip(inputs, before, strict=True)), f"{what}: modified its inputs"
-    assert_guarded_outputs(op, spec, inputs, outs, guards, names, what)
+    assert_guarded_outputs(op, spec, before, outs, guards, names, what)
     return outs
 
 
@@ -110,13 +112,12 @@ def run_single_output(
 
 
 def assert_matches_fp64(op: OpFamily, spec: OpSpec, inputs: Sequence[torch.Tensor], y: torch.Tensor, what: str) -> None:
-    """``y`` fully written and within the family's tolerance of its float64 reference."""
-    from kernelsmith.evaluate.errors import check_close
+    """``y`` fully written and within the family's tolerance of its float64 reference, with its
+    error floor, as the harness judges it (``inputs``: as they were before the launch)."""
+    from kernelsmith.evaluate.errors import references
 
     assert bool(torch.isfinite(y).all()), f"{what}: some outputs were never written"
-    (ref64,) = op.reference_fp64(spec, inputs)
-    (lowp,) = op.reference(spec, inputs)
-    problem = check_close(y, ref64, lowp, op.tolerance)
+    problem = references(op, spec, inputs).problem([y], op.tolerance)
     assert problem is None, f"{what}: {problem}"
 
 
