@@ -205,19 +205,32 @@ def test_the_library_variant_issues_the_ops_it_declares(device: str) -> None:
 
 
 @pytest.mark.parametrize("op", [FUSED, BACKWARD], ids=lambda op: op.name)
-def test_the_harness_rejects_the_library_variant_unless_its_ops_are_allowed(op, device: str, monkeypatch) -> None:
-    """Today rule 7 rejects it as computing with PyTorch (why the families do not list it); with
-    LIBRARY_OPS allowed (as a declared allowance would) it passes the rest of the real harness:
-    tails, every distribution, stress data, canaries, two runs bit for bit."""
+def test_the_harness_admits_the_library_variant_by_its_declared_ops_only(op, device: str, monkeypatch) -> None:
+    """The families list the variant, with LIBRARY_OPS as its rule-7 allowance: through it the
+    variant passes the real harness (tails, every distribution, stress data, canaries, two runs bit
+    for bit); without it (what any other candidate gets) rule 7 rejects it as computing with
+    PyTorch; and an op outside the allowance is still rejected."""
+    assert LIBRARY_VARIANT in op.variants
+    assert LIBRARY_VARIANT.library_ops == LIBRARY_OPS | LIBRARY_OPS_OFF_CUDA
     spec = op.spec((9, 16, 40), "float16", reduction="mean", label_smoothing=0.1, softcap=20.0, bias=True)
     config = _widest(op, spec, LIBRARY_VARIANT, CHUNK=16)
+    monkeypatch.setattr(validate_module, "_SEALED", {})  # (no worker sealed this test process's harness)
     with pytest.raises(validate_module.Rejected, match=r"computed with PyTorch instead of its kernel: .*aten\.mm\.out"):
         validate(op, spec, LIBRARY_VARIANT.build, config, device, lambda: None)
-    allowed = validate_module._ALLOWED_OPS | LIBRARY_OPS | LIBRARY_OPS_OFF_CUDA
-    monkeypatch.setattr(validate_module, "_ALLOWED_OPS", allowed)
-    monkeypatch.setattr(validate_module, "_SEALED", {})  # (no worker sealed this test process's harness)
-    runs = validate(op, spec, LIBRARY_VARIANT.build, config, device, lambda: None)
+    runs = validate(op, spec, LIBRARY_VARIANT.build, config, device, lambda: None, LIBRARY_VARIANT.library_ops)
     assert {runs} <= validation_runs(op, spec, ("spikes",))  # (see test_the_harness_accepts_each_family)
+
+    def with_a_softmax(spec: OpSpec, config: Config):  # the variant plus one op it did not declare
+        launch = LIBRARY_VARIANT.build(spec, config)
+
+        def call(inputs, outputs) -> None:
+            launch(inputs, outputs)
+            torch.softmax(inputs[1][:1].float(), -1)
+
+        return call
+
+    with pytest.raises(validate_module.Rejected, match=r"computed with PyTorch instead of its kernel: aten\._softmax"):
+        validate(op, spec, with_a_softmax, config, device, lambda: None, LIBRARY_VARIANT.library_ops)
 
 
 @pytest.mark.parametrize("num_items_in_batch", [None, 7])

@@ -64,6 +64,12 @@ def _load_source(source: str) -> tuple[Callable[..., Launcher], Callable[[OpSpec
     return kernel_file.build, kernel_file.space, kernel_file.source_hash
 
 
+def library_ops_of(op: OpFamily, candidate: Candidate) -> frozenset[str]:
+    """Rule 7's allowance for ``candidate``: its built-in variant's declared library ops; none for
+    a kernel file, whatever variant name it carries (its launcher is generated from the file)."""
+    return frozenset() if candidate.source else op.variant(candidate.variant).library_ops
+
+
 def _load(
     op: OpFamily, spec: OpSpec, candidate: Candidate, static_gate: object = None
 ) -> tuple[Callable[..., Launcher], str]:
@@ -132,7 +138,7 @@ def compile_needs_lock(nbytes: int, device_properties: Any) -> bool:
 
 def _compile(
     op: OpFamily, spec: OpSpec, build: Callable[..., Launcher], config: Any, device: torch.device,
-    synchronize: Callable[[], None],
+    synchronize: Callable[[], None], library_ops: frozenset[str] = frozenset(),
 ) -> None:
     """Compile a candidate for every shape validation will run, outside the device lock.
 
@@ -145,5 +151,5 @@ def _compile(
         launcher = build(vspec, config)
         inputs = [torch.empty_strided(t.shape, t.strides, dtype=t.torch_dtype, device=device).zero_()
                   for t in vspec.inputs]
-        run_checked(launcher, inputs, allocate_outputs(op, vspec, device), synchronize, op, vspec)
+        run_checked(launcher, inputs, allocate_outputs(op, vspec, device), synchronize, op, vspec, library_ops)
 

@@ -224,15 +224,17 @@ _ThreadStarts.install()
 
 
 class TorchOpWatch(TorchDispatchMode):
-    """Records aten operations the candidate issues while it runs."""
+    """Records aten operations the candidate issues while it runs, besides views, allocations and
+    ``library_ops`` (a built-in variant's declared allowance: :attr:`Variant.library_ops`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, library_ops: frozenset[str] = frozenset()) -> None:
         super().__init__()
         self.issued: list[str] = []
+        self.allowed = _ALLOWED_OPS | library_ops
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = str(func)
-        if name not in _ALLOWED_OPS and not _issued_by_triton():
+        if name not in self.allowed and not _issued_by_triton():
             self.issued.append(name)
         return func(*args, **(kwargs or {}))
 
@@ -459,8 +461,12 @@ def run_checked(
     synchronize: Callable[[], None],
     op: OpFamily | None = None,
     spec: OpSpec | None = None,
+    library_ops: frozenset[str] = frozenset(),
 ) -> None:
     """One candidate call under the rule 2, 6, 7 and 10 checks; raises Rejected.
+
+    ``library_ops``: the aten ops rule 7 allows besides views and allocations, a built-in
+    variant's :attr:`~kernelsmith.ops._base.Variant.library_ops` (never a kernel file's: empty).
 
     With ``op`` and ``spec``, the inputs the family declares written must be left in the state its
     :meth:`~OpFamily.reference_written` gives from their state before *this* call (so a repeated
@@ -473,7 +479,7 @@ def run_checked(
     snapshots = [_Snapshot.of(t) for t in outputs]
     threads_before = threading.active_count()
     starts_before = _ThreadStarts.count
-    watch = TorchOpWatch()
+    watch = TorchOpWatch(library_ops)
     with watch:
         launcher(inputs, outputs)
     synchronize()
@@ -519,10 +525,12 @@ def validate(
     config: Any,
     device: torch.device | str,
     synchronize: Callable[[], None],
+    library_ops: frozenset[str] = frozenset(),
 ) -> int:
     """Check a candidate on the target shape and tail shapes; returns the number of runs.
 
     Raises Rejected with kind "validate" for wrong results and "cheat" for harness abuse.
+    ``library_ops``: a built-in variant's declared aten ops (:func:`run_checked`).
     """
     runs = 0
     specs = op.validation_specs(spec)
@@ -546,8 +554,8 @@ def validate(
             refs64, lowps, floors = refs.fp64, refs.lowp, refs.floors
             # (a family that writes inputs writes the same rows again in the second run: the call is
             # idempotent there, and each run is checked against the state its own start implies)
-            run_checked(launcher, inputs, first, synchronize, op, vspec)
-            run_checked(launcher, inputs, second, synchronize, op, vspec)
+            run_checked(launcher, inputs, first, synchronize, op, vspec, library_ops)
+            run_checked(launcher, inputs, second, synchronize, op, vspec, library_ops)
             where = f"{vspec.describe()} ({distribution} inputs)"
             for k, (out, out2) in enumerate(zip(first, second, strict=True)):
                 problem = _rerun_problem(out, out2, fills)

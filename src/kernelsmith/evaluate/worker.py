@@ -40,6 +40,7 @@ from kernelsmith.evaluate._worker_candidates import (
     _Loaded,
     _workload_bytes,
     compile_needs_lock,
+    library_ops_of,
 )
 from kernelsmith.evaluate._worker_timing import COMPILE_UNAVAILABLE as COMPILE_UNAVAILABLE
 from kernelsmith.evaluate._worker_timing import _time
@@ -106,13 +107,14 @@ class Worker:
                 continue
             try:
                 build, source_hash = _load(op, spec, candidate)
+                library_ops = library_ops_of(op, candidate)
                 if request.mode == "gpu":
                     big = compile_needs_lock(_workload_bytes(op, spec), torch.cuda.get_device_properties(device))
                     with _gpu_lock(request.lock_path) if big else contextlib.nullcontext():
-                        _compile(op, spec, build, candidate.config, device, synchronize)
+                        _compile(op, spec, build, candidate.config, device, synchronize, library_ops)
                 with _gpu_lock(request.lock_path):
                     try:
-                        validate(op, spec, build, candidate.config, device, synchronize)
+                        validate(op, spec, build, candidate.config, device, synchronize, library_ops)
                     finally:
                         if request.mode == "gpu":
                             torch.cuda.empty_cache()  # full-size references: hand the memory back

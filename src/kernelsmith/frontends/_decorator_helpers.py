@@ -72,7 +72,7 @@ def _validate_pinned(family: OpFamily, bucket: OpSpec, config: dict[str, Any], m
     device = "cuda" if mode == "gpu" else "cpu"
     synchronize = torch.cuda.synchronize if mode == "gpu" else (lambda: None)
     try:
-        validate(family, bucket, variant.build, chosen, device, synchronize)
+        validate(family, bucket, variant.build, chosen, device, synchronize, variant.library_ops)
     except Rejected as exc:
         return f"the pinned config {config} failed validation at {bucket.describe()} ({exc.kind}): {exc}"
     except Exception as exc:  # a config that does not even build or launch is refused, not raised

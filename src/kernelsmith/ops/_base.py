@@ -71,6 +71,11 @@ class Variant:
     # kernels, spaces or launchers live in a module of their own (the row-wise skeleton, a
     # family's kernels file) names them, so that a change there changes the hash too.
     modules: tuple[str, ...] = ()
+    # The aten ops the variant's launcher issues besides views and allocations, for a built-in
+    # variant whose launcher computes with a library by design (cuBLAS GEMMs around a Triton row
+    # kernel): rule 7 (kernelsmith.evaluate.validate) allows exactly these, for this variant only.
+    # A candidate's kernel file never has an allowance: its launcher is generated, not written.
+    library_ops: frozenset[str] = frozenset()
 
     @property
     def source_hash(self) -> str:

@@ -48,11 +48,11 @@ formula.
 
 The harness
 -----------
-The variant computes with PyTorch: the aten ops it issues are :data:`LIBRARY_OPS`. The harness's
-rule 7 (:mod:`kernelsmith.evaluate.validate`) rejects a candidate that issues any op beyond views
-and allocations, so until the harness lets a built-in variant declare these, the variant is not
-among the families' ``variants`` (the tuner would reject every candidate of it as a cheat);
-:data:`LIBRARY_VARIANT` is what to add to them.
+The variant computes with PyTorch: the aten ops it issues are :data:`LIBRARY_OPS` (and, off
+CUDA, :data:`LIBRARY_OPS_OFF_CUDA`). The harness's rule 7 (:mod:`kernelsmith.evaluate.validate`)
+rejects a candidate that issues any op beyond views and allocations; this built-in variant declares
+these as its :attr:`~kernelsmith.ops._base.Variant.library_ops`, which rule 7 allows for it alone
+(a candidate's kernel file never has an allowance). Any other op it issued would still be rejected.
 """
 
 from __future__ import annotations
@@ -208,4 +208,5 @@ LIBRARY_VARIANT = Variant(
     _library_space,
     _library_build,
     modules=GRADIENT_MODULES,
+    library_ops=LIBRARY_OPS | LIBRARY_OPS_OFF_CUDA,
 )

@@ -102,6 +102,7 @@ from kernelsmith.ops._linear_cross_entropy_chunks import (
     row_constraints,
 )
 from kernelsmith.ops._linear_cross_entropy_kernels import _lceb_cast_kernel, _lceb_gemm_kernel, _lceb_logits_kernel
+from kernelsmith.ops._linear_cross_entropy_library import LIBRARY_VARIANT
 from kernelsmith.ops._softmax_condition import centered_spread, floor_of, probability_error
 from kernelsmith.ops.linear_cross_entropy import (
     OP as _FORWARD,
@@ -226,6 +227,7 @@ _VARIANTS = (
         _chunked_build,
         modules=GRADIENT_MODULES,
     ),
+    LIBRARY_VARIANT,  # the same chunks with cuBLAS's GEMMs (Liger's shape): ops/_linear_cross_entropy_library.py
 )
 
 
