@@ -189,9 +189,10 @@ class _LibraryPlan(ChunkPlan):
 
     def finish(self, dw: torch.Tensor, db: torch.Tensor | None, acc: tuple[torch.Tensor | None, ...]) -> None:
         dw_acc, db_acc, _ = acc
+        assert dw_acc is not None  # (dW always has an accumulator: itself or a float32 one)
         if dw_acc is not dw:
             dw.copy_(dw_acc)  # (float32 to dW's dtype, rounded once)
-        if db is not None and db_acc is not db:
+        if db is not None and db_acc is not None and db_acc is not db:
             db.copy_(db_acc)
 
 
