@@ -243,9 +243,22 @@ def test_decode_attentions_floor_leaves_float64_inputs_alone() -> None:
     for float64 inputs ``.double()`` would have been the caches themselves."""
     inputs = [t.double() if t.is_floating_point() else t for t in DECODE.make_inputs(WRITE_SPEC, 5, "full", "cpu")]
     before = [t.clone() for t in inputs]
-    refs64 = DECODE.reference_fp64(WRITE_SPEC, [t.clone() for t in inputs])  # (it has the same .double())
+    refs64 = DECODE.reference_fp64(WRITE_SPEC, [t.clone() for t in inputs])
     DECODE.error_floors(WRITE_SPEC, inputs, refs64)
     assert all(torch.equal(t, b) for t, b in zip(inputs, before, strict=True))
+
+
+def test_decode_attentions_float64_reference_leaves_float64_inputs_alone() -> None:
+    """``reference_fp64`` with ``write_kv`` writes the new rows into float64 copies of the caches
+    too (the same ``.double()`` aliasing): the caller's caches keep their old rows, and the
+    reference still attends over the written ones (it equals the one of the float32 draw)."""
+    drawn = DECODE.make_inputs(WRITE_SPEC, 5, "full", "cpu")
+    inputs = [t.double() if t.is_floating_point() else t for t in drawn]
+    before = [t.clone() for t in inputs]
+    (out,) = DECODE.reference_fp64(WRITE_SPEC, inputs)
+    assert all(torch.equal(t, b) for t, b in zip(inputs, before, strict=True))
+    (expected,) = DECODE.reference_fp64(WRITE_SPEC, list(drawn))  # (float32 inputs: .double() copies)
+    assert torch.equal(out, expected)
 
 
 def test_references_leave_the_pristine_inputs_of_a_writing_family_alone() -> None:

@@ -317,8 +317,9 @@ class DecodeAttention(OpFamily):
     def reference_fp64(self, spec: OpSpec, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """The math in float64, the key/value heads repeated, the invisible keys' weights exactly 0."""
         dims = _dims(spec)
-        q, k, v = (t.double() for t in inputs[:3])
-        if dims.write_kv:  # into the float64 copies (the family has no float64 dtype): the inputs stay
+        # (copies: ``.double()`` of a float64 tensor is the tensor itself, and write_kv writes k, v)
+        q, k, v = (t.to(torch.float64, copy=True) for t in inputs[:3])
+        if dims.write_kv:  # into the float64 copies: the caller's caches stay as they were
             _write_new_rows(spec, inputs, k, v)
         k, v = k.repeat_interleave(dims.group, dim=1), v.repeat_interleave(dims.group, dim=1)
         mask, bad = _visible(spec, inputs)
