@@ -41,13 +41,15 @@ def decode_sites(
     generators: dict[torch.device, torch.Generator],
     rope_decided: Callable[[Site], bool] | None = None,
 ) -> list[Site]:
-    """``decode_matmul`` sites: first, where ``rope_decided`` is given, each q or k projection
-    with its RoPE rotation that it says is decided (see ``find_sites``); then the matmul
+    """``decode_matmul`` sites: first, where ``rope_decided`` is given, each layer's q, k and v
+    projections as one ``weights="qkv"`` site that it says is decided
+    (:mod:`kernelsmith.frontends.patterns.decode_qkv`), then each q or k projection left with its
+    RoPE rotation that it says is decided (see ``find_sites``); then the matmul
     pattern's match on a region around each decode-shaped ``F.linear`` left (largest region
     first), routed to the decode family when its shape is one. Either kind takes the RMSNorm
     before it into its prologue where the norm qualifies
     (:mod:`kernelsmith.frontends.patterns.decode`)."""
-    from kernelsmith.frontends.patterns import decode
+    from kernelsmith.frontends.patterns import decode, decode_qkv
 
     norms: dict[fx.Node, Site] = {}  # RMSNorms whose every user is a decode projection: prologue candidates
     for x in decode.prologue_norms(gm, taken):
@@ -71,7 +73,24 @@ def decode_sites(
             return site
         return fused
 
+    def plain_site(out: fx.Node, region: frozenset[fx.Node]) -> Site | str | None:
+        """The matmul pattern's site on ``region`` routed to the decode family, its norm folded;
+        None where the pattern does not match, why not where the shape is no decode workload."""
+        site = _recognize_region(gm, out, region, nodes, order, {"matmul"}, generators)
+        if site is None:
+            return None
+        routed = decode.decode_spec([_input_meta(i) for i in site.inputs], site.constants)
+        if isinstance(routed, str):  # not a decode workload: Inductor's and cuBLAS's
+            return routed
+        site.op, site.spec = decode.OP, routed
+        return with_norm(site)
+
+    def plain_projection(linear: fx.Node) -> Site | None:
+        site = plain_site(linear, frozenset({linear}))
+        return site if isinstance(site, Site) else None
+
     found: list[Site] = []
+    ropes: list[Site] = []
     for rope in decode.rope_sites(gm, taken) if rope_decided is not None else ():
         if not isinstance(rope, decode.RopeSite):
             continue  # (the linear, why not): rope_sites logged it; the plain projection may be a site
@@ -79,8 +98,19 @@ def decode_sites(
         if problem:
             log.debug("%s is no RoPE site: %s", rope.site.output.name, problem)
             continue
-        rotated = with_norm(rope.site)
+        ropes.append(with_norm(rope.site))
+    # q, k and v in one launch (weights="qkv") first, where decided; else the sites they are made of
+    for fused in decode_qkv.qkv_sites(gm, ropes, taken, nodes, order, generators, plain_projection) if ropes else ():
         assert rope_decided is not None
+        if set(fused.region) & taken or not rope_decided(fused):
+            log.debug("%s %s has no decision: q, k and v stay three sites", fused.op, fused.spec.describe())
+            continue
+        found.append(fused)
+        taken |= {*fused.region, *fused.prologue}
+    for rotated in ropes:
+        assert rope_decided is not None
+        if set(rotated.region) & taken:
+            continue  # in a fused QKV site
         if not rope_decided(rotated):  # its nodes stay free for the plain projection (below)
             log.debug("%s %s has no decision: its nodes go back to the plain projection", rotated.op,
                       rotated.spec.describe())  # fmt: skip
@@ -89,15 +119,12 @@ def decode_sites(
         taken |= {*rotated.region, *rotated.prologue}
     for candidates in decode.candidate_regions(gm, taken):
         for out, region in candidates:
-            site = _recognize_region(gm, out, region, nodes, order, {"matmul"}, generators)
+            site = plain_site(out, region)
             if site is None:
                 continue
-            routed = decode.decode_spec([_input_meta(i) for i in site.inputs], site.constants)
-            if isinstance(routed, str):  # not a decode workload: Inductor's and cuBLAS's
-                log.debug("%s is not a decode projection: %s", out.name, routed)
+            if isinstance(site, str):
+                log.debug("%s is not a decode projection: %s", out.name, site)
                 break
-            site.op, site.spec = decode.OP, routed
-            site = with_norm(site)
             found.append(site)
             taken |= {*region, *site.prologue}
             break

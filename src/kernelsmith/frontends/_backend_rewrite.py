@@ -73,7 +73,28 @@ def _fake_mode(gm: fx.GraphModule) -> Any:
     return None
 
 
+def _site_args(graph: fx.Graph, site: Site, val_map: dict[fx.Node, fx.Node], fake_mode: Any) -> list[fx.Node]:
+    """The kernel's arguments, inserted at the graph's insertion point: each input's node, or its
+    derived value or reshape."""
+    args: list[fx.Node] = []
+    for op_input in site.inputs:
+        node = val_map[op_input.node]
+        if op_input.derive is not None:
+            source, extra = _value(node), op_input.derive_args
+            node = graph.call_function(op_input.derive, (node, *extra))
+            _set_value(node, fake_mode, functools.partial(op_input.derive, source, *extra))
+        elif op_input.reshape is not None:
+            source, shape = _value(node), op_input.reshape
+            node = graph.call_method("reshape", (node, shape))
+            _set_value(node, fake_mode, functools.partial(torch.reshape, source, shape))
+        args.append(node)
+    return args
+
+
 def _rewrite_site(graph: fx.Graph, site: Site, val_map: dict[fx.Node, fx.Node], fake_mode: Any) -> None:
+    if site.slices:
+        _rewrite_sliced_site(graph, site, val_map, fake_mode)
+        return
     out = val_map[site.output]
     region = [val_map[n] for n in site.region]
     add = val_map[site.residual_add] if site.residual_add is not None else None
@@ -85,18 +106,7 @@ def _rewrite_site(graph: fx.Graph, site: Site, val_map: dict[fx.Node, fx.Node], 
         before = last.next
     constants = dispatch.constants_json(site.constants)
     with graph.inserting_before(before):
-        args: list[fx.Node] = []
-        for op_input in site.inputs:
-            node = val_map[op_input.node]
-            if op_input.derive is not None:
-                source, extra = _value(node), op_input.derive_args
-                node = graph.call_function(op_input.derive, (node, *extra))
-                _set_value(node, fake_mode, functools.partial(op_input.derive, source, *extra))
-            elif op_input.reshape is not None:
-                source, shape = _value(node), op_input.reshape
-                node = graph.call_method("reshape", (node, shape))
-                _set_value(node, fake_mode, functools.partial(torch.reshape, source, shape))
-            args.append(node)
+        args = _site_args(graph, site, val_map, fake_mode)
         target, call_args = _kernel_call(site, args, constants)
         kernel = graph.call_function(target, call_args)
         if target is _KERNEL_MUTATING:  # its one output is the call itself (no list)
@@ -141,6 +151,62 @@ def _rewrite_site(graph: fx.Graph, site: Site, val_map: dict[fx.Node, fx.Node], 
         add.replace_all_uses_with(results[1])
         val_map[site.residual_add] = results[1]
         graph.erase_node(add)
+
+
+def _rewrite_sliced_site(graph: fx.Graph, site: Site, val_map: dict[fx.Node, fx.Node], fake_mode: Any) -> None:
+    """A site with several outputs (``site.slices``: the q heads, k heads and v projection of a
+    ``weights="qkv"`` site): one kernel call where the region ends, then per output a narrow of
+    its row (``.narrow(-1, start, stop - start)``), viewed to heads and transposed where the
+    output is heads, each replacing its node's uses. If any is not laid out as the graph read it
+    (the site finder checks this), nothing is replaced."""
+    out = val_map[site.output]
+    constants = dispatch.constants_json(site.constants)
+    with graph.inserting_before(out):
+        args = _site_args(graph, site, val_map, fake_mode)
+        target, call_args = _kernel_call(site, args, constants)
+        kernel = graph.call_function(target, call_args)
+        row = graph.call_function(operator.getitem, (kernel, 0))
+        added, parts = [kernel, row], []
+        for piece in site.slices:
+            part = graph.call_method("narrow", (row, -1, piece.start, piece.stop - piece.start))
+            added.append(part)
+            if piece.view is not None:
+                heads = graph.call_method("view", (part, piece.view))
+                part = graph.call_method("transpose", (heads, 1, 2))
+                added += [heads, part]
+            parts.append(part)
+    for node in added:
+        for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+            if key in out.meta:
+                node.meta[key] = out.meta[key]
+    _set_value(kernel, fake_mode, lambda: target(*fx.node.map_arg(call_args, _value)))
+    if kernel.meta.get("example_value") is not None:
+        row.meta["example_value"] = kernel.meta["example_value"][0]
+    for node in added[2:]:  # in order: each reads the one before it, or the row
+        _set_value(node, fake_mode, functools.partial(_apply, node))
+    problems = [_layout_problem(_value(part), _value(val_map[piece.node])) for piece, part in
+                zip(site.slices, parts, strict=True)]  # fmt: skip
+    problem = next((p for p in problems if p), "")
+    if not problem and fake_mode is not None and any(_value(p) is None for p in parts):
+        problem = "no example value for a slice of the kernel's output, so its layout cannot be checked"
+    if problem:  # the site finder checks this: a site that gets here anyway is left as the graph had it
+        log.warning("%s at %s left to the original code: %s", site.op, site.output.name, problem)
+        inserted_inputs = [a for a, i in zip(args, site.inputs, strict=True) if a is not val_map[i.node]]
+        for node in reversed([*inserted_inputs, *added]):
+            graph.erase_node(node)
+        return
+    originals = [val_map[n] for n in site.region]  # (before the slices' nodes are mapped to the slices)
+    for piece, part in zip(site.slices, parts, strict=True):
+        val_map[piece.node].replace_all_uses_with(part)
+        val_map[piece.node] = part  # a later site may take this value as an input
+    for node in reversed(originals):
+        graph.erase_node(node)
+
+
+def _apply(node: fx.Node) -> Any:
+    """``node``'s value computed from its inputs' example values (a narrow, view or transpose)."""
+    args = fx.node.map_arg(node.args, _value)
+    return getattr(args[0], str(node.target))(*args[1:])
 
 
 def _kernel_call(site: Site, args: list[fx.Node], constants: str) -> tuple[Any, tuple[Any, ...]]:

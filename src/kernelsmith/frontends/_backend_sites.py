@@ -66,6 +66,18 @@ class OpInput:
     derive_args: tuple[Any, ...] = ()
 
 
+@dataclass(frozen=True)
+class OutputSlice:
+    """One of the several graph values a site replaces (``Site.slices``): ``node``'s value is
+    columns [start, stop) of the kernel's ``(..., N)`` output, viewed as ``view`` (B, S, H, D) and
+    transposed (1, 2) when one is given (a rotated projection's heads), as it is otherwise."""
+
+    node: fx.Node
+    start: int
+    stop: int
+    view: tuple[int, int, int, int] | None = None
+
+
 @dataclass
 class Site:
     """A region of the graph computing one op family, and what became of it.
@@ -92,6 +104,10 @@ class Site:
     # (B, H, S, D), so the rewrite puts ``.view(B, S, H, D).transpose(1, 2)`` after the kernel
     # (kernelsmith.frontends.patterns.decode, "RoPE epilogues"); None for every other site
     output_view: tuple[int, int, int, int] | None = None
+    # decode_matmul with weights="qkv": the q heads, k heads and v projection it replaces, each a
+    # slice of the kernel's row (kernelsmith.frontends.patterns.decode_qkv); ``output`` is then the
+    # region's last node, where the kernel goes. Empty for every other site (one output).
+    slices: list[OutputSlice] = field(default_factory=list)
     status: str = "found"
     reason: str = ""
     speedup: float | None = None

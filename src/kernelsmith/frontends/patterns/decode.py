@@ -94,6 +94,10 @@ sites existed keeps serving them (with the rotation left to Inductor). The backe
 not pass that test yet (``kernel_decided`` builds it from its database), so it finds no RoPE
 sites until it does.
 
+Where one layer's q and k RoPE sites and v's plain projection read the same ``x``, the three
+become one ``weights="qkv"`` site (one launch, one norm prologue) where that site is decided and
+its slices are laid out as the graph reads them: :mod:`kernelsmith.frontends.patterns.decode_qkv`.
+
 The backend then checks each region exactly as it checks its other sites (the region run on
 random inputs through :func:`~kernelsmith.frontends.recognize.recognize`, its output compared
 with the family's reference) and serves it only where a stored decision says the kernel wins.
