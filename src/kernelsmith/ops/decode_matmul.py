@@ -247,7 +247,8 @@ class DecodeMatmul(Matmul):
         f"MxNxK: x (M, K) with M <= {MAX_M} times a weight (N, K) as nn.Linear stores it, e.g. 1x2048x8192 for "
         "Llama-3.2-1B's down projection at batch 1; more leading sizes are batch dims of x (4x2x4096x4096); "
         "--epilogue bias|gelu|silu|residual|swiglu|rope, or bias+gelu; constants prologue=rmsnorm (eps), "
-        "rope=[heads, kv_heads] (with the rope epilogue; kv_heads 0: one projection of heads x D, all rotated)"
+        "rope=[heads, kv_heads] (with the rope epilogue; kv_heads 0: one projection of heads x D, all rotated), "
+        "weights=qkv (with rope and kv_heads > 0: the fused QKV weight given as q's, k's and v's, three inputs)"
     )
     # (mypy infers Matmul.variants as a tuple of four variants; any tuple of variants will do)
     variants = (  # type: ignore[assignment]
