@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernelsmith.evaluate.errors import check_close
+from kernelsmith.evaluate.errors import check_close, references
 from kernelsmith.ops import get_op
 from kernelsmith.ops._linear_cross_entropy_library import LIBRARY_VARIANT
 
@@ -87,19 +87,21 @@ def test_the_fused_memory_grows_with_the_chunk_not_with_the_vocabulary() -> None
 )  # fmt: skip
 def test_the_library_gemm_variant_matches_float64_compiled_for_real(op, constants, dw_acc) -> None:
     """chunked_library_gemm (cuBLAS GEMMs, the row kernel soft-capping raw bf16 logits as it reads
-    them, dW accumulated in bf16 or through out_dtype=float32): 1000 tokens in chunks of 256."""
+    them, dW accumulated in bf16 or through out_dtype=float32): 1000 tokens in chunks of 256, judged
+    as the harness judges (the family's floors, from the pristine inputs). On the H200 (2026-12-02)
+    the bare rule rejected the "mean" loss here (4.3e-05 against PyTorch's lucky 4.9e-06): its
+    logits are rounded to bf16 as the reference's are, at other places; the floor now covers that
+    rounding (tests/test_lce_logit_rounding_floor.py)."""
     spec = op.spec((1000, 256, 5003), "bfloat16", **constants)
     inputs = op.make_inputs(spec, seed=4, distribution="large", device="cuda")
     configs = [c for c in LIBRARY_VARIANT.space(spec).configs() if c["CHUNK"] == 256 and c["DW_ACC"] == dw_acc]
     config = configs[len(configs) // 2]
     outs = [torch.full(o.shape, float("nan"), dtype=o.torch_dtype, device="cuda") for o in op.output_specs(spec)]
+    refs = references(op, spec, inputs)
     LIBRARY_VARIANT.build(spec, config)(inputs, outs)
     torch.cuda.synchronize()
-    for k, (out, ref64, lowp) in enumerate(
-        zip(outs, op.reference_fp64(spec, inputs), op.reference(spec, inputs), strict=True)
-    ):
-        problem = check_close(out, ref64, lowp, op.tolerance)
-        assert problem is None, f"{config.key} output {k}: {problem}"
+    problem = refs.problem(outs, op.tolerance)
+    assert problem is None, f"{config.key}: {problem}"
 
 
 def _cuda_ms(fn, iterations: int = 5) -> float:
