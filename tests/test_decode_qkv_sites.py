@@ -175,3 +175,38 @@ def test_a_served_kv_cache_llama_with_qkv_sites_generates_eager_tokens(tmp_path,
     served = [s for s in backend.sites if s.op == "decode_matmul"]
     assert [s.spec.constants.get("weights") for s in served].count("qkv") == 2
     assert {s.status for s in backend.sites} == {"replaced"}, [(s.op, s.status, s.reason) for s in backend.sites]
+
+
+def test_a_graph_that_needs_gradients_keeps_q_k_and_v_to_the_original_code(tmp_path, monkeypatch) -> None:
+    """decode_matmul has no backward: with grad enabled and weights requiring it, the fused site is
+    refused as each of the three is ("no backward"), and the layer's gradients still flow (on the
+    H200, 2026-12-02, the fused site was served in such a graph and Inductor could not trace its
+    backward)."""
+    db = str(tmp_path / "k.db")
+    layer, x = Layer(), torch.randn(1, 1, HIDDEN)
+    store_winners(db, decode_sites(layer, x, *tables(1)))
+    record_inductor(monkeypatch)
+    torch._dynamo.reset()
+    backend = decode.kernelsmith_backend(db=db)
+    out = torch.compile(layer, backend=backend)(x, *tables(1))
+    out.sum().backward()
+    assert layer.q_proj.weight.grad is not None
+    fused = [s for s in backend.sites if s.spec.constants.get("weights") == "qkv"]
+    assert fused and all(s.needs_grad and s.status != "replaced" for s in fused), [(s.status, s.reason) for s in fused]
+
+
+def test_verify_decode_builds_the_built_in_step_without_gradients(monkeypatch) -> None:
+    """On CUDA the kernelsmith step compiles and is captured when it is built (kernelsmith.cuda_graph),
+    so it must be built under no_grad: built with grad enabled, the backend saw a training graph and
+    refused every decode site it could serve (2 of 11 served on the H200, 2026-12-02)."""
+    modes: list[bool] = []
+    built = decode._builtin_step
+
+    def recording(*args, **kwargs):
+        modes.append(torch.is_grad_enabled())
+        return built(*args, **kwargs)
+
+    monkeypatch.setattr(decode, "_builtin_step", recording)
+    llama = get_model("llama-160m", tiny=True, n_layers=1).eval()
+    report = decode.verify_decode(llama, batch=1, prompt_len=3, new_tokens=2, ragged=False, variants=("eager",))
+    assert report.ok and modes == [False]

@@ -219,7 +219,8 @@ def _builtin_runs(
         report.rows.append(row)
         try:
             torch._dynamo.reset()
-            step = _builtin_step(name, decoder, prompt, valid, backend)
+            with torch.no_grad():  # a decode step is inference: on CUDA it compiles and is captured here
+                step = _builtin_step(name, decoder, prompt, valid, backend)
             first = greedy(decoder, step, prompt, valid, new_tokens, report.cache_len, keep_logits=name == "eager")
             if eager is None:
                 if name != "eager":

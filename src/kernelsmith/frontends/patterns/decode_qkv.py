@@ -179,6 +179,7 @@ def qkv_site(
     generator.manual_seed(0)
     samples = {n: _sample(_value(n), generator) for n in outside}
     bound = tuple(samples[i.node] if i.reshape is None else samples[i.node].reshape(i.reshape) for i in inputs)
+    problem: str | None
     try:
         with torch.no_grad():
             values = _outputs_module(gm, everything, outside, [p.node for p in slices])(*(samples[n] for n in outside))
@@ -192,7 +193,10 @@ def qkv_site(
         problem = f"{type(exc).__name__}: {exc}"
     if problem:
         return f"the three projections do not compute the fused op: {problem}"
-    return Site(OP, region[-1], region, inputs, constants, spec, prologue=list(q.prologue), slices=slices)
+    # (a graph that needs gradients through any of the three needs them through the fused site:
+    # the resolver refuses it there, as it refuses each of the three, for a family with no backward)
+    needs_grad = any(s.needs_grad for s in (q, k, v))
+    return Site(OP, region[-1], region, inputs, constants, spec, needs_grad, prologue=list(q.prologue), slices=slices)
 
 
 def _outputs_module(
