@@ -135,7 +135,7 @@ def qkv_site(
     x = q.inputs[0]
     if any(s.inputs[0].node is not x.node or s.inputs[0].reshape is not None for s in (q, k, v)):
         return "q, k and v do not read the same x"
-    problem = _same_prologue(q, k, v)
+    problem: str | None = _same_prologue(q, k, v)
     if problem:
         return problem
     batch, seq, _, d = q.output_view
@@ -179,7 +179,6 @@ def qkv_site(
     generator.manual_seed(0)
     samples = {n: _sample(_value(n), generator) for n in outside}
     bound = tuple(samples[i.node] if i.reshape is None else samples[i.node].reshape(i.reshape) for i in inputs)
-    problem: str | None
     try:
         with torch.no_grad():
             values = _outputs_module(gm, everything, outside, [p.node for p in slices])(*(samples[n] for n in outside))
