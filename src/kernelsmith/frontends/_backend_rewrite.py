@@ -136,10 +136,7 @@ def _rewrite_site(graph: fx.Graph, site: Site, val_map: dict[fx.Node, fx.Node], 
         if not problem and isinstance(_value(out), torch.Tensor) and _value(transposed) is None:
             problem = "no example value for the kernel's viewed output, so its layout cannot be checked"
         if problem:  # the site finder checks this: a site that gets here anyway is left as the graph had it
-            log.warning("%s at %s left to the original code: %s", site.op, site.output.name, problem)
-            inserted_inputs = [a for a, i in zip(args, site.inputs, strict=True) if a is not val_map[i.node]]
-            for node in reversed([*inserted_inputs, *added]):
-                graph.erase_node(node)
+            _leave_to_original(graph, site, args, val_map, added, problem)
             return
         results[0] = transposed
     out.replace_all_uses_with(results[0])
@@ -190,16 +187,26 @@ def _rewrite_sliced_site(graph: fx.Graph, site: Site, val_map: dict[fx.Node, fx.
     if not problem and fake_mode is not None and any(_value(p) is None for p in parts):
         problem = "no example value for a slice of the kernel's output, so its layout cannot be checked"
     if problem:  # the site finder checks this: a site that gets here anyway is left as the graph had it
-        log.warning("%s at %s left to the original code: %s", site.op, site.output.name, problem)
-        inserted_inputs = [a for a, i in zip(args, site.inputs, strict=True) if a is not val_map[i.node]]
-        for node in reversed([*inserted_inputs, *added]):
-            graph.erase_node(node)
+        _leave_to_original(graph, site, args, val_map, added, problem)
         return
     originals = [val_map[n] for n in site.region]  # (before the slices' nodes are mapped to the slices)
     for piece, part in zip(site.slices, parts, strict=True):
         val_map[piece.node].replace_all_uses_with(part)
         val_map[piece.node] = part  # a later site may take this value as an input
     for node in reversed(originals):
+        graph.erase_node(node)
+
+
+def _leave_to_original(
+    graph: fx.Graph, site: Site, args: list[fx.Node], val_map: dict[fx.Node, fx.Node], added: list[fx.Node],
+    problem: str,
+) -> None:
+    """Undo a site's insertion (the kernel call and the nodes after it, and the inputs the rewrite
+    made for it), leaving the graph's own nodes to compute what the site would have: a layout the
+    site finder should have refused (``problem``), found only now."""
+    log.warning("%s at %s left to the original code: %s", site.op, site.output.name, problem)
+    inserted_inputs = [a for a, i in zip(args, site.inputs, strict=True) if a is not val_map[i.node]]
+    for node in reversed([*inserted_inputs, *added]):
         graph.erase_node(node)
 
 

@@ -214,6 +214,17 @@ def candidate_regions(gm: fx.GraphModule, taken: set[fx.Node]) -> Iterator[list[
         yield candidates
 
 
+def region_samples(
+    outside: list[fx.Node], device: torch.device, generators: dict[torch.device, torch.Generator]
+) -> dict[fx.Node, torch.Tensor]:
+    """Random values for a region's inputs from outside it, from the device's generator reseeded
+    to 0 (so every check of a site draws the same values), for running the region and the fused
+    op on the same inputs."""
+    generator = generators.setdefault(device, torch.Generator(device=device))
+    generator.manual_seed(0)
+    return {n: _sample(_value(n), generator) for n in outside}
+
+
 def prologue_norms(gm: fx.GraphModule, taken: set[fx.Node]) -> Iterator[fx.Node]:
     """The nodes that could be an RMSNorm folded into projections' prologues: each ``x`` of a
     decode-shaped ``F.linear`` whose users are all decode-shaped ``F.linear`` calls taking it as
@@ -266,10 +277,7 @@ def with_prologue(
     outside = _region_inputs(region, order)
     if set(outside) != {i.node for i in inputs}:
         return "the norm and the product read more than the fused op's inputs"
-    device = _value(x.node).device
-    generator = generators.setdefault(device, torch.Generator(device=device))
-    generator.manual_seed(0)
-    samples = {n: _sample(_value(n), generator) for n in outside}
+    samples = region_samples(outside, _value(x.node).device, generators)
     bound = tuple(samples[i.node] if i.reshape is None else samples[i.node].reshape(i.reshape) for i in inputs)
     try:
         with torch.no_grad():
@@ -399,10 +407,7 @@ def rope_site(
         ):  # fmt: skip
             shape = tuple(value.shape) if isinstance(value, torch.Tensor) else None
             return f"the position table {table.name} {shape} is not one (B, S, D) row per row of x"
-    device = x.device
-    generator = generators.setdefault(device, torch.Generator(device=device))
-    generator.manual_seed(0)
-    samples = {n: _sample(_value(n), generator) for n in outside}
+    samples = region_samples(outside, x.device, generators)
     try:
         with torch.no_grad():
             produced = _region_module(gm, region, outside)(*(samples[n] for n in outside))
@@ -459,6 +464,6 @@ def decode_spec(inputs: list[torch.Tensor], constants: dict[str, object]) -> OpS
 
 
 __all__ = [
-    "OP", "RopeSite", "candidate_regions", "decode_rows", "decode_spec", "prologue_norms", "rope_site", "rope_sites",
-    "with_prologue",
+    "OP", "RopeSite", "candidate_regions", "decode_rows", "decode_spec", "prologue_norms", "region_samples",
+    "rope_site", "rope_sites", "with_prologue",
 ]  # fmt: skip

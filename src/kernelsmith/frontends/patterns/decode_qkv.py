@@ -50,7 +50,6 @@ from kernelsmith.frontends._backend_sites import (
     _layout_problem,
     _moves_across_barrier,
     _region_inputs,
-    _sample,
     _value,
 )
 from kernelsmith.frontends.patterns.decode import (
@@ -61,6 +60,7 @@ from kernelsmith.frontends.patterns.decode import (
     _only_user,
     decode_rows,
     decode_spec,
+    region_samples,
 )
 from kernelsmith.ops import get_op
 
@@ -175,9 +175,7 @@ def qkv_site(
     if set(outside) != {i.node for i in inputs}:
         return "the projections read more than the fused op's inputs"
     device = _value(x.node).device
-    generator = generators.setdefault(device, torch.Generator(device=device))
-    generator.manual_seed(0)
-    samples = {n: _sample(_value(n), generator) for n in outside}
+    samples = region_samples(outside, device, generators)
     bound = tuple(samples[i.node] if i.reshape is None else samples[i.node].reshape(i.reshape) for i in inputs)
     try:
         with torch.no_grad():
