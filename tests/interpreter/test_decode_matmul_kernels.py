@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from real_compiler_run import assert_every_kernel_lowers
 
 from kernelsmith.evaluate.validate import validate
 from kernelsmith.ops import UnsupportedWorkload, get_op
@@ -174,12 +171,7 @@ def test_every_config_class_compiles_under_the_real_triton_compiler() -> None:
     return inside an ``if`` on a constexpr, the compiler compiles on past it): the kernels of each
     variant's config classes are lowered to Triton IR by the installed Triton's real front end, in
     a process without the interpreter. A GPU is not needed for that."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    helper = Path(__file__).with_name("real_compiler.py")
-    done = subprocess.run([sys.executable, str(helper), "test_decode_matmul_kernels:real_compiler_cases"],
-                          env=env, capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-6000:]
-    assert "lowered" in done.stdout and ", 0 failed" in done.stdout, done.stdout
+    assert_every_kernel_lowers("test_decode_matmul_kernels:real_compiler_cases")
 
 
 # ---- split-K: the order of the sum -----------------------------------------------------------------

@@ -15,14 +15,11 @@ config of each variant through the harness, and check the refusals.
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from real_compiler_run import assert_every_kernel_lowers
 
 from kernelsmith.evaluate.validate import validate
 from kernelsmith.ops import UnsupportedWorkload
@@ -137,12 +134,7 @@ def real_compiler_cases() -> list[tuple[object, str, OpSpec, Config]]:
 def test_the_qkv_kernels_compile_under_the_real_triton_compiler() -> None:
     """The interpreter runs the pointer select as numpy; the real front end must lower it too (a
     select of two pointers per block, in a process without the interpreter)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    helper = Path(__file__).with_name("real_compiler.py")
-    done = subprocess.run([sys.executable, str(helper), "test_decode_matmul_qkv:real_compiler_cases"],
-                          env=env, capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-6000:]
-    assert "lowered" in done.stdout and ", 0 failed" in done.stdout, done.stdout
+    assert_every_kernel_lowers("test_decode_matmul_qkv:real_compiler_cases")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
